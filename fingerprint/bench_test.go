@@ -1,0 +1,64 @@
+package fingerprint_test
+
+import (
+	"crypto/sha256"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idem/fingerprint"
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+)
+
+// benchRequest returns a CreatePaymentRequest of about 1 KiB, with trace_id
+// set if traceID is not empty.
+func benchRequest(traceID string) *paymentsv1.CreatePaymentRequest {
+	return &paymentsv1.CreatePaymentRequest{
+		CustomerId:  "cus_9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+		AmountCents: 123456,
+		Currency:    "EUR",
+		Note:        strings.Repeat("payment for order 12345, ", 38),
+		TraceId:     traceID,
+	}
+}
+
+func BenchmarkFingerprint(b *testing.B) {
+	plain := benchRequest("")
+	traced := benchRequest("4bf92f3577b34da6a3ce929d0e0e4736")
+	if n := proto.Size(traced); n < 1000 || n > 1100 {
+		b.Fatalf("request is %d bytes, want about 1 KiB", n)
+	}
+	h := fingerprint.NewHasher()
+
+	// baseline is the cost of encoding and hashing, without exclusion.
+	b.Run("baseline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			buf, err := proto.Marshal(plain)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = sha256.Sum256(buf)
+		}
+	})
+	// sum hashes a request whose excluded field is not set.
+	b.Run("sum", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := h.Sum(plain); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// sum-strip hashes a request whose excluded field is set, so it is
+	// left out of a copy.
+	b.Run("sum-strip", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := h.Sum(traced); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
