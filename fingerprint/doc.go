@@ -35,8 +35,9 @@ WithExcludedFields. By default, only the marked fields are excluded.
 
 Excluding costs nothing for message types that cannot hold an excluded
 field, nor for requests in which no excluded field is set. Otherwise the
-excluded fields are left out of a shallow copy that shares all other fields
-with the request.
+excluded fields are cut out of the request's encoding in one pass over its
+bytes (types with extensions or groups use a shallow copy of the request
+instead); the request itself is never modified.
 
 # What counts as the same request
 
