@@ -1,0 +1,26 @@
+// Package store defines what the idem interceptor needs from the storage
+// that holds idempotency keys, and the errors every implementation reports.
+//
+// # Contract
+//
+// A key is scoped by tenant, full gRPC method and the client's key string
+// ([Key]). [Store.Claim] is the only way to learn whether a key is free, and
+// it must decide atomically: of any number of concurrent claims for one key,
+// exactly one gets a [Txn]; the others get the key's [Entry] once the owner
+// has finished, or [ErrInUse] when a bounded wait runs out. "Check, then
+// insert" is not an implementation of Claim.
+//
+// The owner finishes its Txn with [Txn.Complete], which records the outcome
+// so that later claims see a completed [Entry], or with [Txn.Release], which
+// leaves no trace so that a retry runs afresh. A key whose entry has expired
+// counts as absent and can be claimed again.
+//
+// Implementations translate their driver's errors into the sentinel errors
+// of this package ([ErrInUse], [ErrConflict]) so that callers can choose a
+// gRPC status without knowing the driver.
+//
+// # Implementations
+//
+// Package github.com/idemkit/idem/store/postgres stores keys in PostgreSQL,
+// in the same transaction as the handler's own writes.
+package store

@@ -1,0 +1,34 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/store"
+)
+
+// SQLSTATE codes idem reacts to, named as in github.com/jackc/pgerrcode.
+const (
+	uniqueViolation      = "23505"
+	lockNotAvailable     = "55P03"
+	serializationFailure = "40001"
+	deadlockDetected     = "40P01"
+)
+
+// interpretError translates PostgreSQL errors into the sentinel errors of
+// package store by SQLSTATE, keeping the original error in the chain.
+func interpretError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case lockNotAvailable:
+		return fmt.Errorf("%w: %w", store.ErrInUse, err)
+	case serializationFailure, deadlockDetected:
+		return fmt.Errorf("%w: %w", store.ErrConflict, err)
+	}
+	return err
+}

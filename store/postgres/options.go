@@ -1,0 +1,46 @@
+package postgres
+
+import "time"
+
+// Defaults of the options below.
+const (
+	DefaultLockTimeout = 2 * time.Second
+	DefaultTTL         = 24 * time.Hour
+)
+
+type options struct {
+	lockTimeout time.Duration
+	ttl         time.Duration
+}
+
+var defaultOptions = options{
+	lockTimeout: DefaultLockTimeout,
+	ttl:         DefaultTTL,
+}
+
+// Option configures a [Store].
+type Option func(*options)
+
+// WithLockTimeout bounds how long a claim waits for a concurrent request that
+// holds the same key (SET LOCAL lock_timeout). When the wait runs out the
+// claim fails with store.ErrInUse, which the interceptor answers with
+// ABORTED and a retry hint. The bound applies to the claim only; the
+// handler's own statements run under the session's setting. Default:
+// [DefaultLockTimeout] (2 s). Values below one millisecond are raised to one
+// millisecond, since PostgreSQL reads zero as "wait forever".
+func WithLockTimeout(d time.Duration) Option {
+	return func(o *options) { o.lockTimeout = max(d, time.Millisecond) }
+}
+
+// WithTTL sets how long a key is kept (expires_at = claim time + ttl). Past
+// it the key counts as absent, so a request with that key runs again. Make it
+// longer than any client's retry window, and say so in your API's contract.
+// Default: [DefaultTTL] (24 h). Non-positive values select the default.
+func WithTTL(ttl time.Duration) Option {
+	return func(o *options) {
+		if ttl <= 0 {
+			ttl = DefaultTTL
+		}
+		o.ttl = ttl
+	}
+}

@@ -1,0 +1,499 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const (
+	// urlProbeTimeout bounds connecting to DATABASE_URL, which the user
+	// chose and which may be a remote server.
+	urlProbeTimeout = 10 * time.Second
+	// defaultsProbeTimeout bounds connecting with the libpq defaults, where
+	// no answer just means there is no server.
+	defaultsProbeTimeout = 3 * time.Second
+	// minServerVersion is the first release with DROP DATABASE ... WITH
+	// (FORCE).
+	minServerVersion = 130000
+)
+
+// SQLSTATE codes pgtest handles.
+const (
+	invalidCatalogName = "3D000" // database does not exist
+	duplicateDatabase  = "42P04"
+	uniqueViolation    = "23505"
+	objectInUse        = "55006" // database is being accessed by other users
+)
+
+// Server is a PostgreSQL server on which pgtest creates databases: the one
+// DATABASE_URL names, the one the libpq defaults reach, or a throwaway
+// cluster. It is safe for concurrent use.
+type Server struct {
+	// connString reaches the maintenance database on which databases are
+	// created and dropped.
+	connString string
+	admin      *pgxpool.Pool
+	// source says where the server came from, for messages.
+	source string
+	// cluster is the throwaway cluster this Server started, or nil.
+	cluster *cluster
+
+	templateName string
+	templateMu   sync.Mutex
+	templateDone bool
+
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+}
+
+// Start finds a PostgreSQL server, or starts a throwaway cluster, in the
+// order the package documentation gives. The caller must call
+// [Server.Close] when done, which stops a throwaway cluster.
+//
+// When no PostgreSQL can be had, the error says what was tried and how to
+// get PostgreSQL: set DATABASE_URL, or install the PostgreSQL server package
+// (for example with apt-get install postgresql).
+func Start(ctx context.Context) (*Server, error) {
+	return defaultDiscovery().start(ctx)
+}
+
+// ConnString returns a connection string for the server's maintenance
+// database, on which pgtest creates and drops databases. It is the form
+// DATABASE_URL had, if that was used, and includes its password.
+func (s *Server) ConnString() string { return s.connString }
+
+// CreateDatabase creates a new database with idem's migrations applied and
+// no rows. It returns a connection string for it and a function that drops
+// it, along with any connections still open to it. Call drop before
+// [Server.Close]; once a throwaway cluster is closed, drop has nothing left
+// to do and returns nil.
+func (s *Server) CreateDatabase(ctx context.Context) (connString string, drop func(context.Context) error, err error) {
+	tmpl, err := s.template(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	name := "idem_test_" + randomHex(8)
+	create := "CREATE DATABASE " + quoteIdent(name) + " TEMPLATE " + quoteIdent(tmpl)
+	err = retryInUse(ctx, func() error {
+		_, err := s.admin.Exec(ctx, create)
+		return err
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("create database %s from %s: %w", name, tmpl, err)
+	}
+	connString, err = withDatabase(s.connString, name)
+	if err != nil {
+		return "", nil, err
+	}
+	drop = func(ctx context.Context) error {
+		if s.cluster != nil && s.isClosed() {
+			return nil
+		}
+		if err := dropDatabase(ctx, s.admin, name); err != nil {
+			return fmt.Errorf("drop database %s: %w", name, err)
+		}
+		return nil
+	}
+	return connString, drop, nil
+}
+
+// Close stops and removes a throwaway cluster this Server started, and
+// closes the Server's own connections. A server found through DATABASE_URL
+// or the libpq defaults keeps running. Close may be called more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.admin.Close()
+		if s.cluster != nil {
+			s.closeErr = s.cluster.stop()
+		}
+	})
+	return s.closeErr
+}
+
+func (s *Server) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// discovery finds a server. Its fields stand for the process's surroundings,
+// so that tests can pretend another environment.
+type discovery struct {
+	// getenv reads an environment variable.
+	getenv func(string) string
+	// binGlobs are where server binaries are looked for after PATH and
+	// pg_config.
+	binGlobs []string
+}
+
+func defaultDiscovery() discovery {
+	return discovery{getenv: os.Getenv, binGlobs: defaultBinGlobs}
+}
+
+// start finds a server in the documented order.
+func (d discovery) start(ctx context.Context) (*Server, error) {
+	if dbURL := d.getenv("DATABASE_URL"); dbURL != "" {
+		s, err := openServer(ctx, dbURL, "DATABASE_URL", urlProbeTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("DATABASE_URL is set, but %w\n%s", err, howToGetPostgres)
+		}
+		return s, nil
+	}
+	tried := []string{"DATABASE_URL: not set"}
+
+	defaults, where, err := d.libpqDefaults()
+	if err == nil {
+		var s *Server
+		s, err = openServer(ctx, defaults, "the libpq defaults ("+where+")", defaultsProbeTimeout)
+		if err == nil {
+			return s, nil
+		}
+	}
+	tried = append(tried, fmt.Sprintf("libpq defaults (%s): %v", where, err))
+
+	c, err := d.startCluster(ctx)
+	if err == nil {
+		var s *Server
+		s, err = openServer(ctx, c.connString, "a throwaway cluster in "+c.dir, urlProbeTimeout)
+		if err == nil {
+			s.cluster = c
+			return s, nil
+		}
+		if stopErr := c.stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+	}
+	tried = append(tried, fmt.Sprintf("throwaway cluster: %v", err))
+
+	return nil, fmt.Errorf("no PostgreSQL server for idem; tried:\n\t%s\n%s",
+		strings.Join(tried, "\n\t"), howToGetPostgres)
+}
+
+const howToGetPostgres = `To get PostgreSQL, either set DATABASE_URL to a server on which the role may create databases
+(e.g. DATABASE_URL=postgres://postgres:secret@localhost:5432/postgres), or install the PostgreSQL
+server package so that a throwaway cluster can be started (e.g. apt-get install postgresql,
+dnf install postgresql-server, brew install postgresql).`
+
+// envKeywords maps the environment variables libpq reads to their
+// connection string keywords.
+var envKeywords = map[string]string{
+	"PGHOST":               "host",
+	"PGPORT":               "port",
+	"PGDATABASE":           "dbname",
+	"PGUSER":               "user",
+	"PGPASSWORD":           "password",
+	"PGPASSFILE":           "passfile",
+	"PGAPPNAME":            "application_name",
+	"PGCONNECT_TIMEOUT":    "connect_timeout",
+	"PGSSLMODE":            "sslmode",
+	"PGSSLKEY":             "sslkey",
+	"PGSSLCERT":            "sslcert",
+	"PGSSLCERTMODE":        "sslcertmode",
+	"PGSSLSNI":             "sslsni",
+	"PGSSLROOTCERT":        "sslrootcert",
+	"PGSSLPASSWORD":        "sslpassword",
+	"PGSSLNEGOTIATION":     "sslnegotiation",
+	"PGTARGETSESSIONATTRS": "target_session_attrs",
+	"PGSERVICE":            "service",
+	"PGSERVICEFILE":        "servicefile",
+	"PGTZ":                 "timezone",
+	"PGOPTIONS":            "options",
+	"PGMINPROTOCOLVERSION": "min_protocol_version",
+	"PGMAXPROTOCOLVERSION": "max_protocol_version",
+	"PGCHANNELBINDING":     "channel_binding",
+	"PGREQUIREAUTH":        "require_auth",
+}
+
+// libpqDefaults returns a keyword/value connection string for what libpq
+// would connect to without one: the PG* variables of d.getenv, and where
+// those leave host, port or user open, the defaults pgx fills in (the local
+// socket directory, 5432, the OS user name). where describes it without
+// secrets, for messages.
+//
+// pgx reads the process environment too; the explicit keywords override it,
+// so with d.getenv = os.Getenv this is exactly libpq's behaviour.
+func (d discovery) libpqDefaults() (connString, where string, err error) {
+	settings := make(map[string]string)
+	for env, keyword := range envKeywords {
+		if v := d.getenv(env); v != "" {
+			settings[keyword] = v
+		}
+	}
+	cfg, err := pgconn.ParseConfig(keywordValue(settings))
+	if err != nil {
+		return "", "PG* environment variables", err
+	}
+	if settings["host"] == "" {
+		settings["host"] = cfg.Host
+	}
+	if settings["port"] == "" {
+		settings["port"] = fmt.Sprint(cfg.Port)
+	}
+	if settings["user"] == "" && cfg.User != "" {
+		settings["user"] = cfg.User
+	}
+	where = keywordValue(map[string]string{
+		"host": settings["host"], "port": settings["port"], "user": settings["user"],
+	})
+	return keywordValue(settings), where, nil
+}
+
+// keywordValue renders settings as a keyword/value connection string, in a
+// fixed order with host, port, user and dbname first.
+func keywordValue(settings map[string]string) string {
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	rank := map[string]int{"host": 1, "port": 2, "user": 3, "dbname": 4}
+	sort.Slice(keys, func(i, j int) bool {
+		ri, rj := rank[keys[i]], rank[keys[j]]
+		if ri == 0 {
+			ri = len(rank) + 1
+		}
+		if rj == 0 {
+			rj = len(rank) + 1
+		}
+		if ri != rj {
+			return ri < rj
+		}
+		return keys[i] < keys[j]
+	})
+	var b strings.Builder
+	for _, k := range keys {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(quoteValue(settings[k]))
+	}
+	return b.String()
+}
+
+// quoteValue quotes a keyword/value connection string value if it needs it.
+func quoteValue(v string) string {
+	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
+		return v
+	}
+	r := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
+	return "'" + r.Replace(v) + "'"
+}
+
+// isURL reports whether connString is in URL form rather than keyword/value.
+func isURL(connString string) bool {
+	return strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://")
+}
+
+// withDatabase returns connString with its database replaced by dbname,
+// keeping everything else, such as password and sslmode, as it was.
+func withDatabase(connString, dbname string) (string, error) {
+	if !isURL(connString) {
+		pairs, err := splitKeywordValue(connString)
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		for _, p := range pairs {
+			if p.key == "dbname" || p.key == "database" {
+				continue
+			}
+			b.WriteString(p.key + "=" + p.raw + " ")
+		}
+		b.WriteString("dbname=" + quoteValue(dbname))
+		return b.String(), nil
+	}
+	u, err := url.Parse(connString)
+	if err != nil {
+		return "", fmt.Errorf("parse connection URL: %w", err)
+	}
+	u.Path = "/" + dbname
+	u.RawPath = ""
+	if q := u.Query(); q.Has("dbname") || q.Has("database") {
+		q.Del("dbname")
+		q.Del("database")
+		u.RawQuery = q.Encode()
+	}
+	return u.String(), nil
+}
+
+// keywordValuePair is a keyword of a keyword/value connection string and
+// its value as written, quotes and escapes included.
+type keywordValuePair struct{ key, raw string }
+
+// splitKeywordValue splits a keyword/value connection string into its
+// pairs, following libpq's rules for quotes and backslashes.
+func splitKeywordValue(s string) ([]keywordValuePair, error) {
+	const space = " \t\n\r\v\f"
+	var pairs []keywordValuePair
+	for s = strings.TrimLeft(s, space); s != ""; s = strings.TrimLeft(s, space) {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return nil, errors.New("invalid keyword/value connection string")
+		}
+		key := strings.TrimRight(s[:eq], space)
+		s = strings.TrimLeft(s[eq+1:], space)
+		end := 0
+		if strings.HasPrefix(s, "'") {
+			for end = 1; end < len(s) && s[end] != '\''; end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			if end >= len(s) {
+				return nil, errors.New("unterminated quoted string in connection string")
+			}
+			end++ // the closing quote
+		} else {
+			for ; end < len(s) && !strings.ContainsRune(space, rune(s[end])); end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			end = min(end, len(s))
+		}
+		pairs = append(pairs, keywordValuePair{key: key, raw: s[:end]})
+		s = s[end:]
+	}
+	return pairs, nil
+}
+
+// openServer connects to the server connString reaches and checks that pgtest
+// can work there: PostgreSQL 13 or later, and a role that may create
+// databases. The maintenance database is the one connString names, else
+// postgres, else template1.
+func openServer(ctx context.Context, connString, source string, timeout time.Duration) (*Server, error) {
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("parse connection string: %w", err)
+	}
+	candidates := []string{cfg.Database}
+	if cfg.Database == "" {
+		candidates = []string{"postgres", "template1"}
+	}
+	var conn *pgx.Conn
+	var adminString string
+	for _, db := range candidates {
+		adminString, err = withDatabase(connString, db)
+		if err != nil {
+			return nil, err
+		}
+		conn, err = connect(ctx, adminString, timeout)
+		if pgErrorCode(err) != invalidCatalogName {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+
+	if err := checkServer(ctx, conn, timeout); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, adminString)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	tmpl, err := templateName()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Server{
+		connString:   adminString,
+		admin:        pool,
+		source:       source,
+		templateName: tmpl,
+		closed:       make(chan struct{}),
+	}, nil
+}
+
+func connect(ctx context.Context, connString string, timeout time.Duration) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("parse connection string: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return conn, nil
+}
+
+// checkServer checks the server's version and the role's privileges.
+func checkServer(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var version int
+	var role string
+	var mayCreate bool
+	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_user,
+		(SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = current_user)`).
+		Scan(&version, &role, &mayCreate)
+	if err != nil {
+		return fmt.Errorf("check server: %w", err)
+	}
+	if version < minServerVersion {
+		return fmt.Errorf("server is PostgreSQL %d.%d; idem's tests need 13 or later", version/10000, version%10000)
+	}
+	if !mayCreate {
+		return fmt.Errorf("role %s may not create databases (grant it CREATEDB)", role)
+	}
+	return nil
+}
+
+func pgErrorCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// retryInUse calls f until it does not fail with object_in_use, which
+// CREATE DATABASE and ALTER DATABASE report while another session is still
+// connected to the database they need to themselves; sessions that just
+// disconnected take a moment to go.
+func retryInUse(ctx context.Context, f func() error) error {
+	const limit = 10 * time.Second
+	deadline := time.Now().Add(limit)
+	wait := 20 * time.Millisecond
+	for {
+		err := f()
+		if pgErrorCode(err) != objectInUse || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+func dropDatabase(ctx context.Context, db *pgxpool.Pool, name string) error {
+	_, err := db.Exec(ctx, "DROP DATABASE IF EXISTS "+quoteIdent(name)+" WITH (FORCE)")
+	return err
+}
+
+func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }

@@ -1,0 +1,319 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Store keeps idempotency keys in the table idempotency_keys (see
+// [Migrate]) and runs each claimed request in one transaction with the
+// handler's writes. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	ttl  float64 // seconds
+
+	setLockTimeout string
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns a Store on pool. The claim always runs on pool, so point it at
+// the primary, never a read replica. The pool's QueryExecMode is honoured,
+// so a pool configured for a transaction-mode connection pooler works as
+// it is.
+func New(pool *pgxpool.Pool, opts ...Option) *Store {
+	o := defaultOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Store{
+		pool:           pool,
+		ttl:            o.ttl.Seconds(),
+		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", o.lockTimeout.Milliseconds()),
+	}
+}
+
+const (
+	// savepoint separates the claim from the handler's writes, so that a
+	// recorded error can discard the writes and keep the claim.
+	savepoint         = "SAVEPOINT idem_claim"
+	rollbackSavepoint = "ROLLBACK TO SAVEPOINT idem_claim"
+	resetLockTimeout  = "SET LOCAL lock_timeout TO DEFAULT"
+
+	insertClaim = `INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second')
+ON CONFLICT (tenant, method, key) DO NOTHING
+RETURNING true`
+
+	// selectEntry runs as its own statement after insertClaim, so its
+	// snapshot sees the row a conflicting transaction committed while the
+	// insert waited for it.
+	selectEntry = `SELECT status, request_hash, response_code, response, expires_at, expires_at <= now()
+FROM idempotency_keys
+WHERE tenant = $1 AND method = $2 AND key = $3`
+
+	// takeOver claims a row whose expiry has passed. A concurrent taker
+	// waits on the row lock and then finds expires_at in the future.
+	takeOver = `UPDATE idempotency_keys
+SET request_hash = $4, status = 'in_progress', response_code = NULL, response = NULL,
+    created_at = now(), updated_at = now(), expires_at = now() + $5 * interval '1 second',
+    locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
+WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at <= now()
+RETURNING true`
+
+	record = `UPDATE idempotency_keys
+SET status = 'completed', response_code = $4, response = $5, updated_at = now()
+WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
+)
+
+// maxTakeovers bounds the rounds of a claim that meets expired rows, each of
+// which another request may have taken over first.
+const maxTakeovers = 3
+
+// Claim implements [store.Store]. A claim of a free key costs one round trip
+// (BEGIN, the lock timeout, the insert and a savepoint travel together) and
+// leaves the transaction open for the handler; a claim that finds a
+// completed key costs two (the same batch, then ROLLBACK).
+func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return store.Claim{}, err
+	}
+	claimed, entry, err := s.claim(ctx, conn.Conn(), key, fingerprint)
+	if err != nil || !claimed {
+		_ = abandon(ctx, conn)
+		if err != nil {
+			return store.Claim{}, interpretError(err)
+		}
+		if entry == nil {
+			// The row the insert collided with was deleted before it could
+			// be read; only a sweeper does that. The retry will claim it.
+			return store.Claim{}, store.ErrInUse
+		}
+		return store.Claim{Entry: entry}, nil
+	}
+	return store.Claim{Txn: &txn{conn: conn, key: key, tx: &tx{conn: conn.Conn()}}}, nil
+}
+
+// claim runs the claim statements on conn and leaves its transaction open.
+// It reports whether the key is now owned, or else the entry that holds it
+// (nil if the row vanished).
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, key store.Key, fp []byte) (bool, *store.Entry, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(s.setLockTimeout)
+	b.Queue(insertClaim, key.Tenant, key.Method, key.Key, fp, s.ttl)
+	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
+	b.Queue(resetLockTimeout)
+	b.Queue(savepoint)
+	claimed, entry, err := runClaim(ctx, conn, b, true)
+	for range maxTakeovers {
+		if err != nil || claimed || entry == nil || !entry.expired {
+			break
+		}
+		// The key expired: it counts as absent, so take the row over.
+		b = &pgx.Batch{}
+		b.Queue(s.setLockTimeout)
+		b.Queue(takeOver, key.Tenant, key.Method, key.Key, fp, s.ttl)
+		b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
+		b.Queue(resetLockTimeout)
+		b.Queue(savepoint)
+		claimed, entry, err = runClaim(ctx, conn, b, false)
+	}
+	switch {
+	case err != nil:
+		return false, nil, err
+	case claimed:
+		return true, nil, nil
+	case entry == nil:
+		return false, nil, nil
+	case entry.expired:
+		// Taken over and expired again maxTakeovers times in a row.
+		return false, nil, store.ErrInUse
+	}
+	return false, &entry.Entry, nil
+}
+
+type foundEntry struct {
+	store.Entry
+	expired bool
+}
+
+// runClaim sends b, whose statements are: BEGIN if begin is set, SET LOCAL
+// lock_timeout, a statement that returns a row when it claimed the key, the
+// entry's select, the lock timeout's reset and the savepoint.
+func runClaim(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, begin bool) (claimed bool, entry *foundEntry, err error) {
+	br := conn.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if begin {
+		if _, err := br.Exec(); err != nil { // BEGIN
+			return false, nil, err
+		}
+	}
+	if _, err := br.Exec(); err != nil { // SET LOCAL lock_timeout
+		return false, nil, err
+	}
+	err = br.QueryRow().Scan(&claimed)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, err
+	}
+	var (
+		e      foundEntry
+		status string
+		code   *int32
+	)
+	err = br.QueryRow().Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.ExpiresAt, &e.expired)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return false, nil, err
+	default:
+		switch status {
+		case "completed":
+			e.State = store.Completed
+		case "in_progress":
+			e.State = store.InProgress
+		default:
+			return false, nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
+		}
+		if code != nil {
+			e.Outcome.Code = codes.Code(*code)
+		}
+		entry = &e
+	}
+	if _, err := br.Exec(); err != nil { // reset lock_timeout
+		return false, nil, err
+	}
+	if _, err := br.Exec(); err != nil { // SAVEPOINT
+		return false, nil, err
+	}
+	return claimed, entry, nil
+}
+
+// abandon rolls back whatever transaction conn has open and returns conn to
+// the pool. A connection that cannot be rolled back is closed by the pool
+// instead of being reused, which ends its transaction too.
+func abandon(ctx context.Context, conn *pgxpool.Conn) error {
+	defer conn.Release()
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, err := conn.Exec(ctx, "ROLLBACK")
+	return err
+}
+
+// cleanupTimeout bounds a ROLLBACK sent after the request's context ended.
+const cleanupTimeout = 5 * time.Second
+
+// txn is an owned claim: the open transaction that holds the key.
+type txn struct {
+	conn *pgxpool.Conn // nil once finished
+	key  store.Key
+	tx   *tx
+}
+
+type txKey struct{}
+
+func (t *txn) Context(parent context.Context) context.Context {
+	return context.WithValue(parent, txKey{}, pgx.Tx(t.tx))
+}
+
+// TxFromContext returns the transaction that holds the idempotency key of
+// the request being handled, so that the handler's writes commit or roll
+// back together with the key and its recorded response. It reports false
+// outside a keyed request.
+//
+// The transaction belongs to the interceptor: its Commit and Rollback return
+// [ErrTxOwned] and change nothing. A handler discards its writes by
+// returning an error; a nested transaction (tx.Begin, pgx.BeginFunc) runs on
+// a savepoint and may commit or roll back freely.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
+	if t.conn == nil {
+		return errFinished
+	}
+	defer func() { _ = t.finish(ctx) }()
+	discard := out.Code != codes.OK
+	if discard && t.conn.Conn().PgConn().TxStatus() == 'E' {
+		// A failed statement aborted the transaction, and an aborted
+		// transaction cannot even prepare the batch's statements: go back
+		// to the savepoint on its own first.
+		if _, err := t.conn.Exec(ctx, rollbackSavepoint); err != nil {
+			return interpretError(err)
+		}
+		discard = false
+	}
+	b := &pgx.Batch{}
+	if discard {
+		b.Queue(rollbackSavepoint)
+	}
+	b.Queue(record, t.key.Tenant, t.key.Method, t.key.Key, int32(out.Code), out.Body)
+	b.Queue("COMMIT")
+	br := t.conn.SendBatch(ctx, b)
+	err := readComplete(br, discard)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return interpretError(err)
+}
+
+func readComplete(br pgx.BatchResults, discard bool) error {
+	if discard {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("postgres: recording the outcome updated %d rows, want 1", tag.RowsAffected())
+	}
+	tag, err = br.Exec()
+	if err != nil {
+		return err
+	}
+	// COMMIT of a transaction that an earlier error aborted reports
+	// ROLLBACK instead of failing.
+	if tag.String() != "COMMIT" {
+		return errors.New("postgres: transaction was aborted by an earlier error; nothing was committed")
+	}
+	return nil
+}
+
+func (t *txn) Release(ctx context.Context) error {
+	if t.conn == nil {
+		return nil
+	}
+	return t.finish(ctx)
+}
+
+// finish closes the handler's view of the transaction and gives the
+// connection back, rolling back whatever is still open.
+func (t *txn) finish(ctx context.Context) error {
+	t.tx.closed.Store(true)
+	err := abandon(ctx, t.conn)
+	t.conn = nil
+	return err
+}
+
+var errFinished = errors.New("postgres: claim already finished")

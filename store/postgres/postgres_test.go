@@ -1,0 +1,217 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+var ctx = context.Background()
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	pool := pgtest.NewPool(t) // already migrated once
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- postgres.Migrate(ctx, pool)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var versions int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_schema_migrations`).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	if versions != 1 {
+		t.Fatalf("%d versions recorded, want 1", versions)
+	}
+}
+
+var key = store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
+
+func TestClaimCompleteReplay(t *testing.T) {
+	s := postgres.New(pgtest.NewPool(t))
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil || c.Txn == nil {
+		t.Fatalf("first claim: %+v, %v", c, err)
+	}
+	tx, ok := postgres.TxFromContext(c.Txn.Context(ctx))
+	if !ok {
+		t.Fatal("no transaction in the claim's context")
+	}
+	var timeout string
+	if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&timeout); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != "0" {
+		t.Fatalf("handler runs with lock_timeout %s; the claim's bound leaked into the handler", timeout)
+	}
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("resp")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Txn.Release(ctx); err != nil {
+		t.Fatalf("Release after Complete: %v", err)
+	}
+
+	again, err := s.Claim(ctx, key, []byte("other"))
+	if err != nil || again.Entry == nil {
+		t.Fatalf("second claim: %+v, %v", again, err)
+	}
+	e := again.Entry
+	if e.State != store.Completed || string(e.Fingerprint) != "fp" || e.Outcome.Code != codes.OK || string(e.Outcome.Body) != "resp" {
+		t.Fatalf("entry %+v", e)
+	}
+	if time.Until(e.ExpiresAt) < 23*time.Hour {
+		t.Fatalf("expires at %v, want about 24h from now", e.ExpiresAt)
+	}
+}
+
+func TestReleaseLeavesNothing(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Txn.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d rows after Release, want 0", n)
+	}
+	c, err = s.Claim(ctx, key, []byte("fp"))
+	if err != nil || c.Txn == nil {
+		t.Fatalf("claim after Release: %+v, %v", c, err)
+	}
+	_ = c.Txn.Release(ctx)
+}
+
+func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool, postgres.WithLockTimeout(5*time.Second))
+	var (
+		owners, entries atomic.Int32
+		wg              sync.WaitGroup
+	)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := s.Claim(ctx, key, []byte("fp"))
+			switch {
+			case err != nil:
+				t.Error(err)
+			case c.Txn != nil:
+				owners.Add(1)
+				time.Sleep(50 * time.Millisecond) // others queue on the row
+				if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+					t.Error(err)
+				}
+			default:
+				entries.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if owners.Load() != 1 || entries.Load() != 31 {
+		t.Fatalf("%d owners and %d entries, want 1 and 31", owners.Load(), entries.Load())
+	}
+}
+
+func TestClaimWaitIsBounded(t *testing.T) {
+	s := postgres.New(pgtest.NewPool(t), postgres.WithLockTimeout(50*time.Millisecond))
+	owner, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = owner.Txn.Release(ctx) }()
+	_, err = s.Claim(ctx, key, []byte("fp"))
+	if !errors.Is(err, store.ErrInUse) {
+		t.Fatalf("claim of a held key: %v, want ErrInUse", err)
+	}
+	// The owner's rollback frees the key for the next claim.
+	if err := owner.Txn.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil || c.Txn == nil {
+		t.Fatalf("claim after the owner released: %+v, %v", c, err)
+	}
+	_ = c.Txn.Release(ctx)
+}
+
+func TestErrorOutcomeDiscardsWrites(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE w (v int)`); err != nil {
+		t.Fatal(err)
+	}
+	s := postgres.New(pool)
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+	if _, err := tx.Exec(ctx, `INSERT INTO w VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	// A failed statement aborts the transaction; recording an error rolls
+	// back to the claim's savepoint, which recovers it.
+	if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.InvalidArgument, Body: []byte("st")}); err != nil {
+		t.Fatal(err)
+	}
+	var writes, keys int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM idempotency_keys WHERE response_code = 3)`).Scan(&writes, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if writes != 0 || keys != 1 {
+		t.Fatalf("%d writes and %d recorded keys, want 0 and 1", writes, keys)
+	}
+}
+
+func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+	_, _ = tx.Exec(ctx, `SELECT 1/0`) // a handler that swallows this error
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err == nil {
+		t.Fatal("Complete succeeded on an aborted transaction")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d keys recorded, want 0", n)
+	}
+}
