@@ -1,0 +1,232 @@
+package interceptor_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+// testService implements TestService. Every execution of Do or Maybe
+// inserts a row into effects on the claim's transaction (or on the pool
+// when there is none), then calls hook, which decides the outcome.
+type testService struct {
+	testv1.UnimplementedTestServiceServer
+	pool *pgxpool.Pool
+
+	mu         sync.Mutex
+	executions int64
+	hook       func(ctx context.Context, value string) error
+}
+
+func (s *testService) execute(ctx context.Context, value string) (int64, error) {
+	s.mu.Lock()
+	s.executions++
+	n := s.executions
+	hook := s.hook
+	s.mu.Unlock()
+
+	key, _ := interceptor.KeyFromContext(ctx)
+	insert := `INSERT INTO effects (key, value) VALUES ($1, $2)`
+	if tx, ok := postgres.TxFromContext(ctx); ok {
+		if _, err := tx.Exec(ctx, insert, key, value); err != nil {
+			return 0, err
+		}
+	} else if _, err := s.pool.Exec(ctx, insert, key, value); err != nil {
+		return 0, err
+	}
+	if hook != nil {
+		if err := hook(ctx, value); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+func (s *testService) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	n, err := s.execute(ctx, req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	return &testv1.DoResponse{
+		Value:     req.GetValue(),
+		Execution: n,
+		// Several entries, so that map order would show in the bytes.
+		Labels: map[string]string{"a": "1", "b": "2", "c": "3", "d": "4", "e": "5", "f": "6"},
+	}, nil
+}
+
+func (s *testService) Maybe(ctx context.Context, req *testv1.MaybeRequest) (*testv1.MaybeResponse, error) {
+	n, err := s.execute(ctx, req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	return &testv1.MaybeResponse{Value: req.GetValue(), Execution: n}, nil
+}
+
+func (s *testService) Read(ctx context.Context, req *testv1.ReadRequest) (*testv1.ReadResponse, error) {
+	n, err := s.execute(ctx, req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	return &testv1.ReadResponse{Value: req.GetValue(), Execution: n}, nil
+}
+
+func (s *testService) setHook(h func(ctx context.Context, value string) error) {
+	s.mu.Lock()
+	s.hook = h
+	s.mu.Unlock()
+}
+
+func (s *testService) count() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.executions
+}
+
+type env struct {
+	pool   *pgxpool.Pool
+	svc    *testService
+	client testv1.TestServiceClient
+}
+
+type setup struct {
+	storeOpts []postgres.Option
+	opts      []interceptor.Option
+	poolSize  int32
+	tracer    pgx.QueryTracer
+}
+
+// newEnv starts a gRPC server on a loopback port with the idem interceptor
+// on a fresh database, and a client connected to it.
+func newEnv(t *testing.T, s setup) *env {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	if s.poolSize > 0 {
+		cfg.MaxConns = s.poolSize
+	}
+	cfg.ConnConfig.Tracer = s.tracer
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
+		t.Fatal(err)
+	}
+
+	svc := &testService{pool: pool}
+	tenant := interceptor.TenantFunc(func(ctx context.Context) (string, error) {
+		if v := metadata.ValueFromIncomingContext(ctx, "x-tenant-id"); len(v) == 1 {
+			return v[0], nil
+		}
+		return "", nil
+	})
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		recovery.UnaryServerInterceptor(),
+		interceptor.UnaryServerInterceptor(postgres.New(pool, s.storeOpts...),
+			append([]interceptor.Option{interceptor.WithTenant(tenant)}, s.opts...)...),
+	))
+	testv1.RegisterTestServiceServer(srv, svc)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &env{pool: pool, svc: svc, client: testv1.NewTestServiceClient(conn)}
+}
+
+// withKey returns a context whose outgoing metadata carries key.
+func withKey(key string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, key)
+}
+
+func (e *env) effects(t *testing.T) int {
+	t.Helper()
+	return e.countRows(t, `SELECT count(*) FROM effects`)
+}
+
+func (e *env) keys(t *testing.T) int {
+	t.Helper()
+	return e.countRows(t, `SELECT count(*) FROM idempotency_keys`)
+}
+
+func (e *env) countRows(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// wantCode fails the test unless err carries code c.
+func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != c {
+		t.Fatalf("got %v, want code %v", err, c)
+	}
+	return st
+}
+
+// rawCodec records the bytes of every response it decodes, so tests can
+// compare what crossed the wire.
+type rawCodec struct {
+	encoding.CodecV2
+	mu   sync.Mutex
+	seen [][]byte
+}
+
+func newRawCodec() *rawCodec { return &rawCodec{CodecV2: encoding.GetCodecV2("proto")} }
+
+func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	c.mu.Lock()
+	c.seen = append(c.seen, data.Materialize())
+	c.mu.Unlock()
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+func (c *rawCodec) last() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[len(c.seen)-1]
+}
+
+func deadline(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,62 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// Metadata keys of idem.
+const (
+	// KeyHeader is the request metadata key that carries the idempotency
+	// key: exactly one value of 1 to 255 visible ASCII characters
+	// (0x21 to 0x7E). A UUID is a good key.
+	KeyHeader = "idempotency-key"
+	// ReplayedHeader is the response header set to "true" when the response
+	// is a replay of a recorded one.
+	ReplayedHeader = "idempotent-replayed"
+)
+
+// MaxKeyLength is the longest key accepted, in bytes.
+const MaxKeyLength = 255
+
+// keyFromMetadata returns the request's key and whether it sent one. A key
+// that is present but invalid is an error naming the rule it breaks.
+func keyFromMetadata(ctx context.Context) (key string, ok bool, err error) {
+	vals := metadata.ValueFromIncomingContext(ctx, KeyHeader)
+	switch len(vals) {
+	case 0:
+		return "", false, nil
+	case 1:
+	default:
+		return "", true, fmt.Errorf("must have exactly one value, got %d", len(vals))
+	}
+	return vals[0], true, ValidateKey(vals[0])
+}
+
+// ValidateKey reports whether key is an acceptable idempotency key: 1 to
+// [MaxKeyLength] bytes, each visible ASCII (0x21 to 0x7E).
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(key) > MaxKeyLength {
+		return fmt.Errorf("must be at most %d bytes, got %d", MaxKeyLength, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("must be visible ASCII (0x21-0x7E), got byte 0x%02x at offset %d", c, i)
+		}
+	}
+	return nil
+}
+
+type keyCtxKey struct{}
+
+// KeyFromContext returns the validated idempotency key of the request being
+// handled. It reports false outside a keyed request.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(keyCtxKey{}).(string)
+	return k, ok
+}

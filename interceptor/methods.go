@@ -1,0 +1,101 @@
+package interceptor
+
+import (
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	idemv1 "github.com/idemkit/idem/gen/idem/v1"
+)
+
+// method is the idempotency policy of one RPC, read once from its
+// descriptor.
+type method struct {
+	// exempt methods are safe to retry as they are (idempotency_level
+	// IDEMPOTENT or NO_SIDE_EFFECTS) and bypass idem.
+	exempt bool
+	// required rejects calls without a key.
+	required bool
+	// output is the response type, needed to replay without the handler;
+	// nil when the method is not in the protobuf registry.
+	output protoreflect.MessageType
+	// raw responses go to gRPC as their recorded bytes, carried as the
+	// unknown fields of an empty message: re-encoding a decoded response of
+	// this type could reorder map entries or extensions.
+	raw bool
+}
+
+// methods caches policies by full method name.
+type methods struct {
+	files *protoregistry.Files
+	types *protoregistry.Types
+	cache sync.Map // string -> *method
+}
+
+func (ms *methods) lookup(fullMethod string) *method {
+	if m, ok := ms.cache.Load(fullMethod); ok {
+		return m.(*method)
+	}
+	m := ms.resolve(fullMethod)
+	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
+	return actual.(*method)
+}
+
+// resolve reads the policy of "/pkg.Service/Method" from the registry. A
+// method the registry does not know takes a key when the client sends one.
+func (ms *methods) resolve(fullMethod string) *method {
+	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
+	d, err := ms.files.FindDescriptorByName(name)
+	if err != nil {
+		return &method{}
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return &method{}
+	}
+	m := &method{}
+	if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok && opts != nil {
+		switch opts.GetIdempotencyLevel() {
+		case descriptorpb.MethodOptions_IDEMPOTENT, descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
+			m.exempt = true
+		}
+		if p, ok := proto.GetExtension(opts, idemv1.E_Method).(*idemv1.MethodPolicy); ok {
+			m.required = p.GetKeyRequired()
+		}
+	}
+	if mt, err := ms.types.FindMessageByName(md.Output().FullName()); err == nil {
+		m.output = mt
+		// A message with required fields cannot be encoded empty.
+		m.raw = !canonical(md.Output(), map[protoreflect.FullName]bool{}) &&
+			md.Output().RequiredNumbers().Len() == 0
+	}
+	return m
+}
+
+// canonical reports whether every message of type md encodes to the same
+// bytes however it was built: protobuf orders known fields by number, but
+// leaves the order of map entries and extensions unspecified.
+func canonical(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
+	if seen[md.FullName()] {
+		return true
+	}
+	seen[md.FullName()] = true
+	if md.ExtensionRanges().Len() > 0 {
+		return false
+	}
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.IsMap() {
+			return false
+		}
+		if fd.Message() != nil && !canonical(fd.Message(), seen) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,694 @@
+package interceptor_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
+	e := newEnv(t, setup{})
+	var header metadata.MD
+	resp, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetValue() != "v" || resp.GetExecution() != 1 {
+		t.Fatalf("response %v", resp)
+	}
+	if got := header.Get(interceptor.ReplayedHeader); len(got) != 0 {
+		t.Fatalf("first response carries %s=%v", interceptor.ReplayedHeader, got)
+	}
+	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE key = 'k1'`); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+	var (
+		status string
+		code   int32
+		body   []byte
+	)
+	err = e.pool.QueryRow(context.Background(),
+		`SELECT status, response_code, response FROM idempotency_keys
+		 WHERE tenant = '' AND method = '/idem.test.v1.TestService/Do' AND key = 'k1'`).Scan(&status, &code, &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := new(testv1.DoResponse)
+	if err := proto.Unmarshal(body, recorded); err != nil {
+		t.Fatal(err)
+	}
+	if status != "completed" || code != 0 || !proto.Equal(recorded, resp) {
+		t.Fatalf("recorded %s/%d %v, want completed/0 %v", status, code, recorded, resp)
+	}
+}
+
+func TestRetryReplaysRecordedBytes(t *testing.T) {
+	e := newEnv(t, setup{})
+	codec := newRawCodec()
+
+	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: "t1"}, grpc.ForceCodecV2(codec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstBytes := codec.last()
+	for i := range 5 {
+		var header metadata.MD
+		// A new trace id: excluded from the fingerprint, so still a retry.
+		again, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: fmt.Sprint("t", i+2)},
+			grpc.ForceCodecV2(codec), grpc.Header(&header))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(codec.last(), firstBytes) {
+			t.Fatalf("replay %d bytes differ from the first response:\n%x\n%x", i, codec.last(), firstBytes)
+		}
+		if !proto.Equal(again, first) {
+			t.Fatalf("replay %v, want %v", again, first)
+		}
+		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+			t.Fatalf("%s = %v, want [true]", interceptor.ReplayedHeader, got)
+		}
+	}
+	if n := e.svc.count(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
+
+func TestReplayOfMapFreeResponseIsDecoded(t *testing.T) {
+	// MaybeResponse has no maps: the replay is an ordinary message that
+	// encodes to the recorded bytes.
+	e := newEnv(t, setup{})
+	codec := newRawCodec()
+	first, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstBytes := codec.last()
+	again, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+		t.Fatalf("replay %x (%v), want %x (%v)", codec.last(), again, firstBytes, first)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
+
+func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
+	e := newEnv(t, setup{poolSize: 16})
+	// Hold the first execution long enough for every duplicate to arrive
+	// while it is in flight.
+	e.svc.setHook(func(context.Context, string) error {
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	})
+	const callers = 200
+	var (
+		wg                  sync.WaitGroup
+		mu                  sync.Mutex
+		oks, aborted, other int
+		executions          = map[int64]bool{}
+	)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := e.client.Do(withKey("storm"), &testv1.DoRequest{Value: "v"})
+			mu.Lock()
+			defer mu.Unlock()
+			switch status.Code(err) {
+			case codes.OK:
+				oks++
+				executions[resp.GetExecution()] = true
+			case codes.Aborted:
+				aborted++
+				if retryDelay(err) == nil {
+					t.Errorf("ABORTED without RetryInfo: %v", err)
+				}
+			default:
+				other++
+				t.Errorf("unexpected answer: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d replies OK, %d ABORTED", oks, aborted)
+	if oks == 0 || len(executions) != 1 || other != 0 {
+		t.Fatalf("OK=%d ABORTED=%d other=%d, executions seen %v; want one execution shared by all OKs", oks, aborted, other, executions)
+	}
+	if n := e.svc.count(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
+
+func TestReusedKeyWithOtherRequestIsRejected(t *testing.T) {
+	e := newEnv(t, setup{})
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "b"})
+	st := wantCode(t, err, codes.FailedPrecondition)
+	if info := errorInfo(st); info == nil || info.GetReason() != interceptor.ReasonKeyReused || info.GetDomain() != interceptor.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyReused)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE value = 'b'`); n != 0 {
+		t.Fatal("the mismatched request ran")
+	}
+}
+
+func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
+	e := newEnv(t, setup{})
+	e.svc.setHook(func(context.Context, string) error {
+		st, _ := status.New(codes.InvalidArgument, "bad value").WithDetails(&errdetails.BadRequest{
+			FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "value", Description: "bad"}},
+		})
+		return st.Err()
+	})
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	first := wantCode(t, err, codes.InvalidArgument)
+	// The handler's write is rolled back to the savepoint; the claim and
+	// the error are kept.
+	if n := e.effects(t); n != 0 {
+		t.Fatalf("%d effect rows survived a recorded error, want 0", n)
+	}
+	if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 3`); n != 1 {
+		t.Fatalf("%d recorded INVALID_ARGUMENT rows, want 1", n)
+	}
+
+	e.svc.setHook(nil) // would succeed now, but the recorded error stands
+	var header metadata.MD
+	_, err = e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+	again := wantCode(t, err, codes.InvalidArgument)
+	if !proto.Equal(again.Proto(), first.Proto()) {
+		t.Fatalf("replayed %v, want %v", again.Proto(), first.Proto())
+	}
+	if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Fatalf("%s = %v, want [true]", interceptor.ReplayedHeader, got)
+	}
+	if n := e.svc.count(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+func TestTransientErrorReleasesKey(t *testing.T) {
+	for _, c := range []codes.Code{codes.Unavailable, codes.Internal, codes.Unauthenticated, codes.DeadlineExceeded} {
+		t.Run(c.String(), func(t *testing.T) {
+			e := newEnv(t, setup{})
+			e.svc.setHook(func(context.Context, string) error { return status.Error(c, "blip") })
+			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+			wantCode(t, err, c)
+			if n, k := e.effects(t), e.keys(t); n != 0 || k != 0 {
+				t.Fatalf("after a transient error: %d effects, %d keys; want none", n, k)
+			}
+			e.svc.setHook(nil)
+			resp, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetExecution() != 2 || e.effects(t) != 1 || e.keys(t) != 1 {
+				t.Fatalf("retry: execution %d, %d effects, %d keys; want 2, 1, 1", resp.GetExecution(), e.effects(t), e.keys(t))
+			}
+		})
+	}
+}
+
+func TestPanicReleasesKey(t *testing.T) {
+	e := newEnv(t, setup{})
+	e.svc.setHook(func(context.Context, string) error { panic("boom") })
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Unknown) // from the recovery interceptor
+	if n, k := e.effects(t), e.keys(t); n != 0 || k != 0 {
+		t.Fatalf("after a panic: %d effects, %d keys; want none", n, k)
+	}
+	e.svc.setHook(nil)
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effect rows after the retry, want 1", n)
+	}
+}
+
+func TestTenantsAreIndependent(t *testing.T) {
+	e := newEnv(t, setup{})
+	call := func(tenant, value string) (*testv1.DoResponse, error) {
+		ctx := metadata.AppendToOutgoingContext(withKey("shared"), "x-tenant-id", tenant)
+		return e.client.Do(ctx, &testv1.DoRequest{Value: value})
+	}
+	a, err := call("acme", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Same key, another tenant, another body: its own operation, neither a
+	// replay of acme's response nor a reuse error.
+	b, err := call("globex", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetExecution() == b.GetExecution() || b.GetValue() != "b" {
+		t.Fatalf("globex got %v after acme got %v", b, a)
+	}
+	if again, err := call("acme", "a"); err != nil || !proto.Equal(again, a) {
+		t.Fatalf("acme retry: %v, %v; want %v", again, err, a)
+	}
+	if n := e.effects(t); n != 2 {
+		t.Fatalf("%d effect rows, want 2", n)
+	}
+	if n := e.countRows(t, `SELECT count(DISTINCT tenant) FROM idempotency_keys WHERE key = 'shared'`); n != 2 {
+		t.Fatalf("%d tenants hold the key, want 2", n)
+	}
+}
+
+func TestKeyIsScopedByMethod(t *testing.T) {
+	e := newEnv(t, setup{})
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"})
+	if err != nil || resp.GetExecution() != 2 {
+		t.Fatalf("Maybe with Do's key: %v, %v; want a second execution", resp, err)
+	}
+	if n := e.keys(t); n != 2 {
+		t.Fatalf("%d keys, want 2", n)
+	}
+}
+
+func TestInvalidKeysAreRejected(t *testing.T) {
+	e := newEnv(t, setup{})
+	cases := map[string]metadata.MD{
+		"missing":    {},
+		"empty":      metadata.Pairs(interceptor.KeyHeader, ""),
+		"256 bytes":  metadata.Pairs(interceptor.KeyHeader, strings.Repeat("k", 256)),
+		"space":      metadata.Pairs(interceptor.KeyHeader, "a b"),
+		"two values": metadata.Pairs(interceptor.KeyHeader, "a", interceptor.KeyHeader, "b"),
+	}
+	for name, md := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx := metadata.NewOutgoingContext(context.Background(), md)
+			_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+			wantBadKey(t, err)
+		})
+	}
+	if n, k, x := e.effects(t), e.keys(t), e.svc.count(); n != 0 || k != 0 || x != 0 {
+		t.Fatalf("invalid keys left %d effects, %d keys, %d executions; want none", n, k, x)
+	}
+	// 255 bytes is the longest key accepted.
+	if _, err := e.client.Do(withKey(strings.Repeat("k", 255)), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKeysClientsCannotSend covers bytes a gRPC client refuses to put in a
+// header, by calling the interceptor with crafted metadata.
+func TestKeysClientsCannotSend(t *testing.T) {
+	e := newEnv(t, setup{})
+	intercept := interceptor.UnaryServerInterceptor(postgres.New(e.pool))
+	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
+	for name, key := range map[string]string{
+		"newline":   "a\nb",
+		"tab":       "a\tb",
+		"nul":       "a\x00b",
+		"DEL":       "a\x7fb",
+		"non-ASCII": "ключ",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key))
+			_, err := intercept(ctx, &testv1.DoRequest{Value: "v"}, info, func(context.Context, any) (any, error) {
+				t.Fatal("handler called with an invalid key")
+				return nil, nil
+			})
+			wantBadKey(t, err)
+		})
+	}
+	if n := e.keys(t); n != 0 {
+		t.Fatalf("%d keys written, want 0", n)
+	}
+}
+
+func wantBadKey(t *testing.T, err error) {
+	t.Helper()
+	st := wantCode(t, err, codes.InvalidArgument)
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				if v.GetField() == interceptor.KeyHeader {
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("no BadRequest violation on %s in %v", interceptor.KeyHeader, st.Proto())
+}
+
+func TestMethodPolicy(t *testing.T) {
+	e := newEnv(t, setup{})
+	// Maybe does not require a key: without one it runs unguarded.
+	for range 2 {
+		if _, err := e.client.Maybe(context.Background(), &testv1.MaybeRequest{Value: "v"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Read has no side effects: a key is ignored and nothing is stored.
+	for range 2 {
+		if _, err := e.client.Read(withKey("k"), &testv1.ReadRequest{Value: "v"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, k := e.svc.count(), e.keys(t); n != 4 || k != 0 {
+		t.Fatalf("%d executions and %d keys, want 4 and 0", n, k)
+	}
+}
+
+func TestExpiredKeyRunsAgain(t *testing.T) {
+	e := newEnv(t, setup{})
+	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expire := `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`
+	if _, err := e.pool.Exec(context.Background(), expire); err != nil {
+		t.Fatal(err)
+	}
+	// An expired key counts as absent, even for another request body.
+	second, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.GetExecution() == first.GetExecution() || e.effects(t) != 2 {
+		t.Fatalf("after expiry: %v (first %v), %d effects; want a new execution", second, first, e.effects(t))
+	}
+	if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE expires_at > now() + interval '23 hours'`); n != 1 {
+		t.Fatal("the taken-over key did not get a new expiry")
+	}
+
+	// Many concurrent retries of an expired key: one takes it over.
+	if _, err := e.pool.Exec(context.Background(), expire); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "x"})
+			if c := status.Code(err); c != codes.OK && c != codes.Aborted {
+				t.Errorf("unexpected answer: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE value = 'x'`); n != 1 {
+		t.Fatalf("%d executions of the expired key, want 1", n)
+	}
+}
+
+func TestDuplicateInFlightGetsAbortedWithRetryInfo(t *testing.T) {
+	e := newEnv(t, setup{
+		storeOpts: []postgres.Option{postgres.WithLockTimeout(100 * time.Millisecond)},
+		opts:      []interceptor.Option{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+	})
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.svc.setHook(func(context.Context, string) error {
+		close(entered)
+		<-release
+		return nil
+	})
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+		firstDone <- err
+	}()
+	<-entered
+
+	start := time.Now()
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	waited := time.Since(start)
+	st := wantCode(t, err, codes.Aborted)
+	if d := retryDelay(err); d == nil || *d != 1500*time.Millisecond {
+		t.Fatalf("RetryInfo delay %v, want 1.5s", d)
+	}
+	if info := errorInfo(st); info == nil || info.GetReason() != interceptor.ReasonKeyInUse || info.GetDomain() != interceptor.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInUse)
+	}
+	if waited > 2*time.Second {
+		t.Fatalf("the duplicate waited %v with a 100ms lock timeout", waited)
+	}
+
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, x := e.effects(t), e.svc.count(); n != 1 || x != 1 {
+		t.Fatalf("%d effects, %d executions; want 1, 1", n, x)
+	}
+}
+
+func TestHandlerTransaction(t *testing.T) {
+	e := newEnv(t, setup{})
+	var leaked pgx.Tx
+	e.svc.setHook(func(ctx context.Context, value string) error {
+		tx, ok := postgres.TxFromContext(ctx)
+		if !ok {
+			return status.Error(codes.Internal, "no transaction in context")
+		}
+		leaked = tx
+		if err := tx.Commit(ctx); !errors.Is(err, postgres.ErrTxOwned) {
+			return status.Errorf(codes.Internal, "Commit: %v, want ErrTxOwned", err)
+		}
+		if err := tx.Rollback(ctx); !errors.Is(err, postgres.ErrTxOwned) {
+			return status.Errorf(codes.Internal, "Rollback: %v, want ErrTxOwned", err)
+		}
+		// A nested transaction that fails rolls back to its savepoint only.
+		err := pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (key, value) VALUES ('nested', 'undone')`); err != nil {
+				return err
+			}
+			return errors.New("undo")
+		})
+		if err == nil || err.Error() != "undo" {
+			return status.Errorf(codes.Internal, "nested: %v", err)
+		}
+		return pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key, value) VALUES ('nested', 'kept')`)
+			return err
+		})
+	})
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	var values []string
+	rows, _ := e.pool.Query(context.Background(), `SELECT value FROM effects ORDER BY id`)
+	values, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(values, ",") != "v,kept" {
+		t.Fatalf("effects %v, want [v kept]", values)
+	}
+	// The transaction is finished once the call returns; a handler that
+	// kept it cannot touch a connection the pool has handed on.
+	if _, err := leaked.Exec(context.Background(), `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Exec on a finished claim: %v, want ErrTxClosed", err)
+	}
+}
+
+func TestCorruptRecordIsNotReplayed(t *testing.T) {
+	e := newEnv(t, setup{})
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE idempotency_keys SET response = '\xff'`); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Internal)
+	if resp != nil {
+		t.Fatalf("got a response from a corrupt record: %v", resp)
+	}
+	if n := e.svc.count(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestRoundTrips pins the cost of a first execution to that of the
+// handler's own transaction without idem: BEGIN, the handler's statement
+// and COMMIT, three round trips. With idem the claim travels with BEGIN and
+// the record with COMMIT.
+func TestRoundTrips(t *testing.T) {
+	tracer := &roundTrips{}
+	e := newEnv(t, setup{tracer: tracer, poolSize: 1})
+	// Warm the connection's statement cache, which prepares statements on
+	// first use.
+	if _, err := e.client.Do(withKey("warm"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+
+	tracer.reset()
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	withIdem, commitsWithIdem := tracer.get()
+
+	tracer.reset()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key, value) VALUES ($1, $2)`, "k", "v")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, commitsWithout := tracer.get()
+
+	if withIdem > without || commitsWithIdem > commitsWithout {
+		t.Fatalf("first execution: %d round trips and %d commits with idem, %d and %d without",
+			withIdem, commitsWithIdem, without, commitsWithout)
+	}
+
+	tracer.reset()
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if replay, commits := tracer.get(); replay != 2 || commits != 0 {
+		t.Fatalf("replay: %d round trips, %d commits; want 2 and 0", replay, commits)
+	}
+}
+
+// roundTrips counts the statements and batches sent to the server (each one
+// round trip once statements are cached) and the COMMITs among them.
+type roundTrips struct {
+	mu            sync.Mutex
+	trips, commit int
+}
+
+func (r *roundTrips) reset() { r.mu.Lock(); r.trips, r.commit = 0, 0; r.mu.Unlock() }
+
+func (r *roundTrips) get() (int, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.trips, r.commit
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	r.trips++
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "commit") {
+		r.commit++
+	}
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.mu.Lock()
+	r.trips++
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "commit") {
+		r.mu.Lock()
+		r.commit++
+		r.mu.Unlock()
+	}
+}
+
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func errorInfo(st *status.Status) *errdetails.ErrorInfo {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
+}
+
+func retryDelay(err error) *time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			d := ri.GetRetryDelay().AsDuration()
+			return &d
+		}
+	}
+	return nil
+}
+
+// TestErrorAfterFailedStatementIsRecorded covers a handler whose statement
+// failed (a unique violation aborts the transaction) and that reports it as
+// a deterministic error: the error is still recorded and replayed.
+func TestErrorAfterFailedStatementIsRecorded(t *testing.T) {
+	e := newEnv(t, setup{})
+	if _, err := e.pool.Exec(context.Background(), `CREATE UNIQUE INDEX ON effects (value)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO effects (key, value) VALUES ('other', 'taken')`); err != nil {
+		t.Fatal(err)
+	}
+	// The service's own insert of "taken" fails; the handler maps it.
+	e.svc.setHook(nil)
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "taken"})
+	if c := status.Code(err); c == codes.OK {
+		t.Fatal("insert of a duplicate value succeeded")
+	}
+	// Unknown (a raw driver error) is transient: nothing is recorded.
+	if n := e.keys(t); n != 0 {
+		t.Fatalf("%d keys after a transient failure, want 0", n)
+	}
+
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		tx, _ := postgres.TxFromContext(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (key, value) VALUES ('x', 'taken')`); err == nil {
+			return status.Error(codes.Internal, "duplicate insert succeeded")
+		}
+		return status.Error(codes.AlreadyExists, "value taken")
+	})
+	_, err = e.client.Do(withKey("k2"), &testv1.DoRequest{Value: "fresh"})
+	wantCode(t, err, codes.AlreadyExists)
+	if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'k2' AND response_code = 6`); n != 1 {
+		t.Fatalf("%d recorded ALREADY_EXISTS rows, want 1", n)
+	}
+	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE value = 'fresh'`); n != 0 {
+		t.Fatalf("the handler's write survived a recorded error")
+	}
+	var header metadata.MD
+	_, err = e.client.Do(withKey("k2"), &testv1.DoRequest{Value: "fresh"}, grpc.Header(&header))
+	wantCode(t, err, codes.AlreadyExists)
+	if len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		t.Fatal("second ALREADY_EXISTS was not a replay")
+	}
+}

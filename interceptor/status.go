@@ -1,0 +1,70 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Values of google.rpc.ErrorInfo in idem's errors.
+const (
+	// Domain is the ErrorInfo domain of idem's errors.
+	Domain = "idem"
+	// ReasonKeyInUse: a request with the same key is still in flight; retry
+	// after the RetryInfo delay.
+	ReasonKeyInUse = "IDEMPOTENCY_KEY_IN_USE"
+	// ReasonKeyReused: the key was used before with a different request;
+	// use a new key for a new request.
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+)
+
+func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) error {
+	st, err := status.New(c, msg).WithDetails(details...)
+	if err != nil {
+		// Only a detail that cannot be marshalled fails, and ours can.
+		return status.Error(c, msg)
+	}
+	return st.Err()
+}
+
+func invalidKey(reason string) error {
+	return withDetails(codes.InvalidArgument, "idem: invalid "+KeyHeader+" header: "+reason,
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+			Field:       KeyHeader,
+			Description: reason,
+		}}})
+}
+
+func keyInUse(delay time.Duration) error {
+	return withDetails(codes.Aborted, "idem: a request with this idempotency key is still in flight; retry later",
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
+		&errdetails.ErrorInfo{Reason: ReasonKeyInUse, Domain: Domain})
+}
+
+func keyReused() error {
+	return withDetails(codes.FailedPrecondition, "idem: this idempotency key was used with a different request; use a new key for a new request",
+		&errdetails.ErrorInfo{Reason: ReasonKeyReused, Domain: Domain})
+}
+
+// storeError maps an error of the store to the status the client sees. A
+// claim that failed left nothing behind, so each of them may be retried.
+func storeError(err error, delay time.Duration) error {
+	switch {
+	case errors.Is(err, store.ErrInUse):
+		return keyInUse(delay)
+	case errors.Is(err, store.ErrConflict):
+		return withDetails(codes.Aborted, "idem: transaction conflict; retry",
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(0)})
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Unavailable, "idem: storage: "+err.Error())
+}
