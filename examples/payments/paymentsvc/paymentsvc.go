@@ -1,0 +1,168 @@
+// Package paymentsvc implements the example PaymentService: CreatePayment
+// records a payment on the transaction that holds the request's idempotency
+// key, so a retried call never charges twice.
+package paymentsvc
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"regexp"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+//go:embed schema.sql
+var schema string
+
+// Migrate applies idem's migrations and the payments table to db.
+func Migrate(ctx context.Context, db *pgxpool.Pool) error {
+	if err := postgres.Migrate(ctx, db); err != nil {
+		return err
+	}
+	_, err := db.Exec(ctx, schema)
+	return err
+}
+
+// TenantHeader is the metadata key the example reads the tenant from. It is
+// a stand-in for real authentication: a production server takes the tenant
+// from the caller's verified identity, never from a header the client picks.
+const TenantHeader = "x-tenant-id"
+
+// Tenant returns the caller's tenant from [TenantHeader].
+func Tenant(ctx context.Context) (string, error) {
+	v := metadata.ValueFromIncomingContext(ctx, TenantHeader)
+	if len(v) != 1 || v[0] == "" {
+		return "", status.Error(codes.Unauthenticated, "missing "+TenantHeader+" header")
+	}
+	return v[0], nil
+}
+
+// NewServer returns a gRPC server with the idem interceptor, PaymentService,
+// health checking and server reflection registered.
+func NewServer(pool *pgxpool.Pool, opts ...interceptor.Option) *grpc.Server {
+	opts = append([]interceptor.Option{interceptor.WithTenant(interceptor.TenantFunc(Tenant))}, opts...)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		// A panic releases the idempotency key inside idem, then becomes
+		// INTERNAL here, without the stack trace the default handler sends.
+		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
+			return status.Error(codes.Internal, "internal error")
+		})),
+		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),
+	))
+	paymentsv1.RegisterPaymentServiceServer(srv, New(pool))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	reflection.Register(srv)
+	return srv
+}
+
+// Service implements paymentsv1.PaymentServiceServer on PostgreSQL.
+type Service struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	pool *pgxpool.Pool
+}
+
+// New returns a Service that reads payments from pool. Writes go through the
+// transaction of the request's idempotency key.
+func New(pool *pgxpool.Pool) *Service { return &Service{pool: pool} }
+
+var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// CreatePayment records a payment. It runs only under the idem interceptor,
+// which hands it the transaction that holds the idempotency key.
+func (s *Service) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaymentRequest) (*paymentsv1.CreatePaymentResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, err
+	}
+	tx, ok := postgres.TxFromContext(ctx)
+	key, _ := interceptor.KeyFromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "CreatePayment must run under the idem interceptor")
+	}
+	tenant, err := Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := &paymentsv1.Payment{
+		CustomerId:  req.GetCustomerId(),
+		AmountCents: req.GetAmountCents(),
+		Currency:    req.GetCurrency(),
+	}
+	var created time.Time
+	err = tx.QueryRow(ctx,
+		`INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key)
+		 VALUES ($1, $2, $3, $4, $5, $6)
+		 RETURNING id::text, created_at`,
+		tenant, p.CustomerId, p.AmountCents, p.Currency, req.GetNote(), key,
+	).Scan(&p.Id, &created)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+		return nil, status.Error(codes.AlreadyExists, "a payment with this idempotency key exists")
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.CreateTime = timestamppb.New(created)
+	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
+}
+
+// GetPayment reads a payment of the caller's tenant.
+func (s *Service) GetPayment(ctx context.Context, req *paymentsv1.GetPaymentRequest) (*paymentsv1.GetPaymentResponse, error) {
+	tenant, err := Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := &paymentsv1.Payment{}
+	var created time.Time
+	err = s.pool.QueryRow(ctx,
+		`SELECT id::text, customer_id, amount_cents, currency, created_at
+		 FROM payments WHERE tenant_id = $1 AND id::text = $2`,
+		tenant, req.GetId(),
+	).Scan(&p.Id, &p.CustomerId, &p.AmountCents, &p.Currency, &created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, status.Error(codes.NotFound, "no such payment")
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.CreateTime = timestamppb.New(created)
+	return &paymentsv1.GetPaymentResponse{Payment: p}, nil
+}
+
+func validate(req *paymentsv1.CreatePaymentRequest) error {
+	var violations []*errdetails.BadRequest_FieldViolation
+	if req.GetCustomerId() == "" {
+		violations = append(violations, &errdetails.BadRequest_FieldViolation{Field: "customer_id", Description: "must not be empty"})
+	}
+	if req.GetAmountCents() <= 0 {
+		violations = append(violations, &errdetails.BadRequest_FieldViolation{Field: "amount_cents", Description: "must be positive"})
+	}
+	if !currencyCode.MatchString(req.GetCurrency()) {
+		violations = append(violations, &errdetails.BadRequest_FieldViolation{Field: "currency", Description: "must be an ISO 4217 code such as EUR"})
+	}
+	if len(violations) == 0 {
+		return nil
+	}
+	st, err := status.New(codes.InvalidArgument, "invalid payment").WithDetails(&errdetails.BadRequest{FieldViolations: violations})
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "invalid payment")
+	}
+	return st.Err()
+}
