@@ -1,0 +1,44 @@
+// Package postgres is idem's store on PostgreSQL (pgx v5): each keyed
+// request runs in one transaction that claims the key, holds the handler's
+// writes and records the response, so they commit together or not at all.
+//
+// # Setup
+//
+// Apply the schema with [Migrate] (or run the SQL files of package
+// github.com/idemkit/idem/migrations with your own tool), then hand
+// [New] to the interceptor:
+//
+//	if err := postgres.Migrate(ctx, pool); err != nil { ... }
+//	interceptor.UnaryServerInterceptor(postgres.New(pool))
+//
+// # The transaction
+//
+// A claim sends BEGIN, SET LOCAL lock_timeout, the INSERT ... ON CONFLICT DO
+// NOTHING of the key, a SELECT of whoever holds it and a SAVEPOINT as one
+// pipelined batch: one round trip. The handler gets the open transaction
+// from [TxFromContext] as a pgx.Tx. When it returns, the response is
+// recorded and the transaction committed in one more round trip; a recorded
+// error first rolls back to the savepoint, so the handler's writes are
+// discarded and the key is kept. A crash or a lost connection before COMMIT
+// leaves nothing behind.
+//
+// A second request with the same key waits on the first one's uncommitted
+// row for at most the lock timeout ([WithLockTimeout]); then it either sees
+// the committed row (and replays it) or gives up with store.ErrInUse. The
+// lock timeout is reset before the handler runs, so it bounds only the
+// claim.
+//
+// # Poolers and distributed engines
+//
+// The hot path keeps no session state outside its transaction, so it works
+// through a transaction-mode pooler such as PgBouncer; configure the pool's
+// QueryExecMode for what the pooler supports (pgx prepares statements by
+// default). It uses only INSERT ... ON CONFLICT, RETURNING, SET LOCAL,
+// savepoints and plain UPDATEs: no advisory locks and no server-side
+// functions. Always point the store at the primary.
+//
+// # Expiry
+//
+// Keys expire after [WithTTL] (24 h by default). An expired key counts as
+// absent: the next request with it takes the row over and runs again.
+package postgres
