@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
@@ -690,5 +691,33 @@ func TestErrorAfterFailedStatementIsRecorded(t *testing.T) {
 	wantCode(t, err, codes.AlreadyExists)
 	if len(header.Get(interceptor.ReplayedHeader)) != 1 {
 		t.Fatal("second ALREADY_EXISTS was not a replay")
+	}
+}
+
+// TestCommittedInProgressEntry covers a key another process committed as
+// in progress (as a store with leases does): a duplicate is told to retry, a
+// different request is rejected, and neither runs the handler.
+func TestCommittedInProgressEntry(t *testing.T) {
+	e := newEnv(t, setup{})
+	req := &testv1.DoRequest{Value: "v"}
+	fp, err := fingerprint.Sum(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.pool.Exec(context.Background(),
+		`INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
+		 VALUES ('', $1, 'k', $2, now() + interval '1 hour')`, testv1.TestService_Do_FullMethodName, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.client.Do(withKey("k"), req)
+	st := wantCode(t, err, codes.Aborted)
+	if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyInUse || retryDelay(err) == nil {
+		t.Fatalf("in-progress duplicate: %v", st.Proto())
+	}
+	_, err = e.client.Do(withKey("k"), &testv1.DoRequest{Value: "other"})
+	wantCode(t, err, codes.FailedPrecondition)
+	if n := e.svc.count(); n != 0 {
+		t.Fatalf("handler ran %d times, want 0", n)
 	}
 }
