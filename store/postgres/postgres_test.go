@@ -215,3 +215,29 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 		t.Fatalf("%d keys recorded, want 0", n)
 	}
 }
+
+func TestHandlerTxLargeObjectsJoinTheClaim(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	c, err := s.Claim(ctx, key, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+	los := tx.LargeObjects()
+	oid, err := los.Create(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Released: the large object goes with the claim.
+	if err := c.Txn.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_largeobject_metadata WHERE oid = $1`, oid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatal("a large object created in a released claim survived")
+	}
+}

@@ -31,22 +31,24 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *listen, *dbURL); err != nil {
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := run(ctx, lis, *dbURL); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, listen, dbURL string) error {
+// run serves PaymentService on lis until ctx ends, then stops gracefully.
+func run(ctx context.Context, lis net.Listener, dbURL string) error {
+	defer lis.Close()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	if err := paymentsvc.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	lis, err := net.Listen("tcp", listen)
-	if err != nil {
 		return err
 	}
 	srv := paymentsvc.NewServer(pool)
