@@ -721,3 +721,32 @@ func TestCommittedInProgressEntry(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 0", n)
 	}
 }
+
+// TestLostConnectionBeforeCommitReleasesKey kills the claim's database
+// connection after the handler succeeded: the commit fails, the client is
+// told to retry, nothing was stored, and the retry runs the handler again.
+func TestLostConnectionBeforeCommitReleasesKey(t *testing.T) {
+	e := newEnv(t, setup{})
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		tx, _ := postgres.TxFromContext(ctx)
+		pid := tx.Conn().PgConn().PID()
+		var killed bool
+		if err := e.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&killed); err != nil || !killed {
+			return status.Errorf(codes.Internal, "terminate backend %d: %v %v", pid, killed, err)
+		}
+		return nil
+	})
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Unavailable)
+	if n, k := e.effects(t), e.keys(t); n != 0 || k != 0 {
+		t.Fatalf("after a failed commit: %d effects, %d keys; want none", n, k)
+	}
+	e.svc.setHook(nil)
+	resp, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	if err != nil || resp.GetExecution() != 2 {
+		t.Fatalf("retry: %v, %v; want the second execution", resp, err)
+	}
+	if n := e.effects(t); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}

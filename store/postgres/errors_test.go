@@ -1,0 +1,29 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/store"
+)
+
+func TestInterpretError(t *testing.T) {
+	for code, want := range map[string]error{
+		lockNotAvailable:     store.ErrInUse,
+		serializationFailure: store.ErrConflict,
+		deadlockDetected:     store.ErrConflict,
+	} {
+		pgErr := &pgconn.PgError{Code: code}
+		got := interpretError(fmt.Errorf("batch: %w", pgErr))
+		if !errors.Is(got, want) || !errors.Is(got, pgErr) {
+			t.Errorf("SQLSTATE %s: %v, want %v wrapping the original", code, got, want)
+		}
+	}
+	other := &pgconn.PgError{Code: uniqueViolation}
+	if got := interpretError(other); got != error(other) {
+		t.Errorf("SQLSTATE %s: %v, want it unchanged", other.Code, got)
+	}
+}
