@@ -107,26 +107,13 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 // It reports whether the key is now owned, or else the entry that holds it
 // (nil if the row vanished).
 func (s *Store) claim(ctx context.Context, conn *pgx.Conn, key store.Key, fp []byte) (bool, *store.Entry, error) {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(s.setLockTimeout)
-	b.Queue(insertClaim, key.Tenant, key.Method, key.Key, fp, s.ttl)
-	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
-	b.Queue(resetLockTimeout)
-	b.Queue(savepoint)
-	claimed, entry, err := runClaim(ctx, conn, b, true)
+	claimed, entry, err := s.runClaim(ctx, conn, true, insertClaim, key, fp)
 	for range maxTakeovers {
 		if err != nil || claimed || entry == nil || !entry.expired {
 			break
 		}
 		// The key expired: it counts as absent, so take the row over.
-		b = &pgx.Batch{}
-		b.Queue(s.setLockTimeout)
-		b.Queue(takeOver, key.Tenant, key.Method, key.Key, fp, s.ttl)
-		b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
-		b.Queue(resetLockTimeout)
-		b.Queue(savepoint)
-		claimed, entry, err = runClaim(ctx, conn, b, false)
+		claimed, entry, err = s.runClaim(ctx, conn, false, takeOver, key, fp)
 	}
 	switch {
 	case err != nil:
@@ -147,10 +134,20 @@ type foundEntry struct {
 	expired bool
 }
 
-// runClaim sends b, whose statements are: BEGIN if begin is set, SET LOCAL
-// lock_timeout, a statement that returns a row when it claimed the key, the
-// entry's select, the lock timeout's reset and the savepoint.
-func runClaim(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, begin bool) (claimed bool, entry *foundEntry, err error) {
+// runClaim sends, as one batch: BEGIN if begin is set, SET LOCAL
+// lock_timeout, claimSQL (insertClaim or takeOver, which return a row when
+// they claimed the key), the entry's select, the lock timeout's reset and
+// the savepoint. It reads the results in the same order.
+func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimSQL string, key store.Key, fp []byte) (claimed bool, entry *foundEntry, err error) {
+	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
+	b.Queue(s.setLockTimeout)
+	b.Queue(claimSQL, key.Tenant, key.Method, key.Key, fp, s.ttl)
+	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
+	b.Queue(resetLockTimeout)
+	b.Queue(savepoint)
 	br := conn.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
