@@ -68,3 +68,10 @@ func ExampleValidateKey() {
 	// <nil>
 	// must be visible ASCII (0x21-0x7E), got byte 0x20 at offset 3
 }
+
+func ExampleDeriveKey() {
+	// The payment provider gets its own key for the "charge" step of the
+	// request keyed "order-7f3a", the same on every retry of that request.
+	fmt.Println(interceptor.DeriveKey("order-7f3a", "charge"))
+	// Output: 6f461e2dc5ef03a5a0bad84fbaa0c8a093755775e7add23d5527b4ce2eb91dec
+}
