@@ -17,6 +17,12 @@ var ErrInUse = errors.New("store: idempotency key in use by a request in flight"
 // call can be retried.
 var ErrConflict = errors.New("store: transaction conflict")
 
+// ErrLeaseLost reports that a leased claim is no longer this request's: its
+// lease ran out and a retry took the key over (or the key expired). The
+// request's outcome was not recorded and must not be; the new owner's
+// stands.
+var ErrLeaseLost = errors.New("store: lease lost to another request")
+
 // Key identifies one logical operation. Two claims collide only when all
 // three fields are equal.
 type Key struct {
@@ -48,6 +54,9 @@ type Entry struct {
 	Outcome Outcome
 	// ExpiresAt is when the entry stops counting.
 	ExpiresAt time.Time
+	// LeaseRemaining is, for an in-progress entry held by a leased claim,
+	// how long its lease still runs (by the store's clock); zero otherwise.
+	LeaseRemaining time.Duration
 }
 
 // Outcome is the result of a call, as recorded and replayed.
@@ -55,8 +64,13 @@ type Outcome struct {
 	// Code is the gRPC status code of the call.
 	Code codes.Code
 	// Body is the serialized response message when Code is OK, and the
-	// serialized google.rpc.Status otherwise.
+	// serialized google.rpc.Status otherwise. When NotCached is set it holds
+	// a reference to the response instead.
 	Body []byte
+	// NotCached marks an OK outcome whose response was too large to keep:
+	// Body is a small reference (the created row's id, say) from which the
+	// response can be rebuilt, possibly empty.
+	NotCached bool
 }
 
 // Claim is the result of [Store.Claim]: exactly one of Txn and Entry is set.
@@ -75,6 +89,17 @@ type Store interface {
 	// completed it or is running it, and ErrInUse when the wait for a
 	// concurrent owner ran out.
 	Claim(ctx context.Context, key Key, fingerprint []byte) (Claim, error)
+
+	// Lease takes key for a request in leased mode: the claim is durable
+	// at once and held for lease, and the handler's side effects are its
+	// own. It returns a LeaseClaim with Lease set when the key was free,
+	// had expired, or was held by a request with the same fingerprint whose
+	// lease ran out (a takeover, which keeps the last recovery point and
+	// invalidates the earlier owner's Lease). Otherwise it returns a
+	// LeaseClaim with Entry set: completed, or in progress with its
+	// LeaseRemaining (zero when an atomic claim holds it). It returns
+	// ErrInUse when the wait for a concurrent atomic claim ran out.
+	Lease(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (LeaseClaim, error)
 }
 
 // Txn is an owned claim. Exactly one of Complete and Release takes effect;
@@ -94,5 +119,48 @@ type Txn interface {
 
 	// Release discards the claim and the handler's writes, so that a retry
 	// runs afresh.
+	Release(ctx context.Context) error
+}
+
+// LeaseClaim is the result of [Store.Lease]: exactly one of Lease and Entry
+// is set.
+type LeaseClaim struct {
+	// Lease is set when the caller now holds the key.
+	Lease Lease
+	// Entry is set when the key was taken by another request.
+	Entry *Entry
+}
+
+// RecoveryPoint is a named step a leased request reached, with a small
+// payload to resume from (a provider's charge id, say).
+type RecoveryPoint struct {
+	Step string
+	Data []byte
+}
+
+// Lease is a leased claim, guarded by a fencing token: each takeover of the
+// key issues a new token, and every write below succeeds only while the
+// token is still the key's; otherwise it returns ErrLeaseLost and changes
+// nothing. A Lease is safe for concurrent use, so a
+// heartbeat may Extend it while the handler saves recovery points.
+//
+// Exactly one of Complete and Release takes effect; Release after Complete
+// does nothing, so it can be deferred.
+type Lease interface {
+	// RecoveryPoint returns the last recovery point saved under the key:
+	// by an earlier owner when the key was taken over, or by this one.
+	RecoveryPoint() (RecoveryPoint, bool)
+
+	// SaveRecoveryPoint makes p durable at once, so that a request that
+	// takes the key over resumes from it.
+	SaveRecoveryPoint(ctx context.Context, p RecoveryPoint) error
+
+	// Extend moves the end of the lease to d from now.
+	Extend(ctx context.Context, d time.Duration) error
+
+	// Complete records out and ends the lease.
+	Complete(ctx context.Context, out Outcome) error
+
+	// Release deletes the claim, so that a retry runs afresh.
 	Release(ctx context.Context) error
 }

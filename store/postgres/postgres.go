@@ -56,7 +56,10 @@ RETURNING true`
 	// selectEntry runs as its own statement after insertClaim, so its
 	// snapshot sees the row a conflicting transaction committed while the
 	// insert waited for it.
-	selectEntry = `SELECT status, request_hash, response_code, response, expires_at, expires_at <= now()
+	selectEntry = `SELECT status, request_hash, response_code, response, response_not_cached, expires_at,
+    expires_at <= now(),
+    CASE WHEN status = 'in_progress' AND locked_until > now()
+        THEN extract(epoch FROM locked_until - now()) ELSE 0 END
 FROM idempotency_keys
 WHERE tenant = $1 AND method = $2 AND key = $3`
 
@@ -70,7 +73,7 @@ WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at <= now()
 RETURNING true`
 
 	record = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $4, response = $5, updated_at = now()
+SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
 WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
 )
 
@@ -93,11 +96,6 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		if err != nil {
 			return store.Claim{}, interpretError(err)
 		}
-		if entry == nil {
-			// The row the insert collided with was deleted before it could
-			// be read; only a sweeper does that. The retry will claim it.
-			return store.Claim{}, store.ErrInUse
-		}
 		return store.Claim{Entry: entry}, nil
 	}
 	return store.Claim{Txn: &txn{conn: conn, key: key, tx: &tx{conn: conn.Conn()}}}, nil
@@ -109,21 +107,26 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 func (s *Store) claim(ctx context.Context, conn *pgx.Conn, key store.Key, fp []byte) (bool, *store.Entry, error) {
 	claimed, entry, err := s.runClaim(ctx, conn, true, insertClaim, key, fp)
 	for range maxTakeovers {
-		if err != nil || claimed || entry == nil || !entry.expired {
+		if err != nil || claimed || (entry != nil && !entry.expired) {
 			break
 		}
-		// The key expired: it counts as absent, so take the row over.
-		claimed, entry, err = s.runClaim(ctx, conn, false, takeOver, key, fp)
+		if entry == nil {
+			// The row the insert met was deleted before the select read it
+			// (an expired row, swept): the key is free, insert again.
+			claimed, entry, err = s.runClaim(ctx, conn, false, insertClaim, key, fp)
+		} else {
+			// The key expired: it counts as absent, so take the row over.
+			claimed, entry, err = s.runClaim(ctx, conn, false, takeOver, key, fp)
+		}
 	}
 	switch {
 	case err != nil:
 		return false, nil, err
 	case claimed:
 		return true, nil, nil
-	case entry == nil:
-		return false, nil, nil
-	case entry.expired:
-		// Taken over and expired again maxTakeovers times in a row.
+	case entry == nil || entry.expired:
+		// Other requests took the row over, or deleted it, maxTakeovers
+		// times in a row.
 		return false, nil, store.ErrInUse
 	}
 	return false, &entry.Entry, nil
@@ -166,29 +169,9 @@ func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimS
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, nil, err
 	}
-	var (
-		e      foundEntry
-		status string
-		code   *int32
-	)
-	err = br.QueryRow().Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.ExpiresAt, &e.expired)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
+	entry, err = scanEntry(br.QueryRow())
+	if err != nil {
 		return false, nil, err
-	default:
-		switch status {
-		case "completed":
-			e.State = store.Completed
-		case "in_progress":
-			e.State = store.InProgress
-		default:
-			return false, nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
-		}
-		if code != nil {
-			e.Outcome.Code = codes.Code(*code)
-		}
-		entry = &e
 	}
 	if _, err := br.Exec(); err != nil { // reset lock_timeout
 		return false, nil, err
@@ -197,6 +180,36 @@ func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimS
 		return false, nil, err
 	}
 	return claimed, entry, nil
+}
+
+// scanEntry reads the row of selectEntry; it returns nil when there is none.
+func scanEntry(row pgx.Row) (*foundEntry, error) {
+	var (
+		e      foundEntry
+		status string
+		code   *int32
+		lease  float64
+	)
+	err := row.Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	switch status {
+	case "completed":
+		e.State = store.Completed
+	case "in_progress":
+		e.State = store.InProgress
+	default:
+		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
+	}
+	if code != nil {
+		e.Outcome.Code = codes.Code(*code)
+	}
+	e.LeaseRemaining = time.Duration(lease * float64(time.Second))
+	return &e, nil
 }
 
 // abandon rolls back whatever transaction conn has open and returns conn to
@@ -262,7 +275,7 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	if discard {
 		b.Queue(rollbackSavepoint)
 	}
-	b.Queue(record, t.key.Tenant, t.key.Method, t.key.Key, int32(out.Code), out.Body)
+	b.Queue(record, t.key.Tenant, t.key.Method, t.key.Key, int32(out.Code), out.Body, out.NotCached)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	err := readComplete(br, discard)

@@ -1,0 +1,197 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/store"
+)
+
+const (
+	// leaseClaim inserts the key with a lease and fencing token 1, or takes
+	// over a row that expired (starting afresh) or whose lease ran out under
+	// a request with the same fingerprint (keeping its recovery point). A
+	// takeover increments the token, which fences off the earlier owner.
+	// When neither applies it returns no row and leaves the row as it is.
+	leaseClaim = `INSERT INTO idempotency_keys AS k
+    (tenant, method, key, request_hash, expires_at, locked_until, fencing_token)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', now() + $6 * interval '1 second', 1)
+ON CONFLICT (tenant, method, key) DO UPDATE
+SET request_hash = excluded.request_hash, status = 'in_progress',
+    response_code = NULL, response = NULL, response_not_cached = false,
+    locked_until = excluded.locked_until,
+    fencing_token = coalesce(k.fencing_token, 0) + 1,
+    updated_at = now(),
+    created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
+    expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END,
+    recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
+    recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END
+WHERE k.expires_at <= now()
+   OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token, recovery_point, recovery_data`
+
+	// The statements of a held lease. Each matches the row only while its
+	// fencing token is current and the claim unfinished.
+	leaseWhere  = ` WHERE tenant = $1 AND method = $2 AND key = $3 AND fencing_token = $4 AND status = 'in_progress'`
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $5 * interval '1 second'` + leaseWhere
+	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $5, recovery_data = $6, updated_at = now()` + leaseWhere
+	leaseRecord = `UPDATE idempotency_keys
+SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
+    locked_until = NULL, updated_at = now()` + leaseWhere
+	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
+)
+
+// Lease implements [store.Store]. The claim is one round trip (BEGIN, the
+// lock timeout, the insert or takeover, the select of the holder and COMMIT
+// travel together) and commits at once; each later write of the lease is
+// one statement of its own. The lease's expires_at is set on the first
+// claim and kept by takeovers.
+func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+	for range maxTakeovers {
+		l, entry, err := s.lease(ctx, key, fingerprint, lease)
+		switch {
+		case err != nil:
+			return store.LeaseClaim{}, interpretError(err)
+		case l != nil:
+			return store.LeaseClaim{Lease: l}, nil
+		case entry != nil && !entry.expired:
+			return store.LeaseClaim{Entry: &entry.Entry}, nil
+		}
+		// The row the insert met was deleted, or expired, between the
+		// insert and the select: try again.
+	}
+	return store.LeaseClaim{}, store.ErrInUse
+}
+
+func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Duration) (l *lease, entry *foundEntry, err error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(s.setLockTimeout)
+	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds())
+	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
+	b.Queue("COMMIT")
+	br := s.pool.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	for range 2 { // BEGIN, SET LOCAL
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, err
+		}
+	}
+	var (
+		token int64
+		step  *string
+		data  []byte
+	)
+	err = br.QueryRow().Scan(&token, &step, &data)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, nil, err
+	default:
+		l = &lease{store: s, key: key, token: token}
+		if step != nil {
+			l.point = &store.RecoveryPoint{Step: *step, Data: data}
+		}
+	}
+	if entry, err = scanEntry(br.QueryRow()); err != nil {
+		return nil, nil, err
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, nil, err
+	}
+	if tag.String() != "COMMIT" {
+		return nil, nil, errors.New("postgres: lease claim was rolled back")
+	}
+	if l != nil {
+		return l, nil, nil
+	}
+	return nil, entry, nil
+}
+
+// lease is a held leased claim.
+type lease struct {
+	store *Store
+	key   store.Key
+	token int64
+
+	mu       sync.Mutex
+	point    *store.RecoveryPoint
+	finished bool
+}
+
+func (l *lease) RecoveryPoint() (store.RecoveryPoint, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.point == nil {
+		return store.RecoveryPoint{}, false
+	}
+	return *l.point, true
+}
+
+func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+	p.Data = append([]byte(nil), p.Data...)
+	if err := l.exec(ctx, leaseSave, p.Step, p.Data); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.point = &p
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *lease) Extend(ctx context.Context, d time.Duration) error {
+	return l.exec(ctx, leaseExtend, d.Seconds())
+}
+
+func (l *lease) Complete(ctx context.Context, out store.Outcome) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return errFinished
+	}
+	if err := l.exec(ctx, leaseRecord, int32(out.Code), out.Body, out.NotCached); err != nil {
+		// Unless the lease was lost, the claim is still ours: a deferred
+		// Release deletes it (or finds it completed, if the record was
+		// committed and only its answer lost).
+		l.finished = errors.Is(err, store.ErrLeaseLost)
+		return err
+	}
+	l.finished = true
+	return nil
+}
+
+func (l *lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return nil
+	}
+	l.finished = true
+	// The request may have ended with its context; the claim must still go.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	return l.exec(ctx, leaseRelease)
+}
+
+// exec runs a statement guarded by the lease's token and reports
+// store.ErrLeaseLost when it matched no row.
+func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
+	args = append([]any{l.key.Tenant, l.key.Method, l.key.Key, l.token}, args...)
+	tag, err := l.store.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return store.ErrLeaseLost
+	}
+	return nil
+}
