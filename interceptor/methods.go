@@ -3,6 +3,7 @@ package interceptor
 import (
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -27,12 +28,22 @@ type method struct {
 	// unknown fields of an empty message: re-encoding a decoded response of
 	// this type could reorder map entries or extensions.
 	raw bool
+
+	// leased methods hold their keys with a lease of this length instead
+	// of a transaction.
+	leased bool
+	lease  time.Duration
+	// loader rebuilds responses too large to record; rerun allows running
+	// the handler again instead.
+	loader Loader
+	rerun  bool
 }
 
 // methods caches policies by full method name.
 type methods struct {
 	files *protoregistry.Files
 	types *protoregistry.Types
+	opts  *options // per-method options, which override the descriptor
 	cache sync.Map // string -> *method
 }
 
@@ -41,6 +52,17 @@ func (ms *methods) lookup(fullMethod string) *method {
 		return m.(*method)
 	}
 	m := ms.resolve(fullMethod)
+	if lease, ok := ms.opts.leases[fullMethod]; ok {
+		m.leased = true
+		if lease > 0 {
+			m.lease = lease
+		}
+	}
+	if m.lease <= 0 {
+		m.lease = DefaultLease
+	}
+	m.loader = ms.opts.loaders[fullMethod]
+	m.rerun = m.rerun || ms.opts.rerun[fullMethod]
 	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
 	return actual.(*method)
 }
@@ -65,6 +87,9 @@ func (ms *methods) resolve(fullMethod string) *method {
 		}
 		if p, ok := proto.GetExtension(opts, idemv1.E_Method).(*idemv1.MethodPolicy); ok {
 			m.required = p.GetKeyRequired()
+			m.leased = p.GetMode() == idemv1.Mode_MODE_LEASED
+			m.lease = p.GetLease().AsDuration()
+			m.rerun = p.GetRerunWhenNotCached()
 		}
 	}
 	if mt, err := ms.types.FindMessageByName(md.Output().FullName()); err == nil {

@@ -6,24 +6,40 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/fingerprint"
 )
 
-// DefaultRetryDelay is the delay suggested in RetryInfo when a key is in use.
-const DefaultRetryDelay = time.Second
+// Defaults of the options below.
+const (
+	// DefaultRetryDelay is the delay suggested in RetryInfo when a key is in
+	// use.
+	DefaultRetryDelay = time.Second
+	// DefaultLease is how long a leased call holds its key.
+	DefaultLease = 60 * time.Second
+	// DefaultMaxStoredResponseBytes is the largest response recorded as it
+	// is: 1 MiB.
+	DefaultMaxStoredResponseBytes = 1 << 20
+)
 
 type options struct {
 	tenant      TenantResolver
 	classifier  Classifier
 	retryDelay  time.Duration
 	fingerprint []fingerprint.Option
+
+	leases    map[string]time.Duration // leased methods and their leases (0: default)
+	maxStored int
+	loaders   map[string]Loader
+	rerun     map[string]bool
 }
 
 var defaultOptions = options{
 	tenant:     TenantFunc(func(context.Context) (string, error) { return "", nil }),
 	classifier: DefaultClassifier,
 	retryDelay: DefaultRetryDelay,
+	maxStored:  DefaultMaxStoredResponseBytes,
 }
 
 // Option configures [UnaryServerInterceptor].
@@ -31,6 +47,9 @@ type Option func(*options)
 
 func evaluateOptions(opts []Option) *options {
 	o := defaultOptions
+	o.leases = map[string]time.Duration{}
+	o.loaders = map[string]Loader{}
+	o.rerun = map[string]bool{}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -104,4 +123,68 @@ func WithRetryDelay(d time.Duration) Option {
 // (idem.v1.field).fingerprint_exclude option. Default: none.
 func WithFingerprintOptions(opts ...fingerprint.Option) Option {
 	return func(o *options) { o.fingerprint = append(o.fingerprint, opts...) }
+}
+
+// WithLeased puts the named methods ("/pkg.Service/Method") in leased mode,
+// holding their keys for lease (0 selects the method's proto option
+// (idem.v1.method).lease, else [DefaultLease]). The same is declared in the
+// .proto file with option (idem.v1.method).mode = MODE_LEASED. See the
+// package documentation for when to choose it. Default: every method is
+// atomic.
+func WithLeased(lease time.Duration, fullMethods ...string) Option {
+	return func(o *options) {
+		for _, m := range fullMethods {
+			o.leases[m] = max(lease, 0)
+		}
+	}
+}
+
+// WithMaxStoredResponseBytes caps the size of a response recorded for
+// replay. A larger response reaches its first caller as usual, but is
+// recorded as "not cached": a retry gets it rebuilt by the method's
+// [Loader] ([WithLoader]), or runs the handler again where the method is
+// declared safe to ([WithRerunWhenNotCached]), or else fails with
+// FAILED_PRECONDITION. Recorded errors are not capped. Default:
+// [DefaultMaxStoredResponseBytes] (1 MiB); n <= 0 selects the default.
+func WithMaxStoredResponseBytes(n int) Option {
+	return func(o *options) {
+		if n <= 0 {
+			n = DefaultMaxStoredResponseBytes
+		}
+		o.maxStored = n
+	}
+}
+
+// Loader rebuilds, for a retry, a response that was too large to record
+// (see [WithMaxStoredResponseBytes]). Reference, don't copy: record what
+// finds the response again, such as the id of the row the call created.
+type Loader interface {
+	// Reference returns what to record in place of resp. It runs after the
+	// handler, in its context (with the PostgreSQL store, inside the
+	// transaction that holds the key); an error fails the call as the
+	// handler's error would.
+	Reference(ctx context.Context, resp proto.Message) ([]byte, error)
+	// Load rebuilds the response from the recorded reference. An error
+	// fails the retry: a status error as it is, any other as UNAVAILABLE.
+	Load(ctx context.Context, ref []byte) (proto.Message, error)
+}
+
+// WithLoader sets the [Loader] of the method fullMethod
+// ("/pkg.Service/Method"). Default: none.
+func WithLoader(fullMethod string, l Loader) Option {
+	return func(o *options) { o.loaders[fullMethod] = l }
+}
+
+// WithRerunWhenNotCached declares the named methods safe to run twice: a
+// retry whose recorded response was too large to keep, and which has no
+// [Loader], runs the handler again as a plain call (no key is held and, with
+// the PostgreSQL store, no transaction is handed to it). The same is
+// declared in the .proto file with option
+// (idem.v1.method).rerun_when_not_cached = true. Default: none.
+func WithRerunWhenNotCached(fullMethods ...string) Option {
+	return func(o *options) {
+		for _, m := range fullMethods {
+			o.rerun[m] = true
+		}
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
+	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -32,6 +34,7 @@ func UnaryServerInterceptor(s store.Store, opts ...Option) grpc.UnaryServerInter
 		methods: &methods{
 			files: protoregistry.GlobalFiles,
 			types: protoregistry.GlobalTypes,
+			opts:  o,
 		},
 	}
 	return i.intercept
@@ -78,33 +81,69 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, status.Error(codes.InvalidArgument, "idem: "+err.Error())
 	}
 
-	claim, err := i.store.Claim(ctx, store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}, fp)
+	skey := store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}
+	ctx = context.WithValue(ctx, keyCtxKey{}, key)
+	if m.leased {
+		return i.lease(ctx, skey, fp, req, m, handler)
+	}
+	claim, err := i.store.Claim(ctx, skey, fp)
 	if err != nil {
 		return nil, storeError(err, i.opts.retryDelay)
 	}
 	if claim.Entry != nil {
-		return i.replay(ctx, m, info.FullMethod, fp, claim.Entry)
+		return i.replay(ctx, req, m, handler, fp, claim.Entry)
 	}
-	return i.execute(context.WithValue(ctx, keyCtxKey{}, key), req, m, handler, claim.Txn)
+	defer func() { _ = claim.Txn.Release(ctx) }()
+	return i.execute(claim.Txn.Context(ctx), req, m, handler, claim.Txn)
 }
 
-// execute runs the handler inside the claim and records its outcome. A
-// panic releases the claim and continues up the chain.
-func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, txn store.Txn) (any, error) {
-	defer func() { _ = txn.Release(ctx) }()
+// lease runs a call in leased mode: the claim is committed before the
+// handler runs, a heartbeat extends it while the handler runs, and the
+// outcome is recorded only while the claim is still this call's.
+func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m *method, handler grpc.UnaryHandler) (any, error) {
+	lc, err := i.store.Lease(ctx, key, fp, m.lease)
+	if err != nil {
+		return nil, storeError(err, i.opts.retryDelay)
+	}
+	if lc.Entry != nil {
+		return i.replay(ctx, req, m, handler, fp, lc.Entry)
+	}
+	l := lc.Lease
+	defer func() { _ = l.Release(ctx) }()
 
-	resp, herr := handler(txn.Context(ctx), req)
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
+	defer cancel(nil)
+	stop := heartbeat(hctx, l, m.lease, cancel)
+	resp, err := i.execute(hctx, req, m, handler, l)
+	stop()
+	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
+		logger.Warningf("%s: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key.Method)
+		return nil, leaseLost(i.opts.retryDelay)
+	}
+	return resp, err
+}
+
+// recorder is the owned claim execute records into: a store.Txn or a
+// store.Lease.
+type recorder interface {
+	Complete(ctx context.Context, out store.Outcome) error
+}
+
+// execute runs the handler and records its outcome in rec. On an error it
+// records nothing and leaves the claim to the caller's deferred release.
+func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, rec recorder) (any, error) {
+	resp, herr := handler(ctx, req)
 	if herr != nil {
 		st := status.Convert(herr)
 		if !i.opts.classifier.Deterministic(st) {
-			return nil, herr // transient: the deferred Release rolls back
+			return nil, herr // transient: the deferred release discards the claim
 		}
 		body, err := proto.Marshal(st.Proto())
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "idem: recording the error: %v", err)
 		}
-		if err := txn.Complete(ctx, store.Outcome{Code: st.Code(), Body: body}); err != nil {
-			return nil, storeError(err, i.opts.retryDelay)
+		if err := rec.Complete(ctx, store.Outcome{Code: st.Code(), Body: body}); err != nil {
+			return nil, i.completeError(err)
 		}
 		return nil, st.Err()
 	}
@@ -116,8 +155,18 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idem: recording the response: %v", err)
 	}
-	if err := txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: body}); err != nil {
-		return nil, storeError(err, i.opts.retryDelay)
+	out := store.Outcome{Code: codes.OK, Body: body}
+	if len(body) > i.opts.maxStored {
+		// Too large to keep: record a reference, or nothing, instead.
+		out = store.Outcome{Code: codes.OK, NotCached: true}
+		if m.loader != nil {
+			if out.Body, err = m.loader.Reference(ctx, msg); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := rec.Complete(ctx, out); err != nil {
+		return nil, i.completeError(err)
 	}
 	if m.raw {
 		return rawMessage(m, body), nil
@@ -125,25 +174,105 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 	return resp, nil
 }
 
+// completeError maps a failure to record; a lost lease is passed on for the
+// caller to report.
+func (i *server) completeError(err error) error {
+	if errors.Is(err, store.ErrLeaseLost) {
+		return err
+	}
+	return storeError(err, i.opts.retryDelay)
+}
+
+// heartbeat extends l every third of d until stop is called. When the lease
+// turns out to be lost it cancels the handler's context with
+// store.ErrLeaseLost and stops; other failures are logged and retried at
+// the next beat, while the lease may still run.
+func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(d/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Extend(ctx, d)
+			switch {
+			case errors.Is(err, store.ErrLeaseLost):
+				cancel(store.ErrLeaseLost)
+				return
+			case err != nil && ctx.Err() == nil:
+				logger.Warningf("extending a lease: %v", err)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
 // replay answers a request whose key another request took.
-func (i *server) replay(ctx context.Context, m *method, fullMethod string, fp []byte, e *store.Entry) (any, error) {
+func (i *server) replay(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, fp []byte, e *store.Entry) (any, error) {
 	if !bytes.Equal(e.Fingerprint, fp) {
 		return nil, keyReused()
 	}
 	if e.State != store.Completed {
-		return nil, keyInUse(i.opts.retryDelay)
+		delay := i.opts.retryDelay
+		if e.LeaseRemaining > 0 {
+			delay = min(e.LeaseRemaining, maxLeaseRetryDelay)
+		}
+		return nil, keyInUse(delay)
+	}
+	if e.Outcome.NotCached {
+		return i.rebuild(ctx, req, m, handler, e.Outcome.Body)
 	}
 	resp, err := decode(m, e.Outcome)
 	if err != nil {
-		logger.Errorf("%s: recorded outcome cannot be replayed: %v", fullMethod, err)
+		method, _ := grpc.Method(ctx)
+		logger.Errorf("%s: recorded outcome cannot be replayed: %v", method, err)
 		return nil, status.Error(codes.Internal, "idem: the recorded outcome of this request is unreadable")
 	}
-	// SetHeader fails only outside a gRPC server; the header is a courtesy.
-	_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
+	setReplayed(ctx)
 	if e.Outcome.Code != codes.OK {
 		return nil, status.ErrorProto(resp.(*spb.Status))
 	}
 	return resp, nil
+}
+
+// maxLeaseRetryDelay caps the retry delay suggested while a lease runs.
+const maxLeaseRetryDelay = 30 * time.Second
+
+// rebuild answers a retry of a call whose response was too large to record.
+func (i *server) rebuild(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, ref []byte) (any, error) {
+	switch {
+	case m.loader != nil:
+		resp, err := m.loader.Load(ctx, ref)
+		if err != nil {
+			if _, ok := status.FromError(err); ok {
+				return nil, err
+			}
+			return nil, status.Error(codes.Unavailable, "idem: rebuilding the response: "+err.Error())
+		}
+		setReplayed(ctx)
+		return resp, nil
+	case m.rerun:
+		return handler(ctx, req)
+	}
+	return nil, notCached()
+}
+
+// setReplayed marks the response as a replay. SetHeader fails only outside
+// a gRPC server; the header is a courtesy.
+func setReplayed(ctx context.Context) {
+	_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
 }
 
 // decode checks a recorded outcome and returns the message to hand back:

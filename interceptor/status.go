@@ -24,6 +24,13 @@ const (
 	// ReasonKeyReused: the key was used before with a different request;
 	// use a new key for a new request.
 	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonLeaseLost: a leased call ran past its lease and a retry took
+	// the key over; this call's outcome was not recorded, the retry's
+	// stands.
+	ReasonLeaseLost = "IDEMPOTENCY_LEASE_LOST"
+	// ReasonResponseNotCached: the call completed, but its response was too
+	// large to record and the method can neither rebuild nor rerun it.
+	ReasonResponseNotCached = "IDEMPOTENCY_RESPONSE_NOT_CACHED"
 )
 
 func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) error {
@@ -52,6 +59,17 @@ func keyInUse(delay time.Duration) error {
 func keyReused() error {
 	return withDetails(codes.FailedPrecondition, "idem: this idempotency key was used with a different request; use a new key for a new request",
 		&errdetails.ErrorInfo{Reason: ReasonKeyReused, Domain: Domain})
+}
+
+func leaseLost(delay time.Duration) error {
+	return withDetails(codes.Aborted, "idem: this call's lease on its idempotency key ran out and a retry took it over; its outcome was not recorded",
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)},
+		&errdetails.ErrorInfo{Reason: ReasonLeaseLost, Domain: Domain})
+}
+
+func notCached() error {
+	return withDetails(codes.FailedPrecondition, "idem: the request with this idempotency key completed, but its response was too large to record and cannot be rebuilt",
+		&errdetails.ErrorInfo{Reason: ReasonResponseNotCached, Domain: Domain})
 }
 
 // storeError maps an error of the store to the status the client sees. A

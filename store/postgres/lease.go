@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -12,19 +13,22 @@ import (
 )
 
 const (
-	// leaseClaim inserts the key with a lease and fencing token 1, or takes
-	// over a row that expired (starting afresh) or whose lease ran out under
-	// a request with the same fingerprint (keeping its recovery point). A
-	// takeover increments the token, which fences off the earlier owner.
-	// When neither applies it returns no row and leaves the row as it is.
+	// leaseClaim inserts the key with a lease and a fencing token ($7), or
+	// takes over a row that expired (starting afresh) or whose lease ran out
+	// under a request with the same fingerprint (keeping its recovery
+	// point). A takeover replaces the token, which fences off the earlier
+	// owner. When neither applies it returns no row and leaves the row as it
+	// is. Tokens are random 63-bit numbers, so that no owner of a key ever
+	// gets a token an earlier owner held, even after the row was deleted
+	// and inserted again.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (tenant, method, key, request_hash, expires_at, locked_until, fencing_token)
-VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', now() + $6 * interval '1 second', 1)
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', now() + $6 * interval '1 second', $7)
 ON CONFLICT (tenant, method, key) DO UPDATE
 SET request_hash = excluded.request_hash, status = 'in_progress',
     response_code = NULL, response = NULL, response_not_cached = false,
     locked_until = excluded.locked_until,
-    fencing_token = coalesce(k.fencing_token, 0) + 1,
+    fencing_token = excluded.fencing_token,
     updated_at = now(),
     created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
     expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END,
@@ -32,11 +36,12 @@ SET request_hash = excluded.request_hash, status = 'in_progress',
     recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token, recovery_point, recovery_data`
+RETURNING recovery_point, recovery_data`
 
 	// The statements of a held lease. Each matches the row only while its
-	// fencing token is current and the claim unfinished.
-	leaseWhere  = ` WHERE tenant = $1 AND method = $2 AND key = $3 AND fencing_token = $4 AND status = 'in_progress'`
+	// fencing token is current, the claim unfinished and the key unexpired.
+	leaseWhere = ` WHERE tenant = $1 AND method = $2 AND key = $3 AND fencing_token = $4
+    AND status = 'in_progress' AND expires_at > now()`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $5 * interval '1 second'` + leaseWhere
 	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $5, recovery_data = $6, updated_at = now()` + leaseWhere
 	leaseRecord = `UPDATE idempotency_keys
@@ -71,7 +76,8 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(s.setLockTimeout)
-	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds())
+	token := rand.Int64()
+	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token)
 	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
@@ -86,11 +92,10 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 		}
 	}
 	var (
-		token int64
-		step  *string
-		data  []byte
+		step *string
+		data []byte
 	)
-	err = br.QueryRow().Scan(&token, &step, &data)
+	err = br.QueryRow().Scan(&step, &data)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:

@@ -14,6 +14,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	descriptorpb "google.golang.org/protobuf/types/descriptorpb"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -25,6 +26,64 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// Mode is how a method's idempotency key is held while its handler runs.
+type Mode int32
+
+const (
+	// MODE_UNSPECIFIED selects MODE_ATOMIC.
+	Mode_MODE_UNSPECIFIED Mode = 0
+	// MODE_ATOMIC claims the key, runs the handler's database writes and
+	// records the response in one transaction. For handlers whose side
+	// effects live in the same database.
+	Mode_MODE_ATOMIC Mode = 1
+	// MODE_LEASED commits the claim at once with a lease and a fencing token,
+	// runs the handler, and records the response only if the token is still
+	// the key's. For handlers whose side effects leave the database (payment
+	// providers, email), which may save recovery points to resume from.
+	Mode_MODE_LEASED Mode = 2
+)
+
+// Enum value maps for Mode.
+var (
+	Mode_name = map[int32]string{
+		0: "MODE_UNSPECIFIED",
+		1: "MODE_ATOMIC",
+		2: "MODE_LEASED",
+	}
+	Mode_value = map[string]int32{
+		"MODE_UNSPECIFIED": 0,
+		"MODE_ATOMIC":      1,
+		"MODE_LEASED":      2,
+	}
+)
+
+func (x Mode) Enum() *Mode {
+	p := new(Mode)
+	*p = x
+	return p
+}
+
+func (x Mode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Mode) Descriptor() protoreflect.EnumDescriptor {
+	return file_idem_v1_options_proto_enumTypes[0].Descriptor()
+}
+
+func (Mode) Type() protoreflect.EnumType {
+	return &file_idem_v1_options_proto_enumTypes[0]
+}
+
+func (x Mode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Mode.Descriptor instead.
+func (Mode) EnumDescriptor() ([]byte, []int) {
+	return file_idem_v1_options_proto_rawDescGZIP(), []int{0}
+}
 
 // MethodPolicy is the per-method policy, set with
 //
@@ -39,9 +98,22 @@ type MethodPolicy struct {
 	// key_required rejects calls without an idempotency-key header with
 	// INVALID_ARGUMENT. Methods without it run idempotently when the caller
 	// sends a key and pass through untouched when it does not.
-	KeyRequired   bool `protobuf:"varint,1,opt,name=key_required,json=keyRequired,proto3" json:"key_required,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KeyRequired bool `protobuf:"varint,1,opt,name=key_required,json=keyRequired,proto3" json:"key_required,omitempty"`
+	// mode selects how the key is held while the handler runs; unset means
+	// MODE_ATOMIC.
+	Mode Mode `protobuf:"varint,2,opt,name=mode,proto3,enum=idem.v1.Mode" json:"mode,omitempty"`
+	// lease is how long a leased call holds its key before a retry may take
+	// it over (MODE_LEASED only). Set it well above the method's p99 latency;
+	// the interceptor extends it while the handler runs. Unset means the
+	// interceptor's default (60 s).
+	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// rerun_when_not_cached declares the method safe to run twice: a retry
+	// whose recorded response was too large to keep runs the handler again
+	// instead of failing. Leave it unset unless a second run cannot repeat a
+	// side effect.
+	RerunWhenNotCached bool `protobuf:"varint,4,opt,name=rerun_when_not_cached,json=rerunWhenNotCached,proto3" json:"rerun_when_not_cached,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *MethodPolicy) Reset() {
@@ -77,6 +149,27 @@ func (*MethodPolicy) Descriptor() ([]byte, []int) {
 func (x *MethodPolicy) GetKeyRequired() bool {
 	if x != nil {
 		return x.KeyRequired
+	}
+	return false
+}
+
+func (x *MethodPolicy) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *MethodPolicy) GetLease() *durationpb.Duration {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *MethodPolicy) GetRerunWhenNotCached() bool {
+	if x != nil {
+		return x.RerunWhenNotCached
 	}
 	return false
 }
@@ -170,11 +263,18 @@ var File_idem_v1_options_proto protoreflect.FileDescriptor
 
 const file_idem_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\"1\n" +
+	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x01\n" +
 	"\fMethodPolicy\x12!\n" +
-	"\fkey_required\x18\x01 \x01(\bR\vkeyRequired\">\n" +
+	"\fkey_required\x18\x01 \x01(\bR\vkeyRequired\x12!\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\r.idem.v1.ModeR\x04mode\x12/\n" +
+	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x121\n" +
+	"\x15rerun_when_not_cached\x18\x04 \x01(\bR\x12rerunWhenNotCached\">\n" +
 	"\vFieldPolicy\x12/\n" +
-	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude:O\n" +
+	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude*>\n" +
+	"\x04Mode\x12\x14\n" +
+	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vMODE_ATOMIC\x10\x01\x12\x0f\n" +
+	"\vMODE_LEASED\x10\x02:O\n" +
 	"\x06method\x12\x1e.google.protobuf.MethodOptions\x18\xcc\xe3\x03 \x01(\v2\x15.idem.v1.MethodPolicyR\x06method:K\n" +
 	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\xe3\x03 \x01(\v2\x14.idem.v1.FieldPolicyR\x05fieldB\x84\x01\n" +
 	"\vcom.idem.v1B\fOptionsProtoP\x01Z*github.com/idemkit/idem/gen/idem/v1;idemv1\xa2\x02\x03IXX\xaa\x02\aIdem.V1\xca\x02\aIdem\\V1\xe2\x02\x13Idem\\V1\\GPBMetadata\xea\x02\bIdem::V1b\x06proto3"
@@ -191,23 +291,28 @@ func file_idem_v1_options_proto_rawDescGZIP() []byte {
 	return file_idem_v1_options_proto_rawDescData
 }
 
+var file_idem_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_idem_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_idem_v1_options_proto_goTypes = []any{
-	(*MethodPolicy)(nil),               // 0: idem.v1.MethodPolicy
-	(*FieldPolicy)(nil),                // 1: idem.v1.FieldPolicy
-	(*descriptorpb.MethodOptions)(nil), // 2: google.protobuf.MethodOptions
-	(*descriptorpb.FieldOptions)(nil),  // 3: google.protobuf.FieldOptions
+	(Mode)(0),                          // 0: idem.v1.Mode
+	(*MethodPolicy)(nil),               // 1: idem.v1.MethodPolicy
+	(*FieldPolicy)(nil),                // 2: idem.v1.FieldPolicy
+	(*durationpb.Duration)(nil),        // 3: google.protobuf.Duration
+	(*descriptorpb.MethodOptions)(nil), // 4: google.protobuf.MethodOptions
+	(*descriptorpb.FieldOptions)(nil),  // 5: google.protobuf.FieldOptions
 }
 var file_idem_v1_options_proto_depIdxs = []int32{
-	2, // 0: idem.v1.method:extendee -> google.protobuf.MethodOptions
-	3, // 1: idem.v1.field:extendee -> google.protobuf.FieldOptions
-	0, // 2: idem.v1.method:type_name -> idem.v1.MethodPolicy
-	1, // 3: idem.v1.field:type_name -> idem.v1.FieldPolicy
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	2, // [2:4] is the sub-list for extension type_name
-	0, // [0:2] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0, // 0: idem.v1.MethodPolicy.mode:type_name -> idem.v1.Mode
+	3, // 1: idem.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
+	4, // 2: idem.v1.method:extendee -> google.protobuf.MethodOptions
+	5, // 3: idem.v1.field:extendee -> google.protobuf.FieldOptions
+	1, // 4: idem.v1.method:type_name -> idem.v1.MethodPolicy
+	2, // 5: idem.v1.field:type_name -> idem.v1.FieldPolicy
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	4, // [4:6] is the sub-list for extension type_name
+	2, // [2:4] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_idem_v1_options_proto_init() }
@@ -220,13 +325,14 @@ func file_idem_v1_options_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_v1_options_proto_rawDesc), len(file_idem_v1_options_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   2,
 			NumExtensions: 2,
 			NumServices:   0,
 		},
 		GoTypes:           file_idem_v1_options_proto_goTypes,
 		DependencyIndexes: file_idem_v1_options_proto_depIdxs,
+		EnumInfos:         file_idem_v1_options_proto_enumTypes,
 		MessageInfos:      file_idem_v1_options_proto_msgTypes,
 		ExtensionInfos:    file_idem_v1_options_proto_extTypes,
 	}.Build()

@@ -1,0 +1,290 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idem/fingerprint"
+	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+const doMethod = testv1.TestService_Do_FullMethodName
+
+func leasedEnv(t *testing.T, lease time.Duration, opts ...interceptor.Option) *env {
+	return newEnv(t, setup{opts: append([]interceptor.Option{interceptor.WithLeased(lease, doMethod)}, opts...)})
+}
+
+// wantRetryDelay returns the RetryInfo delay of an ABORTED answer.
+func wantRetryDelay(t *testing.T, err error) time.Duration {
+	t.Helper()
+	wantCode(t, err, codes.Aborted)
+	d := retryDelay(err)
+	if d == nil {
+		t.Fatalf("no RetryInfo in %v", err)
+	}
+	return *d
+}
+
+// reason returns the ErrorInfo reason of err, if any.
+func reason(err error) string { return errorInfo(status.Convert(err)).GetReason() }
+
+func TestLeasedRunsOnceAndReplays(t *testing.T) {
+	e := leasedEnv(t, time.Minute)
+	var sawTx bool
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		_, sawTx = postgres.TxFromContext(ctx)
+		return nil
+	})
+	first, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sawTx {
+		t.Error("a leased handler was handed a transaction")
+	}
+	// The claim committed before the handler ran, so the handler's insert
+	// (on the pool) is visible on its own; the key row is completed.
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND locked_until IS NULL AND fencing_token IS NOT NULL`); got != 1 {
+		t.Fatalf("completed leased rows = %d, want 1", got)
+	}
+	var header metadata.MD
+	again, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(first, again) || header.Get(interceptor.ReplayedHeader)[0] != "true" {
+		t.Fatalf("replay = %v (header %v), want %v", again, header, first)
+	}
+	if got := e.effects(t); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+	if _, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "other"}); reason(err) != interceptor.ReasonKeyReused {
+		t.Fatalf("other request under the key: %v", err)
+	}
+}
+
+func TestLeasedErrors(t *testing.T) {
+	e := leasedEnv(t, time.Minute)
+	fail := codes.Unavailable
+	e.svc.setHook(func(context.Context, string) error { return status.Error(fail, "boom") })
+
+	// Transient: the committed claim is deleted, so the retry runs.
+	_, err := e.client.Do(withKey("t"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Unavailable)
+	if got := e.keys(t); got != 0 {
+		t.Fatalf("key rows after a transient error = %d, want 0", got)
+	}
+	e.svc.setHook(nil)
+	if _, err := e.client.Do(withKey("t"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatalf("retry after a transient error: %v", err)
+	}
+
+	// Deterministic: recorded and replayed without running again.
+	fail = codes.InvalidArgument
+	e.svc.setHook(func(context.Context, string) error { return status.Error(fail, "bad") })
+	_, err = e.client.Do(withKey("d"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.InvalidArgument)
+	e.svc.setHook(nil)
+	_, err = e.client.Do(withKey("d"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.InvalidArgument)
+	if got := e.countRows(t, `SELECT count(*) FROM effects WHERE key = 'd'`); got != 1 {
+		t.Fatalf("executions of the failed request = %d, want 1", got)
+	}
+}
+
+// TestLeasedLiveLease: a duplicate of a running call is told to come back
+// when the lease runs out, and the heartbeat keeps a handler that runs far
+// longer than its lease from being taken over.
+func TestLeasedLiveLease(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	e := leasedEnv(t, lease)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	var once sync.Once
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		first := false
+		once.Do(func() { first = true })
+		if first { // only the first execution waits; a takeover would not
+			close(started)
+			<-release
+		}
+		return nil
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.client.Do(withKey("slow"), &testv1.DoRequest{Value: "v"})
+		done <- err
+	}()
+	<-started
+	if d := wantRetryDelay(t, callErr(e, "slow")); d <= 0 || d > lease {
+		t.Fatalf("retry delay during a live lease = %v, want in (0, %v]", d, lease)
+	}
+	// Outlive the lease four times over; every duplicate meanwhile is
+	// refused, none takes over.
+	for range 8 {
+		time.Sleep(lease / 3)
+		if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+			t.Fatalf("duplicate while the heartbeat runs: %v", err)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("the slow call: %v", err)
+	}
+	if got := e.effects(t); got != 1 {
+		t.Fatalf("effects = %d, want 1 (a duplicate took the lease over)", got)
+	}
+	if err := callErr(e, "slow"); err != nil {
+		t.Fatalf("replay after the slow call: %v", err)
+	}
+}
+
+func callErr(e *env, key string) error {
+	_, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"})
+	return err
+}
+
+// abandonedClaim writes the row a crashed leased worker leaves behind: in
+// progress, its lease run out, with a recovery point.
+func abandonedClaim(t *testing.T, e *env, key, value string) {
+	t.Helper()
+	fp, err := fingerprint.Sum(&testv1.DoRequest{Value: value})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.pool.Exec(context.Background(), `INSERT INTO idempotency_keys
+		(tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data)
+		VALUES ('', $1, $2, $3, now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42')`,
+		doMethod, key, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLeasedTakeoverResumes(t *testing.T) {
+	e := leasedEnv(t, time.Minute)
+	abandonedClaim(t, e, "crashed", "v")
+	var step, data string
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		s, d, ok := interceptor.LastRecoveryPoint(ctx)
+		if !ok {
+			return status.Error(codes.Internal, "no recovery point after a takeover")
+		}
+		step, data = s, string(d)
+		return interceptor.SaveRecoveryPoint(ctx, "charge_confirmed", nil)
+	})
+	if _, err := e.client.Do(withKey("crashed"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if step != "charge_sent" || data != "ch_42" {
+		t.Fatalf("resumed from %q %q, want charge_sent ch_42", step, data)
+	}
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND fencing_token <> 7 AND recovery_point = 'charge_confirmed'`); got != 1 {
+		t.Fatal("the takeover did not complete the key under a new fencing token")
+	}
+}
+
+func TestLeasedNoTakeoverWithAnotherRequest(t *testing.T) {
+	e := leasedEnv(t, time.Minute)
+	abandonedClaim(t, e, "crashed", "v")
+	_, err := e.client.Do(withKey("crashed"), &testv1.DoRequest{Value: "different"})
+	if status.Code(err) != codes.FailedPrecondition || reason(err) != interceptor.ReasonKeyReused {
+		t.Fatalf("another request under an abandoned key: %v", err)
+	}
+	if e.svc.count() != 0 {
+		t.Fatal("the handler ran")
+	}
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND fencing_token = 7`); got != 1 {
+		t.Fatal("the abandoned claim changed")
+	}
+}
+
+// TestLeasedStaleWorker: a worker whose key was taken over can neither
+// record its outcome nor delete the new owner's claim; its caller gets
+// ABORTED with reason IDEMPOTENCY_LEASE_LOST.
+func TestLeasedStaleWorker(t *testing.T) {
+	for _, outcome := range []struct {
+		name string
+		err  error
+	}{{"ok", nil}, {"deterministic", status.Error(codes.NotFound, "gone")}, {"transient", status.Error(codes.Unavailable, "blip")}} {
+		t.Run(outcome.name, func(t *testing.T) {
+			e := leasedEnv(t, time.Minute)
+			e.svc.setHook(func(ctx context.Context, _ string) error {
+				// Another request takes the key over while this one runs.
+				_, err := e.pool.Exec(ctx, `UPDATE idempotency_keys SET fencing_token = fencing_token + 1`)
+				if err != nil {
+					return err
+				}
+				return outcome.err
+			})
+			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+			if outcome.err != nil && !isTransient(outcome.err) {
+				if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonLeaseLost {
+					t.Fatalf("stale worker's answer: %v", err)
+				}
+			}
+			if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND response IS NULL`); got != 1 {
+				t.Fatal("the stale worker changed the new owner's claim")
+			}
+		})
+	}
+}
+
+func isTransient(err error) bool {
+	return !interceptor.DefaultClassifier.Deterministic(status.Convert(err))
+}
+
+// TestLeasedHeartbeatNoticesTakeover: the heartbeat learns that the lease is
+// lost and cancels the handler's context.
+func TestLeasedHeartbeatNoticesTakeover(t *testing.T) {
+	e := leasedEnv(t, 300*time.Millisecond)
+	var cause error
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		if _, err := e.pool.Exec(ctx, `UPDATE idempotency_keys SET fencing_token = fencing_token + 1`); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			return nil
+		}
+	})
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonLeaseLost {
+		t.Fatalf("answer: %v", err)
+	}
+	if !errors.Is(cause, store.ErrLeaseLost) {
+		t.Fatalf("handler's context ended with %v, want ErrLeaseLost", cause)
+	}
+}
+
+func TestRecoveryPointsNeedLeasedMode(t *testing.T) {
+	e := newEnv(t, setup{})
+	var saveErr error
+	var found bool
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		saveErr = interceptor.SaveRecoveryPoint(ctx, "step", nil)
+		_, _, found = interceptor.LastRecoveryPoint(ctx)
+		return nil
+	})
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(saveErr, interceptor.ErrNotLeased) || found {
+		t.Fatalf("in atomic mode: save = %v, found = %v", saveErr, found)
+	}
+}
