@@ -41,4 +41,10 @@
 //
 // Keys expire after [WithTTL] (24 h by default). An expired key counts as
 // absent: the next request with it takes the row over and runs again.
+//
+// Expired rows stay in the tables until a [Sweeper] deletes them, from
+// idempotency_keys and processed_messages alike. [Sweeper.Run] sweeps every
+// minute, in batches of 1000 rows with a pause between them; each batch
+// locks only expired rows and skips those others hold, so claims of live
+// keys never wait for it and every replica may run one.
 package postgres

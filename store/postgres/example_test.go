@@ -4,6 +4,7 @@ import (
 	"context"
 	"log"
 	"os"
+	"os/signal"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,4 +45,24 @@ func ExampleTxFromContext() {
 		})
 	}
 	_ = createOrder
+}
+
+func ExampleNewSweeper() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	sw := postgres.NewSweeper(pool,
+		postgres.WithSweepInterval(5*time.Minute), // expired rows may wait a little longer
+		postgres.WithSweepBatchSize(500),          // shorter transactions
+	)
+	// Every replica may run one. Failed passes are logged and retried;
+	// Run returns ctx.Err() once ctx ends.
+	go func() { _ = sw.Run(ctx) }()
+
+	// ... serve until interrupted ...
+	<-ctx.Done()
 }

@@ -1,0 +1,218 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/grpclog"
+)
+
+var logger = grpclog.Component("idem")
+
+// Defaults of the sweeper's options.
+const (
+	DefaultSweepInterval  = time.Minute
+	DefaultSweepBatchSize = 1000
+	DefaultSweepPause     = 100 * time.Millisecond
+)
+
+type sweeperOptions struct {
+	interval  time.Duration
+	batchSize int
+	pause     time.Duration
+}
+
+var defaultSweeperOptions = sweeperOptions{
+	interval:  DefaultSweepInterval,
+	batchSize: DefaultSweepBatchSize,
+	pause:     DefaultSweepPause,
+}
+
+// SweeperOption configures a [Sweeper].
+type SweeperOption func(*sweeperOptions)
+
+// WithSweepInterval sets how long [Sweeper.Run] waits after the end of one
+// pass before it starts the next. Default: [DefaultSweepInterval] (1 min).
+// Non-positive values select the default.
+func WithSweepInterval(d time.Duration) SweeperOption {
+	return func(o *sweeperOptions) {
+		if d <= 0 {
+			d = DefaultSweepInterval
+		}
+		o.interval = d
+	}
+}
+
+// WithSweepBatchSize sets how many rows one DELETE removes at most, and so
+// how many row locks it holds until it commits. Default:
+// [DefaultSweepBatchSize] (1000). Non-positive values select the default.
+func WithSweepBatchSize(n int) SweeperOption {
+	return func(o *sweeperOptions) {
+		if n <= 0 {
+			n = DefaultSweepBatchSize
+		}
+		o.batchSize = n
+	}
+}
+
+// WithSweepPause sets the pause between two batches of a pass, which leaves
+// room for the requests, autovacuum and replication to keep up. A pass
+// therefore removes at most about one batch per pause. Default:
+// [DefaultSweepPause] (100 ms). Zero means no pause; negative values are
+// read as zero.
+func WithSweepPause(d time.Duration) SweeperOption {
+	return func(o *sweeperOptions) { o.pause = max(d, 0) }
+}
+
+// Sweeper deletes expired rows of the tables idempotency_keys and
+// processed_messages. Expired rows already count as absent, so sweeping is
+// only about space: nothing depends on when it happens.
+//
+// It deletes in small batches, each its own transaction, oldest first along
+// the expires_at index. A batch locks only the expired rows it deletes and
+// skips any that another transaction has locked (FOR UPDATE SKIP LOCKED):
+// claims of live keys never wait for it, a claim that is taking over an
+// expired row waits for at most one batch (or makes the sweeper skip that
+// row), and several replicas may sweep at the same time without waiting for
+// each other or deleting a row twice. The SQL joins on the primary key, not
+// on physical row addresses, so it also runs on PostgreSQL-compatible
+// distributed engines.
+//
+// A Sweeper is safe for concurrent use.
+type Sweeper struct {
+	pool *pgxpool.Pool
+	opts sweeperOptions
+}
+
+// NewSweeper returns a Sweeper that deletes through pool, which must reach
+// the primary. Start it with [Sweeper.Run], or call [Sweeper.Sweep] from a
+// scheduler of your own.
+func NewSweeper(pool *pgxpool.Pool, opts ...SweeperOption) *Sweeper {
+	o := defaultSweeperOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Sweeper{pool: pool, opts: o}
+}
+
+// sweepTable is the DELETE of one batch from one table. The inner SELECT
+// finds the oldest expired rows through the expires_at index and locks
+// them, skipping rows others hold; the DELETE then removes exactly the rows
+// it locked, matched by primary key. Locking a row that was changed since
+// the statement began re-evaluates the inner WHERE on its newest version, so
+// a row that a claim took over (and so gave a new expiry) is left alone.
+// The outer expires_at condition restates that for engines that re-check
+// differently.
+type sweepTable struct {
+	name   string
+	delete string
+}
+
+var sweepTables = []sweepTable{
+	{
+		name: "idempotency_keys",
+		delete: `DELETE FROM idempotency_keys t
+USING (
+    SELECT tenant, method, key FROM idempotency_keys
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) d
+WHERE t.tenant = d.tenant AND t.method = d.method AND t.key = d.key
+  AND t.expires_at <= now()`,
+	},
+	{
+		name: "processed_messages",
+		delete: `DELETE FROM processed_messages t
+USING (
+    SELECT consumer, message_id FROM processed_messages
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) d
+WHERE t.consumer = d.consumer AND t.message_id = d.message_id
+  AND t.expires_at <= now()`,
+	},
+}
+
+// Sweep runs one pass: for each table, it deletes batches of expired rows,
+// pausing between them, until a batch comes back short of the batch size
+// (the expired rows are gone, or another sweeper holds the rest). It
+// returns how many rows it deleted. A table that fails does not keep the
+// other from being swept; the error then names the table, and the count
+// still includes what was deleted. When ctx ends, Sweep stops between or
+// during batches and returns ctx's error; the batches already committed
+// stay deleted.
+func (s *Sweeper) Sweep(ctx context.Context) (deleted int64, err error) {
+	var errs []error
+	for _, t := range sweepTables {
+		n, err := s.sweep(ctx, t)
+		deleted += n
+		if err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return deleted, ctxErr
+			}
+			errs = append(errs, fmt.Errorf("postgres: sweeping %s: %w", t.name, err))
+		}
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// sweep deletes expired rows of one table in batches.
+func (s *Sweeper) sweep(ctx context.Context, t sweepTable) (deleted int64, err error) {
+	for {
+		tag, err := s.pool.Exec(ctx, t.delete, s.opts.batchSize)
+		if err != nil {
+			return deleted, err
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(s.opts.batchSize) {
+			return deleted, nil
+		}
+		if err := sleep(ctx, s.opts.pause); err != nil {
+			return deleted, err
+		}
+	}
+}
+
+// Run sweeps at once and then again each interval after a pass ended (see
+// [WithSweepInterval]), until ctx ends. A failed pass is logged to the
+// grpclog component "idem" and retried at the next interval; it does not
+// stop Run. Run returns only when ctx is done, and then returns ctx.Err(),
+// which is never nil: callers that stop it by cancelling ctx may ignore it.
+func (s *Sweeper) Run(ctx context.Context) error {
+	for {
+		deleted, err := s.Sweep(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			logger.Errorf("sweeping expired rows (deleted %d before the error; next pass in %v): %v", deleted, s.opts.interval, err)
+		} else if deleted > 0 {
+			logger.Infof("swept %d expired rows", deleted)
+		}
+		if err := sleep(ctx, s.opts.interval); err != nil {
+			return err
+		}
+	}
+}
+
+// sleep waits for d, or returns ctx.Err() if ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
