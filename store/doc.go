@@ -22,5 +22,10 @@
 // # Implementations
 //
 // Package github.com/idemkit/idem/store/postgres stores keys in PostgreSQL,
-// in the same transaction as the handler's own writes.
+// in the same transaction as the handler's own writes. Package
+// github.com/idemkit/idem/store/memory keeps them in the memory of one
+// process, for unit tests and single-process demos.
+//
+// Package github.com/idemkit/idem/store/storetest is the conformance suite
+// that every implementation passes.
 package store

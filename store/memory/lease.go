@@ -1,0 +1,161 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Lease implements [store.Store]. Like [Store.Claim], it waits for a
+// running atomic claim of the key to finish, for at most the lock timeout.
+// A takeover keeps the key's expiry and its last recovery point; a key that
+// expired is leased afresh, without one.
+func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+	if err := ctx.Err(); err != nil {
+		return store.LeaseClaim{}, err
+	}
+	var w waiter
+	defer w.stop()
+	s.mu.Lock()
+	for {
+		now := s.now()
+		s.sweepLocked(now)
+		e := s.entries[key]
+		switch {
+		case e != nil && e.pending:
+			done := e.done
+			s.mu.Unlock()
+			if err := w.wait(ctx, done, s.lockTimeout); err != nil {
+				return store.LeaseClaim{}, err
+			}
+			s.mu.Lock()
+		case e == nil || e.expired(now):
+			s.tokens++
+			s.entries[key] = &entry{
+				fp:          bytes.Clone(fingerprint),
+				expiresAt:   now.Add(s.ttl),
+				token:       s.tokens,
+				lockedUntil: now.Add(lease),
+			}
+			l := &leased{store: s, key: key, token: s.tokens}
+			s.mu.Unlock()
+			return store.LeaseClaim{Lease: l}, nil
+		case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, fingerprint):
+			s.tokens++
+			e.token = s.tokens
+			e.lockedUntil = now.Add(lease)
+			l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}
+			s.mu.Unlock()
+			return store.LeaseClaim{Lease: l}, nil
+		default:
+			found := e.snapshot(now)
+			s.mu.Unlock()
+			return store.LeaseClaim{Entry: found}, nil
+		}
+	}
+}
+
+func clonePoint(p *store.RecoveryPoint) *store.RecoveryPoint {
+	if p == nil {
+		return nil
+	}
+	return &store.RecoveryPoint{Step: p.Step, Data: bytes.Clone(p.Data)}
+}
+
+// leased is a held leased claim.
+type leased struct {
+	store *Store
+	key   store.Key
+	token uint64
+
+	mu       sync.Mutex
+	point    *store.RecoveryPoint
+	finished bool
+}
+
+// heldLocked returns the key's entry while it is still this lease's: same
+// token, not completed and not expired. The caller holds store.mu.
+func (l *leased) heldLocked() (*entry, time.Time, error) {
+	now := l.store.now()
+	e := l.store.entries[l.key]
+	if e == nil || e.token != l.token || e.completed || e.expired(now) {
+		return nil, now, store.ErrLeaseLost
+	}
+	return e, now, nil
+}
+
+func (l *leased) RecoveryPoint() (store.RecoveryPoint, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.point == nil {
+		return store.RecoveryPoint{}, false
+	}
+	return *clonePoint(l.point), true
+}
+
+func (l *leased) SaveRecoveryPoint(_ context.Context, p store.RecoveryPoint) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, _, err := l.heldLocked()
+	if err != nil {
+		return err
+	}
+	e.point = clonePoint(&p)
+	l.point = clonePoint(&p)
+	return nil
+}
+
+func (l *leased) Extend(_ context.Context, d time.Duration) error {
+	s := l.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, now, err := l.heldLocked()
+	if err != nil {
+		return err
+	}
+	e.lockedUntil = now.Add(d)
+	return nil
+}
+
+func (l *leased) Complete(_ context.Context, out store.Outcome) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return errFinished
+	}
+	l.finished = true
+	s := l.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, _, err := l.heldLocked()
+	if err != nil {
+		return err
+	}
+	e.completed = true
+	e.out = cloneOutcome(out)
+	e.lockedUntil = time.Time{}
+	return nil
+}
+
+func (l *leased) Release(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return nil
+	}
+	l.finished = true
+	s := l.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, _, err := l.heldLocked(); err != nil {
+		return err
+	}
+	delete(s.entries, l.key)
+	return nil
+}

@@ -1,0 +1,214 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Store keeps idempotency keys in a map of this process. It is safe for
+// concurrent use. The zero value is not usable; call [New].
+type Store struct {
+	ttl         time.Duration
+	lockTimeout time.Duration
+	now         func() time.Time
+
+	mu        sync.Mutex
+	entries   map[store.Key]*entry
+	tokens    uint64    // the last fencing token issued, by any key
+	lastSweep time.Time // by s.now
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns an empty Store.
+func New(opts ...Option) *Store {
+	o := defaultOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Store{
+		ttl:         o.ttl,
+		lockTimeout: o.lockTimeout,
+		now:         o.now,
+		entries:     make(map[store.Key]*entry),
+	}
+}
+
+// entry is the state of one key. All fields are guarded by Store.mu.
+type entry struct {
+	fp        []byte
+	expiresAt time.Time
+
+	// pending is set while an atomic claim owns the key and has neither
+	// completed nor released it; done is closed when it does.
+	pending bool
+	done    chan struct{}
+
+	completed bool
+	out       store.Outcome
+
+	// Leased claims only: the fencing token of the current holder (unique
+	// in the Store, never reused), the end of its lease and the last
+	// recovery point saved under the key.
+	token       uint64
+	lockedUntil time.Time
+	point       *store.RecoveryPoint
+}
+
+// expired reports whether e counts as absent at now. An entry whose atomic
+// claim is still running never does: like an uncommitted row, it is taken
+// over only once its owner has finished.
+func (e *entry) expired(now time.Time) bool {
+	return !e.pending && !now.Before(e.expiresAt)
+}
+
+// snapshot returns what a claim that found e reports.
+func (e *entry) snapshot(now time.Time) *store.Entry {
+	se := &store.Entry{
+		State:       store.InProgress,
+		Fingerprint: bytes.Clone(e.fp),
+		ExpiresAt:   e.expiresAt,
+	}
+	if e.completed {
+		se.State = store.Completed
+		se.Outcome = cloneOutcome(e.out)
+	} else if now.Before(e.lockedUntil) {
+		se.LeaseRemaining = e.lockedUntil.Sub(now)
+	}
+	return se
+}
+
+func cloneOutcome(out store.Outcome) store.Outcome {
+	out.Body = bytes.Clone(out.Body)
+	return out
+}
+
+// sweepLocked deletes every expired entry, at most once per TTL, so that
+// keys nobody claims again do not stay forever.
+func (s *Store) sweepLocked(now time.Time) {
+	if now.Sub(s.lastSweep) < s.ttl {
+		return
+	}
+	s.lastSweep = now
+	for k, e := range s.entries {
+		if e.expired(now) {
+			delete(s.entries, k)
+		}
+	}
+}
+
+// Claim implements [store.Store]. A claim of a key whose atomic owner is
+// still running waits for the owner to finish, for at most the lock timeout
+// ([WithLockTimeout]) or until ctx ends.
+func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Claim{}, err
+	}
+	var w waiter
+	defer w.stop()
+	s.mu.Lock()
+	for {
+		now := s.now()
+		s.sweepLocked(now)
+		e := s.entries[key]
+		switch {
+		case e != nil && e.pending:
+			done := e.done
+			s.mu.Unlock()
+			if err := w.wait(ctx, done, s.lockTimeout); err != nil {
+				return store.Claim{}, err
+			}
+			s.mu.Lock()
+		case e == nil || e.expired(now):
+			e = &entry{
+				fp:        bytes.Clone(fingerprint),
+				expiresAt: now.Add(s.ttl),
+				pending:   true,
+				done:      make(chan struct{}),
+			}
+			s.entries[key] = e
+			s.mu.Unlock()
+			return store.Claim{Txn: &txn{store: s, key: key, e: e}}, nil
+		default:
+			found := e.snapshot(now)
+			s.mu.Unlock()
+			return store.Claim{Entry: found}, nil
+		}
+	}
+}
+
+// waiter bounds the waits of one call by a single lock timeout.
+type waiter struct {
+	timer *time.Timer
+}
+
+func (w *waiter) wait(ctx context.Context, done <-chan struct{}, timeout time.Duration) error {
+	if w.timer == nil {
+		if timeout <= 0 {
+			return store.ErrInUse
+		}
+		w.timer = time.NewTimer(timeout)
+	}
+	select {
+	case <-done:
+		return nil
+	case <-w.timer.C:
+		return store.ErrInUse
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *waiter) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
+var errFinished = errors.New("memory: claim already finished")
+
+// txn is an owned atomic claim.
+type txn struct {
+	store    *Store
+	key      store.Key
+	e        *entry
+	finished bool // guarded by store.mu
+}
+
+// Context returns parent: there is no transaction to join.
+func (t *txn) Context(parent context.Context) context.Context { return parent }
+
+func (t *txn) Complete(_ context.Context, out store.Outcome) error {
+	s := t.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.finished {
+		return errFinished
+	}
+	t.finished = true
+	t.e.pending = false
+	t.e.completed = true
+	t.e.out = cloneOutcome(out)
+	close(t.e.done)
+	return nil
+}
+
+func (t *txn) Release(context.Context) error {
+	s := t.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.finished {
+		return nil
+	}
+	t.finished = true
+	if s.entries[t.key] == t.e {
+		delete(s.entries, t.key)
+	}
+	close(t.e.done)
+	return nil
+}

@@ -1,0 +1,61 @@
+package memory
+
+import "time"
+
+// Defaults of the options below; they match those of the PostgreSQL store.
+const (
+	DefaultLockTimeout = 2 * time.Second
+	DefaultTTL         = 24 * time.Hour
+)
+
+type options struct {
+	lockTimeout time.Duration
+	ttl         time.Duration
+	now         func() time.Time
+}
+
+var defaultOptions = options{
+	lockTimeout: DefaultLockTimeout,
+	ttl:         DefaultTTL,
+	now:         time.Now,
+}
+
+// Option configures a [Store].
+type Option func(*options)
+
+// WithLockTimeout bounds how long a claim waits for a concurrent request
+// that holds the same key in atomic mode and has not finished yet. When the
+// owner completes within the bound, the claim returns its completed entry;
+// when the owner releases the key, the claim takes it; when the bound runs
+// out, the claim fails with store.ErrInUse. The bound covers the whole wait
+// of one call and is measured in real time, whatever [WithClock] says.
+// Default: [DefaultLockTimeout] (2 s). Zero or a negative value: a claim of a
+// held key does not wait and fails with store.ErrInUse at once.
+func WithLockTimeout(d time.Duration) Option {
+	return func(o *options) { o.lockTimeout = max(d, 0) }
+}
+
+// WithTTL sets how long a key is kept (it expires at claim time + ttl). Past
+// it the key counts as absent, so a request with that key runs again.
+// Default: [DefaultTTL] (24 h). Non-positive values select the default.
+func WithTTL(ttl time.Duration) Option {
+	return func(o *options) {
+		if ttl <= 0 {
+			ttl = DefaultTTL
+		}
+		o.ttl = ttl
+	}
+}
+
+// WithClock sets the clock by which keys expire and leases run out, so that
+// a test can move time forward instead of sleeping. It must be safe for
+// concurrent use. The lock timeout is not affected. Default: time.Now. A nil
+// clock selects the default.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) {
+		if now == nil {
+			now = time.Now
+		}
+		o.now = now
+	}
+}

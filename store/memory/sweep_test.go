@@ -1,0 +1,101 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+)
+
+// fakeClock is a clock that moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (s *Store) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.entries)
+}
+
+func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	const ttl = time.Hour
+	s := New(WithTTL(ttl), WithClock(clock.Now))
+	claim := func(i int) {
+		t.Helper()
+		k := store.Key{Tenant: "t", Method: "/s/M", Key: fmt.Sprint(i)}
+		c, err := s.Claim(ctx, k, []byte("fp"))
+		if err != nil || c.Txn == nil {
+			t.Fatalf("claim %d: %+v, %v", i, c, err)
+		}
+		if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.Lease(ctx, store.Key{Tenant: "t", Method: "/s/L", Key: "l"}, []byte("fp"), 10*ttl)
+	if err != nil || l.Lease == nil {
+		t.Fatalf("lease: %+v, %v", l, err)
+	}
+	for i := range 100 {
+		claim(i)
+	}
+	// Keys of two TTLs' traffic at most: each pass of a TTL sweeps what
+	// expired before it.
+	for round := 1; round <= 5; round++ {
+		clock.Add(ttl / 2)
+		for i := range 100 {
+			claim(round*1000 + i)
+		}
+		if n := s.len(); n > 400 {
+			t.Fatalf("round %d: %d keys held, want at most the last two TTLs' 400", round, n)
+		}
+	}
+	// A lease whose key expired is lost, even though its lease still runs.
+	if err := l.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != store.ErrLeaseLost {
+		t.Errorf("Complete of a lease whose key expired: %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestClockMovesLeases(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := New(WithClock(clock.Now))
+	k := store.Key{Tenant: "t", Method: "/s/M", Key: "k"}
+	first, err := s.Lease(ctx, k, []byte("fp"), time.Minute)
+	if err != nil || first.Lease == nil {
+		t.Fatalf("lease: %+v, %v", first, err)
+	}
+	clock.Add(20 * time.Second)
+	live, err := s.Lease(ctx, k, []byte("fp"), time.Minute)
+	if err != nil || live.Entry == nil || live.Entry.LeaseRemaining != 40*time.Second {
+		t.Fatalf("during the lease: %+v, %v; want an entry with 40s remaining", live, err)
+	}
+	clock.Add(40 * time.Second) // exactly at the end: run out
+	second, err := s.Lease(ctx, k, []byte("fp"), time.Minute)
+	if err != nil || second.Lease == nil {
+		t.Fatalf("after the lease: %+v, %v; want a takeover", second, err)
+	}
+	if err := first.Lease.Extend(ctx, time.Hour); err != store.ErrLeaseLost {
+		t.Errorf("Extend of the earlier owner: %v, want ErrLeaseLost", err)
+	}
+}

@@ -1,0 +1,363 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+)
+
+// claimCases exercise Store.Claim and Txn: atomic mode.
+var claimCases = []testCase{
+	{name: "FreeKeyGivesTxn", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		type ctxKey struct{}
+		parent, cancel := context.WithCancel(context.WithValue(t.Context(), ctxKey{}, "v"))
+		defer cancel()
+		ctx := txn.Context(parent)
+		if ctx.Value(ctxKey{}) != "v" {
+			t.Error("Txn.Context dropped a value of its parent")
+		}
+		cancel()
+		if ctx.Err() == nil {
+			t.Error("Txn.Context is not derived from its parent: cancelling the parent left it live")
+		}
+		if err := txn.Complete(t.Context(), okOutcome("r")); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+	}},
+
+	{name: "CompleteThenReplay", run: func(t *testing.T, s store.Store, cfg Config) {
+		for _, tc := range []struct {
+			name string
+			out  store.Outcome
+		}{
+			{"OK", okOutcome("response")},
+			{"OKEmpty", store.Outcome{Code: codes.OK}},
+			{"DeterministicError", errorOutcome()},
+			{"NotCachedWithReference", store.Outcome{Code: codes.OK, Body: []byte("order-42"), NotCached: true}},
+			{"NotCachedWithoutReference", store.Outcome{Code: codes.OK, NotCached: true}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				k := key
+				k.Key = tc.name
+				before := time.Now()
+				txn := claimTxn(t, s, k, fp)
+				if err := txn.Complete(t.Context(), tc.out); err != nil {
+					t.Fatalf("Complete: %v", err)
+				}
+				after := time.Now()
+				e := claimEntry(t, s, k, fp)
+				wantCompleted(t, e, fp, tc.out)
+				// Clocks of another process may differ a little.
+				const slack = 2 * time.Second
+				if e.ExpiresAt.Before(before.Add(cfg.TTL-slack)) || e.ExpiresAt.After(after.Add(cfg.TTL+slack)) {
+					t.Errorf("ExpiresAt %v, want about %v after the claim (%v)", e.ExpiresAt, cfg.TTL, before)
+				}
+			})
+		}
+	}},
+
+	{name: "DifferentFingerprintSeesFirst", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, other), fp, okOutcome("first"))
+		// The mismatch changed nothing.
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+	}},
+
+	{name: "ReleaseLeavesNoTrace", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		// Free again, even for another request: nothing of the first remains.
+		again := claimTxn(t, s, key, other)
+		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+	}},
+
+	{name: "ReleaseAfterCompleteIsNoOp", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("kept")); err != nil {
+			t.Fatal(err)
+		}
+		if err := txn.Release(t.Context()); err != nil {
+			t.Errorf("Release after Complete: %v, want nil", err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
+	}},
+
+	{name: "CompleteTwiceFails", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		if err := txn.Complete(t.Context(), okOutcome("second")); err == nil {
+			t.Error("second Complete succeeded, want an error")
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+	}},
+
+	{name: "CompleteAfterReleaseFails", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := txn.Complete(t.Context(), okOutcome("late")); err == nil {
+			t.Error("Complete after Release succeeded, want an error")
+		}
+		_ = claimTxn(t, s, key, fp) // still free
+	}},
+
+	{name: "OutcomeAndFingerprintAreCopied", run: func(t *testing.T, s store.Store, _ Config) {
+		f := bytes.Clone(fp)
+		txn := claimTxn(t, s, key, f)
+		out := okOutcome("response")
+		if err := txn.Complete(t.Context(), out); err != nil {
+			t.Fatal(err)
+		}
+		copy(out.Body, "XXXXXXXX")
+		copy(f, "XXXXXXXX")
+		e := claimEntry(t, s, key, fp)
+		wantCompleted(t, e, fp, okOutcome("response"))
+		copy(e.Outcome.Body, "YYYYYYYY")
+		copy(e.Fingerprint, "YYYYYYYY")
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("response"))
+	}},
+
+	{name: "ConcurrentClaimsHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
+		const n = 50
+		var r tally
+		concurrently(n, func(int) {
+			c, err := s.Claim(t.Context(), key, fp)
+			switch {
+			case err != nil:
+				r.err(err)
+			case c.Txn != nil:
+				r.owner()
+				time.Sleep(200 * time.Millisecond) // the others arrive and wait
+				if err := c.Txn.Complete(t.Context(), okOutcome("owner")); err != nil {
+					r.err(err)
+				}
+			default:
+				r.entry(c.Entry)
+			}
+		})
+		if r.owners != 1 || len(r.entries) != n-1 || len(r.errs) != 0 {
+			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
+		}
+		for _, e := range r.entries {
+			wantCompleted(t, e, fp, okOutcome("owner"))
+		}
+	}},
+
+	{name: "WaitForOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		owner := claimTxn(t, s, key, fp)
+		start := time.Now()
+		c, err := s.Claim(t.Context(), key, fp)
+		waited := time.Since(start)
+		if !isInUse(err) {
+			if c.Txn != nil {
+				_ = c.Txn.Release(t.Context())
+			}
+			t.Fatalf("claim of a held key = %s, %v; want ErrInUse", describeClaim(c), err)
+		}
+		if waited < cfg.LockTimeout/2 {
+			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
+		}
+		// The key is not lost: the owner still records, and it is replayed.
+		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
+	}},
+
+	{name: "WaitEndsWithContext", run: func(t *testing.T, s store.Store, cfg Config) {
+		_ = claimTxn(t, s, key, fp)
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		c, err := s.Claim(ctx, key, fp)
+		waited := time.Since(start)
+		if err == nil {
+			if c.Txn != nil {
+				_ = c.Txn.Release(t.Context())
+			}
+			t.Fatalf("claim with an ending context = %s, want an error", describeClaim(c))
+		}
+		if waited > cfg.LockTimeout/2 {
+			t.Errorf("claim returned %v after its context ended (lock timeout %v)", waited, cfg.LockTimeout)
+		}
+	}},
+
+	{name: "OwnerReleasesWhileOthersWait", run: func(t *testing.T, s store.Store, _ Config) {
+		first := claimTxn(t, s, key, fp)
+		const n = 10
+		var r tally
+		released := make(chan error, 1)
+		go func() {
+			time.Sleep(300 * time.Millisecond) // the others are waiting by now
+			released <- first.Release(context.Background())
+		}()
+		concurrently(n, func(int) {
+			c, err := s.Claim(t.Context(), key, fp)
+			switch {
+			case err != nil:
+				r.err(err)
+			case c.Txn != nil:
+				r.owner()
+				time.Sleep(100 * time.Millisecond)
+				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+					r.err(err)
+				}
+			default:
+				r.entry(c.Entry)
+			}
+		})
+		if err := <-released; err != nil {
+			t.Fatalf("Release of the first owner: %v", err)
+		}
+		if r.owners != 1 || len(r.entries) != n-1 || len(r.errs) != 0 {
+			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
+		}
+		for _, e := range r.entries {
+			wantCompleted(t, e, fp, okOutcome("second"))
+		}
+	}},
+
+	{name: "ExpiredKeyIsFree", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		// Expired counts as absent: even another fingerprint runs afresh.
+		again := claimTxn(t, s, key, other)
+		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+	}},
+
+	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		const n = 20
+		var r tally
+		concurrently(n, func(int) {
+			c, err := s.Claim(t.Context(), key, fp)
+			switch {
+			case err != nil:
+				r.err(err)
+			case c.Txn != nil:
+				r.owner()
+				time.Sleep(100 * time.Millisecond)
+				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+					r.err(err)
+				}
+			default:
+				r.entry(c.Entry)
+			}
+		})
+		if r.owners != 1 || len(r.entries) != n-1 || len(r.errs) != 0 {
+			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
+		}
+		for _, e := range r.entries {
+			wantCompleted(t, e, fp, okOutcome("second"))
+		}
+	}},
+
+	{name: "KeysAreScopedByTenantMethodAndKey", run: func(t *testing.T, s store.Store, _ Config) {
+		keys := []store.Key{
+			key,
+			{Tenant: "other-tenant", Method: key.Method, Key: key.Key},
+			{Tenant: key.Tenant, Method: "/idem.test.v1.Test/Other", Key: key.Key},
+			{Tenant: key.Tenant, Method: key.Method, Key: "key-2"},
+			{Tenant: "", Method: key.Method, Key: key.Key},
+			// Fields that run together into the same string.
+			{Tenant: "a/b", Method: "c", Key: "d"},
+			{Tenant: "a", Method: "b/c", Key: "d"},
+			{Tenant: "a:b", Method: "c", Key: "d"},
+			{Tenant: "a", Method: "b:c", Key: "d"},
+			{Tenant: "a", Method: "b", Key: "c:d"},
+		}
+		// Each key is free although all before it are completed: a
+		// collision shows as an Entry.
+		for _, k := range keys {
+			txn := claimTxn(t, s, k, fp)
+			if err := txn.Complete(t.Context(), okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, k := range keys {
+			wantCompleted(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
+		}
+		// A held key does not make another one wait.
+		_ = claimTxn(t, s, store.Key{Tenant: "a/b", Method: "c", Key: "e"}, fp)
+		start := time.Now()
+		_ = claimTxn(t, s, store.Key{Tenant: "a", Method: "b/c", Key: "e"}, fp)
+		if waited := time.Since(start); waited > 2*time.Second {
+			t.Errorf("claim of a free key took %v while another key was held", waited)
+		}
+	}},
+
+	{name: "LiveLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, time.Minute)
+		for _, f := range [][]byte{fp, other} {
+			c, err := s.Claim(t.Context(), key, f)
+			switch {
+			case isInUse(err):
+			case err != nil:
+				t.Fatalf("Claim of a leased key: %v", err)
+			case c.Txn != nil:
+				_ = c.Txn.Release(t.Context())
+				t.Fatalf("Claim of a leased key got a Txn")
+			default:
+				wantInProgress(t, c.Entry, fp)
+				if r := c.Entry.LeaseRemaining; r <= 0 || r > time.Minute {
+					t.Errorf("LeaseRemaining %v, want in (0, 1m]", r)
+				}
+			}
+		}
+		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+			t.Fatalf("the lease was disturbed by the claims: %v", err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
+	}},
+
+	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, 200*time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
+		// Only Lease takes a run-out lease over; an atomic claim does not.
+		c, err := s.Claim(t.Context(), key, fp)
+		switch {
+		case isInUse(err):
+		case err != nil:
+			t.Fatalf("Claim of a run-out lease: %v", err)
+		case c.Txn != nil:
+			_ = c.Txn.Release(t.Context())
+			t.Fatalf("Claim of a run-out lease got a Txn")
+		default:
+			wantInProgress(t, c.Entry, fp)
+			if c.Entry.LeaseRemaining != 0 {
+				t.Errorf("LeaseRemaining %v of a run-out lease, want 0", c.Entry.LeaseRemaining)
+			}
+		}
+		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+			t.Fatalf("the lease was disturbed by the claim: %v", err)
+		}
+	}},
+}

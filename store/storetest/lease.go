@@ -1,0 +1,432 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Lease lengths of the cases: short ones run out within a case, long ones
+// never do.
+const (
+	shortLease = 300 * time.Millisecond
+	longLease  = time.Minute
+	// runOut is how long to sleep for a short lease to run out, with margin.
+	runOut = shortLease + 300*time.Millisecond
+)
+
+// leaseCases exercise Store.Lease and Lease: leased mode.
+var leaseCases = []testCase{
+	{name: "FreeKeyGivesLease", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		wantNoPoint(t, l)
+		if err := l.Complete(t.Context(), okOutcome("r")); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+	}},
+
+	{name: "LiveLeaseIsInProgress", run: func(t *testing.T, s store.Store, _ Config) {
+		const d = 2 * time.Second
+		l := takeLease(t, s, key, fp, d)
+		for _, f := range [][]byte{fp, other} {
+			e := leaseEntry(t, s, key, f, longLease)
+			wantInProgress(t, e, fp)
+			if r := e.LeaseRemaining; r <= 0 || r > d {
+				t.Errorf("LeaseRemaining %v, want in (0, %v]", r, d)
+			}
+		}
+		if err := l.Complete(t.Context(), okOutcome("r")); err != nil {
+			t.Fatalf("the lease was disturbed: %v", err)
+		}
+	}},
+
+	{name: "ConcurrentLeasesHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
+		const n = 20
+		var r tally
+		concurrently(n, func(int) {
+			c, err := s.Lease(t.Context(), key, fp, longLease)
+			switch {
+			case err != nil:
+				r.err(err)
+			case c.Lease != nil:
+				r.owner()
+				t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
+			default:
+				r.entry(c.Entry)
+			}
+		})
+		if r.owners != 1 || len(r.entries) != n-1 || len(r.errs) != 0 {
+			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
+		}
+		for _, e := range r.entries {
+			wantInProgress(t, e, fp)
+			if e.LeaseRemaining <= 0 {
+				t.Errorf("LeaseRemaining %v, want > 0", e.LeaseRemaining)
+			}
+		}
+	}},
+
+	{name: "TakeoverKeepsRecoveryPoint", run: func(t *testing.T, s store.Store, _ Config) {
+		first := takeLease(t, s, key, fp, shortLease)
+		data := []byte("ch_1")
+		for _, p := range []store.RecoveryPoint{{Step: "created"}, {Step: "charge_sent", Data: data}} {
+			if err := first.SaveRecoveryPoint(t.Context(), p); err != nil {
+				t.Fatalf("SaveRecoveryPoint(%q): %v", p.Step, err)
+			}
+		}
+		copy(data, "XXXX") // the store kept its own copy
+		wantPoint(t, first, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
+		time.Sleep(runOut)
+		second := takeLease(t, s, key, fp, longLease)
+		wantPoint(t, second, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
+		// The takeover holds the new lease length.
+		e := leaseEntry(t, s, key, fp, longLease)
+		wantInProgress(t, e, fp)
+		if e.LeaseRemaining < longLease/2 {
+			t.Errorf("LeaseRemaining %v after a takeover for %v", e.LeaseRemaining, longLease)
+		}
+		if err := second.Complete(t.Context(), okOutcome("second")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("second"))
+	}},
+
+	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, shortLease)
+		time.Sleep(runOut)
+		e := leaseEntry(t, s, key, other, longLease)
+		wantInProgress(t, e, fp)
+		if e.LeaseRemaining != 0 {
+			t.Errorf("LeaseRemaining %v of a run-out lease, want 0", e.LeaseRemaining)
+		}
+		// The holder was not fenced off: nobody took the key.
+		if err := l.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatalf("Complete of the run-out lease: %v", err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+	}},
+
+	{name: "ExtendKeepsLeaseLive", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, shortLease)
+		time.Sleep(shortLease / 3)
+		if err := l.Extend(t.Context(), longLease); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		time.Sleep(runOut) // past the lease's first end
+		e := leaseEntry(t, s, key, fp, longLease)
+		wantInProgress(t, e, fp)
+		if e.LeaseRemaining < longLease/2 {
+			t.Errorf("LeaseRemaining %v after Extend(%v)", e.LeaseRemaining, longLease)
+		}
+		if err := l.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatalf("Complete of the extended lease: %v", err)
+		}
+	}},
+
+	{name: "StaleOwnerIsFenced", run: func(t *testing.T, s store.Store, _ Config) {
+		for _, tc := range []struct {
+			name  string
+			write func(ctx context.Context, l store.Lease) error
+			// check runs after the stale write, before the new owner
+			// completes, and sees that the write changed nothing.
+			check func(t *testing.T, k store.Key, owner store.Lease)
+		}{
+			{
+				name:  "Extend",
+				write: func(ctx context.Context, l store.Lease) error { return l.Extend(ctx, 10*longLease) },
+				check: func(t *testing.T, k store.Key, _ store.Lease) {
+					e := leaseEntry(t, s, k, fp, longLease)
+					wantInProgress(t, e, fp)
+					if e.LeaseRemaining > longLease {
+						t.Errorf("LeaseRemaining %v: the stale Extend moved the new owner's lease", e.LeaseRemaining)
+					}
+				},
+			},
+			{
+				name: "SaveRecoveryPoint",
+				write: func(ctx context.Context, l store.Lease) error {
+					return l.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "stale"})
+				},
+				check: func(t *testing.T, k store.Key, owner store.Lease) {
+					// Let the new owner's lease run out, and take over again:
+					// the point is the new owner's.
+					if err := owner.Extend(t.Context(), 0); err != nil {
+						t.Fatalf("Extend: %v", err)
+					}
+					time.Sleep(100 * time.Millisecond)
+					third := takeLease(t, s, k, fp, longLease)
+					wantPoint(t, third, store.RecoveryPoint{Step: "second"})
+					if err := third.Release(t.Context()); err != nil {
+						t.Fatal(err)
+					}
+				},
+			},
+			{
+				name:  "Complete",
+				write: func(ctx context.Context, l store.Lease) error { return l.Complete(ctx, okOutcome("stale")) },
+				check: func(t *testing.T, k store.Key, _ store.Lease) {
+					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
+				},
+			},
+			{
+				name:  "Release",
+				write: func(ctx context.Context, l store.Lease) error { return l.Release(ctx) },
+				check: func(t *testing.T, k store.Key, _ store.Lease) {
+					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
+				},
+			},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				k := key
+				k.Key = tc.name
+				stale := takeLease(t, s, k, fp, shortLease)
+				if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "first"}); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(runOut)
+				owner := takeLease(t, s, k, fp, longLease)
+				if err := owner.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "second"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := tc.write(t.Context(), stale); !errors.Is(err, store.ErrLeaseLost) {
+					t.Errorf("stale %s: %v, want ErrLeaseLost", tc.name, err)
+				}
+				tc.check(t, k, owner)
+				if tc.name == "SaveRecoveryPoint" {
+					return // the owner was taken over in turn
+				}
+				if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+					t.Fatalf("the new owner's Complete: %v", err)
+				}
+				wantCompleted(t, claimEntry(t, s, k, fp), fp, okOutcome("owner"))
+			})
+		}
+	}},
+
+	{name: "StaleOwnerIsFencedAfterKeyWasFreedAndLeasedAgain", run: func(t *testing.T, s store.Store, _ Config) {
+		stale := takeLease(t, s, key, fp, shortLease)
+		time.Sleep(runOut)
+		second := takeLease(t, s, key, fp, longLease)
+		if err := second.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		// A new request, with another fingerprint, leases the free key.
+		owner := takeLease(t, s, key, other, longLease)
+		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "stale"}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale SaveRecoveryPoint: %v, want ErrLeaseLost", err)
+		}
+		if err := stale.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale Extend: %v, want ErrLeaseLost", err)
+		}
+		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
+		}
+		wantInProgress(t, leaseEntry(t, s, key, other, longLease), other)
+		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+			t.Fatalf("the new owner's Complete: %v", err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("owner"))
+	}},
+
+	{name: "CompleteIsReplayed", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		if err := l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_confirmed"}); err != nil {
+			t.Fatal(err)
+		}
+		out := errorOutcome()
+		if err := l.Complete(t.Context(), out); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Errorf("Release after Complete: %v, want nil", err)
+		}
+		if err := l.Complete(t.Context(), okOutcome("again")); err == nil {
+			t.Error("second Complete succeeded, want an error")
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, out)
+		wantCompleted(t, leaseEntry(t, s, key, fp, longLease), fp, out)
+		wantCompleted(t, leaseEntry(t, s, key, other, longLease), fp, out)
+	}},
+
+	{name: "ReleaseFreesKey", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		if err := l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if err := l.Complete(t.Context(), okOutcome("late")); err == nil {
+			t.Error("Complete after Release succeeded, want an error")
+		}
+		again := takeLease(t, s, key, other, longLease)
+		wantNoPoint(t, again)
+		if err := again.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
+			t.Fatal(err)
+		}
+	}},
+
+	{name: "CompletedKeyIsNotLeased", run: func(t *testing.T, s store.Store, _ Config) {
+		txn := claimTxn(t, s, key, fp)
+		if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range [][]byte{fp, other} {
+			wantCompleted(t, leaseEntry(t, s, key, f, longLease), fp, okOutcome("atomic"))
+		}
+	}},
+
+	{name: "ConcurrentTakeoversHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
+		stale := takeLease(t, s, key, fp, shortLease)
+		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(runOut)
+		const n = 20
+		var r tally
+		concurrently(n, func(int) {
+			c, err := s.Lease(t.Context(), key, fp, longLease)
+			switch {
+			case err != nil:
+				r.err(err)
+			case c.Lease != nil:
+				r.owner()
+				t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
+				if p, ok := c.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" {
+					r.err(errors.New("the takeover lost the recovery point"))
+				}
+			default:
+				r.entry(c.Entry)
+			}
+		})
+		if r.owners != 1 || len(r.entries) != n-1 || len(r.errs) != 0 {
+			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
+		}
+		for _, e := range r.entries {
+			wantInProgress(t, e, fp)
+			if e.LeaseRemaining <= 0 {
+				t.Errorf("LeaseRemaining %v, want > 0", e.LeaseRemaining)
+			}
+		}
+		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
+		}
+	}},
+
+	{name: "ExpiredKeyIsLeasedAfresh", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+		// The lease outlives the key: expiry wins.
+		stale := takeLease(t, s, key, fp, longLease)
+		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		l := takeLease(t, s, key, other, longLease)
+		wantNoPoint(t, l)
+		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Complete of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)
+		}
+		if err := l.Complete(t.Context(), okOutcome("fresh")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
+	}},
+
+	{name: "LeaseWaitsForAtomicOwner", cfg: Config{TTL: time.Hour, LockTimeout: 5 * time.Second}, run: func(t *testing.T, s store.Store, _ Config) {
+		for _, tc := range []struct {
+			name   string
+			finish func(txn store.Txn) error
+			check  func(t *testing.T, c store.LeaseClaim)
+		}{
+			{
+				name:   "Complete",
+				finish: func(txn store.Txn) error { return txn.Complete(context.Background(), okOutcome("atomic")) },
+				check: func(t *testing.T, c store.LeaseClaim) {
+					if c.Entry == nil {
+						t.Fatalf("Lease = %s, want the completed entry", describeLeaseClaim(c))
+					}
+					wantCompleted(t, c.Entry, fp, okOutcome("atomic"))
+				},
+			},
+			{
+				name:   "Release",
+				finish: func(txn store.Txn) error { return txn.Release(context.Background()) },
+				check: func(t *testing.T, c store.LeaseClaim) {
+					if c.Lease == nil {
+						t.Fatalf("Lease = %s, want a Lease", describeLeaseClaim(c))
+					}
+					wantNoPoint(t, c.Lease)
+				},
+			},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				k := key
+				k.Key = tc.name
+				txn := claimTxn(t, s, k, fp)
+				errc := make(chan error, 1)
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					errc <- tc.finish(txn)
+				}()
+				c, err := s.Lease(t.Context(), k, fp, longLease)
+				if ferr := <-errc; ferr != nil {
+					t.Fatalf("the atomic owner's %s: %v", tc.name, ferr)
+				}
+				if err != nil {
+					t.Fatalf("Lease of a key held by an atomic claim: %v", err)
+				}
+				if c.Lease != nil {
+					t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
+				}
+				tc.check(t, c)
+			})
+		}
+	}},
+
+	{name: "LeaseWaitForAtomicOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		_ = claimTxn(t, s, key, fp)
+		start := time.Now()
+		c, err := s.Lease(t.Context(), key, fp, longLease)
+		waited := time.Since(start)
+		if !isInUse(err) {
+			if c.Lease != nil {
+				_ = c.Lease.Release(t.Context())
+			}
+			t.Fatalf("Lease of a key held by an atomic claim = %s, %v; want ErrInUse", describeLeaseClaim(c), err)
+		}
+		if waited < cfg.LockTimeout/2 {
+			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
+		}
+	}},
+
+	{name: "LeaseIsSafeForConcurrentUse", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		var errs tally
+		concurrently(4, func(i int) {
+			for j := range 10 {
+				var err error
+				if i%2 == 0 {
+					err = l.Extend(t.Context(), longLease)
+				} else {
+					err = l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "step", Data: []byte{byte(i), byte(j)}})
+					_, _ = l.RecoveryPoint()
+				}
+				if err != nil {
+					errs.err(err)
+				}
+			}
+		})
+		if len(errs.errs) != 0 {
+			t.Fatalf("concurrent writes of one holder: %v", errs.errs)
+		}
+		if err := l.Complete(t.Context(), okOutcome("done")); err != nil {
+			t.Fatal(err)
+		}
+	}},
+}

@@ -1,0 +1,261 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Config is the timing a case needs from the store it builds.
+type Config struct {
+	// TTL is how long a key is kept before it counts as absent.
+	TTL time.Duration
+	// LockTimeout bounds how long a claim waits for a concurrent atomic
+	// owner of the same key.
+	LockTimeout time.Duration
+}
+
+// defaultConfig is the timing of cases that do not wait for expiry or for
+// the lock timeout: long enough never to run out during a case.
+var defaultConfig = Config{TTL: time.Hour, LockTimeout: 10 * time.Second}
+
+// Run runs the conformance cases against stores built by newStore, each
+// case as a parallel subtest of t with a new, empty store of its own.
+// newStore is called from the subtest with that subtest's t, and should
+// register any cleanup there.
+func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
+	t.Helper()
+	for _, group := range []struct {
+		name  string
+		cases []testCase
+	}{
+		{"Claim", claimCases},
+		{"Lease", leaseCases},
+	} {
+		t.Run(group.name, func(t *testing.T) {
+			for _, c := range group.cases {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					cfg := defaultConfig
+					if c.cfg != (Config{}) {
+						cfg = c.cfg
+					}
+					s := newStore(t, cfg)
+					c.run(t, s, cfg)
+				})
+			}
+		})
+	}
+}
+
+type testCase struct {
+	name string
+	cfg  Config // zero: defaultConfig
+	run  func(t *testing.T, s store.Store, cfg Config)
+}
+
+// The keys and fingerprints of the cases.
+var (
+	key   = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Do", Key: "key-1"}
+	fp    = []byte("\x01fingerprint-one")
+	other = []byte("\x01fingerprint-two")
+)
+
+// okOutcome returns an OK outcome whose body names what recorded it.
+func okOutcome(body string) store.Outcome {
+	return store.Outcome{Code: codes.OK, Body: []byte(body)}
+}
+
+// errorOutcome is a deterministic error, recorded as its google.rpc.Status.
+func errorOutcome() store.Outcome {
+	body, err := proto.Marshal(status.New(codes.InvalidArgument, "amount must be positive").Proto())
+	if err != nil {
+		panic(err)
+	}
+	return store.Outcome{Code: codes.InvalidArgument, Body: body}
+}
+
+// claimTxn claims k and fails the test unless it gets a Txn. The Txn is
+// released when the test ends, which does nothing once it has finished.
+func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) store.Txn {
+	t.Helper()
+	c, err := s.Claim(t.Context(), k, fingerprint)
+	if err != nil {
+		t.Fatalf("Claim(%v): %v, want a Txn", k, err)
+	}
+	if c.Txn == nil || c.Entry != nil {
+		t.Fatalf("Claim(%v) = %s, want a Txn", k, describeClaim(c))
+	}
+	t.Cleanup(func() { _ = c.Txn.Release(context.Background()) })
+	return c.Txn
+}
+
+// claimEntry claims k and fails the test unless it gets an Entry.
+func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *store.Entry {
+	t.Helper()
+	c, err := s.Claim(t.Context(), k, fingerprint)
+	if err != nil {
+		t.Fatalf("Claim(%v): %v, want an Entry", k, err)
+	}
+	if c.Entry == nil || c.Txn != nil {
+		if c.Txn != nil {
+			_ = c.Txn.Release(context.Background())
+		}
+		t.Fatalf("Claim(%v) = %s, want an Entry", k, describeClaim(c))
+	}
+	return c.Entry
+}
+
+// takeLease leases k and fails the test unless it gets a Lease. The Lease is
+// released when the test ends, which does nothing once it has finished.
+func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
+	t.Helper()
+	c, err := s.Lease(t.Context(), k, fingerprint, d)
+	if err != nil {
+		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
+	}
+	if c.Lease == nil || c.Entry != nil {
+		t.Fatalf("Lease(%v) = %s, want a Lease", k, describeLeaseClaim(c))
+	}
+	t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
+	return c.Lease
+}
+
+// leaseEntry leases k and fails the test unless it gets an Entry.
+func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) *store.Entry {
+	t.Helper()
+	c, err := s.Lease(t.Context(), k, fingerprint, d)
+	if err != nil {
+		t.Fatalf("Lease(%v): %v, want an Entry", k, err)
+	}
+	if c.Entry == nil || c.Lease != nil {
+		if c.Lease != nil {
+			_ = c.Lease.Release(context.Background())
+		}
+		t.Fatalf("Lease(%v) = %s, want an Entry", k, describeLeaseClaim(c))
+	}
+	return c.Entry
+}
+
+// wantCompleted fails the test unless e is a completed entry of a request
+// with fingerprint whose outcome is out.
+func wantCompleted(t *testing.T, e *store.Entry, fingerprint []byte, out store.Outcome) {
+	t.Helper()
+	if e.State != store.Completed {
+		t.Fatalf("entry %s, want completed", describeEntry(e))
+	}
+	if !bytes.Equal(e.Fingerprint, fingerprint) {
+		t.Errorf("entry fingerprint %q, want %q", e.Fingerprint, fingerprint)
+	}
+	if e.Outcome.Code != out.Code || !bytes.Equal(e.Outcome.Body, out.Body) || e.Outcome.NotCached != out.NotCached {
+		t.Errorf("entry outcome %+v, want %+v", e.Outcome, out)
+	}
+	if e.LeaseRemaining != 0 {
+		t.Errorf("completed entry has LeaseRemaining %v, want 0", e.LeaseRemaining)
+	}
+}
+
+// wantInProgress fails the test unless e is an in-progress entry of a
+// request with fingerprint.
+func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
+	t.Helper()
+	if e.State != store.InProgress {
+		t.Fatalf("entry %s, want in progress", describeEntry(e))
+	}
+	if !bytes.Equal(e.Fingerprint, fingerprint) {
+		t.Errorf("entry fingerprint %q, want %q", e.Fingerprint, fingerprint)
+	}
+}
+
+// wantNoPoint fails the test if l holds a recovery point.
+func wantNoPoint(t *testing.T, l store.Lease) {
+	t.Helper()
+	if p, ok := l.RecoveryPoint(); ok {
+		t.Errorf("RecoveryPoint() = %+v, want none", p)
+	}
+}
+
+// wantPoint fails the test unless l's recovery point is p.
+func wantPoint(t *testing.T, l store.Lease, p store.RecoveryPoint) {
+	t.Helper()
+	got, ok := l.RecoveryPoint()
+	if !ok || got.Step != p.Step || !bytes.Equal(got.Data, p.Data) {
+		t.Errorf("RecoveryPoint() = %+v, %v; want %+v", got, ok, p)
+	}
+}
+
+func describeEntry(e *store.Entry) string {
+	if e == nil {
+		return "<nil>"
+	}
+	state := fmt.Sprintf("state %d", e.State)
+	switch e.State {
+	case store.Completed:
+		state = "completed"
+	case store.InProgress:
+		state = "in progress"
+	}
+	return fmt.Sprintf("{%s, fingerprint %q, outcome %+v, lease remaining %v}", state, e.Fingerprint, e.Outcome, e.LeaseRemaining)
+}
+
+func describeClaim(c store.Claim) string {
+	return fmt.Sprintf("{Txn: %v, Entry: %s}", c.Txn != nil, describeEntry(c.Entry))
+}
+
+func describeLeaseClaim(c store.LeaseClaim) string {
+	return fmt.Sprintf("{Lease: %v, Entry: %s}", c.Lease != nil, describeEntry(c.Entry))
+}
+
+// concurrently runs f n times at once, each with its index, and waits for
+// all of them. The calls are released together, after all have started.
+func concurrently(n int, f func(i int)) {
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for i := range n {
+		done.Go(func() {
+			start.Wait()
+			f(i)
+		})
+	}
+	start.Done()
+	done.Wait()
+}
+
+// tally counts the results of concurrent claims.
+type tally struct {
+	mu      sync.Mutex
+	owners  int
+	entries []*store.Entry
+	errs    []error
+}
+
+func (r *tally) owner() {
+	r.mu.Lock()
+	r.owners++
+	r.mu.Unlock()
+}
+
+func (r *tally) entry(e *store.Entry) {
+	r.mu.Lock()
+	r.entries = append(r.entries, e)
+	r.mu.Unlock()
+}
+
+func (r *tally) err(err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err)
+	r.mu.Unlock()
+}
+
+// isInUse reports whether err is store.ErrInUse.
+func isInUse(err error) bool { return errors.Is(err, store.ErrInUse) }
