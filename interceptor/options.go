@@ -18,6 +18,9 @@ type options struct {
 	classifier  Classifier
 	retryDelay  time.Duration
 	fingerprint []fingerprint.Option
+
+	// client holds the options of UnaryClientInterceptor (client_options.go).
+	client clientOptions
 }
 
 var defaultOptions = options{
@@ -26,7 +29,8 @@ var defaultOptions = options{
 	retryDelay: DefaultRetryDelay,
 }
 
-// Option configures [UnaryServerInterceptor].
+// Option configures [UnaryServerInterceptor] or [UnaryClientInterceptor];
+// each option says which one it applies to, and the other ignores it.
 type Option func(*options)
 
 func evaluateOptions(opts []Option) *options {

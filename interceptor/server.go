@@ -85,7 +85,7 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if claim.Entry != nil {
 		return i.replay(ctx, m, info.FullMethod, fp, claim.Entry)
 	}
-	return i.execute(context.WithValue(ctx, keyCtxKey{}, key), req, m, handler, claim.Txn)
+	return i.execute(withRequestKey(ctx, key), req, m, handler, claim.Txn)
 }
 
 // execute runs the handler inside the claim and records its outcome. A
