@@ -41,4 +41,13 @@
 //
 // Keys expire after [WithTTL] (24 h by default). An expired key counts as
 // absent: the next request with it takes the row over and runs again.
+//
+// # Message consumers
+//
+// The same guarantee for at-least-once brokers: an [Inbox] records each
+// processed message's producer-assigned id in processed_messages, in the
+// transaction that applies the message, and skips the message when the id
+// is already there. Acknowledge to the broker after [Inbox.ProcessOnce]
+// returns. Ids are kept for [WithRetention] (7 days by default), which must
+// exceed the broker's redelivery window.
 package postgres
