@@ -72,4 +72,32 @@
 // bytes as unknown fields; interceptors outside idem then see no fields set.
 // A recorded outcome that no longer decodes is never sent: the call fails
 // with INTERNAL and the problem is logged.
+//
+// # Calling other services
+//
+// [UnaryClientInterceptor] attaches keys on the client side. Outside a
+// keyed handler it gives each call of a keyed method a new UUID, unless the
+// caller set one ([WithKey], or the metadata). Inside a keyed handler it
+// derives the child key [DeriveKey](request key, step), where step is the
+// name set with [WithStep] or else the method name and the call's ordinal
+// ("/payments.v1.PaymentService/CreatePayment#2" for the second call to
+// it). A retried request therefore sends the same child keys in the same
+// order and the services it calls replay instead of repeating; two calls
+// never share a key, and the request's own key is never forwarded.
+//
+// Put idem before any retry interceptor in the client's chain, so that the
+// key is attached once and every attempt carries it:
+//
+//	grpc.WithChainUnaryInterceptor(
+//		interceptor.UnaryClientInterceptor(),
+//		retry.UnaryClientInterceptor( // go-grpc-middleware v2
+//			retry.WithCodes(codes.Aborted, codes.Unavailable),
+//			retry.WithBackoff(interceptor.BackoffRetryInfo(retry.BackoffExponential(50*time.Millisecond)))),
+//	)
+//
+// grpc-go's own retries (a retryPolicy in the service config, listing
+// ABORTED and UNAVAILABLE) run below every interceptor and resend the same
+// metadata. [BackoffRetryInfo] makes the retry interceptor wait as long as
+// the server's RetryInfo asks; [RetryDelay] reads it for hand-written
+// loops. Streaming calls are not intercepted and pass through untouched.
 package interceptor

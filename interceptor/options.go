@@ -33,6 +33,9 @@ type options struct {
 	maxStored int
 	loaders   map[string]Loader
 	rerun     map[string]bool
+
+	// client holds the options of UnaryClientInterceptor (client_options.go).
+	client clientOptions
 }
 
 var defaultOptions = options{
@@ -42,7 +45,8 @@ var defaultOptions = options{
 	maxStored:  DefaultMaxStoredResponseBytes,
 }
 
-// Option configures [UnaryServerInterceptor].
+// Option configures [UnaryServerInterceptor] or [UnaryClientInterceptor];
+// each option says which one it applies to, and the other ignores it.
 type Option func(*options)
 
 func evaluateOptions(opts []Option) *options {

@@ -82,7 +82,7 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 
 	skey := store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}
-	ctx = context.WithValue(ctx, keyCtxKey{}, key)
+	ctx = withRequestKey(ctx, key)
 	if m.leased {
 		return i.lease(ctx, skey, fp, req, m, handler)
 	}

@@ -47,4 +47,13 @@
 // minute, in batches of 1000 rows with a pause between them; each batch
 // locks only expired rows and skips those others hold, so claims of live
 // keys never wait for it and every replica may run one.
+//
+// # Message consumers
+//
+// The same guarantee for at-least-once brokers: an [Inbox] records each
+// processed message's producer-assigned id in processed_messages, in the
+// transaction that applies the message, and skips the message when the id
+// is already there. Acknowledge to the broker after [Inbox.ProcessOnce]
+// returns. Ids are kept for [WithRetention] (7 days by default), which must
+// exceed the broker's redelivery window.
 package postgres

@@ -1,0 +1,191 @@
+package interceptor
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// UnaryClientInterceptor returns a client interceptor that attaches an
+// idempotency key to each call of a keyed method, once per logical call:
+// every retry made below it (go-grpc-middleware's retry interceptor placed
+// after it in the chain, or grpc-go's own retryPolicy) carries the same key.
+//
+// A method is keyed when its descriptor says (idem.v1.method).key_required
+// or [WithKeyedMethods] selects it; IDEMPOTENT and NO_SIDE_EFFECTS methods
+// never are. The key is, in order of precedence:
+//
+//  1. the key set with [WithKey], sent as it is;
+//  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
+//     it is, unless it is the key of the request being handled, which is
+//     never forwarded and is replaced as in 3;
+//  3. inside a keyed handler (the context holds the request's key, see
+//     [KeyFromContext]), the child key [DeriveKey](parent, step), where step
+//     is the name set with [WithStep], else the full method name, "#" and
+//     the call's ordinal among this request's calls to that method ("#1" for
+//     the first, "#2" for the second);
+//  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
+//     keys land near each other in the server's index).
+//
+// Streaming calls are not intercepted: idem's server interceptor handles
+// unary calls only, so a stream's metadata passes through untouched.
+//
+// Of the options, only [WithKeyedMethods] applies to the client; the others
+// configure [UnaryServerInterceptor].
+func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
+	o := evaluateOptions(opts)
+	c := &client{
+		keyed: o.client.keyed,
+		methods: &methods{
+			files: protoregistry.GlobalFiles,
+			types: protoregistry.GlobalTypes,
+			opts:  o,
+		},
+	}
+	return c.intercept
+}
+
+type client struct {
+	keyed   Matcher
+	methods *methods
+}
+
+func (c *client) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx, opts = trackAttempts(ctx, opts)
+	key, err := c.keyFor(ctx, method)
+	if err != nil {
+		return err
+	}
+	if key != "" {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		md = md.Copy()
+		md.Set(KeyHeader, key)
+		ctx = metadata.NewOutgoingContext(ctx, md)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// keyFor returns the key to send with a call of method, or "" to leave the
+// outgoing metadata as it is.
+func (c *client) keyFor(ctx context.Context, method string) (string, error) {
+	m := c.methods.lookup(method)
+	if m.exempt {
+		return "", nil
+	}
+	if k, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
+		if err := ValidateKey(k); err != nil {
+			return "", status.Errorf(codes.InvalidArgument, "idem: key set with WithKey: %v", err)
+		}
+		return k, nil
+	}
+	parent, inHandler := KeyFromContext(ctx)
+	if sent := outgoing(ctx).Get(KeyHeader); len(sent) > 0 {
+		if inHandler && slices.Contains(sent, parent) {
+			return derive(ctx, parent, method)
+		}
+		return "", nil
+	}
+	if !m.required && (c.keyed == nil || !c.keyed.Match(ctx, method)) {
+		return "", nil
+	}
+	if inHandler {
+		return derive(ctx, parent, method)
+	}
+	u, err := uuid.NewV7()
+	if err != nil {
+		return "", status.Errorf(codes.Internal, "idem: generating a key: %v", err)
+	}
+	return u.String(), nil
+}
+
+// outgoing returns the outgoing metadata of ctx.
+func outgoing(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md
+}
+
+// derive returns the child key of parent for the next call of method.
+func derive(ctx context.Context, parent, method string) (string, error) {
+	if step, ok := StepFromContext(ctx); ok {
+		return DeriveKey(parent, step), nil
+	}
+	calls, ok := ctx.Value(callsCtxKey{}).(*callCounter)
+	if !ok {
+		return "", status.Error(codes.Internal, "idem: the context holds a request key but no call counter; "+
+			"keyed requests must be set up by the server interceptor")
+	}
+	return DeriveKey(parent, method+"#"+strconv.Itoa(calls.next(method))), nil
+}
+
+// callCounter numbers a keyed request's outbound calls per method.
+type callCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *callCounter) next(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[method]++
+	return c.n[method]
+}
+
+type callsCtxKey struct{}
+
+// withRequestKey returns ctx marked as handling the keyed request key: it
+// holds the key for [KeyFromContext] and a fresh counter of outbound calls
+// for the client interceptor's ordinals. Every path of the server
+// interceptor that runs a handler under a key goes through it.
+func withRequestKey(ctx context.Context, key string) context.Context {
+	ctx = context.WithValue(ctx, keyCtxKey{}, key)
+	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
+}
+
+type outgoingKeyCtxKey struct{}
+
+// WithKey returns a context whose calls through [UnaryClientInterceptor]
+// carry key, to keyed and optional-key methods alike (IDEMPOTENT and
+// NO_SIDE_EFFECTS methods still get none). Use it when the key comes from
+// elsewhere, such as an id the caller stored before a crash, so that the
+// call after a restart repeats the one before it. An invalid key fails the
+// call with INVALID_ARGUMENT before it is sent.
+//
+// The key is sent as it is, also inside a keyed handler; there, prefer
+// [WithStep], which derives a distinct key from the request's.
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, outgoingKeyCtxKey{}, key)
+}
+
+type stepCtxKey struct{}
+
+// WithStep names the step of a keyed request that the calls made with the
+// returned context perform. Inside a keyed handler their keys are
+// DeriveKey(request key, step) instead of being numbered per method. Name
+// steps whenever the order of calls to one method can vary between
+// executions of the handler, such as calls made concurrently: an ordinal
+// would then hand a retried request's calls each other's keys.
+//
+// Calls made with the same step and method share a key, so the second is
+// answered with the first's response: give each distinct operation its own
+// step. An empty step removes the name.
+func WithStep(ctx context.Context, step string) context.Context {
+	return context.WithValue(ctx, stepCtxKey{}, step)
+}
+
+// StepFromContext returns the step set with [WithStep]; it reports false
+// when none is set.
+func StepFromContext(ctx context.Context) (string, bool) {
+	s, ok := ctx.Value(stepCtxKey{}).(string)
+	return s, ok && s != ""
+}

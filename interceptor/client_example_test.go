@@ -1,0 +1,104 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
+)
+
+func ExampleUnaryClientInterceptor() {
+	// idem first, retries after it: the key is attached once per logical
+	// call, so every attempt below carries the same one. ABORTED (a
+	// duplicate still in flight) is retried after the server's RetryInfo.
+	conn, err := grpc.NewClient("payments.internal:443",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(
+			interceptor.UnaryClientInterceptor(),
+			retry.UnaryClientInterceptor(
+				retry.WithMax(5),
+				retry.WithCodes(codes.Aborted, codes.Unavailable),
+				retry.WithBackoff(interceptor.BackoffRetryInfo(
+					retry.BackoffExponentialWithJitter(50*time.Millisecond, 0.2))),
+			),
+		))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	payments := paymentsv1.NewPaymentServiceClient(conn)
+	_ = payments // CreatePayment calls now carry a key; GetPayment calls do not.
+}
+
+func ExampleUnaryClientInterceptor_serviceConfig() {
+	// grpc-go's own retries happen below every interceptor and resend the
+	// metadata idem attached.
+	conn, err := grpc.NewClient("payments.internal:443",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()),
+		grpc.WithDefaultServiceConfig(`{"methodConfig": [{
+			"name": [{"service": "payments.v1.PaymentService"}],
+			"retryPolicy": {
+				"maxAttempts": 4,
+				"initialBackoff": "0.1s",
+				"maxBackoff": "2s",
+				"backoffMultiplier": 2,
+				"retryableStatusCodes": ["ABORTED", "UNAVAILABLE"]
+			}
+		}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
+func ExampleWithStep() {
+	// Inside a keyed handler, name the steps whose order may vary; here two
+	// charges run concurrently, so per-method ordinals would not be stable
+	// across a retry of the request.
+	var payments paymentsv1.PaymentServiceClient // through UnaryClientInterceptor
+	handler := func(ctx context.Context) error {
+		errs := make(chan error, 2)
+		for _, part := range []struct {
+			step  string
+			cents int64
+		}{{"charge-goods", 1250}, {"charge-shipping", 490}} {
+			go func() {
+				_, err := payments.CreatePayment(interceptor.WithStep(ctx, part.step),
+					&paymentsv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
+				errs <- err
+			}()
+		}
+		return errors.Join(<-errs, <-errs)
+	}
+	_ = handler
+}
+
+func ExampleWithKey() {
+	// A key the caller stored with its own record before calling, so that
+	// the call made after a crash and restart repeats the first one.
+	var payments paymentsv1.PaymentServiceClient // through UnaryClientInterceptor
+	ctx := interceptor.WithKey(context.Background(), "invoice-2024-0042")
+	_, _ = payments.CreatePayment(ctx, &paymentsv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
+}
+
+func ExampleRetryDelay() {
+	st, _ := status.New(codes.Aborted, "idempotency key in use").
+		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)})
+	if d, ok := interceptor.RetryDelay(st.Err()); ok {
+		fmt.Println("retry in", d)
+	}
+	// Output: retry in 1.5s
+}

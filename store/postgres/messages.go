@@ -1,0 +1,120 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultRetention is how long an [Inbox] keeps a processed message's id by
+// default.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// ErrNoMessageID is returned by [Inbox.ProcessOnce] for a message without
+// an id.
+var ErrNoMessageID = errors.New("postgres: a message needs the id its producer assigned; broker offsets and delivery tags are not ids")
+
+type inboxOptions struct {
+	retention time.Duration
+}
+
+// InboxOption configures an [Inbox].
+type InboxOption func(*inboxOptions)
+
+// WithRetention sets how long the id of a processed message is kept
+// (processed_messages.expires_at = processing time + d). It must exceed
+// the longest time after which the broker can still deliver the message
+// again: its redelivery window (for JetStream, the stream's max age or
+// ack wait × max deliveries, whichever ends first) and the time a producer
+// may retry a publish. A sweeper deletes rows past expires_at; until it
+// does, the row still marks the message processed. Default:
+// [DefaultRetention] (7 days). Non-positive values select the default.
+func WithRetention(d time.Duration) InboxOption {
+	return func(o *inboxOptions) {
+		if d <= 0 {
+			d = DefaultRetention
+		}
+		o.retention = d
+	}
+}
+
+// Inbox makes the side effects of an at-least-once message consumer happen
+// once per message: it records each processed message's id in the table
+// processed_messages, in the transaction that applies the message. Create
+// it with [NewInbox]; it is safe for concurrent use.
+type Inbox struct {
+	db        Beginner
+	consumer  string
+	retention float64 // seconds
+}
+
+// NewInbox returns the inbox of the named consumer on db, usually a
+// *pgxpool.Pool that [Migrate] has set up. The consumer name scopes message
+// ids: consumers that each apply every message (a mailer and a ledger
+// reading the same stream) need distinct names, while replicas of one
+// consumer share theirs.
+func NewInbox(db Beginner, consumer string, opts ...InboxOption) *Inbox {
+	o := inboxOptions{retention: DefaultRetention}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds()}
+}
+
+// errDuplicate rolls back the transaction of a message processed before.
+var errDuplicate = errors.New("postgres: message already processed")
+
+const insertProcessed = `INSERT INTO processed_messages (consumer, message_id, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 second')
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING true`
+
+// ProcessOnce applies the message whose producer-assigned id is messageID,
+// unless this consumer already has. In one transaction it inserts the id
+// into processed_messages and runs fn with that transaction, so the id and
+// fn's writes commit together or not at all; fn must not commit or roll
+// the transaction back itself. An id that is already there means the
+// message was processed: ProcessOnce rolls back without running fn and
+// reports duplicate. A duplicate delivered while the first is still being
+// processed waits on the first one's uncommitted row, then either sees it
+// committed (duplicate) or, if the first rolled back, processes the
+// message itself: fn never runs twice for one id.
+//
+// Acknowledge the message to the broker only after ProcessOnce returns a
+// nil error, whether the message was processed now or before. On an error
+// (fn's, a failed commit, a serialization failure) do not acknowledge it:
+// the broker redelivers it, and a commit that did happen shows up as a
+// duplicate then.
+//
+// messageID must be the id the producer assigned to the message, which
+// every redelivery and every republish of it carries; a broker's offsets,
+// sequence numbers and delivery tags change between deliveries and are not
+// ids. An empty id fails with [ErrNoMessageID].
+func (in *Inbox) ProcessOnce(ctx context.Context, messageID string, fn func(pgx.Tx) error) (duplicate bool, err error) {
+	if messageID == "" {
+		return false, ErrNoMessageID
+	}
+	if in.consumer == "" {
+		return false, errors.New("postgres: the inbox needs a consumer name")
+	}
+	err = pgx.BeginFunc(ctx, in.db, func(tx pgx.Tx) error {
+		var inserted bool
+		err := tx.QueryRow(ctx, insertProcessed, in.consumer, messageID, in.retention).Scan(&inserted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errDuplicate
+		}
+		if err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+	if errors.Is(err, errDuplicate) {
+		return true, nil
+	}
+	if err != nil {
+		return false, interpretError(err)
+	}
+	return false, nil
+}

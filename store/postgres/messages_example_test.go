@@ -1,0 +1,40 @@
+package postgres_test
+
+import (
+	"context"
+	"log"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/store/postgres"
+)
+
+func ExampleInbox_ProcessOnce() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil { // processed_messages
+		log.Fatal(err)
+	}
+	// The broker redelivers for at most a day; keep ids for a week.
+	inbox := postgres.NewInbox(pool, "shipping", postgres.WithRetention(7*24*time.Hour))
+
+	// For each delivery: the id is the one the producer assigned (for NATS
+	// JetStream, the Nats-Msg-Id header), never a broker sequence number.
+	handle := func(ctx context.Context, msgID, orderID string, ack func() error) error {
+		_, err := inbox.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, orderID)
+			return err
+		})
+		if err != nil {
+			return err // no ack: the broker redelivers
+		}
+		return ack() // after commit, processed now or before
+	}
+	_ = handle
+}

@@ -1,0 +1,228 @@
+package postgres_test
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+// newInboxDB returns a pool on a fresh migrated database with a table for
+// the consumer's side effects.
+func newInboxDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (order_id text, consumer text)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// ship is a side effect: one shipments row for the message.
+func ship(id, consumer string) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id, consumer) VALUES ($1, $2)`, id, consumer)
+		return err
+	}
+}
+
+func TestInboxProcessesOnce(t *testing.T) {
+	pool := newInboxDB(t)
+	inbox := postgres.NewInbox(pool, "shipping")
+
+	dup, err := inbox.ProcessOnce(ctx, "order-1", ship("order-1", "shipping"))
+	if err != nil || dup {
+		t.Fatalf("first delivery: duplicate=%v err=%v, want false, nil", dup, err)
+	}
+	var ran bool
+	dup, err = inbox.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { ran = true; return nil })
+	if err != nil || !dup {
+		t.Fatalf("redelivery: duplicate=%v err=%v, want true, nil", dup, err)
+	}
+	if ran {
+		t.Fatal("the side effect of a redelivered message ran again")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM shipments WHERE order_id = 'order-1'`); n != 1 {
+		t.Fatalf("%d shipments, want 1", n)
+	}
+
+	// Another consumer of the same message applies it on its own.
+	other := postgres.NewInbox(pool, "ledger")
+	if dup, err := other.ProcessOnce(ctx, "order-1", ship("order-1", "ledger")); err != nil || dup {
+		t.Fatalf("other consumer: duplicate=%v err=%v, want false, nil", dup, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'order-1'`); n != 2 {
+		t.Fatalf("%d processed_messages rows, want one per consumer", n)
+	}
+}
+
+func TestInboxFailureRecordsNothing(t *testing.T) {
+	pool := newInboxDB(t)
+	inbox := postgres.NewInbox(pool, "shipping")
+	boom := errors.New("warehouse down")
+
+	_, err := inbox.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
+		if err := ship("order-2", "shipping")(tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want the side effect's error", err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("panic did not propagate")
+			}
+		}()
+		_, _ = inbox.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
+			_ = ship("order-2", "shipping")(tx)
+			panic("handler bug")
+		})
+	}()
+	if n := count(t, pool, `SELECT count(*) FROM processed_messages`) + count(t, pool, `SELECT count(*) FROM shipments`); n != 0 {
+		t.Fatalf("a failed message left %d rows behind", n)
+	}
+	// The redelivery runs it.
+	if dup, err := inbox.ProcessOnce(ctx, "order-2", ship("order-2", "shipping")); err != nil || dup {
+		t.Fatalf("redelivery after failure: duplicate=%v err=%v, want false, nil", dup, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM shipments`); n != 1 {
+		t.Fatalf("%d shipments, want 1", n)
+	}
+}
+
+func TestInboxRequiresMessageID(t *testing.T) {
+	pool := newInboxDB(t)
+	var ran bool
+	_, err := postgres.NewInbox(pool, "shipping").ProcessOnce(ctx, "", func(pgx.Tx) error { ran = true; return nil })
+	if !errors.Is(err, postgres.ErrNoMessageID) || ran {
+		t.Fatalf("err = %v, ran = %v; want ErrNoMessageID and no side effect", err, ran)
+	}
+	if _, err := postgres.NewInbox(pool, "").ProcessOnce(ctx, "order-3", ship("order-3", "")); err == nil {
+		t.Fatal("an inbox without a consumer name processed a message")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("%d rows recorded, want 0", n)
+	}
+}
+
+// TestInboxConcurrentDuplicates: copies of a message delivered at once to
+// several workers are applied once; copies that arrive while the first is
+// still open wait for it.
+func TestInboxConcurrentDuplicates(t *testing.T) {
+	pool := newInboxDB(t)
+	inbox := postgres.NewInbox(pool, "shipping")
+	const copies = 20
+	var (
+		wg         sync.WaitGroup
+		runs, dups atomic.Int32
+		errs       = make(chan error, copies)
+	)
+	for range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dup, err := inbox.ProcessOnce(ctx, "order-4", func(tx pgx.Tx) error {
+				runs.Add(1)
+				time.Sleep(50 * time.Millisecond) // hold the row while others arrive
+				return ship("order-4", "shipping")(tx)
+			})
+			if err != nil {
+				errs <- err
+			}
+			if dup {
+				dups.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if runs.Load() != 1 || dups.Load() != copies-1 {
+		t.Fatalf("side effect ran %d times with %d duplicates, want 1 and %d", runs.Load(), dups.Load(), copies-1)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM shipments`); n != 1 {
+		t.Fatalf("%d shipments, want 1", n)
+	}
+}
+
+// TestInboxWaiterTakesOverAfterRollback: a duplicate waiting on a first
+// delivery that then fails processes the message itself.
+func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
+	pool := newInboxDB(t)
+	inbox := postgres.NewInbox(pool, "shipping")
+	holding, fail := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := inbox.ProcessOnce(ctx, "order-5", func(pgx.Tx) error {
+			close(holding)
+			<-fail
+			return errors.New("crashed")
+		})
+		first <- err
+	}()
+	<-holding
+
+	second := make(chan bool, 1)
+	var secondRan atomic.Bool
+	go func() {
+		dup, err := inbox.ProcessOnce(ctx, "order-5", func(tx pgx.Tx) error {
+			secondRan.Store(true)
+			return ship("order-5", "shipping")(tx)
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		second <- dup
+	}()
+	// Wait until the duplicate is blocked on the first one's row.
+	for count(t, pool, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(fail)
+	if err := <-first; err == nil {
+		t.Fatal("first delivery succeeded, want its error")
+	}
+	if dup := <-second; dup || !secondRan.Load() {
+		t.Fatalf("waiting duplicate: duplicate=%v ran=%v, want it to process the message", dup, secondRan.Load())
+	}
+	if n := count(t, pool, `SELECT count(*) FROM shipments`); n != 1 {
+		t.Fatalf("%d shipments, want 1", n)
+	}
+}
+
+func TestInboxRetention(t *testing.T) {
+	pool := newInboxDB(t)
+	for _, c := range []struct {
+		consumer string
+		opts     []postgres.InboxOption
+		want     time.Duration
+	}{
+		{"default", nil, postgres.DefaultRetention},
+		{"thirty-days", []postgres.InboxOption{postgres.WithRetention(30 * 24 * time.Hour)}, 30 * 24 * time.Hour},
+		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, postgres.DefaultRetention},
+	} {
+		if _, err := postgres.NewInbox(pool, c.consumer, c.opts...).ProcessOnce(ctx, "m", func(pgx.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		var processedAt, expiresAt time.Time
+		if err := pool.QueryRow(ctx, `SELECT processed_at, expires_at FROM processed_messages WHERE consumer = $1`, c.consumer).Scan(&processedAt, &expiresAt); err != nil {
+			t.Fatal(err)
+		}
+		if kept := expiresAt.Sub(processedAt); kept != c.want {
+			t.Errorf("%s: expires_at - processed_at = %v, want %v", c.consumer, kept, c.want)
+		}
+	}
+}
