@@ -1,0 +1,454 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+type report struct {
+	Config    reportConfig   `json:"config"`
+	Machine   machine        `json:"machine"`
+	Scenarios []*summary     `json:"scenarios"`
+	Targets   []target       `json:"targets"`
+	Rounds    []*roundResult `json:"rounds"`
+}
+
+type reportConfig struct {
+	Command         string   `json:"command"`
+	Duration        string   `json:"duration"`
+	Warmup          string   `json:"warmup"`
+	Clients         int      `json:"clients"`
+	PoolSize        int      `json:"pool_size"`
+	Rounds          int      `json:"rounds"`
+	StormDuplicates int      `json:"storm_duplicates"`
+	Scenarios       []string `json:"scenarios"`
+	Target          string   `json:"target,omitempty"`
+}
+
+func (c config) forReport() reportConfig {
+	return reportConfig{
+		Command:         "go run ./examples/loadgen " + strings.Join(os.Args[1:], " "),
+		Duration:        c.Duration.String(),
+		Warmup:          c.Warmup.String(),
+		Clients:         c.Clients,
+		PoolSize:        c.PoolSize,
+		Rounds:          c.Rounds,
+		StormDuplicates: c.StormDuplicates,
+		Scenarios:       c.Scenarios,
+		Target:          c.Target,
+	}
+}
+
+// summary is one scenario over all rounds.
+type summary struct {
+	Scenario  string  `json:"scenario"`
+	About     string  `json:"about"`
+	Reference string  `json:"reference"`
+	Requests  int64   `json:"requests"`
+	Errors    int64   `json:"errors"`
+	PerSecond float64 `json:"requests_per_second"`
+	// Ratio is PerSecond over the reference scenario's; RatioMin and
+	// RatioMax are the extremes of the per-round ratios.
+	Ratio    float64          `json:"ratio"`
+	RatioMin float64          `json:"ratio_min"`
+	RatioMax float64          `json:"ratio_max"`
+	P50ms    float64          `json:"p50_ms"`
+	P95ms    float64          `json:"p95_ms"`
+	P99ms    float64          `json:"p99_ms"`
+	Outcomes map[string]int64 `json:"outcomes"`
+	// Per request, from the database counters; absent with -target.
+	RoundTrips *float64 `json:"round_trips_per_request,omitempty"`
+	Commits    *float64 `json:"commits_per_request,omitempty"`
+	Statements *float64 `json:"statements_per_request,omitempty"`
+	Rollbacks  *float64 `json:"rollbacks_per_request,omitempty"`
+	// CPU per request in microseconds: this process, and the rest of the
+	// machine (PostgreSQL, and whatever else runs there).
+	ProcessCPUus *float64 `json:"process_cpu_us_per_request,omitempty"`
+	OtherCPUus   *float64 `json:"other_cpu_us_per_request,omitempty"`
+	// Waits is the share of sampled backend time per state and wait event.
+	Waits map[string]float64 `json:"pg_waits,omitempty"`
+
+	rounds []*roundResult
+}
+
+func (rep *report) summarize(list []*scenario, results []*roundResult) {
+	rep.Rounds = results
+	byName := map[string]*summary{}
+	for _, s := range list {
+		sum := &summary{Scenario: s.name, About: s.about, Reference: s.reference, Outcomes: map[string]int64{}}
+		var (
+			seconds float64
+			lat     []time.Duration
+			c       counts
+			counted = true
+			waits   = map[string]int64{}
+			cpu     cpuUse
+			cpuOK   = true
+		)
+		for _, r := range results {
+			if r.Scenario != s.name {
+				continue
+			}
+			sum.rounds = append(sum.rounds, r)
+			sum.Requests += r.Requests
+			sum.Errors += r.Errors
+			seconds += r.Seconds
+			lat = append(lat, r.latencies...)
+			for k, v := range r.Outcomes {
+				sum.Outcomes[k] += v
+			}
+			if r.CPU == nil {
+				cpuOK = false
+			} else {
+				cpu.Process += r.CPU.Process
+				cpu.Machine += r.CPU.Machine
+			}
+			for k, v := range r.Waits {
+				waits[k] += v
+			}
+			if r.Counts == nil {
+				counted = false
+				continue
+			}
+			c.RoundTrips += r.Counts.RoundTrips
+			c.Commits += r.Counts.Commits
+			c.Statements += r.Counts.Statements
+			c.Rollbacks += r.Counts.Rollbacks
+		}
+		sum.PerSecond = float64(sum.Requests) / seconds
+		sortDurations(lat)
+		sum.P50ms = ms(percentile(lat, 50))
+		sum.P95ms = ms(percentile(lat, 95))
+		sum.P99ms = ms(percentile(lat, 99))
+		if cpuOK && sum.Requests > 0 {
+			n := float64(sum.Requests)
+			sum.ProcessCPUus = ptr(cpu.Process / n * 1e6)
+			sum.OtherCPUus = ptr((cpu.Machine - cpu.Process) / n * 1e6)
+		}
+		if counted && sum.Requests > 0 {
+			n := float64(sum.Requests)
+			sum.RoundTrips = ptr(float64(c.RoundTrips) / n)
+			sum.Commits = ptr(float64(c.Commits) / n)
+			sum.Statements = ptr(float64(c.Statements) / n)
+			sum.Rollbacks = ptr(float64(c.Rollbacks) / n)
+		}
+		if len(waits) > 0 {
+			var total int64
+			for _, v := range waits {
+				total += v
+			}
+			sum.Waits = map[string]float64{}
+			for k, v := range waits {
+				sum.Waits[k] = float64(v) / float64(total)
+			}
+		}
+		byName[s.name] = sum
+		rep.Scenarios = append(rep.Scenarios, sum)
+	}
+	for _, sum := range rep.Scenarios {
+		ref, ok := byName[sum.Reference]
+		if !ok {
+			continue
+		}
+		sum.Ratio = sum.PerSecond / ref.PerSecond
+		for i, r := range sum.rounds {
+			if i >= len(ref.rounds) {
+				break
+			}
+			x := r.throughput() / ref.rounds[i].throughput()
+			if i == 0 || x < sum.RatioMin {
+				sum.RatioMin = x
+			}
+			if i == 0 || x > sum.RatioMax {
+				sum.RatioMax = x
+			}
+		}
+	}
+	rep.Targets = targets(byName)
+}
+
+func ptr(f float64) *float64 { return &f }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// target is one of the goals the report checks.
+type target struct {
+	Goal     string   `json:"goal"`
+	Measured *float64 `json:"measured,omitempty"`
+	Want     string   `json:"want"`
+	Met      *bool    `json:"met,omitempty"`
+	Note     string   `json:"note,omitempty"`
+}
+
+func targets(by map[string]*summary) []target {
+	var out []target
+	ratio := func(goal, a, b string, min float64) {
+		t := target{Goal: goal, Want: fmt.Sprintf("≥ %.2f", min)}
+		sa, oka := by[a]
+		sb, okb := by[b]
+		switch {
+		case !oka || !okb:
+			t.Note = "not measured in this run"
+		default:
+			t.Measured = ptr(sa.PerSecond / sb.PerSecond)
+			t.Met = new(*t.Measured >= min)
+		}
+		out = append(out, t)
+	}
+	extra := func(goal string, get func(*summary) *float64) {
+		t := target{Goal: goal, Want: "= 0"}
+		a, b := by["atomic"], by["baseline"]
+		switch {
+		case a == nil || b == nil:
+			t.Note = "not measured in this run"
+		case get(a) == nil || get(b) == nil:
+			t.Note = "not counted (-target)"
+		default:
+			t.Measured = ptr(*get(a) - *get(b))
+			// Counting is exact per request; allow only for rounding.
+			t.Met = new(*t.Measured < 0.005 && *t.Measured > -0.005)
+		}
+		out = append(out, t)
+	}
+	extra("extra round trips per first execution (atomic − baseline)", func(s *summary) *float64 { return s.RoundTrips })
+	extra("extra commits per first execution (atomic − baseline)", func(s *summary) *float64 { return s.Commits })
+	ratio("atomic throughput ÷ baseline", "atomic", "baseline", 0.80)
+	ratio("replay throughput ÷ baseline", "replay", "baseline", 1.5)
+	if by["leased"] == nil {
+		out = append(out, target{Goal: "atomic throughput ÷ leased", Want: "≥ 1.30", Note: "leased mode is not in idem yet"})
+	} else {
+		ratio("atomic throughput ÷ leased", "atomic", "leased", 1.3)
+	}
+	ratio("atomic throughput ÷ naive", "atomic", "naive", 1.25)
+	t := target{Goal: "yardstick: sql-atomic ÷ sql-baseline (PostgreSQL's own ratio, no gRPC)", Want: "reference"}
+	if a, b := by["sql-atomic"], by["sql-baseline"]; a != nil && b != nil {
+		t.Measured = ptr(a.PerSecond / b.PerSecond)
+	} else {
+		t.Note = "not measured in this run"
+	}
+	out = append(out, t)
+	return out
+}
+
+// machine describes where the run happened.
+type machine struct {
+	CPUs       int               `json:"cpus"`
+	GOMAXPROCS int               `json:"gomaxprocs"`
+	CPUModel   string            `json:"cpu_model"`
+	Memory     string            `json:"memory"`
+	Kernel     string            `json:"kernel"`
+	Go         string            `json:"go"`
+	PostgreSQL string            `json:"postgresql,omitempty"`
+	Settings   map[string]string `json:"postgresql_settings,omitempty"`
+}
+
+func describeMachine(ctx context.Context, pg *pgtest.Server) machine {
+	m := machine{
+		CPUs:       runtime.NumCPU(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0),
+		CPUModel:   procField("/proc/cpuinfo", "model name"),
+		Memory:     memory(procField("/proc/meminfo", "MemTotal")),
+		Go:         runtime.Version(),
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = runtime.GOOS + " " + strings.TrimSpace(string(b))
+	}
+	if pg == nil {
+		return m
+	}
+	conn, err := pgx.Connect(ctx, pg.ConnString())
+	if err != nil {
+		return m
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&m.PostgreSQL)
+	m.Settings = map[string]string{}
+	for _, name := range []string{"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "shared_buffers", "max_connections", "commit_delay"} {
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err == nil {
+			m.Settings[name] = v
+		}
+	}
+	return m
+}
+
+// memory turns /proc/meminfo's "24683656 kB" into "23.5 GiB".
+func memory(s string) string {
+	var kb int64
+	if _, err := fmt.Sscanf(s, "%d kB", &kb); err != nil {
+		return s
+	}
+	return fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+}
+
+func procField(path, field string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == field {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func writeOutputs(cfg config, rep *report, stdout io.Writer) error {
+	var md strings.Builder
+	rep.markdown(&md)
+	if _, err := io.WriteString(stdout, md.String()); err != nil {
+		return err
+	}
+	if cfg.MarkdownPath != "" {
+		if err := os.WriteFile(cfg.MarkdownPath, []byte(md.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	if cfg.JSONPath != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.JSONPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if cfg.SVGPath != "" {
+		var svg strings.Builder
+		rep.svg(&svg)
+		if err := os.WriteFile(cfg.SVGPath, []byte(svg.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rep *report) markdown(w io.Writer) {
+	c, m := rep.Config, rep.Machine
+	fmt.Fprintf(w, "Command: `%s`\n\n", c.Command)
+	fmt.Fprintf(w, "%d clients, pool of %d connections, %s measured per scenario and round after %s of warm-up, %d round(s) in rotating order.\n\n",
+		c.Clients, c.PoolSize, c.Duration, c.Warmup, c.Rounds)
+	fmt.Fprintf(w, "Machine: %d CPUs (%s), %s memory, %s, %s (GOMAXPROCS %d).\n", m.CPUs, m.CPUModel, m.Memory, m.Kernel, m.Go, m.GOMAXPROCS)
+	if m.PostgreSQL != "" {
+		keys := make([]string, 0, len(m.Settings))
+		for k := range m.Settings {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var s []string
+		for _, k := range keys {
+			s = append(s, k+"="+m.Settings[k])
+		}
+		fmt.Fprintf(w, "PostgreSQL: %s; %s.\n", m.PostgreSQL, strings.Join(s, ", "))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| scenario | req/s | × ref (rounds) | p50 ms | p95 ms | p99 ms | round trips/req | commits/req | statements/req | CPU µs/req loadgen + rest | outcomes | errors |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+	for _, s := range rep.Scenarios {
+		ratio := fmt.Sprintf("%.2f", s.Ratio)
+		if len(s.rounds) > 1 {
+			ratio += fmt.Sprintf(" (%.2f–%.2f)", s.RatioMin, s.RatioMax)
+		}
+		if s.Reference != "baseline" {
+			ratio += " ÷ " + s.Reference
+		}
+		cpu := "—"
+		if s.ProcessCPUus != nil {
+			cpu = fmt.Sprintf("%.0f + %.0f", *s.ProcessCPUus, *s.OtherCPUus)
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %d |\n",
+			s.Scenario, s.PerSecond, ratio, s.P50ms, s.P95ms, s.P99ms,
+			perReq(s.RoundTrips), perReq(s.Commits), perReq(s.Statements), cpu, outcomes(s.Outcomes), s.Errors)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | want | measured | met |")
+	fmt.Fprintln(w, "|---|---|---:|---|")
+	for _, t := range rep.Targets {
+		measured, met := "—", "—"
+		if t.Measured != nil {
+			measured = fmt.Sprintf("%.2f", *t.Measured)
+		}
+		if t.Met != nil {
+			met = map[bool]string{true: "yes", false: "**no**"}[*t.Met]
+		}
+		if t.Note != "" {
+			met = t.Note
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", t.Goal, t.Want, measured, met)
+	}
+	var waits []*summary
+	for _, s := range rep.Scenarios {
+		if len(s.Waits) > 0 {
+			waits = append(waits, s)
+		}
+	}
+	if len(waits) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Where the scenario's PostgreSQL backends were, sampled every 10 ms (share of samples, top 6):")
+		fmt.Fprintln(w)
+		for _, s := range waits {
+			type kv struct {
+				k string
+				v float64
+			}
+			var l []kv
+			for k, v := range s.Waits {
+				l = append(l, kv{k, v})
+			}
+			slices.SortFunc(l, func(a, b kv) int {
+				if a.v != b.v {
+					if a.v > b.v {
+						return -1
+					}
+					return 1
+				}
+				return strings.Compare(a.k, b.k)
+			})
+			var parts []string
+			for i, e := range l {
+				if i == 6 {
+					break
+				}
+				parts = append(parts, fmt.Sprintf("%s %.0f%%", e.k, 100*e.v))
+			}
+			fmt.Fprintf(w, "- %s: %s\n", s.Scenario, strings.Join(parts, ", "))
+		}
+	}
+}
+
+func perReq(f *float64) string {
+	if f == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", *f)
+}
+
+func outcomes(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,404 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idemkit/idem/examples/payments/paymentsvc"
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+// run measures cfg.Scenarios for cfg.Rounds rounds and returns the report.
+// Progress goes to log.
+func run(ctx context.Context, cfg config, log io.Writer) (*report, error) {
+	if cfg.Clients < 1 || cfg.Rounds < 1 || cfg.Duration <= 0 || cfg.StormDuplicates < 1 || cfg.PoolSize < 1 {
+		return nil, errors.New("-clients, -pool, -rounds, -storm-duplicates and -duration must be positive")
+	}
+	var list []*scenario
+	for _, name := range cfg.Scenarios {
+		s, err := lookupScenario(name)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Target != "" && !s.remote {
+			fmt.Fprintf(log, "skipping %s: it cannot run against -target\n", name)
+			continue
+		}
+		list = append(list, s)
+	}
+	if len(list) == 0 {
+		return nil, errors.New("no scenario to run")
+	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	var pg *pgtest.Server
+	if cfg.Target == "" {
+		if cfg.DatabaseURL != "" {
+			if err := os.Setenv("DATABASE_URL", cfg.DatabaseURL); err != nil {
+				return nil, err
+			}
+		}
+		var err error
+		if pg, err = pgtest.Start(ctx); err != nil {
+			return nil, err
+		}
+		defer pg.Close()
+	}
+	rep := &report{Config: cfg.forReport(), Machine: describeMachine(ctx, pg)}
+
+	var results []*roundResult
+	for round := range cfg.Rounds {
+		for i := range list {
+			s := list[(i+round)%len(list)]
+			fmt.Fprintf(log, "round %d/%d: %s ", round+1, cfg.Rounds, s.name)
+			r, err := runOnce(ctx, cfg, pg, s, round)
+			if err != nil {
+				fmt.Fprintln(log)
+				return nil, fmt.Errorf("%s: %w", s.name, err)
+			}
+			fmt.Fprintf(log, "%.0f req/s, %d errors\n", r.throughput(), r.Errors)
+			results = append(results, r)
+		}
+	}
+	rep.summarize(list, results)
+	return rep, nil
+}
+
+// roundResult is one scenario's measurement in one round.
+type roundResult struct {
+	Scenario   string           `json:"scenario"`
+	Round      int              `json:"round"`
+	Requests   int64            `json:"requests"`
+	Errors     int64            `json:"errors"`
+	FirstError string           `json:"first_error,omitempty"`
+	Seconds    float64          `json:"seconds"`
+	Outcomes   map[string]int64 `json:"outcomes"`
+	Counts     *counts          `json:"counts,omitempty"`
+	Waits      map[string]int64 `json:"pg_waits,omitempty"`
+	CPU        *cpuUse          `json:"cpu_seconds,omitempty"`
+	// Tables covers the whole run of the database, warm-up included.
+	Tables map[string]tableStat `json:"tables,omitempty"`
+
+	latencies []time.Duration
+}
+
+// cpuUse is the CPU time a measurement took: in this process (gRPC clients
+// and server, pgx, idem) and on the whole machine (that plus PostgreSQL plus
+// anything else running).
+type cpuUse struct {
+	Process float64 `json:"process"`
+	Machine float64 `json:"machine"`
+}
+
+func (r *roundResult) throughput() float64 { return float64(r.Requests) / r.Seconds }
+
+func randomPrefix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// runOnce runs s once: a fresh database and pool, a server, preparation,
+// warm-up, and the measurement.
+func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, s *scenario, round int) (*roundResult, error) {
+	e := newEnv(cfg, randomPrefix())
+	var ctrs *counters
+	var dbName, dsn string
+
+	if pg != nil {
+		var drop func(context.Context) error
+		var err error
+		dsn, drop, err = pg.CreateDatabase(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = drop(context.WithoutCancel(ctx)) }()
+		pcfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		dbName = pcfg.ConnConfig.Database
+		pcfg.MaxConns = int32(cfg.PoolSize)
+		pcfg.MinConns = int32(cfg.PoolSize)
+		ctrs = &counters{}
+		ctrs.instrument(pcfg)
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, err
+		}
+		defer pool.Close()
+		if err := paymentsvc.Migrate(ctx, pool); err != nil {
+			return nil, err
+		}
+		if err := openAll(ctx, pool, cfg.PoolSize); err != nil {
+			return nil, err
+		}
+		e.pool = pool
+		e.store = postgres.New(pool)
+	}
+
+	if s.server != nil {
+		target := cfg.Target
+		if target == "" {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, err
+			}
+			srv := s.server(e.pool)
+			go func() { _ = srv.Serve(lis) }()
+			defer srv.Stop()
+			target = lis.Addr().String()
+		}
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = conn.Close() }()
+		e.client = paymentsv1.NewPaymentServiceClient(conn)
+	}
+
+	if s.prepare != nil {
+		if err := s.prepare(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Warmup > 0 {
+		if _, err := load(ctx, cfg, s, e, cfg.Warmup); err != nil {
+			return nil, err
+		}
+	}
+
+	var sampler *waitSampler
+	if cfg.SampleWaits && pg != nil {
+		var err error
+		if sampler, err = startWaitSampler(ctx, e.pool.Config().ConnConfig.Copy(), dbName); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ProfileDir != "" && round == 0 {
+		f, err := os.Create(filepath.Join(cfg.ProfileDir, s.name+".cpu.pprof"))
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
+	if ctrs != nil {
+		ctrs.reset()
+	}
+	cpu0 := sampleCPU()
+	r, err := load(ctx, cfg, s, e, cfg.Duration)
+	if err != nil {
+		return nil, err
+	}
+	if cpu1 := sampleCPU(); cpu0.ok && cpu1.ok {
+		r.CPU = &cpuUse{
+			Process: (cpu1.self - cpu0.self).Seconds(),
+			Machine: (cpu1.machine - cpu0.machine).Seconds(),
+		}
+	}
+	if ctrs != nil {
+		c := ctrs.snapshot()
+		r.Counts = &c
+	}
+	if sampler != nil {
+		r.Waits = sampler.stop()
+	}
+	r.Round = round
+	if r.Requests == 0 {
+		return nil, fmt.Errorf("no request succeeded: %s", r.FirstError)
+	}
+	if e.pool != nil {
+		// Backends report their table statistics when they exit.
+		e.pool.Close()
+		r.Tables = tableStats(ctx, dsn)
+	}
+	return r, nil
+}
+
+// tableStat is what pg_stat_user_tables says about one table after a
+// scenario: in particular how many updates were HOT (no new index entries).
+type tableStat struct {
+	Inserts    int64 `json:"inserts"`
+	Updates    int64 `json:"updates"`
+	HOTUpdates int64 `json:"hot_updates"`
+	Bytes      int64 `json:"bytes"`
+}
+
+func tableStats(ctx context.Context, dsn string) map[string]tableStat {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	for range 50 {
+		var others int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others)
+		if err != nil || others == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rows, err := conn.Query(ctx, `SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, pg_total_relation_size(relid)
+FROM pg_stat_user_tables WHERE n_tup_ins > 0`)
+	if err != nil {
+		return nil
+	}
+	out := map[string]tableStat{}
+	for rows.Next() {
+		var name string
+		var t tableStat
+		if rows.Scan(&name, &t.Inserts, &t.Updates, &t.HOTUpdates, &t.Bytes) == nil {
+			out[name] = t
+		}
+	}
+	return out
+}
+
+// openAll opens the pool's n connections, so that none is opened while the
+// scenario is measured.
+func openAll(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+	}
+	return nil
+}
+
+// load runs cfg.Clients clients that repeat s.call for d, and waits for
+// every call to end, so that the database counters cover whole calls only.
+func load(ctx context.Context, cfg config, s *scenario, e *env, d time.Duration) (*roundResult, error) {
+	r := &roundResult{Scenario: s.name, Outcomes: map[string]int64{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for range cfg.Clients {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 4096)
+			outcomes := map[string]int64{}
+			var errs int64
+			var firstErr error
+			for ctx.Err() == nil {
+				t0 := time.Now()
+				if !t0.Before(deadline) {
+					break
+				}
+				o, err := s.call(ctx, e)
+				if err != nil {
+					if ctx.Err() != nil {
+						break
+					}
+					errs++
+					if firstErr == nil {
+						firstErr = err
+					}
+					continue
+				}
+				lat = append(lat, time.Since(t0))
+				outcomes[string(o)]++
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			r.latencies = append(r.latencies, lat...)
+			r.Requests += int64(len(lat))
+			r.Errors += errs
+			if firstErr != nil && r.FirstError == "" {
+				r.FirstError = firstErr.Error()
+			}
+			for k, v := range outcomes {
+				r.Outcomes[k] += v
+			}
+		})
+	}
+	wg.Wait()
+	r.Seconds = time.Since(start).Seconds()
+	return r, ctx.Err()
+}
+
+// waitSampler samples pg_stat_activity for one database: how many of its
+// client backends were in which state and wait event.
+type waitSampler struct {
+	cancel context.CancelFunc
+	done   chan map[string]int64
+}
+
+func startWaitSampler(ctx context.Context, cc *pgx.ConnConfig, db string) (*waitSampler, error) {
+	cc.Tracer = nil
+	cc.AfterNetConnect = nil
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w := &waitSampler{cancel: cancel, done: make(chan map[string]int64, 1)}
+	go func() {
+		defer func() { _ = conn.Close(context.Background()) }()
+		hist := map[string]int64{}
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				w.done <- hist
+				return
+			case <-t.C:
+			}
+			rows, err := conn.Query(ctx, `SELECT state || ' / ' || coalesce(wait_event_type || ':' || wait_event, 'CPU')
+FROM pg_stat_activity
+WHERE datname = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`, db)
+			if err != nil {
+				continue
+			}
+			for rows.Next() {
+				var k string
+				if rows.Scan(&k) == nil {
+					hist[k]++
+				}
+			}
+			rows.Close()
+		}
+	}()
+	return w, nil
+}
+
+func (w *waitSampler) stop() map[string]int64 {
+	w.cancel()
+	return <-w.done
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/idemkit/idem/examples/payments/paymentsvc"
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+// scenario is one row of the report. To add one, add an entry to
+// [scenarios]: a server to call (or none, for the SQL-only yardsticks) and
+// the call each client repeats.
+type scenario struct {
+	name  string
+	about string
+	// missing, when set, says why the scenario cannot run yet; it stays in
+	// the table so that the report says so.
+	missing string
+	// reference is the scenario this one's throughput is divided by.
+	reference string
+	// server builds the gRPC server the clients call; nil for a scenario
+	// that talks to PostgreSQL directly.
+	server func(pool *pgxpool.Pool) *grpc.Server
+	// remote scenarios can run against -target.
+	remote bool
+	// prepare runs once before the warm-up, e.g. to complete the keys that
+	// replay asks for.
+	prepare func(ctx context.Context, e *env) error
+	// call is what each client repeats.
+	call func(ctx context.Context, e *env) (outcome, error)
+}
+
+type outcome string
+
+const (
+	executed outcome = "executed"
+	replayed outcome = "replayed"
+)
+
+// scenarios is the scenario table, in report order.
+var scenarios = []*scenario{
+	{
+		name:      "baseline",
+		about:     "CreatePayment without idem: BEGIN, the payment insert, COMMIT",
+		reference: "baseline",
+		server:    func(pool *pgxpool.Pool) *grpc.Server { return newPlainServer(pool, nil) },
+		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
+	},
+	{
+		name:      "atomic",
+		about:     "paymentsvc under idem, fresh keys: claim, insert and record in one transaction",
+		reference: "baseline",
+		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		remote:    true,
+		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
+	},
+	{
+		name:      "replay",
+		about:     "paymentsvc under idem, keys already completed: the stored response comes back",
+		reference: "baseline",
+		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		remote:    true,
+		prepare: func(ctx context.Context, e *env) error {
+			for i := range replayKeys {
+				if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
+					return fmt.Errorf("completing replay key %d: %w", i, err)
+				}
+			}
+			return nil
+		},
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1) % replayKeys
+			return e.create(ctx, e.replayKey(i), i)
+		},
+	},
+	{
+		name:      "leased",
+		about:     "claim, handler and record in separate commits",
+		missing:   "leased mode is not in idem yet",
+		reference: "baseline",
+	},
+	{
+		name:      "storm",
+		about:     "paymentsvc under idem, -storm-duplicates concurrent requests per key",
+		reference: "baseline",
+		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		remote:    true,
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
+			return e.create(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i)
+		},
+	},
+	{
+		name:      "naive",
+		about:     "a textbook interceptor: BEGIN; SET LOCAL lock_timeout; INSERT claim; insert; UPDATE; COMMIT, one round trip each",
+		reference: "baseline",
+		server: func(pool *pgxpool.Pool) *grpc.Server {
+			return newPlainServer(pool, newNaive(pool).intercept)
+		},
+		call: func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
+	},
+	{
+		name:      "sql-baseline",
+		about:     "no gRPC: BEGIN, the payment insert, COMMIT on a pgx pool",
+		reference: "sql-baseline",
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1)
+			req := request(i)
+			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				return e.insert(ctx, tx, req, e.freshKey())
+			})
+			return executed, err
+		},
+	},
+	{
+		name:      "sql-atomic",
+		about:     "no gRPC: idem's store (claim batch, payment insert, record with COMMIT) on a pgx pool",
+		reference: "sql-baseline",
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1)
+			req := request(i)
+			key := e.freshKey()
+			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, e.fingerprint)
+			if err != nil {
+				return "", err
+			}
+			if claim.Txn == nil {
+				return "", fmt.Errorf("fresh key %s was taken", key)
+			}
+			defer func() { _ = claim.Txn.Release(ctx) }()
+			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
+			if err := e.insert(ctx, tx, req, key); err != nil {
+				return "", err
+			}
+			return executed, claim.Txn.Complete(ctx, store.Outcome{Body: e.response})
+		},
+	},
+}
+
+// replayKeys is how many completed keys the replay scenario cycles through.
+const replayKeys = 1024
+
+const (
+	tenant        = "acme"
+	createPayment = "/payments.v1.PaymentService/CreatePayment"
+)
+
+func defaultScenarios() []string {
+	var names []string
+	for _, s := range scenarios {
+		if s.missing == "" {
+			names = append(names, s.name)
+		}
+	}
+	return names
+}
+
+func scenarioNames() []string {
+	var names []string
+	for _, s := range scenarios {
+		n := s.name
+		if s.missing != "" {
+			n += " (" + s.missing + ")"
+		}
+		names = append(names, n)
+	}
+	return names
+}
+
+func lookupScenario(name string) (*scenario, error) {
+	for _, s := range scenarios {
+		if s.name == name {
+			if s.missing != "" {
+				return nil, fmt.Errorf("scenario %s cannot run: %s", name, s.missing)
+			}
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown scenario %q (have %v)", name, scenarioNames())
+}
+
+// env is what a scenario's clients share during one run.
+type env struct {
+	cfg    config
+	pool   *pgxpool.Pool // nil with -target
+	client paymentsv1.PaymentServiceClient
+	store  *postgres.Store
+	prefix string // makes keys unique to this run
+	seq    atomic.Int64
+
+	// For sql-atomic: the fingerprint and recorded body idem would compute.
+	fingerprint []byte
+	response    []byte
+}
+
+func newEnv(cfg config, prefix string) *env {
+	resp := &paymentsv1.CreatePaymentResponse{Payment: &paymentsv1.Payment{
+		Id:          "0b7ba2a5-5b6e-4a8f-9d1c-3f1a2b4c5d6e",
+		CustomerId:  "cus_000000000001",
+		AmountCents: 1001,
+		Currency:    "EUR",
+		CreateTime:  timestamppb.New(time.Unix(1767225600, 0)),
+	}}
+	body, _ := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+	sum := sha256.Sum256(body)
+	return &env{
+		cfg:         cfg,
+		prefix:      prefix,
+		fingerprint: append([]byte{1}, sum[:]...),
+		response:    body,
+	}
+}
+
+func (e *env) freshKey() string { return fmt.Sprintf("%s-%d", e.prefix, e.seq.Add(1)) }
+
+func (e *env) replayKey(i int64) string { return fmt.Sprintf("%s-replay-%d", e.prefix, i) }
+
+// request returns the request sent with key number i: the same i, the same
+// request, so that retries of a key match its fingerprint.
+func request(i int64) *paymentsv1.CreatePaymentRequest {
+	return &paymentsv1.CreatePaymentRequest{
+		CustomerId:  fmt.Sprintf("cus_%012d", i%100000),
+		AmountCents: 1000 + i%1000,
+		Currency:    "EUR",
+		Note:        "order " + fmt.Sprint(i),
+		TraceId:     "4bf92f3577b34da6a3ce929d0e0e4736",
+	}
+}
+
+// create calls CreatePayment with key and request(i).
+func (e *env) create(ctx context.Context, key string, i int64) (outcome, error) {
+	ctx = metadata.AppendToOutgoingContext(ctx,
+		paymentsvc.TenantHeader, tenant,
+		interceptor.KeyHeader, key)
+	var header metadata.MD
+	if _, err := e.client.CreatePayment(ctx, request(i), grpc.Header(&header)); err != nil {
+		return "", err
+	}
+	if v := header.Get(interceptor.ReplayedHeader); len(v) == 1 && v[0] == "true" {
+		return replayed, nil
+	}
+	return executed, nil
+}
+
+// insert is the business insert, for the SQL-only scenarios.
+func (e *env) insert(ctx context.Context, tx pgx.Tx, req *paymentsv1.CreatePaymentRequest, key string) error {
+	var (
+		id      string
+		created time.Time
+	)
+	return tx.QueryRow(ctx, insertPayment,
+		tenant, req.GetCustomerId(), req.GetAmountCents(), req.GetCurrency(), req.GetNote(), key,
+	).Scan(&id, &created)
+}
+
+// percentile returns the p-th percentile of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p / 100 * float64(len(sorted)))
+	if i >= len(sorted) {
+		i = len(sorted) - 1
+	}
+	return sorted[i]
+}
+
+func sortDurations(d []time.Duration) {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"io"
+)
+
+// svg draws two bar charts side by side: throughput per scenario, with its
+// ratio to the reference, and p99 latency.
+func (rep *report) svg(w io.Writer) {
+	const (
+		rowH   = 26
+		top    = 64
+		labelW = 110
+		barW   = 250
+		gap    = 60
+		panelW = labelW + barW + gap
+		width  = 2 * panelW
+	)
+	height := top + rowH*len(rep.Scenarios) + 40
+	var maxRate, maxP99 float64
+	for _, s := range rep.Scenarios {
+		maxRate = max(maxRate, s.PerSecond)
+		maxP99 = max(maxP99, s.P99ms)
+	}
+	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(w, `<rect width="100%%" height="100%%" fill="#fff"/>`+"\n")
+	c, m := rep.Config, rep.Machine
+	fmt.Fprintf(w, `<text x="10" y="20" font-size="14" font-weight="bold">idem loadgen: %d clients, %s × %d round(s) per scenario</text>`+"\n", c.Clients, c.Duration, c.Rounds)
+	fmt.Fprintf(w, `<text x="10" y="38" fill="#555">%d CPUs %s · %s · fsync=%s synchronous_commit=%s</text>`+"\n",
+		m.CPUs, html.EscapeString(m.CPUModel), html.EscapeString(shortVersion(m.PostgreSQL)),
+		html.EscapeString(m.Settings["fsync"]), html.EscapeString(m.Settings["synchronous_commit"]))
+	fmt.Fprintf(w, `<text x="%d" y="%d" font-weight="bold">throughput (req/s, × reference)</text>`+"\n", labelW, top-8)
+	fmt.Fprintf(w, `<text x="%d" y="%d" font-weight="bold">p99 latency (ms)</text>`+"\n", panelW+labelW, top-8)
+	for i, s := range rep.Scenarios {
+		y := top + i*rowH
+		color := "#4878a8"
+		switch {
+		case s.Scenario == s.Reference:
+			color = "#888"
+		case len(s.Scenario) > 4 && s.Scenario[:4] == "sql-":
+			color = "#8a6fb0"
+		case s.Scenario == "naive" || s.Scenario == "leased":
+			color = "#c07a3a"
+		}
+		for p, v := range []struct {
+			value, max float64
+			label      string
+		}{
+			{s.PerSecond, maxRate, fmt.Sprintf("%.0f  (%.2f×)", s.PerSecond, s.Ratio)},
+			{s.P99ms, maxP99, fmt.Sprintf("%.1f", s.P99ms)},
+		} {
+			x := p * panelW
+			bw := 0.0
+			if v.max > 0 {
+				bw = float64(barW) * v.value / v.max
+			}
+			fmt.Fprintf(w, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", x+labelW-8, y+15, html.EscapeString(s.Scenario))
+			fmt.Fprintf(w, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x+labelW, y+3, bw, rowH-8, color)
+			fmt.Fprintf(w, `<text x="%.1f" y="%d">%s</text>`+"\n", float64(x+labelW)+bw+4, y+15, html.EscapeString(v.label))
+		}
+	}
+	fmt.Fprintf(w, `<text x="10" y="%d" fill="#555">× reference: sql-* ÷ sql-baseline (no gRPC), the rest ÷ baseline (same handler without idem), measured in the same run.</text>`+"\n", height-14)
+	fmt.Fprintln(w, `</svg>`)
+}
+
+// shortVersion returns "PostgreSQL 15.4" from version().
+func shortVersion(v string) string {
+	var name, num string
+	if _, err := fmt.Sscanf(v, "%s %s", &name, &num); err != nil {
+		return v
+	}
+	return name + " " + num
+}
