@@ -60,6 +60,38 @@
 // or a failure to commit releases the key and discards the writes, so the
 // retry runs afresh: a network blip never poisons a key.
 //
+// # Atomic and leased mode
+//
+// In atomic mode (the default) the claim, the handler's writes and the
+// recorded outcome share one transaction of the store, handed to the handler
+// through the context (postgres.TxFromContext). Use it when the handler's
+// side effects live in the same database.
+//
+// In leased mode, for handlers whose side effects leave the database (a
+// payment provider, an email), the claim commits at once with a lease and a
+// fencing token; the handler runs with no transaction of idem's, the lease
+// is extended every third of its length while it runs, and the outcome is
+// recorded only if the token is still the key's. A method is leased by its
+// option (idem.v1.method).mode = MODE_LEASED (with an optional lease), or by
+// [WithLeased]. A duplicate that arrives while the lease runs gets ABORTED
+// with the lease's remaining time (at most 30 s) as its RetryInfo delay. Once
+// a lease has run out, a retry with the same request takes the key over and
+// resumes from the last recovery point the handler saved
+// ([SaveRecoveryPoint], [LastRecoveryPoint]); the earlier worker can then
+// record nothing, its context is cancelled with store.ErrLeaseLost when the
+// heartbeat notices, and its caller gets ABORTED with ErrorInfo reason
+// IDEMPOTENCY_LEASE_LOST. Do not change a method's mode while its keys live.
+//
+// # Large responses
+//
+// A response larger than [WithMaxStoredResponseBytes] (1 MiB by default)
+// reaches its first caller but is recorded as "not cached", with the small
+// reference its method's [Loader] returns, if it has one. A retry then gets
+// the response the Loader rebuilds, or, for a method declared safe to run
+// twice ([WithRerunWhenNotCached], or rerun_when_not_cached in its option),
+// a second run of the handler; otherwise FAILED_PRECONDITION with ErrorInfo
+// reason IDEMPOTENCY_RESPONSE_NOT_CACHED. Recorded errors are not capped.
+//
 // # Replay
 //
 // The response is recorded as its deterministic protobuf encoding, and every
