@@ -1,0 +1,66 @@
+package interceptor_test
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
+)
+
+func ExampleWithLeased() {
+	// Checkout calls a payment provider, which no database transaction can
+	// roll back: hold its keys with a two-minute lease instead.
+	_ = interceptor.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
+}
+
+func ExampleSaveRecoveryPoint() {
+	// A leased handler that charges a provider once per key, even when a
+	// retry takes over from a worker that crashed after the charge.
+	charge := func(ctx context.Context) (string, error) { return "ch_1", nil }
+	handler := func(ctx context.Context) error {
+		step, data, _ := interceptor.LastRecoveryPoint(ctx)
+		chargeID := string(data)
+		if step != "charge_sent" {
+			var err error
+			// The provider's call carries DeriveKey(key, "charge").
+			if chargeID, err = charge(interceptor.WithStep(ctx, "charge")); err != nil {
+				return err
+			}
+			if err := interceptor.SaveRecoveryPoint(ctx, "charge_sent", []byte(chargeID)); err != nil {
+				return err
+			}
+		}
+		// ... confirm the order with chargeID.
+		return nil
+	}
+	_ = handler
+}
+
+// paymentLoader records a payment's id in place of a large response and
+// reads the payment back for a retry.
+type paymentLoader struct {
+	get func(ctx context.Context, id string) (*paymentsv1.Payment, error)
+}
+
+func (l paymentLoader) Reference(_ context.Context, resp proto.Message) ([]byte, error) {
+	return []byte(resp.(*paymentsv1.CreatePaymentResponse).GetPayment().GetId()), nil
+}
+
+func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, error) {
+	p, err := l.get(ctx, string(ref))
+	if err != nil {
+		return nil, err
+	}
+	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
+}
+
+func ExampleWithLoader() {
+	var loader interceptor.Loader = paymentLoader{}
+	_ = []interceptor.Option{
+		interceptor.WithMaxStoredResponseBytes(64 << 10),
+		interceptor.WithLoader(paymentsv1.PaymentService_CreatePayment_FullMethodName, loader),
+	}
+}
