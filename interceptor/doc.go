@@ -80,7 +80,10 @@
 // ([SaveRecoveryPoint], [LastRecoveryPoint]); the earlier worker can then
 // record nothing, its context is cancelled with store.ErrLeaseLost when the
 // heartbeat notices, and its caller gets ABORTED with ErrorInfo reason
-// IDEMPOTENCY_LEASE_LOST. Do not change a method's mode while its keys live.
+// IDEMPOTENCY_LEASE_LOST. A transient error releases the key as in atomic
+// mode, except after a recovery point was saved: then the lease ends at
+// once and the claim stays, so the retry takes over and resumes. Do not
+// change a method's mode while its keys live.
 //
 // # Large responses
 //

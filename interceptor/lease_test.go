@@ -288,3 +288,31 @@ func TestRecoveryPointsNeedLeasedMode(t *testing.T) {
 		t.Fatalf("in atomic mode: save = %v, found = %v", saveErr, found)
 	}
 }
+
+// TestLeasedTransientErrorKeepsRecoveryPoint: a transient error after a
+// recovery point ends the lease instead of deleting the claim, so the retry
+// resumes rather than repeating the steps already done.
+func TestLeasedTransientErrorKeepsRecoveryPoint(t *testing.T) {
+	e := leasedEnv(t, time.Minute)
+	var resumed string
+	first := true
+	e.svc.setHook(func(ctx context.Context, _ string) error {
+		if first {
+			first = false
+			if err := interceptor.SaveRecoveryPoint(ctx, "charge_sent", []byte("ch_1")); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "blip after the charge")
+		}
+		resumed, _, _ = interceptor.LastRecoveryPoint(ctx)
+		return nil
+	})
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Unavailable)
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if resumed != "charge_sent" {
+		t.Fatalf("resumed after %q, want charge_sent", resumed)
+	}
+}

@@ -161,6 +161,9 @@ type Lease interface {
 	// Complete records out and ends the lease.
 	Complete(ctx context.Context, out Outcome) error
 
-	// Release deletes the claim, so that a retry runs afresh.
+	// Release gives the key up so that a retry runs: a claim without a
+	// recovery point is deleted, and one with a recovery point keeps it and
+	// its lease ends at once, so that a retry of the same request takes the
+	// key over and resumes.
 	Release(ctx context.Context) error
 }

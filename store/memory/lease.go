@@ -153,8 +153,15 @@ func (l *leased) Release(context.Context) error {
 	s := l.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, _, err := l.heldLocked(); err != nil {
+	e, now, err := l.heldLocked()
+	if err != nil {
 		return err
+	}
+	if e.point != nil {
+		// Keep the progress: end the lease, so a retry takes over and
+		// resumes from the recovery point.
+		e.lockedUntil = now
+		return nil
 	}
 	delete(s.entries, l.key)
 	return nil

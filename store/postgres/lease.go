@@ -48,6 +48,9 @@ RETURNING recovery_point, recovery_data`
 SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
     locked_until = NULL, updated_at = now()` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
+	// leaseEnd ends the lease of a claim that has a recovery point, instead
+	// of deleting it, so that a retry takes over and resumes.
+	leaseEnd = `UPDATE idempotency_keys SET locked_until = now(), updated_at = now()` + leaseWhere
 )
 
 // Lease implements [store.Store]. The claim is one round trip (BEGIN, the
@@ -184,6 +187,9 @@ func (l *lease) Release(ctx context.Context) error {
 	// The request may have ended with its context; the claim must still go.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	if l.point != nil {
+		return l.exec(ctx, leaseEnd)
+	}
 	return l.exec(ctx, leaseRelease)
 }
 

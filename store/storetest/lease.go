@@ -253,9 +253,6 @@ var leaseCases = []testCase{
 
 	{name: "ReleaseFreesKey", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
-		if err := l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
-			t.Fatal(err)
-		}
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
@@ -271,6 +268,29 @@ var leaseCases = []testCase{
 		if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
 			t.Fatal(err)
 		}
+	}},
+
+	{name: "ReleaseAfterRecoveryPointEndsLease", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		point := store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}
+		if err := l.SaveRecoveryPoint(t.Context(), point); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		// The progress stays: another request is still refused, and a
+		// retry of this one takes over at once and resumes.
+		wantInProgress(t, leaseEntry(t, s, key, other, longLease), fp)
+		again := takeLease(t, s, key, fp, longLease)
+		wantPoint(t, again, point)
+		if err := l.Complete(t.Context(), okOutcome("stale")); err == nil {
+			t.Error("Complete after Release succeeded, want an error")
+		}
+		if err := again.Complete(t.Context(), okOutcome("resumed")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("resumed"))
 	}},
 
 	{name: "CompletedKeyIsNotLeased", run: func(t *testing.T, s store.Store, _ Config) {
