@@ -26,7 +26,10 @@
 // the key, and the provider call carries the key
 // interceptor.DeriveKey(request key, [ChargeStep]), attached by idem's
 // client interceptor, so the provider answers a repeated call with the
-// charge it already made.
+// charge it already made. The same holds when an attempt fails with a
+// transient error (the provider unreachable after the client's retries):
+// idem releases the key, recovery points included, and the retry starts
+// from the beginning, repeating each step to the same effect.
 package checkoutsvc
 
 import (
