@@ -26,10 +26,10 @@
 // the key, and the provider call carries the key
 // interceptor.DeriveKey(request key, [ChargeStep]), attached by idem's
 // client interceptor, so the provider answers a repeated call with the
-// charge it already made. The same holds when an attempt fails with a
-// transient error (the provider unreachable after the client's retries):
-// idem releases the key, recovery points included, and the retry starts
-// from the beginning, repeating each step to the same effect.
+// charge it already made. When an attempt fails with a transient error
+// (the provider unreachable after the client's retries) after a recovery
+// point, idem ends the lease but keeps the claim, so the retry takes over
+// and resumes from that point too.
 package checkoutsvc
 
 import (
