@@ -40,7 +40,7 @@ func main() {
 	flag.IntVar(&cfg.PoolSize, "pool", cfg.PoolSize, "PostgreSQL connections per scenario (default: -clients)")
 	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; each runs every scenario once")
 	flag.IntVar(&cfg.StormDuplicates, "storm-duplicates", cfg.StormDuplicates, "requests per key in the storm scenario")
-	flag.StringVar(&scenarios, "scenarios", strings.Join(cfg.Scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarioNames(), ", "))
+	flag.StringVar(&scenarios, "scenarios", strings.Join(cfg.Scenarios, ","), "comma-separated scenarios: "+strings.Join(defaultScenarios(), ", "))
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL server to create the scenarios' databases on (default $DATABASE_URL, else the libpq defaults, else a throwaway cluster)")
 	flag.StringVar(&cfg.Target, "target", "", "address of a running payments server; runs only the idem scenarios, against it, without database counters")
 	flag.StringVar(&cfg.JSONPath, "json", "", "write the results as JSON to this file")

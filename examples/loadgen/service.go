@@ -32,10 +32,12 @@ const insertPayment = `INSERT INTO payments (tenant_id, customer_id, amount_cent
 		 RETURNING id::text, created_at`
 
 // payments is CreatePayment as paymentsvc implements it (the same checks and
-// the same insert), except that it also runs without idem: on the
-// transaction of the naive interceptor below, or, with neither, on a
-// transaction of its own (pgx.BeginFunc: BEGIN, the insert, COMMIT). The
-// baseline scenario is that last case.
+// the same insert), except that it also runs where no claim transaction is
+// in the context: on the transaction of the naive interceptor below, or,
+// with neither, on a transaction of its own on the pool (pgx.BeginFunc:
+// BEGIN, the insert, COMMIT). The baseline scenario is that last case
+// without idem, the leased scenario the same case under idem in leased
+// mode, where the claim has committed before the handler runs.
 type payments struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	pool *pgxpool.Pool
@@ -104,6 +106,22 @@ func newPlainServer(pool *pgxpool.Pool, extra grpc.UnaryServerInterceptor) *grpc
 		chain = append(chain, extra)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool})
+	return srv
+}
+
+// newLeasedServer serves payments behind the recovery interceptor and idem
+// with CreatePayment in leased mode: the claim commits on its own, the
+// handler writes in its own transaction, and the outcome is recorded by an
+// UPDATE of its own. The lease is far above any request's latency, so no
+// heartbeat runs during a request.
+func newLeasedServer(pool *pgxpool.Pool) *grpc.Server {
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		recoveryInterceptor(),
+		interceptor.UnaryServerInterceptor(postgres.New(pool),
+			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant)),
+			interceptor.WithLeased(interceptor.DefaultLease, createPayment)),
+	))
 	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool})
 	return srv
 }

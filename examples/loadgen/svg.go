@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"strings"
 )
 
 // svg draws two bar charts side by side: throughput per scenario, with its
@@ -18,7 +19,11 @@ func (rep *report) svg(w io.Writer) {
 		panelW = labelW + barW + gap
 		width  = 2 * panelW
 	)
+	derived := rep.derivedRatios()
 	height := top + rowH*len(rep.Scenarios) + 40
+	if derived != "" {
+		height += 18
+	}
 	var maxRate, maxP99 float64
 	for _, s := range rep.Scenarios {
 		maxRate = max(maxRate, s.PerSecond)
@@ -61,8 +66,26 @@ func (rep *report) svg(w io.Writer) {
 			fmt.Fprintf(w, `<text x="%.1f" y="%d">%s</text>`+"\n", float64(x+labelW)+bw+4, y+15, html.EscapeString(v.label))
 		}
 	}
+	if derived != "" {
+		fmt.Fprintf(w, `<text x="10" y="%d">%s</text>`+"\n", height-32, html.EscapeString(derived))
+	}
 	fmt.Fprintf(w, `<text x="10" y="%d" fill="#555">× reference: sql-* ÷ sql-baseline (no gRPC), the rest ÷ baseline (same handler without idem), measured in the same run.</text>`+"\n", height-14)
 	fmt.Fprintln(w, `</svg>`)
+}
+
+// derivedRatios describes the throughput targets between two scenarios
+// that the bars' ratios to the reference do not show, e.g.
+// "atomic ÷ leased 1.42 (want ≥ 1.30, met)".
+func (rep *report) derivedRatios() string {
+	var parts []string
+	for _, t := range rep.Targets {
+		if t.Denominator == "" || t.Denominator == "baseline" || t.Measured == nil || t.Met == nil {
+			continue
+		}
+		met := map[bool]string{true: "met", false: "missed"}[*t.Met]
+		parts = append(parts, fmt.Sprintf("%s ÷ %s %.2f (want %s, %s)", t.Numerator, t.Denominator, *t.Measured, t.Want, met))
+	}
+	return strings.Join(parts, " · ")
 }
 
 // shortVersion returns "PostgreSQL 15.4" from version().
