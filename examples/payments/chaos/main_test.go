@@ -2,11 +2,15 @@ package chaos
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+
+	"google.golang.org/grpc/grpclog"
 
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -14,7 +18,12 @@ import (
 // binDir holds the server binaries the tests build, once per test run.
 var binDir string
 
+// grpcErrors keeps what gRPC and idem log at ERROR severity, which also
+// goes to standard error as usual.
+var grpcErrors = &logCapture{}
+
 func TestMain(m *testing.M) {
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.MultiWriter(os.Stderr, grpcErrors)))
 	dir, err := os.MkdirTemp("", "idem-chaos-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -62,4 +71,18 @@ func binary(t *testing.T, pkg string) string {
 		t.Fatal(b.err)
 	}
 	return b.path
+}
+
+// logCapture keeps log output to search it.
+type logCapture struct{ lockedBuffer }
+
+// count returns how many lines logged so far contain s.
+func (c *logCapture) count(s string) int {
+	n := 0
+	for _, line := range strings.Split(c.String(), "\n") {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
 }
