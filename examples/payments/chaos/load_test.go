@@ -91,8 +91,10 @@ type load struct {
 	// a random delay. The run waits for each fault to return before it hands
 	// out more ops, while the clients keep retrying the ops they hold.
 	faults []func(i int)
-	// opTimeout bounds the retries of one op.
-	opTimeout time.Duration
+	// opTimeout bounds the retries of one op, and runTimeout the whole
+	// run, so that a server that never answers fails the test in minutes.
+	opTimeout, runTimeout time.Duration
+	deadline              time.Time
 
 	inflight atomic.Int64 // calls on the wire
 	// inflightAtFault counts the calls on the wire when each fault began.
@@ -116,8 +118,12 @@ func (l *load) run(t *testing.T) {
 		l.confirmations = 2
 	}
 	if l.opTimeout == 0 {
-		l.opTimeout = 2 * time.Minute
+		l.opTimeout = time.Minute
 	}
+	if l.runTimeout == 0 {
+		l.runTimeout = 4 * time.Minute
+	}
+	l.deadline = time.Now().Add(l.runTimeout)
 	ch := make(chan *op)
 	var wg sync.WaitGroup
 	for _, conn := range l.conns {
@@ -152,8 +158,8 @@ func (l *load) run(t *testing.T) {
 func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 	start := time.Now()
 	for len(o.answers) < l.confirmations {
-		if time.Since(start) > l.opTimeout {
-			o.err = fmt.Errorf("no definitive answer after %d attempts in %v", o.attempts, l.opTimeout)
+		if time.Since(start) > l.opTimeout || time.Now().After(l.deadline) {
+			o.err = fmt.Errorf("no definitive answer after %d attempts in %v", o.attempts, time.Since(start).Round(time.Millisecond))
 			return
 		}
 		o.attempts++
