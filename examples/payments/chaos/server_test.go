@@ -3,7 +3,6 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -224,5 +223,3 @@ func (b *lockedBuffer) String() string {
 func (b *lockedBuffer) contains(s string) bool {
 	return strings.Contains(b.String(), s)
 }
-
-var errGaveUp = errors.New("gave up")
