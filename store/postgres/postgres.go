@@ -20,6 +20,7 @@ type Store struct {
 	pool *pgxpool.Pool
 	ttl  float64 // seconds
 
+	lockTimeout    time.Duration
 	setLockTimeout string
 }
 
@@ -37,6 +38,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return &Store{
 		pool:           pool,
 		ttl:            o.ttl.Seconds(),
+		lockTimeout:    o.lockTimeout,
 		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", o.lockTimeout.Milliseconds()),
 	}
 }
@@ -85,8 +87,15 @@ const maxTakeovers = 3
 // (BEGIN, the lock timeout, the insert and a savepoint travel together) and
 // leaves the transaction open for the handler; a claim that finds a
 // completed key costs two (the same batch, then ROLLBACK).
+//
+// A claim waits at most the lock timeout for a connection of the pool, too:
+// claims that wait for a key's row lock hold their connections meanwhile,
+// and without the bound every other request, whatever its key, would queue
+// behind them for as long as the key's owner runs. When no connection comes
+// free in time, Claim fails with an error that is none of store's sentinels
+// (the interceptor answers UNAVAILABLE), having changed nothing.
 func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.acquire(ctx)
 	if err != nil {
 		return store.Claim{}, err
 	}
@@ -99,6 +108,23 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		return store.Claim{Entry: entry}, nil
 	}
 	return store.Claim{Txn: &txn{conn: conn, key: key, tx: &tx{conn: conn.Conn()}}}, nil
+}
+
+// errPoolBusy reports that no connection came free within the lock timeout.
+var errPoolBusy = errors.New("postgres: no connection of the pool came free within the lock timeout")
+
+// acquire takes a connection from the pool, waiting at most the lock
+// timeout.
+func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, s.lockTimeout)
+	defer cancel()
+	conn, err := s.pool.Acquire(actx)
+	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		// The bound ran out, not the caller's deadline: report it as
+		// such, not as the caller's context.DeadlineExceeded.
+		return nil, errPoolBusy
+	}
+	return conn, err
 }
 
 // claim runs the claim statements on conn and leaves its transaction open.

@@ -44,14 +44,19 @@ var defaultBinGlobs = []string{
 type cluster struct {
 	dir        string
 	dataDir    string
+	logFile    string
 	pgCtl      string
 	connString string
 	// runAs is the OS user the cluster runs as, or nil for the current one.
 	runAs *osUser
 	env   []string
 
-	started  bool
 	watchdog *watchdog
+
+	// mu orders restart and stop.
+	mu       sync.Mutex
+	started  bool
+	stopped  bool
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -83,6 +88,7 @@ func (d discovery) startCluster(ctx context.Context) (*cluster, error) {
 	c := &cluster{
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
+		logFile: filepath.Join(dir, "postgres.log"),
 		pgCtl:   filepath.Join(binDir, "pg_ctl"),
 		connString: keywordValue(map[string]string{
 			"host": dir, "port": clusterPort, "user": clusterUserName, "dbname": "postgres",
@@ -113,13 +119,36 @@ func (d discovery) startCluster(ctx context.Context) (*cluster, error) {
 	if err := c.configure(); err != nil {
 		return nil, err
 	}
-	logFile := filepath.Join(dir, "postgres.log")
 	c.started = true
-	if _, err := c.run(ctx, pgCtlTimeout, c.pgCtl, "start", "-D", c.dataDir, "-l", logFile, "-w", "-t", "60"); err != nil {
-		return nil, fmt.Errorf("%w\nserver log:\n%s", err, tail(logFile, 2000))
+	if err := c.start(ctx); err != nil {
+		return nil, err
 	}
 	ok = true
 	return c, nil
+}
+
+// start starts the server on the existing data directory and waits until it
+// accepts connections.
+func (c *cluster) start(ctx context.Context) error {
+	if _, err := c.run(ctx, pgCtlTimeout, c.pgCtl, "start", "-D", c.dataDir, "-l", c.logFile, "-w", "-t", "60"); err != nil {
+		return fmt.Errorf("%w\nserver log:\n%s", err, tail(c.logFile, 2000))
+	}
+	return nil
+}
+
+// restart stops the server as a crash would and starts it again: pg_ctl
+// stop -m immediate ends every process at once, without a checkpoint, so
+// the start recovers from the write-ahead log.
+func (c *cluster) restart(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errors.New("the throwaway cluster was stopped")
+	}
+	if _, err := c.run(ctx, pgCtlTimeout, c.pgCtl, "stop", "-D", c.dataDir, "-m", "immediate", "-w", "-t", "60"); err != nil {
+		return err
+	}
+	return c.start(ctx)
 }
 
 // configure makes the server listen only on a Unix socket in c.dir. The
@@ -141,7 +170,10 @@ func (c *cluster) configure() error {
 
 // stop stops the server, if it was started, and removes the directory.
 func (c *cluster) stop() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.stopOnce.Do(func() {
+		c.stopped = true
 		var errs []error
 		if c.started {
 			ctx := context.Background()

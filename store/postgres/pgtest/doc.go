@@ -60,6 +60,14 @@
 // directory only after the test binary has exited. Stopping it is what Run
 // is for.
 //
+// # Owning a server
+//
+// Tests of what happens when the database goes away need a server they may
+// take down. [StartCluster] always starts a throwaway cluster, whatever
+// DATABASE_URL and the libpq defaults say, and [Server.Restart] stops it as
+// a crash would and starts it again while clients keep using it. pgtest
+// never restarts a server it did not start.
+//
 // # Programs
 //
 // Programs such as idem's demos use [Start], [Server.CreateDatabase] and

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMain(m *testing.M) {
@@ -555,5 +556,94 @@ func TestVersionLess(t *testing.T) {
 				t.Errorf("versionLess(%q, %q) = %v", sorted[i], sorted[j], got)
 			}
 		}
+	}
+}
+
+// TestRestart starts a cluster of its own, restarts it under an open
+// transaction and checks that committed rows survive, the uncommitted one
+// is gone and a pool reconnects by itself.
+func TestRestart(t *testing.T) {
+	ctx := context.Background()
+	srv, err := StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if srv.cluster == nil {
+		t.Fatalf("StartCluster gave a server from %s, want a throwaway cluster", srv.source)
+	}
+	connString, drop, err := srv.CreateDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insertKey(t, pool, "committed")
+	var before int32
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insertKey(t, tx, "uncommitted")
+
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("a transaction open across the restart committed")
+	}
+	// A pool drops connections that fail; the query after the first
+	// failure runs on a new one.
+	var after int32
+	err = pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after)
+	if err != nil {
+		err = pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after)
+	}
+	if err != nil {
+		t.Fatalf("pool after restart: %v", err)
+	}
+	if after == before {
+		t.Fatalf("backend %d before and after the restart", after)
+	}
+	var keys []string
+	rows, _ := pool.Query(ctx, "SELECT key FROM idempotency_keys ORDER BY key")
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(keys, ",") != "committed" {
+		t.Fatalf("keys after restart %v, want [committed]", keys)
+	}
+	// The admin pool was reset: databases can be created and dropped at once.
+	_, drop2, err := srv.CreateDatabase(ctx)
+	if err != nil {
+		t.Fatalf("CreateDatabase after restart: %v", err)
+	}
+	pool.Close()
+	if err := errors.Join(drop2(ctx), drop(ctx)); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err == nil {
+		t.Fatal("Restart after Close succeeded")
+	}
+}
+
+func TestRestartNotOwned(t *testing.T) {
+	// A server found through DATABASE_URL or the libpq defaults has no
+	// cluster; pgtest must leave it alone.
+	s := &Server{source: "DATABASE_URL"}
+	if err := s.Restart(context.Background()); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("Restart of a server pgtest did not start: %v, want ErrNotOwned", err)
 	}
 }

@@ -69,6 +69,56 @@ func Start(ctx context.Context) (*Server, error) {
 	return defaultDiscovery().start(ctx)
 }
 
+// StartCluster starts a throwaway cluster, as the last step of [Start]
+// does, but whatever DATABASE_URL and the libpq defaults say: it is for
+// tests that must own their server, for example to restart it under load
+// with [Server.Restart]. It runs initdb, which takes a few seconds. The
+// caller must call [Server.Close], which stops the cluster and removes its
+// directory.
+//
+// When the machine has no PostgreSQL server binaries, the error says how to
+// install them.
+func StartCluster(ctx context.Context) (*Server, error) {
+	s, err := defaultDiscovery().openCluster(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("start a throwaway PostgreSQL cluster: %w\n%s", err, howToGetServerBinaries)
+	}
+	return s, nil
+}
+
+const howToGetServerBinaries = `A throwaway cluster needs the PostgreSQL server binaries initdb, pg_ctl and postgres; install the
+PostgreSQL server package (e.g. apt-get install postgresql, dnf install postgresql-server,
+brew install postgresql).`
+
+// ErrNotOwned is returned by [Server.Restart] for a server that pgtest did
+// not start: one found through DATABASE_URL or the libpq defaults.
+var ErrNotOwned = errors.New("pgtest: the server was not started by pgtest, so it is not pgtest's to restart")
+
+// Restart stops the throwaway cluster s started as a crash would, and starts
+// it again on the same data directory and socket. The stop is pg_ctl's
+// immediate mode: every session is cut off at once, uncommitted
+// transactions are lost, and the start recovers committed ones from the
+// write-ahead log. Restart returns once the server accepts connections
+// again.
+//
+// Connections opened before the restart fail on their next use; a pgxpool
+// replaces them with new ones. Restart may run while other goroutines use
+// the server, which is what it is for; after [Server.Close] it fails. For a
+// server that s did not start, Restart does nothing and returns
+// [ErrNotOwned].
+func (s *Server) Restart(ctx context.Context) error {
+	if s.cluster == nil {
+		return ErrNotOwned
+	}
+	if err := s.cluster.restart(ctx); err != nil {
+		return fmt.Errorf("restart throwaway cluster in %s: %w", s.cluster.dir, err)
+	}
+	// The pool's connections died with the server; drop them now rather
+	// than on the next CreateDatabase.
+	s.admin.Reset()
+	return nil
+}
+
 // ConnString returns a connection string for the server's maintenance
 // database, on which pgtest creates and drops databases. It is the form
 // DATABASE_URL had, if that was used, and includes its password.
@@ -167,22 +217,32 @@ func (d discovery) start(ctx context.Context) (*Server, error) {
 	}
 	tried = append(tried, fmt.Sprintf("libpq defaults (%s): %v", where, err))
 
-	c, err := d.startCluster(ctx)
+	s, err := d.openCluster(ctx)
 	if err == nil {
-		var s *Server
-		s, err = openServer(ctx, c.connString, "a throwaway cluster in "+c.dir, urlProbeTimeout)
-		if err == nil {
-			s.cluster = c
-			return s, nil
-		}
-		if stopErr := c.stop(); stopErr != nil {
-			err = errors.Join(err, stopErr)
-		}
+		return s, nil
 	}
 	tried = append(tried, fmt.Sprintf("throwaway cluster: %v", err))
 
 	return nil, fmt.Errorf("no PostgreSQL server for idem; tried:\n\t%s\n%s",
 		strings.Join(tried, "\n\t"), howToGetPostgres)
+}
+
+// openCluster starts a throwaway cluster and opens it as a Server that
+// owns it.
+func (d discovery) openCluster(ctx context.Context) (*Server, error) {
+	c, err := d.startCluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s, err := openServer(ctx, c.connString, "a throwaway cluster in "+c.dir, urlProbeTimeout)
+	if err != nil {
+		if stopErr := c.stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+		return nil, err
+	}
+	s.cluster = c
+	return s, nil
 }
 
 const howToGetPostgres = `To get PostgreSQL, either set DATABASE_URL to a server on which the role may create databases

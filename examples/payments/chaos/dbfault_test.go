@@ -1,0 +1,148 @@
+package chaos
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+// observerApp is the application_name of the test's own connections, which
+// the faults spare.
+const observerApp = "idem-chaos-observer"
+
+// TestTerminateBackends cuts every PostgreSQL connection of the payments
+// server with pg_terminate_backend, 12 times while 16 clients drive 240
+// payments. Connections die idle, inside a claim, inside the handler and
+// around COMMIT; the server replaces them without a restart of its own.
+func TestTerminateBackends(t *testing.T) {
+	const (
+		numOps     = 240
+		numClients = 16
+		numRounds  = 12
+	)
+	dsn := pgtest.NewDatabase(t)
+	srv := startServer(t, binary(t, serverPkg), dsn)
+	pool := observerPool(t, dsn)
+	dropBackstop(t, pool)
+	pid := srv.pid()
+
+	l := &load{
+		ops:   newOps(numOps, 10),
+		conns: clients(t, srv.addr, numClients),
+	}
+	var terminated []int
+	for range numRounds {
+		l.faults = append(l.faults, func(int) {
+			var n int
+			err := pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+				FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name <> $1`,
+				observerApp).Scan(&n)
+			if err != nil {
+				t.Errorf("terminate the server's connections: %v", err)
+			}
+			terminated = append(terminated, n)
+		})
+	}
+	l.run(t)
+	t.Logf("server connections terminated per round: %v", terminated)
+
+	if sum := sumInts(terminated); sum < numRounds {
+		t.Errorf("%d server connections terminated in %d rounds; the fault did not bite", sum, numRounds)
+	}
+	if !srv.running() || srv.pid() != pid {
+		t.Errorf("the server process changed (%s); it must recover on its own", srv.exitState())
+	}
+	checkInvariants(t, pool, l.ops)
+	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted, codes.Unknown)
+}
+
+// TestPostgresRestart crashes and restarts a PostgreSQL cluster the test
+// owns (pg_ctl stop -m immediate, then start), 4 times while 16 clients
+// drive 200 payments. Transactions in flight are lost, committed ones are
+// recovered from the write-ahead log, and the server reconnects without a
+// restart of its own.
+func TestPostgresRestart(t *testing.T) {
+	const (
+		numOps      = 200
+		numClients  = 16
+		numRestarts = 4
+	)
+	ctx := context.Background()
+	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cluster, err := pgtest.StartCluster(startCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	dsn, _, err := cluster.CreateDatabase(startCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, binary(t, serverPkg), dsn)
+	pool := observerPool(t, dsn)
+	dropBackstop(t, pool)
+	pid := srv.pid()
+
+	l := &load{
+		ops:   newOps(numOps, 10),
+		conns: clients(t, srv.addr, numClients),
+	}
+	restarts := 0
+	for range numRestarts {
+		l.faults = append(l.faults, func(int) {
+			start := time.Now()
+			if err := cluster.Restart(ctx); err != nil {
+				t.Fatalf("restart PostgreSQL: %v", err)
+			}
+			restarts++
+			t.Logf("PostgreSQL restarted in %v", time.Since(start).Round(time.Millisecond))
+		})
+	}
+	l.run(t)
+
+	if restarts != numRestarts {
+		t.Fatalf("%d restarts, want %d", restarts, numRestarts)
+	}
+	if !srv.running() || srv.pid() != pid {
+		t.Errorf("the server process changed (%s); it must recover on its own", srv.exitState())
+	}
+	pool.Reset() // its connections died with the last restart
+	checkInvariants(t, pool, l.ops)
+	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted, codes.Unknown)
+}
+
+// observerPool opens the test's own pool on dsn, marked so that the faults
+// spare it.
+func observerPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = observerApp
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func sumInts(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}

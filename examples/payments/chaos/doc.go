@@ -1,0 +1,35 @@
+// Package chaos proves the payments example's exactly-once promise under
+// faults, against real PostgreSQL and real server processes. It holds only
+// tests; README.md gives the command.
+//
+// # What it proves
+//
+// Every test drives CreatePayment the way a careful client does: one
+// idempotency key per logical payment, retried with that key until the
+// answer is definitive (OK, or an error the server records and replays).
+// Afterwards the database is the judge, not the status codes:
+//
+//   - exactly one payments row for every key whose answer was OK, and its
+//     id is the payment id in every answer the client accepted for the key;
+//   - no payments row for a key whose answer was a recorded error;
+//   - no payments row that no client asked for, and no key left in
+//     progress.
+//
+// The faults:
+//
+//   - TestCrashAnywhere kills the payments server with SIGKILL at random
+//     moments during concurrent load and restarts it.
+//   - TestCrashAfterCommit kills it at the worst moment, after COMMIT and
+//     before the response is written (internal/crashserver), and checks
+//     that the retry gets the stored response, byte for byte.
+//   - TestTerminateBackends cuts the server's PostgreSQL connections with
+//     pg_terminate_backend under load; TestPostgresRestart crashes and
+//     restarts a PostgreSQL cluster the test owns. In both the server
+//     recovers without a restart of its own.
+//   - TestDuplicateStorm sends rounds of hundreds of concurrent identical
+//     requests under one key: one execution per round, every other answer
+//     a replay or ABORTED with RetryInfo, no call stuck behind the
+//     connection pool.
+//   - TestBadInput is a table of malformed keys and misused keys, each
+//     checked for its answer and for writing nothing.
+package chaos
