@@ -57,7 +57,8 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
 // lock timeout, the insert or takeover, the select of the holder and COMMIT
 // travel together) and commits at once; each later write of the lease is
 // one statement of its own. The lease's expires_at is set on the first
-// claim and kept by takeovers.
+// claim and kept by takeovers. Like Claim, it waits at most the lock timeout
+// for a connection of the pool.
 func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
 	for range maxTakeovers {
 		l, entry, err := s.lease(ctx, key, fingerprint, lease)
@@ -83,7 +84,14 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token)
 	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
 	b.Queue("COMMIT")
-	br := s.pool.SendBatch(ctx, b)
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A connection left inside a transaction by a failed batch is closed,
+	// not reused, by Release.
+	defer conn.Release()
+	br := conn.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
