@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
@@ -43,12 +42,8 @@ import (
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	o := evaluateOptions(opts)
 	c := &client{
-		keyed: o.client.keyed,
-		methods: &methods{
-			files: protoregistry.GlobalFiles,
-			types: protoregistry.GlobalTypes,
-			opts:  o,
-		},
+		keyed:   o.client.keyed,
+		methods: newMethods(o),
 	}
 	return c.intercept
 }

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
 	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
@@ -49,7 +48,7 @@ func FuzzValidateKey(f *testing.F) {
 // row's code, a response equal to the bytes' decoding, or for raw replay
 // exactly the stored bytes. The seed corpus is in testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
-	ms := &methods{files: protoregistry.GlobalFiles, types: protoregistry.GlobalTypes}
+	ms := newMethods(evaluateOptions(nil))
 	decoded := ms.lookup(paymentsv1.PaymentService_CreatePayment_FullMethodName)
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 	if decoded.output == nil || decoded.raw || raw.output == nil || !raw.raw {

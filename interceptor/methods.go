@@ -47,6 +47,12 @@ type methods struct {
 	cache sync.Map // string -> *method
 }
 
+// newMethods returns a cache of the policies of the methods in the global
+// protobuf registry, with the per-method options of o.
+func newMethods(o *options) *methods {
+	return &methods{files: protoregistry.GlobalFiles, types: protoregistry.GlobalTypes, opts: o}
+}
+
 func (ms *methods) lookup(fullMethod string) *method {
 	if m, ok := ms.cache.Load(fullMethod); ok {
 		return m.(*method)

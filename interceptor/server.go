@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/store"
@@ -28,14 +27,10 @@ var logger = grpclog.Component("idem")
 func UnaryServerInterceptor(s store.Store, opts ...Option) grpc.UnaryServerInterceptor {
 	o := evaluateOptions(opts)
 	i := &server{
-		store:  s,
-		opts:   o,
-		hasher: fingerprint.NewHasher(o.fingerprint...),
-		methods: &methods{
-			files: protoregistry.GlobalFiles,
-			types: protoregistry.GlobalTypes,
-			opts:  o,
-		},
+		store:   s,
+		opts:    o,
+		hasher:  fingerprint.NewHasher(o.fingerprint...),
+		methods: newMethods(o),
 	}
 	return i.intercept
 }
