@@ -59,7 +59,7 @@ func TestTerminateBackends(t *testing.T) {
 		t.Errorf("the server process changed (%s); it must recover on its own", srv.exitState())
 	}
 	checkInvariants(t, pool, l.ops)
-	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted, codes.Unknown)
+	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted)
 }
 
 // TestPostgresRestart crashes and restarts a PostgreSQL cluster the test
@@ -119,7 +119,7 @@ func TestPostgresRestart(t *testing.T) {
 	}
 	pool.Reset() // its connections died with the last restart
 	checkInvariants(t, pool, l.ops)
-	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted, codes.Unknown)
+	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted)
 }
 
 // observerPool opens the test's own pool on dsn, marked so that the faults

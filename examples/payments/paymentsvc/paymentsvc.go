@@ -117,7 +117,9 @@ func (s *Service) CreatePayment(ctx context.Context, req *paymentsv1.CreatePayme
 		return nil, status.Error(codes.AlreadyExists, "a payment with this idempotency key exists")
 	}
 	if err != nil {
-		return nil, err
+		// A lost connection or a failed statement: nothing was stored, and
+		// the retry may succeed.
+		return nil, status.Errorf(codes.Unavailable, "storing the payment: %v", err)
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
@@ -140,7 +142,7 @@ func (s *Service) GetPayment(ctx context.Context, req *paymentsv1.GetPaymentRequ
 		return nil, status.Error(codes.NotFound, "no such payment")
 	}
 	if err != nil {
-		return nil, err
+		return nil, status.Errorf(codes.Unavailable, "reading the payment: %v", err)
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.GetPaymentResponse{Payment: p}, nil
