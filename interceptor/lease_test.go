@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -314,5 +315,25 @@ func TestLeasedTransientErrorKeepsRecoveryPoint(t *testing.T) {
 	}
 	if resumed != "charge_sent" {
 		t.Fatalf("resumed after %q, want charge_sent", resumed)
+	}
+}
+
+// TestLeasedHeartbeatAfterComplete: a heartbeat that fires as the outcome is
+// recorded must not turn a completed call into a lost lease. The lease is so
+// short that the heartbeat beats every millisecond.
+func TestLeasedHeartbeatAfterComplete(t *testing.T) {
+	e := leasedEnv(t, 3*time.Millisecond)
+	e.svc.setHook(func(context.Context, string) error {
+		time.Sleep(2 * time.Millisecond) // let the heartbeat beat
+		return nil
+	})
+	for i := range 150 {
+		key := fmt.Sprintf("k%d", i)
+		if _, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 150 {
+		t.Fatalf("completed keys = %d, want 150", got)
 	}
 }

@@ -109,7 +109,9 @@ func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
 	defer cancel(nil)
 	stop := heartbeat(hctx, l, m.lease, cancel)
-	resp, err := i.execute(hctx, req, m, handler, l)
+	// The heartbeat stops before the outcome is recorded, so that it never
+	// mistakes the completed claim for a lost lease.
+	resp, err := i.execute(hctx, req, m, handler, stoppingLease{l, stop})
 	stop()
 	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
 		logger.Warningf("%s: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key.Method)
@@ -178,7 +180,19 @@ func (i *server) completeError(err error) error {
 	return storeError(err, i.opts.retryDelay)
 }
 
-// heartbeat extends l every third of d until stop is called. When the lease
+// stoppingLease stops the heartbeat before it completes the lease.
+type stoppingLease struct {
+	store.Lease
+	stop func()
+}
+
+func (l stoppingLease) Complete(ctx context.Context, out store.Outcome) error {
+	l.stop()
+	return l.Lease.Complete(ctx, out)
+}
+
+// heartbeat extends l every third of d until stop is called (stop may be
+// called more than once). When the lease
 // turns out to be lost it cancels the handler's context with
 // store.ErrLeaseLost and stops; other failures are logged and retried at
 // the next beat, while the lease may still run.
@@ -208,8 +222,9 @@ func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel conte
 			}
 		}
 	}()
+	var once sync.Once
 	return func() {
-		close(done)
+		once.Do(func() { close(done) })
 		wg.Wait()
 	}
 }
