@@ -165,8 +165,8 @@ func WithMaxStoredResponseBytes(n int) Option {
 type Loader interface {
 	// Reference returns what to record in place of resp. It runs after the
 	// handler, in its context (with the PostgreSQL store, inside the
-	// transaction that holds the key); an error fails the call as the
-	// handler's error would.
+	// transaction that holds the key); an error fails the call with that
+	// error and releases the key, as a transient handler error does.
 	Reference(ctx context.Context, resp proto.Message) ([]byte, error)
 	// Load rebuilds the response from the recorded reference. An error
 	// fails the retry: a status error as it is, any other as UNAVAILABLE.
