@@ -358,6 +358,24 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
 	}},
 
+	{name: "ExpiredLeaseWritesNothing", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+		// Nobody took the expired key over, but it counts as absent: its
+		// holder can neither extend, save, record nor release it.
+		l := takeLease(t, s, key, fp, longLease)
+		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		for name, err := range map[string]error{
+			"Extend":            l.Extend(t.Context(), longLease),
+			"SaveRecoveryPoint": l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "late"}),
+			"Complete":          l.Complete(t.Context(), okOutcome("late")),
+		} {
+			if !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("%s of an expired lease: %v, want ErrLeaseLost", name, err)
+			}
+		}
+		fresh := takeLease(t, s, key, fp, longLease)
+		wantNoPoint(t, fresh)
+	}},
+
 	{name: "LeaseWaitsForAtomicOwner", cfg: Config{TTL: time.Hour, LockTimeout: 5 * time.Second}, run: func(t *testing.T, s store.Store, _ Config) {
 		for _, tc := range []struct {
 			name   string
