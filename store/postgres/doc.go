@@ -28,6 +28,15 @@
 // lock timeout is reset before the handler runs, so it bounds only the
 // claim.
 //
+// # Leased mode
+//
+// [Store.Lease] claims a key for a handler that runs outside the claim's
+// transaction: one round trip inserts the row (or takes over one whose lease
+// ran out under the same request, or that expired) with locked_until and a
+// random fencing token, and commits. Extending the lease, saving a recovery
+// point, recording the outcome and releasing are then one statement each,
+// every one matching the row only while its token is current.
+//
 // # Poolers and distributed engines
 //
 // The hot path keeps no session state outside its transaction, so it works
