@@ -14,48 +14,28 @@ import (
 // A takeover keeps the key's expiry and its last recovery point; a key that
 // expired is leased afresh, without one.
 func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
-	if err := ctx.Err(); err != nil {
+	e, now, err := s.lockSettled(ctx, key)
+	if err != nil {
 		return store.LeaseClaim{}, err
 	}
-	var w waiter
-	defer w.stop()
-	s.mu.Lock()
-	for {
-		now := s.now()
-		s.sweepLocked(now)
-		e := s.entries[key]
-		switch {
-		case e != nil && e.pending:
-			done := e.done
-			s.mu.Unlock()
-			if err := w.wait(ctx, done, s.lockTimeout); err != nil {
-				return store.LeaseClaim{}, err
-			}
-			s.mu.Lock()
-		case e == nil || e.expired(now):
-			s.tokens++
-			s.entries[key] = &entry{
-				fp:          bytes.Clone(fingerprint),
-				expiresAt:   now.Add(s.ttl),
-				token:       s.tokens,
-				lockedUntil: now.Add(lease),
-			}
-			l := &leased{store: s, key: key, token: s.tokens}
-			s.mu.Unlock()
-			return store.LeaseClaim{Lease: l}, nil
-		case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, fingerprint):
-			s.tokens++
-			e.token = s.tokens
-			e.lockedUntil = now.Add(lease)
-			l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}
-			s.mu.Unlock()
-			return store.LeaseClaim{Lease: l}, nil
-		default:
-			found := e.snapshot(now)
-			s.mu.Unlock()
-			return store.LeaseClaim{Entry: found}, nil
+	defer s.mu.Unlock()
+	switch {
+	case e == nil || e.expired(now):
+		s.tokens++
+		s.entries[key] = &entry{
+			fp:          bytes.Clone(fingerprint),
+			expiresAt:   now.Add(s.ttl),
+			token:       s.tokens,
+			lockedUntil: now.Add(lease),
 		}
+		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens}}, nil
+	case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, fingerprint):
+		s.tokens++
+		e.token = s.tokens
+		e.lockedUntil = now.Add(lease)
+		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}}, nil
 	}
+	return store.LeaseClaim{Entry: e.snapshot(now)}, nil
 }
 
 func clonePoint(p *store.RecoveryPoint) *store.RecoveryPoint {

@@ -106,8 +106,30 @@ func (s *Store) sweepLocked(now time.Time) {
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
 func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
-	if err := ctx.Err(); err != nil {
+	e, now, err := s.lockSettled(ctx, key)
+	if err != nil {
 		return store.Claim{}, err
+	}
+	defer s.mu.Unlock()
+	if e != nil && !e.expired(now) {
+		return store.Claim{Entry: e.snapshot(now)}, nil
+	}
+	e = &entry{
+		fp:        bytes.Clone(fingerprint),
+		expiresAt: now.Add(s.ttl),
+		pending:   true,
+		done:      make(chan struct{}),
+	}
+	s.entries[key] = e
+	return store.Claim{Txn: &txn{store: s, key: key, e: e}}, nil
+}
+
+// lockSettled locks s and returns the entry of key (nil if none) once no
+// atomic claim is running on it, waiting for a running one to finish for at
+// most the lock timeout, or until ctx ends. On success s.mu stays locked.
+func (s *Store) lockSettled(ctx context.Context, key store.Key) (*entry, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, time.Time{}, err
 	}
 	var w waiter
 	defer w.stop()
@@ -116,29 +138,15 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		now := s.now()
 		s.sweepLocked(now)
 		e := s.entries[key]
-		switch {
-		case e != nil && e.pending:
-			done := e.done
-			s.mu.Unlock()
-			if err := w.wait(ctx, done, s.lockTimeout); err != nil {
-				return store.Claim{}, err
-			}
-			s.mu.Lock()
-		case e == nil || e.expired(now):
-			e = &entry{
-				fp:        bytes.Clone(fingerprint),
-				expiresAt: now.Add(s.ttl),
-				pending:   true,
-				done:      make(chan struct{}),
-			}
-			s.entries[key] = e
-			s.mu.Unlock()
-			return store.Claim{Txn: &txn{store: s, key: key, e: e}}, nil
-		default:
-			found := e.snapshot(now)
-			s.mu.Unlock()
-			return store.Claim{Entry: found}, nil
+		if e == nil || !e.pending {
+			return e, now, nil
 		}
+		done := e.done
+		s.mu.Unlock()
+		if err := w.wait(ctx, done, s.lockTimeout); err != nil {
+			return nil, now, err
+		}
+		s.mu.Lock()
 	}
 }
 
