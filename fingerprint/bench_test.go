@@ -9,13 +9,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/fingerprint"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 // benchRequest returns a CreatePaymentRequest of about 1 KiB, with trace_id
 // set if traceID is not empty.
-func benchRequest(traceID string) *paymentsv1.CreatePaymentRequest {
-	return &paymentsv1.CreatePaymentRequest{
+func benchRequest(traceID string) *testv1.CreatePaymentRequest {
+	return &testv1.CreatePaymentRequest{
 		CustomerId:  "cus_9f8e7d6c5b4a39281706f5e4d3c2b1a0",
 		AmountCents: 123456,
 		Currency:    "EUR",

@@ -6,19 +6,19 @@ import (
 	"log"
 
 	"github.com/idemkit/idem/fingerprint"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 // A retry may carry a new trace_id, which is marked
 // [(idem.v1.field).fingerprint_exclude = true]: it is still the same request.
 func Example() {
-	first := &paymentsv1.CreatePaymentRequest{
+	first := &testv1.CreatePaymentRequest{
 		CustomerId:  "cus_123",
 		AmountCents: 1999,
 		Currency:    "EUR",
 		TraceId:     "trace-1",
 	}
-	retry := &paymentsv1.CreatePaymentRequest{
+	retry := &testv1.CreatePaymentRequest{
 		CustomerId:  "cus_123",
 		AmountCents: 1999,
 		Currency:    "EUR",
@@ -42,11 +42,11 @@ func Example() {
 
 // A request that reuses a key with another amount is a different request.
 func ExampleSum() {
-	a, err := fingerprint.Sum(&paymentsv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 1999})
+	a, err := fingerprint.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 1999})
 	if err != nil {
 		log.Fatal(err)
 	}
-	b, err := fingerprint.Sum(&paymentsv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 2999})
+	b, err := fingerprint.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 2999})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -58,14 +58,14 @@ func ExampleSum() {
 // annotated. Create the Hasher once and reuse it.
 func ExampleWithExcludedFields() {
 	h := fingerprint.NewHasher(
-		fingerprint.WithExcludedFields("payments.v1.CreatePaymentRequest.note"),
+		fingerprint.WithExcludedFields("idem.test.v1.CreatePaymentRequest.note"),
 	)
 
-	a, err := h.Sum(&paymentsv1.CreatePaymentRequest{CustomerId: "cus_123", Note: "coffee"})
+	a, err := h.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_123", Note: "coffee"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	b, err := h.Sum(&paymentsv1.CreatePaymentRequest{CustomerId: "cus_123", Note: "coffee and cake"})
+	b, err := h.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_123", Note: "coffee and cake"})
 	if err != nil {
 		log.Fatal(err)
 	}

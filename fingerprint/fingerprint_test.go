@@ -19,9 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemkit/idem/fingerprint"
-	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 type (
@@ -98,7 +97,7 @@ func TestGolden(t *testing.T) {
 			Inners: []*inner{{Name: "a"}, {}},
 			ByName: map[string]*inner{"k": {Name: "v"}},
 		}, "01c91325e5c1744f8e6d77562942daa71ffbb681439b4a20a000e1a550a0cd6cd6"},
-		{"payment", &paymentsv1.CreatePaymentRequest{
+		{"payment", &testv1.CreatePaymentRequest{
 			CustomerId:  "cus_123",
 			AmountCents: 1999,
 			Currency:    "EUR",
@@ -307,9 +306,9 @@ func TestDifferentValues(t *testing.T) {
 		"choice text":     &everything{Choice: &testv1.Everything_ChoiceText{ChoiceText: "1"}},
 		"choice number":   &everything{Choice: &testv1.Everything_ChoiceNumber{ChoiceNumber: 1}},
 		"unknown":         withUnknown(&everything{}, unknownFields()),
-		"payment":         &paymentsv1.CreatePaymentRequest{AmountCents: 100},
-		"payment 2":       &paymentsv1.CreatePaymentRequest{AmountCents: 200},
-		"payment note":    &paymentsv1.CreatePaymentRequest{AmountCents: 100, Note: "x"},
+		"payment":         &testv1.CreatePaymentRequest{AmountCents: 100},
+		"payment 2":       &testv1.CreatePaymentRequest{AmountCents: 200},
+		"payment note":    &testv1.CreatePaymentRequest{AmountCents: 100, Note: "x"},
 		"do request":      &testv1.DoRequest{Value: "do a"},
 		"do request diff": &testv1.DoRequest{Value: "do b"},
 	}
@@ -411,8 +410,8 @@ func TestExcludedFields(t *testing.T) {
 	for _, pair := range [][2]proto.Message{
 		{&testv1.DoRequest{Value: "v", TraceId: "a"}, &testv1.DoRequest{Value: "v"}},
 		{
-			&paymentsv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, TraceId: "a"},
-			&paymentsv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, TraceId: "b"},
+			&testv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, TraceId: "a"},
+			&testv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, TraceId: "b"},
 		},
 	} {
 		if a, b := mustSum(t, h, pair[0]), mustSum(t, h, pair[1]); !bytes.Equal(a, b) {
@@ -526,7 +525,7 @@ func TestConcurrentUse(t *testing.T) {
 		fullMessage(),
 		&everything{Text: "a"},
 		&testv1.DoRequest{Value: "v", TraceId: "t"},
-		&paymentsv1.CreatePaymentRequest{CustomerId: "c", TraceId: "t"},
+		&testv1.CreatePaymentRequest{CustomerId: "c", TraceId: "t"},
 		&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("s")}},
 	}
 	want := make([][]byte, len(msgs))

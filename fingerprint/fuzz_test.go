@@ -8,8 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/fingerprint"
-	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 // FuzzSum decodes arbitrary bytes, unknown fields and all, into the payments
@@ -23,9 +22,9 @@ import (
 // The seed corpus is in testdata/fuzz/FuzzSum.
 func FuzzSum(f *testing.F) {
 	f.Add([]byte{})
-	f.Add(mustMarshal(f, &paymentsv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250, Currency: "EUR", TraceId: "t"}))
+	f.Add(mustMarshal(f, &testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250, Currency: "EUR", TraceId: "t"}))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, m := range []proto.Message{new(paymentsv1.CreatePaymentRequest), new(testv1.Everything)} {
+		for _, m := range []proto.Message{new(testv1.CreatePaymentRequest), new(testv1.Everything)} {
 			if proto.Unmarshal(data, m) != nil {
 				continue
 			}
@@ -78,7 +77,7 @@ func redecoded(t *testing.T, m proto.Message) proto.Message {
 // changing whether the messages that hold them are present.
 func setExcluded(m proto.Message) {
 	switch m := m.(type) {
-	case *paymentsv1.CreatePaymentRequest:
+	case *testv1.CreatePaymentRequest:
 		m.TraceId += "-retry"
 	case *testv1.Everything:
 		m.RequestId += "-retry"

@@ -20,9 +20,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemkit/idem/fingerprint"
-	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 // referenceStripped is the definition of the bytes a fingerprint hashes:
@@ -570,7 +569,7 @@ func TestStripWireEqualsReference(t *testing.T) {
 			ByName:    map[string]*inner{"k": {Name: "v", Secret: "s3"}},
 		},
 		&everything{Text: "hello", Inner: &inner{Name: "n"}, Inners: []*inner{{Name: "a"}, {}}, ByName: map[string]*inner{"k": {Name: "v"}}},
-		&paymentsv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 1999, Currency: "EUR", Note: "coffee", TraceId: "4bf92f3577b34da6a3ce929d0e0e4736"},
+		&testv1.CreatePaymentRequest{CustomerId: "cus_123", AmountCents: 1999, Currency: "EUR", Note: "coffee", TraceId: "4bf92f3577b34da6a3ce929d0e0e4736"},
 
 		// And more.
 		fullMessage(),
@@ -643,7 +642,7 @@ func TestStripWireEqualsReference(t *testing.T) {
 		},
 		{
 			name:    "CreatePaymentRequest",
-			newMsg:  generated(&paymentsv1.CreatePaymentRequest{}),
+			newMsg:  generated(&testv1.CreatePaymentRequest{}),
 			hashers: []hasher{{wire: true}},
 		},
 		{

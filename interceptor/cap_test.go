@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
 	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 const maybeMethod = testv1.TestService_Maybe_FullMethodName

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 func ExampleUnaryClientInterceptor() {
@@ -38,7 +38,7 @@ func ExampleUnaryClientInterceptor() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	payments := paymentsv1.NewPaymentServiceClient(conn)
+	payments := testv1.NewPaymentServiceClient(conn)
 	_ = payments // CreatePayment calls now carry a key; GetPayment calls do not.
 }
 
@@ -49,7 +49,7 @@ func ExampleUnaryClientInterceptor_serviceConfig() {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()),
 		grpc.WithDefaultServiceConfig(`{"methodConfig": [{
-			"name": [{"service": "payments.v1.PaymentService"}],
+			"name": [{"service": "idem.test.v1.PaymentService"}],
 			"retryPolicy": {
 				"maxAttempts": 4,
 				"initialBackoff": "0.1s",
@@ -68,7 +68,7 @@ func ExampleWithStep() {
 	// Inside a keyed handler, name the steps whose order may vary; here two
 	// charges run concurrently, so per-method ordinals would not be stable
 	// across a retry of the request.
-	var payments paymentsv1.PaymentServiceClient // through UnaryClientInterceptor
+	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
 	handler := func(ctx context.Context) error {
 		errs := make(chan error, 2)
 		for _, part := range []struct {
@@ -77,7 +77,7 @@ func ExampleWithStep() {
 		}{{"charge-goods", 1250}, {"charge-shipping", 490}} {
 			go func() {
 				_, err := payments.CreatePayment(interceptor.WithStep(ctx, part.step),
-					&paymentsv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
+					&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
 				errs <- err
 			}()
 		}
@@ -89,9 +89,9 @@ func ExampleWithStep() {
 func ExampleWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
-	var payments paymentsv1.PaymentServiceClient // through UnaryClientInterceptor
+	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
 	ctx := interceptor.WithKey(context.Background(), "invoice-2024-0042")
-	_, _ = payments.CreatePayment(ctx, &paymentsv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
+	_, _ = payments.CreatePayment(ctx, &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
 }
 
 func ExampleRetryDelay() {

@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 func ExampleWithLeased() {
@@ -42,11 +42,11 @@ func ExampleSaveRecoveryPoint() {
 // paymentLoader records a payment's id in place of a large response and
 // reads the payment back for a retry.
 type paymentLoader struct {
-	get func(ctx context.Context, id string) (*paymentsv1.Payment, error)
+	get func(ctx context.Context, id string) (*testv1.Payment, error)
 }
 
 func (l paymentLoader) Reference(_ context.Context, resp proto.Message) ([]byte, error) {
-	return []byte(resp.(*paymentsv1.CreatePaymentResponse).GetPayment().GetId()), nil
+	return []byte(resp.(*testv1.CreatePaymentResponse).GetPayment().GetId()), nil
 }
 
 func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, error) {
@@ -54,13 +54,13 @@ func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, err
 	if err != nil {
 		return nil, err
 	}
-	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
+	return &testv1.CreatePaymentResponse{Payment: p}, nil
 }
 
 func ExampleWithLoader() {
 	var loader interceptor.Loader = paymentLoader{}
 	_ = []interceptor.Option{
 		interceptor.WithMaxStoredResponseBytes(64 << 10),
-		interceptor.WithLoader(paymentsv1.PaymentService_CreatePayment_FullMethodName, loader),
+		interceptor.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
 	}
 }

@@ -12,8 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	testv1 "github.com/idemkit/idem/gen/idem/test/v1"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 )
 
@@ -49,7 +48,7 @@ func FuzzValidateKey(f *testing.F) {
 // exactly the stored bytes. The seed corpus is in testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
 	ms := newMethods(evaluateOptions(nil))
-	decoded := ms.lookup(paymentsv1.PaymentService_CreatePayment_FullMethodName)
+	decoded := ms.lookup(testv1.PaymentService_CreatePayment_FullMethodName)
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 	if decoded.output == nil || decoded.raw || raw.output == nil || !raw.raw {
 		f.Fatalf("method policies: CreatePayment %+v, Do %+v; want one decoded and one raw", decoded, raw)

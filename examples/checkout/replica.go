@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
-	checkoutv1 "github.com/idemkit/idem/gen/checkout/v1"
-	providerv1 "github.com/idemkit/idem/gen/provider/v1"
+	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
+	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 )
 
 // The environment of a replica: this program serves CheckoutService instead

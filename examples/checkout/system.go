@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/examples/checkout/providersvc"
-	checkoutv1 "github.com/idemkit/idem/gen/checkout/v1"
+	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
 	"github.com/idemkit/idem/interceptor"
 )

@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	ordersv1 "github.com/idemkit/idem/gen/orders/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )

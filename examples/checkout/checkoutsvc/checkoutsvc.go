@@ -49,8 +49,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	checkoutv1 "github.com/idemkit/idem/gen/checkout/v1"
-	providerv1 "github.com/idemkit/idem/gen/provider/v1"
+	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
+	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	inventoryv1 "github.com/idemkit/idem/examples/gen/inventory/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	inventoryv1 "github.com/idemkit/idem/gen/inventory/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )

@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	inventoryv1 "github.com/idemkit/idem/examples/gen/inventory/v1"
+	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
+	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	inventoryv1 "github.com/idemkit/idem/gen/inventory/v1"
-	ordersv1 "github.com/idemkit/idem/gen/orders/v1"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )

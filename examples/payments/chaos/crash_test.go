@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
 
 	"github.com/idemkit/idem/store/postgres/pgtest"

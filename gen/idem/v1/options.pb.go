@@ -276,8 +276,7 @@ const file_idem_v1_options_proto_rawDesc = "" +
 	"\vMODE_ATOMIC\x10\x01\x12\x0f\n" +
 	"\vMODE_LEASED\x10\x02:O\n" +
 	"\x06method\x12\x1e.google.protobuf.MethodOptions\x18\xcc\xe3\x03 \x01(\v2\x15.idem.v1.MethodPolicyR\x06method:K\n" +
-	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\xe3\x03 \x01(\v2\x14.idem.v1.FieldPolicyR\x05fieldB\x84\x01\n" +
-	"\vcom.idem.v1B\fOptionsProtoP\x01Z*github.com/idemkit/idem/gen/idem/v1;idemv1\xa2\x02\x03IXX\xaa\x02\aIdem.V1\xca\x02\aIdem\\V1\xe2\x02\x13Idem\\V1\\GPBMetadata\xea\x02\bIdem::V1b\x06proto3"
+	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\xe3\x03 \x01(\v2\x14.idem.v1.FieldPolicyR\x05fieldB,Z*github.com/idemkit/idem/gen/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_idem_v1_options_proto_rawDescOnce sync.Once
