@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Plays a buf user's first day with idem, in a fresh copy of this module
+# outside idem's tree: export idem's options proto from the Go module into
+# the buf workspace, generate with managed mode on, and run a server whose
+# keyed method must be read from shop.proto at run time, with duplicate
+# protobuf registrations made fatal. Then show the module graph idem adds.
+# .ci/run runs it; it needs the Go module proxy.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -R "$(dirname "$0")/." "$work"
+rm "$work/run.sh"
+cd "$work"
+
+# In a real module: go get github.com/idemkit/idem@latest. Here idem comes
+# from the repository under test.
+go mod edit -require=github.com/idemkit/idem@v0.0.0 -replace=github.com/idemkit/idem="$repo"
+
+idem_dir=$(go list -m -f '{{.Dir}}' github.com/idemkit/idem)
+go tool buf export "$idem_dir/proto" -o third_party/idem
+go tool buf lint
+go tool buf generate
+go mod tidy
+
+GOLANG_PROTOBUF_REGISTRATION_CONFLICT=panic go run ./server
+
+echo "--- go list -m all of a module that imports idem"
+GOWORK=off go list -m all
+# What idem itself requires (its edges in the module graph) must be what
+# the library imports: grpc, protobuf, genproto's rpc types, pgx,
+# go-grpc-middleware, uuid and their dependencies. Nothing of the examples
+# (NATS, OpenTelemetry's SDK, connect, grpc-gateway) or the tools (buf).
+echo "--- what idem requires"
+GOWORK=off go mod graph | awk '$1 ~ /^github.com\/idemkit\/idem@/ {print $2}' | tee requires.txt
+if grep -E 'nats-io|go.opentelemetry.io/otel/sdk|go.opentelemetry.io/otel/exporters|bufbuild|connectrpc|grpc-gateway' requires.txt; then
+	echo "idem requires modules that only its examples or tools need" >&2
+	exit 1
+fi
