@@ -5,9 +5,12 @@
 //	go run ./examples/payments/server -listen 127.0.0.1:50051 -database-url postgres:///root
 //
 // Without -database-url it uses $DATABASE_URL, and without that the libpq
-// defaults (PGHOST, PGPORT, PGUSER, PGDATABASE, the local socket). It applies
-// the migrations at start. The tenant comes from the x-tenant-id header, a
-// stand-in for real authentication.
+// defaults (PGHOST, PGPORT, PGUSER, PGDATABASE, the local socket): then the
+// database is $PGDATABASE, or else the one named like the OS user. It
+// creates its tables (payments, and idem's idempotency_keys and
+// processed_messages) in that database at start, and logs which database it
+// is; give it a database of its own. The tenant comes from the x-tenant-id
+// header, a stand-in for real authentication.
 package main
 
 import (
@@ -48,6 +51,8 @@ func run(ctx context.Context, lis net.Listener, dbURL string) error {
 		return err
 	}
 	defer pool.Close()
+	cc := pool.Config().ConnConfig
+	log.Printf("payments server: creating its tables in database %q on %s (set -database-url to choose another)", cc.Database, cc.Host)
 	if err := paymentsvc.Migrate(ctx, pool); err != nil {
 		return err
 	}
