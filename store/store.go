@@ -146,6 +146,14 @@ type RecoveryPoint struct {
 //
 // Exactly one of Complete and Release takes effect; Release after Complete
 // does nothing, so it can be deferred.
+//
+// SaveRecoveryPoint, Extend and Complete honour ctx: with a context that has
+// already ended they fail with its error (context.Canceled or
+// context.DeadlineExceeded) and change nothing. A caller that must record
+// past the end of its request, as the interceptor records a handler's
+// outcome after the client has gone, passes a context detached from the
+// request's. Release works whatever the state of ctx, so that it can be
+// deferred from a request whose caller has gone.
 type Lease interface {
 	// RecoveryPoint returns the last recovery point saved under the key:
 	// by an earlier owner when the key was taken over, or by this one.

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -440,6 +441,59 @@ var leaseCases = []testCase{
 		}
 		if waited < cfg.LockTimeout/2 {
 			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
+		}
+	}},
+
+	{name: "EndedContextWritesNothingButRelease", run: func(t *testing.T, s store.Store, _ Config) {
+		ended, cancel := context.WithCancel(t.Context())
+		cancel()
+		for _, withPoint := range []bool{false, true} {
+			k := key
+			k.Key = fmt.Sprintf("with-point-%v", withPoint)
+			l := takeLease(t, s, k, fp, shortLease)
+			var want *store.RecoveryPoint
+			if withPoint {
+				want = &store.RecoveryPoint{Step: "first"}
+				if err := l.SaveRecoveryPoint(t.Context(), *want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for name, err := range map[string]error{
+				"Extend":            l.Extend(ended, longLease),
+				"SaveRecoveryPoint": l.SaveRecoveryPoint(ended, store.RecoveryPoint{Step: "ended"}),
+				"Complete":          l.Complete(ended, okOutcome("ended")),
+			} {
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("%s with an ended context: %v, want context.Canceled", name, err)
+				}
+			}
+			// Nothing changed: the lease was not extended, and the claim is
+			// neither completed nor released.
+			e := leaseEntry(t, s, k, other, longLease)
+			wantInProgress(t, e, fp)
+			if e.LeaseRemaining > shortLease {
+				t.Errorf("LeaseRemaining %v: Extend with an ended context extended the lease", e.LeaseRemaining)
+			}
+			if want != nil {
+				wantPoint(t, l, *want)
+			} else {
+				wantNoPoint(t, l)
+			}
+			// Release works regardless, so that it can be deferred from a
+			// request whose caller has gone.
+			if err := l.Release(ended); err != nil {
+				t.Fatalf("Release with an ended context: %v", err)
+			}
+			if withPoint {
+				again := takeLease(t, s, k, fp, longLease) // the lease ended at once
+				wantPoint(t, again, *want)
+				if err := again.Release(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				again := takeLease(t, s, k, other, longLease) // the claim was deleted
+				wantNoPoint(t, again)
+			}
 		}
 	}},
 
