@@ -550,3 +550,52 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveRecoveryPointRefusesInvalidPoint: a step name or data that no
+// store can keep is refused with store.ErrInvalidRecoveryPoint on every
+// store, and nothing is saved.
+func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
+	invalid := map[string]store.RecoveryPoint{
+		"NUL":              {Step: "charge\x00sent"},
+		"invalid UTF-8":    {Step: "charge\xffsent"},
+		"256-byte step":    {Step: strings.Repeat("s", store.MaxStepLength+1)},
+		"data past 64 KiB": {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+	}
+	for _, st := range leaseStores {
+		t.Run(st.name, func(t *testing.T) {
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(time.Minute, doMethod)}})
+			var (
+				mu    sync.Mutex
+				errs  = map[string]error{}
+				saved bool
+			)
+			e.svc.setHook(func(ctx context.Context, _ string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for name, p := range invalid {
+					errs[name] = interceptor.SaveRecoveryPoint(ctx, p.Step, p.Data)
+				}
+				_, _, saved = interceptor.LastRecoveryPoint(ctx)
+				return nil
+			})
+			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for name, err := range errs {
+				if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
+					t.Errorf("SaveRecoveryPoint with %s: %v, want store.ErrInvalidRecoveryPoint", name, err)
+				}
+			}
+			if saved {
+				t.Error("the lease holds a recovery point after invalid ones only")
+			}
+			if st.name == "postgres" {
+				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND recovery_point IS NULL AND recovery_data IS NULL`); got != 1 {
+					t.Errorf("completed key rows without a recovery point = %d, want 1", got)
+				}
+			}
+		})
+	}
+}

@@ -77,6 +77,9 @@ func (l *leased) RecoveryPoint() (store.RecoveryPoint, bool) {
 }
 
 func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -1,9 +1,11 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -495,6 +497,43 @@ var leaseCases = []testCase{
 				wantNoPoint(t, again)
 			}
 		}
+	}},
+
+	{name: "InvalidRecoveryPointIsRefused", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		// At the bounds: saved.
+		last := store.RecoveryPoint{Step: "étape_✓", Data: []byte("d")}
+		for _, p := range []store.RecoveryPoint{
+			{Step: "charge_sent", Data: bytes.Repeat([]byte{0xff}, store.MaxRecoveryDataBytes)},
+			{Step: strings.Repeat("s", store.MaxStepLength)},
+			last,
+		} {
+			if err := l.SaveRecoveryPoint(t.Context(), p); err != nil {
+				t.Fatalf("SaveRecoveryPoint(%d-byte step, %d bytes of data): %v", len(p.Step), len(p.Data), err)
+			}
+		}
+		// Past them: refused, and nothing is saved.
+		for name, p := range map[string]store.RecoveryPoint{
+			"empty step":            {Data: []byte("d")},
+			"256-byte step":         {Step: strings.Repeat("s", store.MaxStepLength+1)},
+			"NUL":                   {Step: "charge\x00sent"},
+			"invalid UTF-8":         {Step: "charge\xffsent"},
+			"newline":               {Step: "charge\nsent"},
+			"DEL":                   {Step: "charge\x7fsent"},
+			"data past 64 KiB":      {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+			"NUL and data too long": {Step: "\x00", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+		} {
+			if err := l.SaveRecoveryPoint(t.Context(), p); !errors.Is(err, store.ErrInvalidRecoveryPoint) {
+				t.Errorf("SaveRecoveryPoint with %s: %v, want ErrInvalidRecoveryPoint", name, err)
+			}
+		}
+		wantPoint(t, l, last)
+		// The stored point is the last valid one: a retry resumes from it.
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		again := takeLease(t, s, key, fp, longLease)
+		wantPoint(t, again, last)
 	}},
 
 	{name: "LeaseIsSafeForConcurrentUse", run: func(t *testing.T, s store.Store, _ Config) {
