@@ -164,7 +164,7 @@ func extendTimeout(d time.Duration) time.Duration {
 }
 
 // recorder is the owned claim execute records into: a store.Txn or a
-// store.Lease.
+// leaseRecorder.
 type recorder interface {
 	Complete(ctx context.Context, out store.Outcome) error
 }
