@@ -85,6 +85,19 @@
 // once and the claim stays, so the retry takes over and resumes. Do not
 // change a method's mode while its keys live.
 //
+// A leased claim's bookkeeping lives as long as the handler, not as long as
+// its caller: extending the lease, recording the outcome and releasing the
+// claim run on a context detached from the request's, so a handler that
+// finishes its side effect after its client's deadline keeps its key and
+// has its outcome recorded. Each of these store calls has a bound of its
+// own: an extension a third of the lease (at most 5 s), recording and
+// releasing 5 s. Only a transient error or a panic releases the claim; when
+// recording the outcome of a handler that succeeded, or failed
+// deterministically, fails, the claim stays in progress, the caller gets
+// UNAVAILABLE with the lease as its RetryInfo delay, and once the lease has
+// run out a retry takes the call over and resumes from its last recovery
+// point.
+//
 // # Large responses
 //
 // A response larger than [WithMaxStoredResponseBytes] (1 MiB by default)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -111,6 +112,9 @@ type env struct {
 }
 
 type setup struct {
+	// store builds the interceptor's store on the test's database; nil
+	// means postgres.New(pool, storeOpts...).
+	store     func(pool *pgxpool.Pool) store.Store
 	storeOpts []postgres.Option
 	opts      []interceptor.Option
 	poolSize  int32
@@ -147,9 +151,13 @@ func newEnv(t *testing.T, s setup) *env {
 		}
 		return "", nil
 	})
+	var st store.Store = postgres.New(pool, s.storeOpts...)
+	if s.store != nil {
+		st = s.store(pool)
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(postgres.New(pool, s.storeOpts...),
+		interceptor.UnaryServerInterceptor(st,
 			append([]interceptor.Option{interceptor.WithTenant(tenant)}, s.opts...)...),
 	))
 	testv1.RegisterTestServiceServer(srv, svc)

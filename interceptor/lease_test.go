@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -18,6 +21,7 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 )
 
@@ -335,5 +339,263 @@ func TestLeasedHeartbeatAfterComplete(t *testing.T) {
 	}
 	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 150 {
 		t.Fatalf("completed keys = %d, want 150", got)
+	}
+}
+
+// leaseStores are the stores the leased tests below run on. Either way the
+// handler's side effects are rows of the test database's effects table.
+var leaseStores = []struct {
+	name string
+	new  func(pool *pgxpool.Pool) store.Store
+}{
+	{"postgres", func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) }},
+	{"memory", func(*pgxpool.Pool) store.Store { return memory.New() }},
+}
+
+// settle calls Do with key until the answer is no longer ABORTED
+// IDEMPOTENCY_KEY_IN_USE (the first call is still running or recording),
+// for at most 10 s, and returns the answer and its header.
+func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, error) {
+	t.Helper()
+	until := time.Now().Add(10 * time.Second)
+	for {
+		var header metadata.MD
+		resp, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+		if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+			return resp, header, err
+		}
+		if time.Now().After(until) {
+			t.Fatalf("key %q still in use after 10 s: %v", key, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLeasedRecordsAfterClientDeadline: a leased handler that ignores its
+// client's deadline and finishes its side effect afterwards has its outcome
+// recorded, so the retry replays it instead of running the side effect
+// again.
+func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
+	for _, st := range leaseStores {
+		t.Run(st.name, func(t *testing.T) {
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(time.Minute, doMethod)}})
+			var calls, charges atomic.Int32
+			e.svc.setHook(func(ctx context.Context, _ string) error {
+				if calls.Add(1) == 1 {
+					<-ctx.Done() // the client's deadline passes
+				}
+				charges.Add(1) // the side effect, finished regardless
+				return nil
+			})
+			ctx, cancel := context.WithTimeout(withKey("late"), 300*time.Millisecond)
+			defer cancel()
+			_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+			wantCode(t, err, codes.DeadlineExceeded)
+
+			_, header, err := settle(t, e, "late")
+			if err != nil {
+				t.Fatalf("retry after the deadline: %v", err)
+			}
+			if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+				t.Errorf("retry after the deadline was not a replay (header %v)", header)
+			}
+			if got := charges.Load(); got != 1 {
+				t.Errorf("charges = %d, want 1", got)
+			}
+			if got := e.effects(t); got != 1 {
+				t.Errorf("effects = %d, want 1", got)
+			}
+			if st.name == "postgres" {
+				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 1 {
+					t.Errorf("completed key rows = %d, want 1", got)
+				}
+			}
+		})
+	}
+}
+
+// TestLeasedHeartbeatOutlivesClient: the lease is extended while the
+// handler runs, not while its client waits. A handler that runs on for four
+// times its lease after its client went away keeps its key: a retry
+// meanwhile is refused instead of running the side effect a second time,
+// and once the handler returns its outcome is recorded and replayed.
+func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	for _, st := range leaseStores {
+		t.Run(st.name, func(t *testing.T) {
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(lease, doMethod)}})
+			started, gone, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var finishOnce sync.Once
+			finishHandler := func() { finishOnce.Do(func() { close(finish) }) }
+			t.Cleanup(finishHandler)
+			var calls atomic.Int32
+			e.svc.setHook(func(ctx context.Context, _ string) error {
+				if calls.Add(1) == 1 {
+					close(started)
+					<-ctx.Done() // the client went away
+					close(gone)
+					<-finish // the handler runs on
+				}
+				return nil
+			})
+			ctx, cancel := context.WithCancel(withKey("slow"))
+			errc := make(chan error, 1)
+			go func() {
+				_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+				errc <- err
+			}()
+			<-started
+			cancel()
+			wantCode(t, <-errc, codes.Canceled)
+			<-gone
+
+			for range 8 { // four leases
+				time.Sleep(lease / 2)
+				if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+					t.Fatalf("retry while the handler runs without its client: %v, want ABORTED %s", err, interceptor.ReasonKeyInUse)
+				}
+			}
+			if got := calls.Load(); got != 1 {
+				t.Fatalf("executions = %d, want 1", got)
+			}
+			finishHandler()
+			if _, header, err := settle(t, e, "slow"); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+				t.Fatalf("retry after the handler returned: %v (header %v), want a replay", err, header)
+			}
+			if got := e.effects(t); got != 1 {
+				t.Fatalf("effects = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// failingComplete is a store whose first leased Complete fails without
+// recording anything, as a lost connection would.
+type failingComplete struct {
+	store.Store
+	failed atomic.Bool
+}
+
+func (s *failingComplete) Lease(ctx context.Context, key store.Key, fp []byte, d time.Duration) (store.LeaseClaim, error) {
+	c, err := s.Store.Lease(ctx, key, fp, d)
+	if c.Lease != nil {
+		c.Lease = &failingLease{Lease: c.Lease, s: s}
+	}
+	return c, err
+}
+
+type failingLease struct {
+	store.Lease
+	s *failingComplete
+}
+
+func (l *failingLease) Complete(ctx context.Context, out store.Outcome) error {
+	if l.s.failed.CompareAndSwap(false, true) {
+		return errors.New("write tcp 10.0.0.1:5432: connection reset by peer")
+	}
+	return l.Lease.Complete(ctx, out)
+}
+
+// TestLeasedFailedRecordKeepsClaim: when recording the outcome of a handler
+// that succeeded (or failed deterministically) fails, the claim is not
+// deleted, so that a retry cannot run the side effect again at once: the
+// caller gets UNAVAILABLE, a retry is refused while the lease runs, and
+// once the lease has run out a retry takes the call over.
+func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
+	const lease = 2 * time.Second
+	for _, st := range leaseStores {
+		for _, outcome := range []struct {
+			name string
+			err  error
+		}{{"ok", nil}, {"deterministic", status.Error(codes.NotFound, "gone")}} {
+			t.Run(st.name+"/"+outcome.name, func(t *testing.T) {
+				e := newEnv(t, setup{
+					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: st.new(pool)} },
+					opts:  []interceptor.Option{interceptor.WithLeased(lease, doMethod)},
+				})
+				e.svc.setHook(func(context.Context, string) error { return outcome.err })
+				_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+				unavailable := wantCode(t, err, codes.Unavailable)
+
+				// The claim stays in progress.
+				if st.name == "postgres" {
+					if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'`); got != 1 {
+						t.Fatalf("in-progress key rows after a failed record = %d, want 1", got)
+					}
+				}
+				if err := callErr(e, "k"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+					t.Fatalf("retry while the lease runs: %v, want ABORTED %s", err, interceptor.ReasonKeyInUse)
+				}
+				if got := e.effects(t); got != 1 {
+					t.Fatalf("effects = %d, want 1", got)
+				}
+
+				// Once the lease has run out, a retry takes the call over.
+				_, _, err = settle(t, e, "k")
+				if status.Code(err) != status.Code(outcome.err) {
+					t.Fatalf("retry after the lease ran out: %v, want %v", err, outcome.err)
+				}
+				if got := e.effects(t); got != 2 {
+					t.Fatalf("effects = %d, want 2 (the takeover ran the handler)", got)
+				}
+				if st.name == "postgres" {
+					if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 1 {
+						t.Fatalf("completed key rows after the takeover = %d, want 1", got)
+					}
+				}
+				if strings.Contains(unavailable.Message(), "connection reset") {
+					t.Errorf("the caller saw the storage error: %q", unavailable.Message())
+				}
+			})
+		}
+	}
+}
+
+// TestSaveRecoveryPointRefusesInvalidPoint: a step name or data that no
+// store can keep is refused with store.ErrInvalidRecoveryPoint on every
+// store, and nothing is saved.
+func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
+	invalid := map[string]store.RecoveryPoint{
+		"NUL":              {Step: "charge\x00sent"},
+		"invalid UTF-8":    {Step: "charge\xffsent"},
+		"256-byte step":    {Step: strings.Repeat("s", store.MaxStepLength+1)},
+		"data past 64 KiB": {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+	}
+	for _, st := range leaseStores {
+		t.Run(st.name, func(t *testing.T) {
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(time.Minute, doMethod)}})
+			var (
+				mu    sync.Mutex
+				errs  = map[string]error{}
+				saved bool
+			)
+			e.svc.setHook(func(ctx context.Context, _ string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for name, p := range invalid {
+					errs[name] = interceptor.SaveRecoveryPoint(ctx, p.Step, p.Data)
+				}
+				_, _, saved = interceptor.LastRecoveryPoint(ctx)
+				return nil
+			})
+			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for name, err := range errs {
+				if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
+					t.Errorf("SaveRecoveryPoint with %s: %v, want store.ErrInvalidRecoveryPoint", name, err)
+				}
+			}
+			if saved {
+				t.Error("the lease holds a recovery point after invalid ones only")
+			}
+			if st.name == "postgres" {
+				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND recovery_point IS NULL AND recovery_data IS NULL`); got != 1 {
+					t.Errorf("completed key rows without a recovery point = %d, want 1", got)
+				}
+			}
+		})
 	}
 }

@@ -21,16 +21,25 @@ type leaseCtxKey struct{}
 // of starting again.
 //
 // Name steps in the order the handler reaches them, e.g. "created",
-// "charge_sent", "charge_confirmed"; only the last one is kept. It returns
-// [ErrNotLeased] outside a leased call, and store.ErrLeaseLost when a retry
-// has taken the key over (the handler should stop: its outcome will not be
+// "charge_sent", "charge_confirmed"; only the last one is kept. A step name
+// is 1 to store.MaxStepLength (255) bytes of valid UTF-8 without control
+// characters, and data at most store.MaxRecoveryDataBytes (64 KiB).
+//
+// It returns [ErrNotLeased] outside a leased call; an error wrapping
+// store.ErrInvalidRecoveryPoint, naming the rule, for a step or data that
+// breaks it (nothing is saved); and store.ErrLeaseLost when a retry has
+// taken the key over (the handler should stop: its outcome will not be
 // recorded).
 func SaveRecoveryPoint(ctx context.Context, step string, data []byte) error {
 	l, ok := ctx.Value(leaseCtxKey{}).(store.Lease)
 	if !ok {
 		return ErrNotLeased
 	}
-	return l.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: step, Data: data})
+	p := store.RecoveryPoint{Step: step, Data: data}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return l.SaveRecoveryPoint(ctx, p)
 }
 
 // LastRecoveryPoint returns the last recovery point saved for the key of the

@@ -95,6 +95,16 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // lease runs a call in leased mode: the claim is committed before the
 // handler runs, a heartbeat extends it while the handler runs, and the
 // outcome is recorded only while the claim is still this call's.
+//
+// The claim's bookkeeping (the heartbeat, recording the outcome, releasing
+// the claim) runs on a context detached from the caller's, each store call
+// with a bound of its own (see extendTimeout and leaseRecordTimeout): it
+// lasts as long as the handler, which may well finish its side effect after
+// its client has gone. Only a transient error or a panic of the handler
+// releases the claim. When recording the outcome of a handler that
+// succeeded or failed deterministically fails, the claim stays in progress
+// and its lease runs out on its own, so that a retry takes the call over
+// (resuming from its recovery point) rather than running it afresh.
 func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m *method, handler grpc.UnaryHandler) (any, error) {
 	lc, err := i.store.Lease(ctx, key, fp, m.lease)
 	if err != nil {
@@ -104,24 +114,57 @@ func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m
 		return i.replay(ctx, req, m, handler, fp, lc.Entry)
 	}
 	l := lc.Lease
-	defer func() { _ = l.Release(ctx) }()
+	bctx := context.WithoutCancel(ctx)
+	release := true // until the handler returns an outcome to record
+	defer func() {
+		if release {
+			rctx, cancel := context.WithTimeout(bctx, leaseRecordTimeout)
+			defer cancel()
+			_ = l.Release(rctx)
+		}
+	}()
 
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
 	defer cancel(nil)
-	stop := heartbeat(hctx, l, m.lease, cancel)
-	// The heartbeat stops before the outcome is recorded, so that it never
-	// mistakes the completed claim for a lost lease.
-	resp, err := i.execute(hctx, req, m, handler, stoppingLease{l, stop})
+	stop := heartbeat(bctx, l, m.lease, cancel)
+	defer stop() // when the handler panics
+	rec := &leaseRecorder{lease: l, stop: stop}
+	resp, err := i.execute(hctx, req, m, func(ctx context.Context, req any) (any, error) {
+		resp, err := handler(ctx, req)
+		release = err != nil && !i.opts.classifier.Deterministic(status.Convert(err))
+		return resp, err
+	}, rec)
 	stop()
 	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
 		logger.Warningf("%s: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key.Method)
 		return nil, leaseLost(i.opts.retryDelay)
 	}
+	if rec.err != nil {
+		logger.Errorf("%s: recording the outcome of a leased call failed; its claim stays in progress until the lease runs out: %v", key.Method, rec.err)
+		return nil, notRecorded(min(m.lease, maxLeaseRetryDelay))
+	}
 	return resp, err
 }
 
+// Bounds of the store calls that keep a leased claim, which run on a context
+// detached from the caller's.
+const (
+	// leaseRecordTimeout bounds recording a leased call's outcome and
+	// releasing its claim.
+	leaseRecordTimeout = 5 * time.Second
+	// maxExtendTimeout caps the bound of one Extend of the heartbeat.
+	maxExtendTimeout = 5 * time.Second
+)
+
+// extendTimeout bounds one Extend of a lease of length d: a third of d, so
+// that a beat that hangs gives up while the lease still runs for the next
+// beat to extend it, and at most maxExtendTimeout.
+func extendTimeout(d time.Duration) time.Duration {
+	return min(max(d/3, time.Millisecond), maxExtendTimeout)
+}
+
 // recorder is the owned claim execute records into: a store.Txn or a
-// store.Lease.
+// leaseRecorder.
 type recorder interface {
 	Complete(ctx context.Context, out store.Outcome) error
 }
@@ -180,22 +223,32 @@ func (i *server) completeError(err error) error {
 	return storeError(err, i.opts.retryDelay)
 }
 
-// stoppingLease stops the heartbeat before it completes the lease.
-type stoppingLease struct {
-	store.Lease
-	stop func()
+// leaseRecorder records the outcome of a leased call. It stops the
+// heartbeat first, so that the heartbeat never mistakes the completed claim
+// for a lost lease, and records on a context detached from the caller's
+// (bounded by leaseRecordTimeout), so that an outcome reached after the
+// caller has gone is still kept. It keeps the error of the record.
+type leaseRecorder struct {
+	lease store.Lease
+	stop  func()
+	err   error
 }
 
-func (l stoppingLease) Complete(ctx context.Context, out store.Outcome) error {
-	l.stop()
-	return l.Lease.Complete(ctx, out)
+func (r *leaseRecorder) Complete(ctx context.Context, out store.Outcome) error {
+	r.stop()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseRecordTimeout)
+	defer cancel()
+	r.err = r.lease.Complete(ctx, out)
+	return r.err
 }
 
 // heartbeat extends l every third of d until stop is called (stop may be
-// called more than once). When the lease
-// turns out to be lost it cancels the handler's context with
-// store.ErrLeaseLost and stops; other failures are logged and retried at
-// the next beat, while the lease may still run.
+// called more than once), each Extend bounded by extendTimeout(d). ctx
+// should be detached from the caller's: the lease is kept while the handler
+// runs, whether or not its caller still waits. When the lease turns out to
+// be lost it cancels the handler's context with store.ErrLeaseLost and
+// stops; other failures are logged and retried at the next beat, while the
+// lease may still run.
 func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -212,7 +265,9 @@ func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel conte
 				return
 			case <-t.C:
 			}
-			err := l.Extend(ctx, d)
+			ectx, cancelExtend := context.WithTimeout(ctx, extendTimeout(d))
+			err := l.Extend(ectx, d)
+			cancelExtend()
 			switch {
 			case errors.Is(err, store.ErrLeaseLost):
 				cancel(store.ErrLeaseLost)

@@ -67,6 +67,14 @@ func leaseLost(delay time.Duration) error {
 		&errdetails.ErrorInfo{Reason: ReasonLeaseLost, Domain: Domain})
 }
 
+// notRecorded is the answer to a leased call whose outcome could not be
+// recorded: the claim stays in progress until its lease, delay from now at
+// the latest, runs out, and then a retry takes it over.
+func notRecorded(delay time.Duration) error {
+	return withDetails(codes.Unavailable, "idem: the outcome of this call could not be recorded; retry after the delay",
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+}
+
 func notCached() error {
 	return withDetails(codes.FailedPrecondition, "idem: the request with this idempotency key completed, but its response was too large to record and cannot be rebuilt",
 		&errdetails.ErrorInfo{Reason: ReasonResponseNotCached, Domain: Domain})

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 )
@@ -131,11 +133,51 @@ type LeaseClaim struct {
 	Entry *Entry
 }
 
+// ErrInvalidRecoveryPoint reports a recovery point that breaks the rule of
+// [RecoveryPoint.Validate]. Nothing was saved; saving the same point again
+// fails again.
+var ErrInvalidRecoveryPoint = errors.New("store: invalid recovery point")
+
+// Bounds of a [RecoveryPoint].
+const (
+	// MaxStepLength is the longest step name, in bytes.
+	MaxStepLength = 255
+	// MaxRecoveryDataBytes is the largest payload of a recovery point.
+	MaxRecoveryDataBytes = 64 << 10
+)
+
 // RecoveryPoint is a named step a leased request reached, with a small
 // payload to resume from (a provider's charge id, say).
 type RecoveryPoint struct {
+	// Step names the step: 1 to MaxStepLength bytes of valid UTF-8 with no
+	// control characters.
 	Step string
+	// Data is the payload, at most MaxRecoveryDataBytes; it may be empty.
 	Data []byte
+}
+
+// Validate reports whether every store can keep p: Step must be 1 to
+// [MaxStepLength] bytes of valid UTF-8 without control characters (U+0000
+// to U+001F and U+007F, NUL among them), and Data at most
+// [MaxRecoveryDataBytes] bytes. The error, if any, wraps
+// [ErrInvalidRecoveryPoint] and names the rule p breaks.
+func (p RecoveryPoint) Validate() error {
+	switch {
+	case p.Step == "":
+		return fmt.Errorf("%w: the step name is empty", ErrInvalidRecoveryPoint)
+	case len(p.Step) > MaxStepLength:
+		return fmt.Errorf("%w: the step name is %d bytes, more than %d", ErrInvalidRecoveryPoint, len(p.Step), MaxStepLength)
+	case !utf8.ValidString(p.Step):
+		return fmt.Errorf("%w: the step name is not valid UTF-8", ErrInvalidRecoveryPoint)
+	case len(p.Data) > MaxRecoveryDataBytes:
+		return fmt.Errorf("%w: the data is %d bytes, more than %d", ErrInvalidRecoveryPoint, len(p.Data), MaxRecoveryDataBytes)
+	}
+	for i, r := range p.Step {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: the step name has control character %U at byte %d", ErrInvalidRecoveryPoint, r, i)
+		}
+	}
+	return nil
 }
 
 // Lease is a leased claim, guarded by a fencing token: each takeover of the
@@ -146,13 +188,23 @@ type RecoveryPoint struct {
 //
 // Exactly one of Complete and Release takes effect; Release after Complete
 // does nothing, so it can be deferred.
+//
+// SaveRecoveryPoint, Extend and Complete honour ctx: with a context that has
+// already ended they fail with its error (context.Canceled or
+// context.DeadlineExceeded) and change nothing. A caller that must record
+// past the end of its request, as the interceptor records a handler's
+// outcome after the client has gone, passes a context detached from the
+// request's. Release works whatever the state of ctx, so that it can be
+// deferred from a request whose caller has gone.
 type Lease interface {
 	// RecoveryPoint returns the last recovery point saved under the key:
 	// by an earlier owner when the key was taken over, or by this one.
 	RecoveryPoint() (RecoveryPoint, bool)
 
 	// SaveRecoveryPoint makes p durable at once, so that a request that
-	// takes the key over resumes from it.
+	// takes the key over resumes from it. A point that fails
+	// [RecoveryPoint.Validate] is refused with its error, which wraps
+	// ErrInvalidRecoveryPoint, and nothing is saved.
 	SaveRecoveryPoint(ctx context.Context, p RecoveryPoint) error
 
 	// Extend moves the end of the lease to d from now.

@@ -33,6 +33,11 @@
 //     and the writes of a lease fail with store.ErrLeaseLost once another
 //     request has taken the key over, the key was released and claimed
 //     again, or the key has expired.
+//   - A recovery point that store.RecoveryPoint.Validate refuses is not
+//     saved, as the PostgreSQL store refuses it.
+//   - The writes of a lease (SaveRecoveryPoint, Extend, Complete) fail with
+//     the context's error and change nothing when their context has ended;
+//     Release works regardless.
 //
 // Outcomes, fingerprints and recovery points are copied in and out, so
 // callers may reuse their buffers.

@@ -76,7 +76,13 @@ func (l *leased) RecoveryPoint() (store.RecoveryPoint, bool) {
 	return *clonePoint(l.point), true
 }
 
-func (l *leased) SaveRecoveryPoint(_ context.Context, p store.RecoveryPoint) error {
+func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.store
@@ -91,7 +97,10 @@ func (l *leased) SaveRecoveryPoint(_ context.Context, p store.RecoveryPoint) err
 	return nil
 }
 
-func (l *leased) Extend(_ context.Context, d time.Duration) error {
+func (l *leased) Extend(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s := l.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -103,7 +112,10 @@ func (l *leased) Extend(_ context.Context, d time.Duration) error {
 	return nil
 }
 
-func (l *leased) Complete(_ context.Context, out store.Outcome) error {
+func (l *leased) Complete(ctx context.Context, out store.Outcome) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.finished {
@@ -123,6 +135,7 @@ func (l *leased) Complete(_ context.Context, out store.Outcome) error {
 	return nil
 }
 
+// Release ignores ctx: it works after the request's context has ended.
 func (l *leased) Release(context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

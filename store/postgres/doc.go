@@ -35,7 +35,9 @@
 // ran out under the same request, or that expired) with locked_until and a
 // random fencing token, and commits. Extending the lease, saving a recovery
 // point, recording the outcome and releasing are then one statement each,
-// every one matching the row only while its token is current.
+// every one matching the row only while its token is current. A recovery
+// point that store.RecoveryPoint.Validate refuses is refused before any
+// round trip.
 //
 // # Poolers and distributed engines
 //

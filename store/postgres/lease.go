@@ -154,6 +154,11 @@ func (l *lease) RecoveryPoint() (store.RecoveryPoint, bool) {
 }
 
 func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+	// Refused before the round trip: a step name the text column cannot
+	// hold would otherwise fail with the driver's error.
+	if err := p.Validate(); err != nil {
+		return err
+	}
 	p.Data = append([]byte(nil), p.Data...)
 	if err := l.exec(ctx, leaseSave, p.Step, p.Data); err != nil {
 		return err

@@ -1,8 +1,11 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -441,6 +444,96 @@ var leaseCases = []testCase{
 		if waited < cfg.LockTimeout/2 {
 			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
 		}
+	}},
+
+	{name: "EndedContextWritesNothingButRelease", run: func(t *testing.T, s store.Store, _ Config) {
+		ended, cancel := context.WithCancel(t.Context())
+		cancel()
+		for _, withPoint := range []bool{false, true} {
+			k := key
+			k.Key = fmt.Sprintf("with-point-%v", withPoint)
+			l := takeLease(t, s, k, fp, shortLease)
+			var want *store.RecoveryPoint
+			if withPoint {
+				want = &store.RecoveryPoint{Step: "first"}
+				if err := l.SaveRecoveryPoint(t.Context(), *want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for name, err := range map[string]error{
+				"Extend":            l.Extend(ended, longLease),
+				"SaveRecoveryPoint": l.SaveRecoveryPoint(ended, store.RecoveryPoint{Step: "ended"}),
+				"Complete":          l.Complete(ended, okOutcome("ended")),
+			} {
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("%s with an ended context: %v, want context.Canceled", name, err)
+				}
+			}
+			// Nothing changed: the lease was not extended, and the claim is
+			// neither completed nor released.
+			e := leaseEntry(t, s, k, other, longLease)
+			wantInProgress(t, e, fp)
+			if e.LeaseRemaining > shortLease {
+				t.Errorf("LeaseRemaining %v: Extend with an ended context extended the lease", e.LeaseRemaining)
+			}
+			if want != nil {
+				wantPoint(t, l, *want)
+			} else {
+				wantNoPoint(t, l)
+			}
+			// Release works regardless, so that it can be deferred from a
+			// request whose caller has gone.
+			if err := l.Release(ended); err != nil {
+				t.Fatalf("Release with an ended context: %v", err)
+			}
+			if withPoint {
+				again := takeLease(t, s, k, fp, longLease) // the lease ended at once
+				wantPoint(t, again, *want)
+				if err := again.Release(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				again := takeLease(t, s, k, other, longLease) // the claim was deleted
+				wantNoPoint(t, again)
+			}
+		}
+	}},
+
+	{name: "InvalidRecoveryPointIsRefused", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, longLease)
+		// At the bounds: saved.
+		last := store.RecoveryPoint{Step: "étape_✓", Data: []byte("d")}
+		for _, p := range []store.RecoveryPoint{
+			{Step: "charge_sent", Data: bytes.Repeat([]byte{0xff}, store.MaxRecoveryDataBytes)},
+			{Step: strings.Repeat("s", store.MaxStepLength)},
+			last,
+		} {
+			if err := l.SaveRecoveryPoint(t.Context(), p); err != nil {
+				t.Fatalf("SaveRecoveryPoint(%d-byte step, %d bytes of data): %v", len(p.Step), len(p.Data), err)
+			}
+		}
+		// Past them: refused, and nothing is saved.
+		for name, p := range map[string]store.RecoveryPoint{
+			"empty step":            {Data: []byte("d")},
+			"256-byte step":         {Step: strings.Repeat("s", store.MaxStepLength+1)},
+			"NUL":                   {Step: "charge\x00sent"},
+			"invalid UTF-8":         {Step: "charge\xffsent"},
+			"newline":               {Step: "charge\nsent"},
+			"DEL":                   {Step: "charge\x7fsent"},
+			"data past 64 KiB":      {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+			"NUL and data too long": {Step: "\x00", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+		} {
+			if err := l.SaveRecoveryPoint(t.Context(), p); !errors.Is(err, store.ErrInvalidRecoveryPoint) {
+				t.Errorf("SaveRecoveryPoint with %s: %v, want ErrInvalidRecoveryPoint", name, err)
+			}
+		}
+		wantPoint(t, l, last)
+		// The stored point is the last valid one: a retry resumes from it.
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		again := takeLease(t, s, key, fp, longLease)
+		wantPoint(t, again, last)
 	}},
 
 	{name: "LeaseIsSafeForConcurrentUse", run: func(t *testing.T, s store.Store, _ Config) {

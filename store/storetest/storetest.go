@@ -181,7 +181,7 @@ func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
 func wantNoPoint(t *testing.T, l store.Lease) {
 	t.Helper()
 	if p, ok := l.RecoveryPoint(); ok {
-		t.Errorf("RecoveryPoint() = %+v, want none", p)
+		t.Errorf("RecoveryPoint() = %s, want none", describePoint(p))
 	}
 }
 
@@ -190,8 +190,21 @@ func wantPoint(t *testing.T, l store.Lease, p store.RecoveryPoint) {
 	t.Helper()
 	got, ok := l.RecoveryPoint()
 	if !ok || got.Step != p.Step || !bytes.Equal(got.Data, p.Data) {
-		t.Errorf("RecoveryPoint() = %+v, %v; want %+v", got, ok, p)
+		t.Errorf("RecoveryPoint() = %s, %v; want %s", describePoint(got), ok, describePoint(p))
 	}
+}
+
+// describePoint shows p with at most the first 32 bytes of its step and
+// data.
+func describePoint(p store.RecoveryPoint) string {
+	step, data := p.Step, p.Data
+	if len(step) > 32 {
+		step = step[:32] + "..."
+	}
+	if len(data) > 32 {
+		data = append(data[:32:32], "..."...)
+	}
+	return fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Step), data, len(p.Data))
 }
 
 func describeEntry(e *store.Entry) string {
