@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/store"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
@@ -22,15 +24,16 @@ import (
 // or [WithKeyedMethods] selects it; IDEMPOTENT and NO_SIDE_EFFECTS methods
 // never are. The key is, in order of precedence:
 //
-//  1. the key set with [WithKey], sent as it is;
+//  1. the key set with [WithKey], sent as it is (to optional-key methods
+//     too);
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
-//  3. inside a keyed handler (the context holds the request's key, see
-//     [KeyFromContext]), the child key [DeriveKey](parent, step), where step
-//     is the name set with [WithStep], else the full method name, "#" and
-//     the call's ordinal among this request's calls to that method ("#1" for
-//     the first, "#2" for the second);
+//  3. inside a keyed handler (see [KeyFromContext]), the child key
+//     [DeriveKey](request, step) of the request's tenant, method and key,
+//     where step is the name set with [WithStep], else the full method
+//     name, "#" and the call's ordinal among this request's calls to that
+//     method ("#1" for the first, "#2" for the second);
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
 //
@@ -81,9 +84,9 @@ func (c *client) keyFor(ctx context.Context, method string) (string, error) {
 		}
 		return k, nil
 	}
-	parent, inHandler := KeyFromContext(ctx)
+	parent, inHandler := requestKey(ctx)
 	if sent := outgoing(ctx).Get(KeyHeader); len(sent) > 0 {
-		if inHandler && slices.Contains(sent, parent) {
+		if inHandler && slices.Contains(sent, parent.Key) {
 			return derive(ctx, parent, method)
 		}
 		return "", nil
@@ -107,8 +110,9 @@ func outgoing(ctx context.Context) metadata.MD {
 	return md
 }
 
-// derive returns the child key of parent for the next call of method.
-func derive(ctx context.Context, parent, method string) (string, error) {
+// derive returns the child key of the request parent for the next call of
+// method.
+func derive(ctx context.Context, parent store.Key, method string) (string, error) {
 	if step, ok := StepFromContext(ctx); ok {
 		return DeriveKey(parent, step), nil
 	}
@@ -139,10 +143,11 @@ func (c *callCounter) next(method string) int {
 type callsCtxKey struct{}
 
 // withRequestKey returns ctx marked as handling the keyed request key: it
-// holds the key for [KeyFromContext] and a fresh counter of outbound calls
-// for the client interceptor's ordinals. Every path of the server
-// interceptor that runs a handler under a key goes through it.
-func withRequestKey(ctx context.Context, key string) context.Context {
+// holds the key's scope for [KeyFromContext] and the derivation of child
+// keys, and a fresh counter of outbound calls for the client interceptor's
+// ordinals. Every path of the server interceptor that runs a handler under
+// a key goes through it.
+func withRequestKey(ctx context.Context, key store.Key) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
 	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
 }
@@ -166,10 +171,11 @@ type stepCtxKey struct{}
 
 // WithStep names the step of a keyed request that the calls made with the
 // returned context perform. Inside a keyed handler their keys are
-// DeriveKey(request key, step) instead of being numbered per method. Name
-// steps whenever the order of calls to one method can vary between
-// executions of the handler, such as calls made concurrently: an ordinal
-// would then hand a retried request's calls each other's keys.
+// [ChildKey](ctx, step), derived from the request's tenant, method and key,
+// instead of being numbered per method. Name steps whenever the order of
+// calls to one method can vary between executions of the handler, such as
+// calls made concurrently: an ordinal would then hand a retried request's
+// calls each other's keys.
 //
 // Calls made with the same step and method share a key, so the second is
 // answered with the first's response: give each distinct operation its own

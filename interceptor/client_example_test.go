@@ -67,7 +67,8 @@ func ExampleUnaryClientInterceptor_serviceConfig() {
 func ExampleWithStep() {
 	// Inside a keyed handler, name the steps whose order may vary; here two
 	// charges run concurrently, so per-method ordinals would not be stable
-	// across a retry of the request.
+	// across a retry of the request. Each charge carries the request's
+	// child key for its step, interceptor.ChildKey(ctx, part.step).
 	var payments paymentsv1.PaymentServiceClient // through UnaryClientInterceptor
 	handler := func(ctx context.Context) error {
 		errs := make(chan error, 2)
