@@ -37,6 +37,11 @@ import (
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
 //
+// The request's own key is never forwarded, on any method: a handler that
+// copies its incoming metadata to its outgoing context sends a keyed method
+// the child key, and an IDEMPOTENT, NO_SIDE_EFFECTS or unselected
+// optional-key method no key at all.
+//
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
 //
@@ -58,22 +63,40 @@ type client struct {
 
 func (c *client) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	ctx, opts = trackAttempts(ctx, opts)
-	key, err := c.keyFor(ctx, method)
+	md, _ := metadata.FromOutgoingContext(ctx)
+	key, err := c.keyFor(ctx, method, md)
 	if err != nil {
 		return err
 	}
-	if key != "" {
-		md, _ := metadata.FromOutgoingContext(ctx)
+	parent, inHandler := requestKey(ctx)
+	switch {
+	case key != "":
 		md = md.Copy()
 		md.Set(KeyHeader, key)
-		ctx = metadata.NewOutgoingContext(ctx, md)
+	case inHandler && slices.Contains(md.Get(KeyHeader), parent.Key):
+		md = without(md, parent.Key)
+	default:
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	return invoker(ctx, method, req, reply, cc, opts...)
+	return invoker(metadata.NewOutgoingContext(ctx, md), method, req, reply, cc, opts...)
 }
 
-// keyFor returns the key to send with a call of method, or "" to leave the
-// outgoing metadata as it is.
-func (c *client) keyFor(ctx context.Context, method string) (string, error) {
+// without returns a copy of md without the value key of [KeyHeader].
+func without(md metadata.MD, key string) metadata.MD {
+	md = md.Copy()
+	rest := slices.DeleteFunc(md.Get(KeyHeader), func(v string) bool { return v == key })
+	if len(rest) == 0 {
+		md.Delete(KeyHeader)
+	} else {
+		md.Set(KeyHeader, rest...)
+	}
+	return md
+}
+
+// keyFor returns the key to send with a call of method whose outgoing
+// metadata is md, or "" to send no key of idem's: md then goes as it is,
+// less the request's own key.
+func (c *client) keyFor(ctx context.Context, method string, md metadata.MD) (string, error) {
 	m := c.methods.lookup(method)
 	if m.exempt {
 		return "", nil
@@ -85,11 +108,9 @@ func (c *client) keyFor(ctx context.Context, method string) (string, error) {
 		return k, nil
 	}
 	parent, inHandler := requestKey(ctx)
-	if sent := outgoing(ctx).Get(KeyHeader); len(sent) > 0 {
-		if inHandler && slices.Contains(sent, parent.Key) {
-			return derive(ctx, parent, method)
-		}
-		return "", nil
+	sent := md.Get(KeyHeader)
+	if len(sent) > 0 && !(inHandler && slices.Contains(sent, parent.Key)) {
+		return "", nil // the caller's own key
 	}
 	if !m.required && (c.keyed == nil || !c.keyed.Match(ctx, method)) {
 		return "", nil
@@ -102,12 +123,6 @@ func (c *client) keyFor(ctx context.Context, method string) (string, error) {
 		return "", status.Errorf(codes.Internal, "idem: generating a key: %v", err)
 	}
 	return u.String(), nil
-}
-
-// outgoing returns the outgoing metadata of ctx.
-func outgoing(ctx context.Context) metadata.MD {
-	md, _ := metadata.FromOutgoingContext(ctx)
-	return md
 }
 
 // derive returns the child key of the request parent for the next call of

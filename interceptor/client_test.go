@@ -680,3 +680,86 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 		t.Errorf("downstream handler ran %d times, want 8 (two calls of each of four operations)", n)
 	}
 }
+
+// propagator is an upstream TestService whose Do forwards its incoming
+// metadata, idempotency key included, to its calls of the downstream
+// service's Read (NO_SIDE_EFFECTS), Maybe (key optional) and Do (key
+// required), then calls Maybe with a key of its own.
+type propagator struct {
+	testv1.UnimplementedTestServiceServer
+	down testv1.TestServiceClient
+}
+
+func (p *propagator) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	out := metadata.NewOutgoingContext(ctx, md)
+	if _, err := p.down.Read(out, &testv1.ReadRequest{Value: "read"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Maybe(out, &testv1.MaybeRequest{Value: "maybe"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Do(out, &testv1.DoRequest{Value: "do"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Maybe(interceptor.WithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
+		return nil, err
+	}
+	return &testv1.DoResponse{Value: req.GetValue()}, nil
+}
+
+// TestClientNeverForwardsTheRequestKey: a handler that copies its incoming
+// metadata to its outgoing calls sends its own key to none of them. A
+// method without side effects and an optional-key method that the client
+// does not select get no key at all; a keyed method gets the child key, and
+// a key set with WithKey is sent as it is.
+func TestClientNeverForwardsTheRequestKey(t *testing.T) {
+	downPool, upPool := newEffectsPool(t), newEffectsPool(t)
+	down := &testService{pool: downPool}
+	downRec, downAddr := serve(t, downPool, down)
+	up := &propagator{down: dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))}
+	_, upAddr := serve(t, upPool, up)
+	client := dial(t, upAddr)
+
+	const parent = "order-1"
+	ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second), interceptor.KeyHeader, parent)
+	if _, err := client.Do(ctx, &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+
+	reads, maybes := downRec.of(methodRead), downRec.of(methodMaybe)
+	if len(reads) != 1 || len(maybes) != 2 {
+		t.Fatalf("downstream saw %d calls of Read and %d of Maybe, want 1 and 2", len(reads), len(maybes))
+	}
+	for _, a := range []attempt{reads[0], maybes[0]} {
+		if len(a.keys) != 0 {
+			t.Errorf("%s received keys %q, want none", a.method, a.keys)
+		}
+	}
+	if k := onlyKey(t, maybes[1]); k != "refund-1" {
+		t.Errorf("Maybe with WithKey received %s, want refund-1", k)
+	}
+	child := onlyKey(t, downRec.of(methodDo)[0])
+	if want := interceptor.DeriveKey(store.Key{Method: methodDo, Key: parent}, methodDo+"#1"); child != want {
+		t.Errorf("Do received key %s, want the child key %s", child, want)
+	}
+	// Read and the first Maybe ran without a key, Do under its child key.
+	var rows []string
+	r, err := downPool.Query(context.Background(), `SELECT value || ' ' || key FROM effects ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var s string
+		if err := r.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, s)
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"read ", "maybe ", "do " + child, "with key refund-1"}; !slices.Equal(rows, want) {
+		t.Errorf("downstream effects %q, want %q", rows, want)
+	}
+}

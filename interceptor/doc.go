@@ -120,8 +120,9 @@
 // it). A retried request therefore sends the same child keys in the same
 // order and the services it calls replay instead of repeating. Two calls
 // never share a key, nor do two operations that share a key string in
-// different tenants or methods, and the request's own key is never
-// forwarded. [ChildKey]
+// different tenants or methods. The request's own key is never forwarded:
+// a handler that copies its incoming metadata to its outgoing calls sends
+// keyed methods their child keys and other methods no key. [ChildKey]
 // gives a handler the child key of a step for calls over other transports
 // (HTTP, a provider's SDK).
 //
