@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/store"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
@@ -22,17 +24,23 @@ import (
 // or [WithKeyedMethods] selects it; IDEMPOTENT and NO_SIDE_EFFECTS methods
 // never are. The key is, in order of precedence:
 //
-//  1. the key set with [WithKey], sent as it is;
+//  1. the key set with [WithKey], sent as it is (to optional-key methods
+//     too);
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
-//  3. inside a keyed handler (the context holds the request's key, see
-//     [KeyFromContext]), the child key [DeriveKey](parent, step), where step
-//     is the name set with [WithStep], else the full method name, "#" and
-//     the call's ordinal among this request's calls to that method ("#1" for
-//     the first, "#2" for the second);
+//  3. inside a keyed handler (see [KeyFromContext]), the child key
+//     [DeriveKey](request, step) of the request's tenant, method and key,
+//     where step is the name set with [WithStep], else the full method
+//     name, "#" and the call's ordinal among this request's calls to that
+//     method ("#1" for the first, "#2" for the second);
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
+//
+// The request's own key is never forwarded, on any method: a handler that
+// copies its incoming metadata to its outgoing context sends a keyed method
+// the child key, and an IDEMPOTENT, NO_SIDE_EFFECTS or unselected
+// optional-key method no key at all.
 //
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
@@ -55,22 +63,40 @@ type client struct {
 
 func (c *client) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	ctx, opts = trackAttempts(ctx, opts)
-	key, err := c.keyFor(ctx, method)
+	md, _ := metadata.FromOutgoingContext(ctx)
+	key, err := c.keyFor(ctx, method, md)
 	if err != nil {
 		return err
 	}
-	if key != "" {
-		md, _ := metadata.FromOutgoingContext(ctx)
+	parent, inHandler := requestKey(ctx)
+	switch {
+	case key != "":
 		md = md.Copy()
 		md.Set(KeyHeader, key)
-		ctx = metadata.NewOutgoingContext(ctx, md)
+	case inHandler && slices.Contains(md.Get(KeyHeader), parent.Key):
+		md = without(md, parent.Key)
+	default:
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	return invoker(ctx, method, req, reply, cc, opts...)
+	return invoker(metadata.NewOutgoingContext(ctx, md), method, req, reply, cc, opts...)
 }
 
-// keyFor returns the key to send with a call of method, or "" to leave the
-// outgoing metadata as it is.
-func (c *client) keyFor(ctx context.Context, method string) (string, error) {
+// without returns a copy of md without the value key of [KeyHeader].
+func without(md metadata.MD, key string) metadata.MD {
+	md = md.Copy()
+	rest := slices.DeleteFunc(md.Get(KeyHeader), func(v string) bool { return v == key })
+	if len(rest) == 0 {
+		md.Delete(KeyHeader)
+	} else {
+		md.Set(KeyHeader, rest...)
+	}
+	return md
+}
+
+// keyFor returns the key to send with a call of method whose outgoing
+// metadata is md, or "" to send no key of idem's: md then goes as it is,
+// less the request's own key.
+func (c *client) keyFor(ctx context.Context, method string, md metadata.MD) (string, error) {
 	m := c.methods.lookup(method)
 	if m.exempt {
 		return "", nil
@@ -81,12 +107,10 @@ func (c *client) keyFor(ctx context.Context, method string) (string, error) {
 		}
 		return k, nil
 	}
-	parent, inHandler := KeyFromContext(ctx)
-	if sent := outgoing(ctx).Get(KeyHeader); len(sent) > 0 {
-		if inHandler && slices.Contains(sent, parent) {
-			return derive(ctx, parent, method)
-		}
-		return "", nil
+	parent, inHandler := requestKey(ctx)
+	sent := md.Get(KeyHeader)
+	if len(sent) > 0 && !(inHandler && slices.Contains(sent, parent.Key)) {
+		return "", nil // the caller's own key
 	}
 	if !m.required && (c.keyed == nil || !c.keyed.Match(ctx, method)) {
 		return "", nil
@@ -101,14 +125,9 @@ func (c *client) keyFor(ctx context.Context, method string) (string, error) {
 	return u.String(), nil
 }
 
-// outgoing returns the outgoing metadata of ctx.
-func outgoing(ctx context.Context) metadata.MD {
-	md, _ := metadata.FromOutgoingContext(ctx)
-	return md
-}
-
-// derive returns the child key of parent for the next call of method.
-func derive(ctx context.Context, parent, method string) (string, error) {
+// derive returns the child key of the request parent for the next call of
+// method.
+func derive(ctx context.Context, parent store.Key, method string) (string, error) {
 	if step, ok := StepFromContext(ctx); ok {
 		return DeriveKey(parent, step), nil
 	}
@@ -139,10 +158,11 @@ func (c *callCounter) next(method string) int {
 type callsCtxKey struct{}
 
 // withRequestKey returns ctx marked as handling the keyed request key: it
-// holds the key for [KeyFromContext] and a fresh counter of outbound calls
-// for the client interceptor's ordinals. Every path of the server
-// interceptor that runs a handler under a key goes through it.
-func withRequestKey(ctx context.Context, key string) context.Context {
+// holds the key's scope for [KeyFromContext] and the derivation of child
+// keys, and a fresh counter of outbound calls for the client interceptor's
+// ordinals. Every path of the server interceptor that runs a handler under
+// a key goes through it.
+func withRequestKey(ctx context.Context, key store.Key) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
 	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
 }
@@ -166,10 +186,11 @@ type stepCtxKey struct{}
 
 // WithStep names the step of a keyed request that the calls made with the
 // returned context perform. Inside a keyed handler their keys are
-// DeriveKey(request key, step) instead of being numbered per method. Name
-// steps whenever the order of calls to one method can vary between
-// executions of the handler, such as calls made concurrently: an ordinal
-// would then hand a retried request's calls each other's keys.
+// [ChildKey](ctx, step), derived from the request's tenant, method and key,
+// instead of being numbered per method. Name steps whenever the order of
+// calls to one method can vary between executions of the handler, such as
+// calls made concurrently: an ordinal would then hand a retried request's
+// calls each other's keys.
 //
 // Calls made with the same step and method share a key, so the second is
 // answered with the first's response: give each distinct operation its own

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -64,10 +65,32 @@ func ExampleUnaryClientInterceptor_serviceConfig() {
 	defer conn.Close()
 }
 
+func ExampleUnaryClientInterceptor_forwardedMetadata() {
+	// A keyed handler that passes its incoming metadata on to the services
+	// it calls never forwards its own idempotency key: CreatePayment gets
+	// the child key of this request's tenant, method and key for the step
+	// "/idem.test.v1.PaymentService/CreatePayment#1", and GetPayment
+	// (NO_SIDE_EFFECTS) gets no key.
+	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
+	handler := func(ctx context.Context) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		out := metadata.NewOutgoingContext(ctx, md)
+		created, err := payments.CreatePayment(out,
+			&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 1250, Currency: "EUR"})
+		if err != nil {
+			return err
+		}
+		_, err = payments.GetPayment(out, &testv1.GetPaymentRequest{Id: created.GetPayment().GetId()})
+		return err
+	}
+	_ = handler
+}
+
 func ExampleWithStep() {
 	// Inside a keyed handler, name the steps whose order may vary; here two
 	// charges run concurrently, so per-method ordinals would not be stable
-	// across a retry of the request.
+	// across a retry of the request. Each charge carries the request's
+	// child key for its step, interceptor.ChildKey(ctx, part.step).
 	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
 	handler := func(ctx context.Context) error {
 		errs := make(chan error, 2)

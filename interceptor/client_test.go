@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -492,11 +493,12 @@ func TestClientDerivesChildKeys(t *testing.T) {
 		t.Fatalf("retry: %v", err)
 	}
 
+	scope := store.Key{Method: methodDo, Key: parent}
 	want := []string{
-		interceptor.DeriveKey(parent, methodDo+"#1"),
-		interceptor.DeriveKey(parent, methodDo+"#2"),
-		interceptor.DeriveKey(parent, "named"),
-		interceptor.DeriveKey(parent, methodDo+"#3"),
+		interceptor.DeriveKey(scope, methodDo+"#1"),
+		interceptor.DeriveKey(scope, methodDo+"#2"),
+		interceptor.DeriveKey(scope, "named"),
+		interceptor.DeriveKey(scope, methodDo+"#3"),
 	}
 	var got []string
 	for _, a := range downRec.of(methodDo) {
@@ -521,5 +523,243 @@ func TestClientDerivesChildKeys(t *testing.T) {
 	}
 	if n := down.count(); n != 4+2*2 {
 		t.Errorf("downstream handlers ran %d times, want 8 (4 keyed once, Maybe and Read twice)", n)
+	}
+}
+
+// tenantHeader is the metadata key the upstream test servers read their
+// tenant from.
+const tenantHeader = "x-tenant-id"
+
+var headerTenant = interceptor.TenantFunc(func(ctx context.Context) (string, error) {
+	if v := metadata.ValueFromIncomingContext(ctx, tenantHeader); len(v) == 1 {
+		return v[0], nil
+	}
+	return "", nil
+})
+
+// fanout is an upstream TestService whose Do and Maybe both make the same
+// two downstream calls of Do, numbered and under the step "charge", and
+// answer with the execution number of the numbered one; it keeps the
+// ChildKey of "charge" it saw. Each tenant's first execution of each method
+// then fails transiently, so that the retried request repeats the calls.
+type fanout struct {
+	testv1.UnimplementedTestServiceServer
+	down testv1.TestServiceClient
+
+	mu       sync.Mutex
+	runs     map[string]int    // by tenant and method
+	children map[string]string // ChildKey(ctx, "charge") by tenant and method
+}
+
+func (f *fanout) call(ctx context.Context, value string) (int64, error) {
+	resp, err := f.down.Do(ctx, &testv1.DoRequest{Value: value})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := f.down.Do(interceptor.WithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
+		return 0, err
+	}
+	method, _ := grpc.Method(ctx)
+	tenant, _ := headerTenant(ctx)
+	child, _ := interceptor.ChildKey(ctx, "charge")
+	f.mu.Lock()
+	if f.runs == nil {
+		f.runs, f.children = map[string]int{}, map[string]string{}
+	}
+	f.children[tenant+" "+method] = child
+	f.runs[tenant+" "+method]++
+	first := f.runs[tenant+" "+method] == 1
+	f.mu.Unlock()
+	if first {
+		return 0, status.Error(codes.Unavailable, "crashed after the calls")
+	}
+	return resp.GetExecution(), nil
+}
+
+// child returns the ChildKey of "charge" that the request of tenant and
+// method saw.
+func (f *fanout) child(tenant, method string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.children[tenant+" "+method]
+}
+
+func (f *fanout) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	n, err := f.call(ctx, req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	return &testv1.DoResponse{Value: req.GetValue(), Execution: n}, nil
+}
+
+func (f *fanout) Maybe(ctx context.Context, req *testv1.MaybeRequest) (*testv1.MaybeResponse, error) {
+	n, err := f.call(ctx, req.GetValue())
+	if err != nil {
+		return nil, err
+	}
+	return &testv1.MaybeResponse{Value: req.GetValue(), Execution: n}, nil
+}
+
+// TestClientChildKeysAreScopedByTenantAndMethod: the same key sent to two
+// methods of an upstream service by two tenants names four operations, so
+// the downstream service, which the upstream calls under one identity of
+// its own, sees four distinct child keys per step and acts four times; a
+// retried parent repeats its own children exactly.
+func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
+	downPool, upPool := newEffectsPool(t), newEffectsPool(t)
+	down := &testService{pool: downPool}
+	downRec, downAddr := serve(t, downPool, down)
+	up := &fanout{down: dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))}
+	_, upAddr := serve(t, upPool, up, interceptor.WithTenant(headerTenant))
+	client := dial(t, upAddr)
+
+	const parent = "order-1"
+	type operation struct{ tenant, method string }
+	var ops []operation
+	answers := map[int64]operation{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		for _, method := range []string{methodDo, methodMaybe} {
+			op := operation{tenant, method}
+			ops = append(ops, op)
+			ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second),
+				interceptor.KeyHeader, parent, tenantHeader, tenant)
+			call := func() (int64, error) {
+				if method == methodDo {
+					resp, err := client.Do(ctx, &testv1.DoRequest{Value: "charge 10 EUR"})
+					return resp.GetExecution(), err
+				}
+				resp, err := client.Maybe(ctx, &testv1.MaybeRequest{Value: "charge 10 EUR"})
+				return resp.GetExecution(), err
+			}
+			if _, err := call(); status.Code(err) != codes.Unavailable {
+				t.Fatalf("%v, first execution: %v, want UNAVAILABLE", op, err)
+			}
+			n, err := call()
+			if err != nil {
+				t.Fatalf("%v, retry: %v", op, err)
+			}
+			if other, ok := answers[n]; ok {
+				t.Errorf("%v got the answer of %v (downstream execution %d)", op, other, n)
+			}
+			answers[n] = op
+		}
+	}
+
+	// Each operation made two calls, and its retry repeated them with the
+	// same keys: 16 attempts under 8 keys.
+	as := downRec.of(methodDo)
+	if len(as) != 4*2*2 {
+		t.Fatalf("downstream saw %d calls of Do, want 16", len(as))
+	}
+	seen := map[string]bool{}
+	for i, op := range ops {
+		scope := store.Key{Tenant: op.tenant, Method: op.method, Key: parent}
+		want := []string{interceptor.DeriveKey(scope, methodDo+"#1"), interceptor.DeriveKey(scope, "charge")}
+		if got := up.child(op.tenant, op.method); got != want[1] {
+			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
+		}
+		first, retry := as[4*i:4*i+2], as[4*i+2:4*i+4]
+		for j := range first {
+			k := onlyKey(t, first[j])
+			if k != want[j] {
+				t.Errorf("%v: call %d carried %s, want the child key %s", op, j, k, want[j])
+			}
+			if r := onlyKey(t, retry[j]); r != k {
+				t.Errorf("%v: retried parent sent child key %s, first execution %s", op, r, k)
+			}
+			if seen[k] {
+				t.Errorf("%v: child key %s was already used by another operation", op, k)
+			}
+			seen[k] = true
+			if n := countEffects(t, downPool, k); n != 1 {
+				t.Errorf("%v: %d downstream effects under %s, want 1", op, n, k)
+			}
+		}
+	}
+	if n := down.count(); n != 4*2 {
+		t.Errorf("downstream handler ran %d times, want 8 (two calls of each of four operations)", n)
+	}
+}
+
+// propagator is an upstream TestService whose Do forwards its incoming
+// metadata, idempotency key included, to its calls of the downstream
+// service's Read (NO_SIDE_EFFECTS), Maybe (key optional) and Do (key
+// required), then calls Maybe with a key of its own.
+type propagator struct {
+	testv1.UnimplementedTestServiceServer
+	down testv1.TestServiceClient
+}
+
+func (p *propagator) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	out := metadata.NewOutgoingContext(ctx, md)
+	if _, err := p.down.Read(out, &testv1.ReadRequest{Value: "read"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Maybe(out, &testv1.MaybeRequest{Value: "maybe"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Do(out, &testv1.DoRequest{Value: "do"}); err != nil {
+		return nil, err
+	}
+	if _, err := p.down.Maybe(interceptor.WithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
+		return nil, err
+	}
+	return &testv1.DoResponse{Value: req.GetValue()}, nil
+}
+
+// TestClientNeverForwardsTheRequestKey: a handler that copies its incoming
+// metadata to its outgoing calls sends its own key to none of them. A
+// method without side effects and an optional-key method that the client
+// does not select get no key at all; a keyed method gets the child key, and
+// a key set with WithKey is sent as it is.
+func TestClientNeverForwardsTheRequestKey(t *testing.T) {
+	downPool, upPool := newEffectsPool(t), newEffectsPool(t)
+	down := &testService{pool: downPool}
+	downRec, downAddr := serve(t, downPool, down)
+	up := &propagator{down: dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))}
+	_, upAddr := serve(t, upPool, up)
+	client := dial(t, upAddr)
+
+	const parent = "order-1"
+	ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second), interceptor.KeyHeader, parent)
+	if _, err := client.Do(ctx, &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+
+	reads, maybes := downRec.of(methodRead), downRec.of(methodMaybe)
+	if len(reads) != 1 || len(maybes) != 2 {
+		t.Fatalf("downstream saw %d calls of Read and %d of Maybe, want 1 and 2", len(reads), len(maybes))
+	}
+	for _, a := range []attempt{reads[0], maybes[0]} {
+		if len(a.keys) != 0 {
+			t.Errorf("%s received keys %q, want none", a.method, a.keys)
+		}
+	}
+	if k := onlyKey(t, maybes[1]); k != "refund-1" {
+		t.Errorf("Maybe with WithKey received %s, want refund-1", k)
+	}
+	child := onlyKey(t, downRec.of(methodDo)[0])
+	if want := interceptor.DeriveKey(store.Key{Method: methodDo, Key: parent}, methodDo+"#1"); child != want {
+		t.Errorf("Do received key %s, want the child key %s", child, want)
+	}
+	// Read and the first Maybe ran without a key, Do under its child key.
+	var rows []string
+	r, err := downPool.Query(context.Background(), `SELECT value || ' ' || key FROM effects ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var s string
+		if err := r.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, s)
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"read ", "maybe ", "do " + child, "with key refund-1"}; !slices.Equal(rows, want) {
+		t.Errorf("downstream effects %q, want %q", rows, want)
 	}
 }

@@ -1,22 +1,48 @@
 package interceptor
 
 import (
+	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+
+	"github.com/idemkit/idem/store"
 )
 
 // DeriveKey returns the idempotency key of a call made on behalf of the
-// keyed request parent, as one named step of it: the hex-encoded SHA-256 of
-// parent + ":" + step (64 characters, a valid key).
+// keyed request parent, as one named step of it. parent is the request's
+// whole scope, as the server holds it: its tenant, its full method name and
+// its key. The child key is the hex-encoded SHA-256 (64 characters, a valid
+// key) of parent.Tenant, parent.Method, parent.Key and step, in that order,
+// each written as its length in bytes (a big-endian uint64) followed by its
+// bytes, so that no two tuples hash alike.
 //
 // A retried parent derives the same child keys, so the services it calls
-// deduplicate too; two steps of one request never share a key, and the
-// parent key itself is never forwarded. The client interceptor derives keys
-// this way; DeriveKey is for other transports (HTTP, a provider's SDK).
-func DeriveKey(parent, step string) string {
+// deduplicate too. The same key sent by two tenants, or to two methods,
+// names two operations, and their children differ; so do two steps of one
+// request. The client interceptor derives keys this way; inside a handler,
+// [ChildKey] derives them for other transports (HTTP, a provider's SDK).
+func DeriveKey(parent store.Key, step string) string {
 	h := sha256.New()
-	h.Write([]byte(parent))
-	h.Write([]byte{':'})
-	h.Write([]byte(step))
+	var n [8]byte
+	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, step} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// ChildKey returns the idempotency key of the named step of the keyed
+// request handled in ctx: [DeriveKey] of the request's tenant, method and
+// key, and step. It reports false outside a keyed request. It is the key
+// that calls through [UnaryClientInterceptor] made with [WithStep](ctx,
+// step) carry; use it for calls over other transports (HTTP, a provider's
+// SDK), giving each distinct operation its own step.
+func ChildKey(ctx context.Context, step string) (string, bool) {
+	k, ok := requestKey(ctx)
+	if !ok {
+		return "", false
+	}
+	return DeriveKey(k, step), true
 }

@@ -126,12 +126,18 @@
 // [UnaryClientInterceptor] attaches keys on the client side. Outside a
 // keyed handler it gives each call of a keyed method a new UUID, unless the
 // caller set one ([WithKey], or the metadata). Inside a keyed handler it
-// derives the child key [DeriveKey](request key, step), where step is the
-// name set with [WithStep] or else the method name and the call's ordinal
+// derives a child key from the request's whole scope, its tenant, method and
+// key, and a step: [DeriveKey](request, step), where step is the name set
+// with [WithStep] or else the method name and the call's ordinal
 // ("/payments.v1.PaymentService/CreatePayment#2" for the second call to
 // it). A retried request therefore sends the same child keys in the same
-// order and the services it calls replay instead of repeating; two calls
-// never share a key, and the request's own key is never forwarded.
+// order and the services it calls replay instead of repeating. Two calls
+// never share a key, nor do two operations that share a key string in
+// different tenants or methods. The request's own key is never forwarded:
+// a handler that copies its incoming metadata to its outgoing calls sends
+// keyed methods their child keys and other methods no key. [ChildKey]
+// gives a handler the child key of a step for calls over other transports
+// (HTTP, a provider's SDK).
 //
 // Put idem before any retry interceptor in the client's chain, so that the
 // key is attached once and every attempt carries it:

@@ -25,7 +25,7 @@ func ExampleSaveRecoveryPoint() {
 		chargeID := string(data)
 		if step != "charge_sent" {
 			var err error
-			// The provider's call carries DeriveKey(key, "charge").
+			// The provider's call carries ChildKey(ctx, "charge").
 			if chargeID, err = charge(interceptor.WithStep(ctx, "charge")); err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 )
 
@@ -71,7 +73,24 @@ func ExampleValidateKey() {
 
 func ExampleDeriveKey() {
 	// The payment provider gets its own key for the "charge" step of the
-	// request keyed "order-7f3a", the same on every retry of that request.
-	fmt.Println(interceptor.DeriveKey("order-7f3a", "charge"))
-	// Output: 6f461e2dc5ef03a5a0bad84fbaa0c8a093755775e7add23d5527b4ce2eb91dec
+	// Checkout request that tenant acme keyed "order-7f3a", the same on
+	// every retry of that request and different from the children of
+	// "order-7f3a" in any other tenant or method.
+	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
+	fmt.Println(interceptor.DeriveKey(parent, "charge"))
+	// Output: b710463d8d6589451baefeda0a9ef1576c53787e46f30a8113f2f406ab1d7774
+}
+
+func ExampleChildKey() {
+	// A keyed handler that charges a provider over HTTP sends the child key
+	// of its "charge" step, so that a retried request charges once.
+	handler := func(ctx context.Context, charge *http.Request) (*http.Response, error) {
+		key, ok := interceptor.ChildKey(ctx, "charge")
+		if !ok {
+			return nil, status.Error(codes.Internal, "not a keyed request")
+		}
+		charge.Header.Set("Idempotency-Key", key)
+		return http.DefaultClient.Do(charge.WithContext(ctx))
+	}
+	_ = handler
 }

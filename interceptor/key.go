@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkit/idem/store"
 )
 
 // Metadata keys of idem.
@@ -57,6 +59,13 @@ type keyCtxKey struct{}
 // KeyFromContext returns the validated idempotency key of the request being
 // handled. It reports false outside a keyed request.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(keyCtxKey{}).(string)
+	k, ok := requestKey(ctx)
+	return k.Key, ok
+}
+
+// requestKey returns the scope of the keyed request handled in ctx: its
+// tenant, method and key.
+func requestKey(ctx context.Context) (store.Key, bool) {
+	k, ok := ctx.Value(keyCtxKey{}).(store.Key)
 	return k, ok
 }

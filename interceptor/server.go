@@ -77,7 +77,7 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 
 	skey := store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}
-	ctx = withRequestKey(ctx, key)
+	ctx = withRequestKey(ctx, skey)
 	if m.leased {
 		return i.lease(ctx, skey, fp, req, m, handler)
 	}

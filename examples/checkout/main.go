@@ -150,7 +150,7 @@ func tell(w io.Writer, st *story, r rows) {
 		fmt.Fprintf(w, "  %-17s %s\n", e.point, describe(e))
 	}
 	fmt.Fprintf(w, "rows for this key: charges=%d (Charge calls=%d, key %s…) reservations=%d orders=%d; idem: %s at %s\n",
-		r.charges, r.chargeCalls, interceptor.DeriveKey(st.key, checkoutsvc.ChargeStep)[:12], r.reservations, r.orders, r.keyStatus, r.recoveryPoint)
+		r.charges, r.chargeCalls, chargeKey(st.key)[:12], r.reservations, r.orders, r.keyStatus, r.recoveryPoint)
 }
 
 func describe(e event) string {

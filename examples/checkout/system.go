@@ -22,6 +22,7 @@ import (
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store"
 )
 
 // What every checkout of the example buys.
@@ -208,9 +209,17 @@ type rows struct {
 	recoveryPoint string
 }
 
+// chargeKey is the key of the provider call that the checkout keyed key
+// makes: its child key for checkoutsvc.ChargeStep. The checkout server has
+// no tenants, so every request is in the empty one.
+func chargeKey(key string) string {
+	parent := store.Key{Method: checkoutv1.CheckoutService_Checkout_FullMethodName, Key: key}
+	return interceptor.DeriveKey(parent, checkoutsvc.ChargeStep)
+}
+
 func (s *system) rows(ctx context.Context, key string) (rows, error) {
 	var r rows
-	derived := interceptor.DeriveKey(key, checkoutsvc.ChargeStep)
+	derived := chargeKey(key)
 	r.chargeCalls = s.provider.CallsWithKey(derived)
 	for _, q := range []struct {
 		db   *pgxpool.Pool

@@ -30,6 +30,7 @@ import (
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -68,10 +69,20 @@ func run(ctx context.Context, w io.Writer) error {
 	return play(ctx, w, sys)
 }
 
-// placeOrder calls PlaceOrder for tenant "acme" without a key of its own:
-// the client's idem interceptor attaches one.
+// tenant is the tenant the example places its orders for.
+const tenant = "acme"
+
+// childKey is the key of the call PlaceOrder makes as step when its own key
+// is orderKey: the child key of the order's tenant, method and key.
+func childKey(orderKey, step string) string {
+	parent := store.Key{Tenant: tenant, Method: ordersv1.OrderService_PlaceOrder_FullMethodName, Key: orderKey}
+	return interceptor.DeriveKey(parent, step)
+}
+
+// placeOrder calls PlaceOrder for [tenant] without a key of its own: the
+// client's idem interceptor attaches one.
 func (s *system) placeOrder(ctx context.Context, qty int32, shipping int64) (*ordersv1.Order, bool, error) {
-	ctx = metadata.AppendToOutgoingContext(ctx, paymentsvc.TenantHeader, "acme")
+	ctx = metadata.AppendToOutgoingContext(ctx, paymentsvc.TenantHeader, tenant)
 	var header metadata.MD
 	resp, err := s.orders.PlaceOrder(ctx, &ordersv1.PlaceOrderRequest{
 		CustomerId:     "cus_42",
@@ -129,7 +140,7 @@ func play(ctx context.Context, w io.Writer, s *system) error {
 	fmt.Fprintln(tw, "  CHILD KEY\tDERIVED FROM STEP\tRESULT")
 	steps := map[string]string{}
 	for _, step := range []string{"/payments.v1.PaymentService/CreatePayment#1", "/payments.v1.PaymentService/CreatePayment#2"} {
-		steps[interceptor.DeriveKey(a2[0].key, step)] = step
+		steps[childKey(a2[0].key, step)] = step
 	}
 	for _, a := range s.paymLog.all()[paymBefore:] {
 		step, ok := steps[a.key]

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemkit/idem/examples/orders/inventorysvc"
 	"github.com/idemkit/idem/examples/orders/ordersvc"
-	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -100,7 +99,7 @@ func TestCrashBeforeCommitRepeatsChildKeys(t *testing.T) {
 		t.Fatalf("orders server saw keys %q, want one key in two attempts", ks)
 	}
 	parent := ks[0]
-	goods, shipping := interceptor.DeriveKey(parent, createPayment1), interceptor.DeriveKey(parent, createPayment2)
+	goods, shipping := childKey(parent, createPayment1), childKey(parent, createPayment2)
 	if goods == shipping {
 		t.Fatal("the two payments share a key")
 	}
@@ -115,7 +114,7 @@ func TestCrashBeforeCommitRepeatsChildKeys(t *testing.T) {
 	if n := count(t, s.paymentsDB, `SELECT count(*) FROM payments`); n != 2 {
 		t.Errorf("%d payments, want 2", n)
 	}
-	reserve := interceptor.DeriveKey(parent, ordersvc.ReserveStep)
+	reserve := childKey(parent, ordersvc.ReserveStep)
 	if calls := s.inventory.Calls(); !slices.Equal(calls, []inventorysvc.Call{{Key: reserve, SKU: "sku-espresso-beans", Quantity: 1}}) {
 		t.Errorf("Reserve executions %+v, want one under %s", calls, reserve)
 	}

@@ -23,8 +23,8 @@
 // A recovery point is saved after its step's effect, so a crash between the
 // two makes the retry repeat the step. Each step is therefore idempotent
 // under the request's key: the reservation and the order are rows unique by
-// the key, and the provider call carries the key
-// interceptor.DeriveKey(request key, [ChargeStep]), attached by idem's
+// the key, and the provider call carries the request's child key for
+// [ChargeStep] (interceptor.ChildKey(ctx, ChargeStep)), attached by idem's
 // client interceptor, so the provider answers a repeated call with the
 // charge it already made. When an attempt fails with a transient error
 // (the provider unreachable after the client's retries) after a recovery
@@ -85,7 +85,8 @@ const (
 var steps = []string{"", StepReserved, StepChargeSent, StepChargeConfirmed}
 
 // ChargeStep names the provider call: its idempotency key is
-// interceptor.DeriveKey(request key, ChargeStep).
+// interceptor.ChildKey(ctx, ChargeStep), derived from the Checkout
+// request's tenant, method and key.
 const ChargeStep = "charge"
 
 // Points a [Hook] sees besides the steps.

@@ -40,11 +40,11 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 	return err
 }
 
-// ReserveStep is the step name of the stock reservation: its key is
-// interceptor.DeriveKey(order key, ReserveStep). The payments are not
-// named, so their keys carry the method name and ordinal
-// ("/payments.v1.PaymentService/CreatePayment#1" for the goods, "#2" for
-// the shipping).
+// ReserveStep is the step name of the stock reservation: its key is the
+// order request's child key for it, interceptor.ChildKey(ctx, ReserveStep).
+// The payments are not named, so their keys are derived from the method
+// name and ordinal ("/payments.v1.PaymentService/CreatePayment#1" for the
+// goods, "#2" for the shipping).
 const ReserveStep = "reserve-stock"
 
 // ClientInterceptors returns the unary client interceptors for the
