@@ -74,9 +74,24 @@ SET request_hash = $4, status = 'in_progress', response_code = NULL, response = 
 WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at <= now()
 RETURNING true`
 
-	record = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
-WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
+	// record completes the claim, and fails when it updates no row (the
+	// key's row is gone or no longer in progress, or a trigger or a
+	// row-level security policy kept the update from taking): COMMIT is
+	// pipelined behind it, and only an error inside the transaction stops
+	// that COMMIT from committing the handler's writes with a key left in
+	// progress. The error is the cast of a message to int, which fails
+	// with SQLSTATE 22P02 and the message; it depends on count(*), so the
+	// planner cannot fold it into an error of every execution. Plain SQL,
+	// no function of ours, so it runs wherever the claim does.
+	record = `WITH recorded AS (
+    UPDATE idempotency_keys
+    SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
+    WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('idem: recording the outcome updated ' || count(*) || ' rows of idempotency_keys, want 1')::int END
+FROM recorded`
 )
 
 // maxTakeovers bounds the rounds of a claim that meets expired rows, each of
@@ -317,14 +332,13 @@ func readComplete(br pgx.BatchResults, discard bool) error {
 			return err
 		}
 	}
-	tag, err := br.Exec()
-	if err != nil {
+	if _, err := br.Exec(); err != nil {
+		if pgErrorCode(err) == invalidTextRepresentation {
+			return fmt.Errorf("%w: %w", errNotRecorded, err)
+		}
 		return err
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("postgres: recording the outcome updated %d rows, want 1", tag.RowsAffected())
-	}
-	tag, err = br.Exec()
+	tag, err := br.Exec()
 	if err != nil {
 		return err
 	}
@@ -353,3 +367,7 @@ func (t *txn) finish(ctx context.Context) error {
 }
 
 var errFinished = errors.New("postgres: claim already finished")
+
+// errNotRecorded reports a record that updated no row, which rolled the
+// claim's transaction back.
+var errNotRecorded = errors.New("postgres: recording the outcome updated no row of idempotency_keys (was the row deleted, or did a trigger or row-level security policy skip the update?); nothing was committed")
