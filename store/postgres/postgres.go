@@ -101,7 +101,9 @@ const maxTakeovers = 3
 // Claim implements [store.Store]. A claim of a free key costs one round trip
 // (BEGIN, the lock timeout, the insert and a savepoint travel together) and
 // leaves the transaction open for the handler; a claim that finds a
-// completed key costs two (the same batch, then ROLLBACK).
+// completed key costs two (the same batch, then ROLLBACK). The first claim
+// on a connection costs two round trips more (see the package's
+// overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's row lock hold their connections meanwhile,
@@ -178,34 +180,26 @@ type foundEntry struct {
 	expired bool
 }
 
-// runClaim sends, as one batch: BEGIN if begin is set, SET LOCAL
-// lock_timeout, claimSQL (insertClaim or takeOver, which return a row when
-// they claimed the key), the entry's select, the lock timeout's reset and
-// the savepoint. It reads the results in the same order.
+// runClaim sends, under the lock timeout (see [Store.sendBounded]), which
+// begins the transaction first if begin is set: claimSQL (insertClaim or
+// takeOver, which return a row when they claimed the key), the entry's
+// select, the lock timeout's reset and the savepoint. It reads the results
+// in the same order.
 func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimSQL string, key store.Key, fp []byte) (claimed bool, entry *foundEntry, err error) {
 	b := &pgx.Batch{}
-	if begin {
-		b.Queue("BEGIN")
-	}
-	b.Queue(s.setLockTimeout)
 	b.Queue(claimSQL, key.Tenant, key.Method, key.Key, fp, s.ttl)
 	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
 	b.Queue(resetLockTimeout)
 	b.Queue(savepoint)
-	br := conn.SendBatch(ctx, b)
+	br, err := s.sendBounded(ctx, conn, begin, b)
+	if err != nil {
+		return false, nil, err
+	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	if begin {
-		if _, err := br.Exec(); err != nil { // BEGIN
-			return false, nil, err
-		}
-	}
-	if _, err := br.Exec(); err != nil { // SET LOCAL lock_timeout
-		return false, nil, err
-	}
 	err = br.QueryRow().Scan(&claimed)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, nil, err
