@@ -76,5 +76,8 @@
 // transaction that applies the message, and skips the message when the id
 // is already there. Acknowledge to the broker after [Inbox.ProcessOnce]
 // returns. Ids are kept for [WithRetention] (7 days by default), which must
-// exceed the broker's redelivery window.
+// exceed the broker's redelivery window. An id the table can never hold
+// (empty, over [MaxMessageIDLength] bytes, not UTF-8, with a NUL byte)
+// fails with [ErrInvalidMessageID] before the database is touched:
+// dead-letter that message, since no redelivery would fare better.
 package postgres
