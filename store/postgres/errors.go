@@ -32,11 +32,7 @@ func pgErrorCode(err error) string {
 // interpretError translates PostgreSQL errors into the sentinel errors of
 // package store by SQLSTATE, keeping the original error in the chain.
 func interpretError(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch pgErr.Code {
+	switch pgErrorCode(err) {
 	case lockNotAvailable:
 		return fmt.Errorf("%w: %w", store.ErrInUse, err)
 	case serializationFailure, deadlockDetected:

@@ -180,11 +180,10 @@ type foundEntry struct {
 	expired bool
 }
 
-// runClaim sends, under the lock timeout (see [Store.sendBounded]), which
-// begins the transaction first if begin is set: claimSQL (insertClaim or
-// takeOver, which return a row when they claimed the key), the entry's
-// select, the lock timeout's reset and the savepoint. It reads the results
-// in the same order.
+// runClaim sends with [Store.sendBounded], after BEGIN if begin is set and
+// the lock timeout: claimSQL (insertClaim or takeOver, which return a row
+// when they claimed the key), the entry's select, the lock timeout's reset
+// and the savepoint. It reads the results in the same order.
 func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimSQL string, key store.Key, fp []byte) (claimed bool, entry *foundEntry, err error) {
 	b := &pgx.Batch{}
 	b.Queue(claimSQL, key.Tenant, key.Method, key.Key, fp, s.ttl)
