@@ -28,6 +28,18 @@
 // lock timeout is reset before the handler runs, so it bounds only the
 // claim.
 //
+// The lock timeout bounds every wait of a claim, atomic or leased, the
+// wait for a table lock too (a LOCK TABLE, a migration's ALTER TABLE), and
+// on every connection. pgx prepares (or describes) the statements of a
+// batch it has not cached in a round trip of its own, before the batch's
+// BEGIN; so on a connection that has not yet claimed, or whose claim
+// failed (pgx then drops the batch's statements from its cache), the claim
+// first begins the transaction and sets the lock timeout in a round trip of
+// its own, and pgx prepares the claim's statements inside it. That costs
+// the first claim of a connection two round trips more; later claims cost
+// one. With QueryExecModeDescribeExec, where pgx describes every statement
+// of every batch, every claim costs three.
+//
 // # Leased mode
 //
 // [Store.Lease] claims a key for a handler that runs outside the claim's
@@ -66,5 +78,8 @@
 // transaction that applies the message, and skips the message when the id
 // is already there. Acknowledge to the broker after [Inbox.ProcessOnce]
 // returns. Ids are kept for [WithRetention] (7 days by default), which must
-// exceed the broker's redelivery window.
+// exceed the broker's redelivery window. An id the table can never hold
+// (empty, over [MaxMessageIDLength] bytes, not UTF-8, with a NUL byte)
+// fails with [ErrInvalidMessageID] before the database is touched:
+// dead-letter that message, since no redelivery would fare better.
 package postgres

@@ -15,16 +15,24 @@ const (
 	lockNotAvailable     = "55P03"
 	serializationFailure = "40001"
 	deadlockDetected     = "40P01"
+
+	invalidTextRepresentation = "22P02"
 )
+
+// pgErrorCode returns the SQLSTATE of err, or "" if err is not from
+// PostgreSQL.
+func pgErrorCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
 
 // interpretError translates PostgreSQL errors into the sentinel errors of
 // package store by SQLSTATE, keeping the original error in the chain.
 func interpretError(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch pgErr.Code {
+	switch pgErrorCode(err) {
 	case lockNotAvailable:
 		return fmt.Errorf("%w: %w", store.ErrInUse, err)
 	case serializationFailure, deadlockDetected:

@@ -55,7 +55,8 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
 
 // Lease implements [store.Store]. The claim is one round trip (BEGIN, the
 // lock timeout, the insert or takeover, the select of the holder and COMMIT
-// travel together) and commits at once; each later write of the lease is
+// travel together; the first claim on a connection costs two more, as for
+// Claim) and commits at once; each later write of the lease is
 // one statement of its own. The lease's expires_at is set on the first
 // claim and kept by takeovers. Like Claim, it waits at most the lock timeout
 // for a connection of the pool.
@@ -78,8 +79,6 @@ func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, le
 
 func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Duration) (l *lease, entry *foundEntry, err error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(s.setLockTimeout)
 	token := rand.Int64()
 	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token)
 	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
@@ -91,17 +90,15 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br := conn.SendBatch(ctx, b)
+	br, err := s.sendBounded(ctx, conn.Conn(), true, b)
+	if err != nil {
+		return nil, nil, err
+	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	for range 2 { // BEGIN, SET LOCAL
-		if _, err := br.Exec(); err != nil {
-			return nil, nil, err
-		}
-	}
 	var (
 		step *string
 		data []byte

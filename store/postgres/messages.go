@@ -3,7 +3,10 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -12,9 +15,42 @@ import (
 // default.
 const DefaultRetention = 7 * 24 * time.Hour
 
+// MaxMessageIDLength is the longest message id, in bytes, that an [Inbox]
+// accepts. With the longest consumer name (255 bytes) it still fits the
+// primary key's index of processed_messages, whose rows PostgreSQL limits
+// to about 2.7 kB, however incompressible the id.
+const MaxMessageIDLength = 1024
+
+// maxConsumerNameLength is the longest consumer name, in bytes, that an
+// [Inbox] accepts.
+const maxConsumerNameLength = 255
+
+// ErrInvalidMessageID is returned by [Inbox.ProcessOnce] for a message id
+// that processed_messages can never hold: empty, longer than
+// [MaxMessageIDLength] bytes, not valid UTF-8, or with a NUL byte. Every
+// delivery of the message fails the same way, so dead-letter it (for NATS
+// JetStream, Term) rather than have it redelivered (Nak). Nothing was
+// written.
+var ErrInvalidMessageID = errors.New("postgres: invalid message id")
+
 // ErrNoMessageID is returned by [Inbox.ProcessOnce] for a message without
-// an id.
-var ErrNoMessageID = errors.New("postgres: a message needs the id its producer assigned; broker offsets and delivery tags are not ids")
+// an id. It is an [ErrInvalidMessageID]: errors.Is(err,
+// ErrInvalidMessageID) is true for it too.
+var ErrNoMessageID = fmt.Errorf("%w: a message needs the id its producer assigned; broker offsets and delivery tags are not ids", ErrInvalidMessageID)
+
+// checkText reports why s cannot be stored in a text column of the primary
+// key of processed_messages with at most limit bytes, or "" if it can.
+func checkText(s string, limit int) string {
+	switch {
+	case len(s) > limit:
+		return fmt.Sprintf("%d bytes, longer than %d", len(s), limit)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "has a NUL byte"
+	}
+	return ""
+}
 
 type inboxOptions struct {
 	retention time.Duration
@@ -48,19 +84,29 @@ type Inbox struct {
 	db        Beginner
 	consumer  string
 	retention float64 // seconds
+	err       error   // why consumer cannot be stored, if it cannot
 }
 
 // NewInbox returns the inbox of the named consumer on db, usually a
 // *pgxpool.Pool that [Migrate] has set up. The consumer name scopes message
 // ids: consumers that each apply every message (a mailer and a ledger
 // reading the same stream) need distinct names, while replicas of one
-// consumer share theirs.
+// consumer share theirs. The name follows the rule of message ids (see
+// [ErrInvalidMessageID]) with at most 255 bytes; with any other, every
+// ProcessOnce fails with an error that says so, and that is not an
+// ErrInvalidMessageID, since the messages are not at fault.
 func NewInbox(db Beginner, consumer string, opts ...InboxOption) *Inbox {
 	o := inboxOptions{retention: DefaultRetention}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds()}
+	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds()}
+	if consumer == "" {
+		in.err = errors.New("postgres: the inbox needs a consumer name")
+	} else if why := checkText(consumer, maxConsumerNameLength); why != "" {
+		in.err = fmt.Errorf("postgres: the inbox's consumer name cannot be stored: %s", why)
+	}
+	return in
 }
 
 // errDuplicate rolls back the transaction of a message processed before.
@@ -86,18 +132,26 @@ RETURNING true`
 // nil error, whether the message was processed now or before. On an error
 // (fn's, a failed commit, a serialization failure) do not acknowledge it:
 // the broker redelivers it, and a commit that did happen shows up as a
-// duplicate then.
+// duplicate then. The exception is an [ErrInvalidMessageID], which no
+// redelivery can cure: dead-letter that message.
 //
 // messageID must be the id the producer assigned to the message, which
 // every redelivery and every republish of it carries; a broker's offsets,
 // sequence numbers and delivery tags change between deliveries and are not
-// ids. An empty id fails with [ErrNoMessageID].
+// ids. It must be 1 to [MaxMessageIDLength] bytes of valid UTF-8 without a
+// NUL byte. Any other id fails, before anything is sent to the database,
+// with an error for which errors.Is(err, ErrInvalidMessageID) is true
+// ([ErrNoMessageID] for an empty id): dead-letter such a message rather
+// than Nak it, since every delivery would fail alike.
 func (in *Inbox) ProcessOnce(ctx context.Context, messageID string, fn func(pgx.Tx) error) (duplicate bool, err error) {
+	if in.err != nil {
+		return false, in.err
+	}
 	if messageID == "" {
 		return false, ErrNoMessageID
 	}
-	if in.consumer == "" {
-		return false, errors.New("postgres: the inbox needs a consumer name")
+	if why := checkText(messageID, MaxMessageIDLength); why != "" {
+		return false, fmt.Errorf("%w: %s", ErrInvalidMessageID, why)
 	}
 	err = pgx.BeginFunc(ctx, in.db, func(tx pgx.Tx) error {
 		var inserted bool

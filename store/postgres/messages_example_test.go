@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"os"
 	"time"
@@ -26,12 +27,15 @@ func ExampleInbox_ProcessOnce() {
 
 	// For each delivery: the id is the one the producer assigned (for NATS
 	// JetStream, the Nats-Msg-Id header), never a broker sequence number.
-	handle := func(ctx context.Context, msgID, orderID string, ack func() error) error {
+	handle := func(ctx context.Context, msgID, orderID string, ack, deadLetter func() error) error {
 		_, err := inbox.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, orderID)
 			return err
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, postgres.ErrInvalidMessageID):
+			return deadLetter() // no delivery can store this id (JetStream: Term)
+		case err != nil:
 			return err // no ack: the broker redelivers
 		}
 		return ack() // after commit, processed now or before

@@ -1,7 +1,9 @@
 package postgres_test
 
 import (
+	"crypto/rand"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,19 +102,106 @@ func TestInboxFailureRecordsNothing(t *testing.T) {
 	}
 }
 
+// TestInboxRefusesIDsItCannotStore: an id that PostgreSQL would refuse on
+// every delivery (too long for the primary key's index, not UTF-8, with a
+// NUL byte) is refused before the database, with ErrInvalidMessageID, so
+// that the consumer dead-letters the message instead of having it
+// redelivered for ever. Ids at the bound are stored, even alongside the
+// longest consumer name.
+func TestInboxRefusesIDsItCannotStore(t *testing.T) {
+	pool := newInboxDB(t)
+	longest := strings.Repeat("c", 255)
+	for name, c := range map[string]struct {
+		consumer, id string
+		ok           bool
+	}{
+		"longest id, incompressible":                {"shipping", incompressible(postgres.MaxMessageIDLength), true},
+		"longest id and consumer name":              {longest, incompressible(postgres.MaxMessageIDLength), true},
+		"longest id, two-byte characters":           {"shipping", strings.Repeat("é", postgres.MaxMessageIDLength/2), true},
+		"one byte too long":                         {"shipping", incompressible(postgres.MaxMessageIDLength + 1), false},
+		"one byte too long, two-byte characters":    {"shipping", "x" + strings.Repeat("é", postgres.MaxMessageIDLength/2), false},
+		"3 KB, incompressible":                      {"shipping", incompressible(3 << 10), false},
+		"invalid UTF-8":                             {"shipping", "bad-\xff\xfe", false},
+		"Latin-1, not UTF-8":                        {"shipping", "caf\xe9", false},
+		"NUL byte":                                  {"shipping", "a\x00b", false},
+		"valid UTF-8 with letters of other scripts": {"shipping", "заказ-1001-注文", true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var ran bool
+			rows := count(t, pool, `SELECT count(*) FROM processed_messages`)
+			dup, err := postgres.NewInbox(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { ran = true; return nil })
+			if !c.ok {
+				if !errors.Is(err, postgres.ErrInvalidMessageID) || ran || dup {
+					t.Fatalf("err = %v, ran = %v, duplicate = %v; want ErrInvalidMessageID and no side effect", err, ran, dup)
+				}
+				if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != rows {
+					t.Fatalf("%d rows recorded, want none", n-rows)
+				}
+				return
+			}
+			if err != nil || !ran || dup {
+				t.Fatalf("err = %v, ran = %v, duplicate = %v; want the message processed", err, ran, dup)
+			}
+			if dup, err := postgres.NewInbox(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { return nil }); err != nil || !dup {
+				t.Fatalf("redelivery: duplicate = %v, err = %v; want a duplicate", dup, err)
+			}
+		})
+	}
+}
+
 func TestInboxRequiresMessageID(t *testing.T) {
 	pool := newInboxDB(t)
 	var ran bool
 	_, err := postgres.NewInbox(pool, "shipping").ProcessOnce(ctx, "", func(pgx.Tx) error { ran = true; return nil })
-	if !errors.Is(err, postgres.ErrNoMessageID) || ran {
-		t.Fatalf("err = %v, ran = %v; want ErrNoMessageID and no side effect", err, ran)
-	}
-	if _, err := postgres.NewInbox(pool, "").ProcessOnce(ctx, "order-3", ship("order-3", "")); err == nil {
-		t.Fatal("an inbox without a consumer name processed a message")
+	if !errors.Is(err, postgres.ErrNoMessageID) || !errors.Is(err, postgres.ErrInvalidMessageID) || ran {
+		t.Fatalf("err = %v, ran = %v; want ErrNoMessageID, an ErrInvalidMessageID, and no side effect", err, ran)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Fatalf("%d rows recorded, want 0", n)
 	}
+}
+
+// TestInboxRefusesConsumerNamesItCannotStore: a consumer name follows the
+// rule of message ids, with at most 255 bytes. An inbox with another fails
+// every message, with an error that is not ErrInvalidMessageID: the
+// messages are fine, the consumer is misconfigured, and dead-lettering
+// them would lose them.
+func TestInboxRefusesConsumerNamesItCannotStore(t *testing.T) {
+	pool := newInboxDB(t)
+	for name, consumer := range map[string]string{
+		"empty":          "",
+		"256 bytes":      strings.Repeat("c", 256),
+		"invalid UTF-8":  "ship\xffping",
+		"NUL byte":       "ship\x00ping",
+		"1 KB, like ids": incompressible(postgres.MaxMessageIDLength),
+	} {
+		t.Run(name, func(t *testing.T) {
+			inbox := postgres.NewInbox(pool, consumer)
+			for _, id := range []string{"order-3", "", "bad-\xff"} {
+				var ran bool
+				_, err := inbox.ProcessOnce(ctx, id, func(pgx.Tx) error { ran = true; return nil })
+				if err == nil || errors.Is(err, postgres.ErrInvalidMessageID) || ran {
+					t.Fatalf("message %q: err = %v, ran = %v; want an error about the consumer name, not the id", id, err, ran)
+				}
+				if !strings.Contains(err.Error(), "consumer name") {
+					t.Fatalf("message %q: err = %v; want it to say the consumer name is wrong", id, err)
+				}
+			}
+		})
+	}
+	if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+		t.Fatalf("%d rows recorded, want 0", n)
+	}
+}
+
+// incompressible returns n bytes of random letters and digits, which
+// PostgreSQL cannot compress below the btree's row size limit.
+func incompressible(n int) string {
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(rand.Text())
+	}
+	return b.String()[:n]
 }
 
 // TestInboxConcurrentDuplicates: copies of a message delivered at once to

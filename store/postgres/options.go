@@ -24,13 +24,15 @@ type Option func(*options)
 // WithLockTimeout bounds how long a claim waits for a concurrent request that
 // holds the same key (SET LOCAL lock_timeout). When the wait runs out the
 // claim fails with store.ErrInUse, which the interceptor answers with
-// ABORTED and a retry hint. The bound applies to the claim only; the
-// handler's own statements run under the session's setting. A claim also
-// waits at most this long for a connection of the pool, and fails (the
-// interceptor answers UNAVAILABLE) rather than queue behind claims that wait
-// for a busy key. Default:
-// [DefaultLockTimeout] (2 s). Values below one millisecond are raised to one
-// millisecond, since PostgreSQL reads zero as "wait forever".
+// ABORTED and a retry hint. It bounds the claim's waits for table locks
+// too (a LOCK TABLE or a migration's ALTER TABLE of idempotency_keys), on a
+// new connection as on one that has claimed before. The bound applies to
+// the claim only; the handler's own statements run under the session's
+// setting. A claim also waits at most this long for a connection of the
+// pool, and fails (the interceptor answers UNAVAILABLE) rather than queue
+// behind claims that wait for a busy key. Default: [DefaultLockTimeout]
+// (2 s). Values below one millisecond are raised to one millisecond, since
+// PostgreSQL reads zero as "wait forever".
 func WithLockTimeout(d time.Duration) Option {
 	return func(o *options) { o.lockTimeout = max(d, time.Millisecond) }
 }

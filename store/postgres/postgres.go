@@ -74,9 +74,24 @@ SET request_hash = $4, status = 'in_progress', response_code = NULL, response = 
 WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at <= now()
 RETURNING true`
 
-	record = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
-WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
+	// record completes the claim, and fails when it updates no row (the
+	// key's row is gone or no longer in progress, or a trigger or a
+	// row-level security policy kept the update from taking): COMMIT is
+	// pipelined behind it, and only an error inside the transaction stops
+	// that COMMIT from committing the handler's writes with a key left in
+	// progress. The error is the cast of a message to int, which fails
+	// with SQLSTATE 22P02 and the message; it depends on count(*), so the
+	// planner cannot fold it into an error of every execution. Plain SQL,
+	// no function of ours, so it runs wherever the claim does.
+	record = `WITH recorded AS (
+    UPDATE idempotency_keys
+    SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
+    WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('idem: recording the outcome updated ' || count(*) || ' rows of idempotency_keys, want 1')::int END
+FROM recorded`
 )
 
 // maxTakeovers bounds the rounds of a claim that meets expired rows, each of
@@ -86,7 +101,9 @@ const maxTakeovers = 3
 // Claim implements [store.Store]. A claim of a free key costs one round trip
 // (BEGIN, the lock timeout, the insert and a savepoint travel together) and
 // leaves the transaction open for the handler; a claim that finds a
-// completed key costs two (the same batch, then ROLLBACK).
+// completed key costs two (the same batch, then ROLLBACK). The first claim
+// on a connection costs two round trips more (see the package's
+// overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's row lock hold their connections meanwhile,
@@ -163,34 +180,25 @@ type foundEntry struct {
 	expired bool
 }
 
-// runClaim sends, as one batch: BEGIN if begin is set, SET LOCAL
-// lock_timeout, claimSQL (insertClaim or takeOver, which return a row when
-// they claimed the key), the entry's select, the lock timeout's reset and
-// the savepoint. It reads the results in the same order.
+// runClaim sends with [Store.sendBounded], after BEGIN if begin is set and
+// the lock timeout: claimSQL (insertClaim or takeOver, which return a row
+// when they claimed the key), the entry's select, the lock timeout's reset
+// and the savepoint. It reads the results in the same order.
 func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimSQL string, key store.Key, fp []byte) (claimed bool, entry *foundEntry, err error) {
 	b := &pgx.Batch{}
-	if begin {
-		b.Queue("BEGIN")
-	}
-	b.Queue(s.setLockTimeout)
 	b.Queue(claimSQL, key.Tenant, key.Method, key.Key, fp, s.ttl)
 	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
 	b.Queue(resetLockTimeout)
 	b.Queue(savepoint)
-	br := conn.SendBatch(ctx, b)
+	br, err := s.sendBounded(ctx, conn, begin, b)
+	if err != nil {
+		return false, nil, err
+	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	if begin {
-		if _, err := br.Exec(); err != nil { // BEGIN
-			return false, nil, err
-		}
-	}
-	if _, err := br.Exec(); err != nil { // SET LOCAL lock_timeout
-		return false, nil, err
-	}
 	err = br.QueryRow().Scan(&claimed)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, nil, err
@@ -317,14 +325,13 @@ func readComplete(br pgx.BatchResults, discard bool) error {
 			return err
 		}
 	}
-	tag, err := br.Exec()
-	if err != nil {
+	if _, err := br.Exec(); err != nil {
+		if pgErrorCode(err) == invalidTextRepresentation {
+			return fmt.Errorf("%w: %w", errNotRecorded, err)
+		}
 		return err
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("postgres: recording the outcome updated %d rows, want 1", tag.RowsAffected())
-	}
-	tag, err = br.Exec()
+	tag, err := br.Exec()
 	if err != nil {
 		return err
 	}
@@ -353,3 +360,7 @@ func (t *txn) finish(ctx context.Context) error {
 }
 
 var errFinished = errors.New("postgres: claim already finished")
+
+// errNotRecorded reports a record that updated no row, which rolled the
+// claim's transaction back.
+var errNotRecorded = errors.New("postgres: recording the outcome updated no row of idempotency_keys (was the row deleted, or did a trigger or row-level security policy skip the update?); nothing was committed")

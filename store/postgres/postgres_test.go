@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemkit/idem/migrations"
@@ -246,4 +248,112 @@ func TestHandlerTxLargeObjectsJoinTheClaim(t *testing.T) {
 	if n != 0 {
 		t.Fatal("a large object created in a released claim survived")
 	}
+}
+
+// skipUpdates makes every UPDATE of idempotency_keys a silent no-op, as a
+// BEFORE trigger that returns NULL (or a row-level security policy that
+// hides the rows from UPDATE) does. It returns a function that drops the
+// trigger.
+func skipUpdates(t *testing.T, pool *pgxpool.Pool) (drop func()) {
+	t.Helper()
+	_, err := pool.Exec(ctx, `
+CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `DROP TRIGGER skip_update ON idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRecordThatTakesNoRowCommitsNothing covers a record that updates no
+// row: the handler's writes and the claim must not commit without it, or
+// the key would stay in progress, unanswerable, for its whole TTL.
+func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		mode pgx.QueryExecMode
+		code codes.Code
+	}{
+		{pgx.QueryExecModeCacheStatement, codes.OK},
+		{pgx.QueryExecModeCacheStatement, codes.InvalidArgument},
+		{pgx.QueryExecModeExec, codes.OK},
+		{pgx.QueryExecModeSimpleProtocol, codes.OK},
+	} {
+		code := tc.code
+		t.Run(tc.mode.String()+"/"+code.String(), func(t *testing.T) {
+			pool := newPool(t, pgtest.NewDatabase(t), tc.mode)
+			if _, err := pool.Exec(ctx, `CREATE TABLE w (v int)`); err != nil {
+				t.Fatal(err)
+			}
+			s := postgres.New(pool)
+			run := func() error {
+				t.Helper()
+				c, err := s.Claim(ctx, key, []byte("fp"))
+				if err != nil || c.Txn == nil {
+					t.Fatalf("claim: %+v, %v; want to own the key", c, err)
+				}
+				defer func() { _ = c.Txn.Release(ctx) }()
+				tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+				if _, err := tx.Exec(ctx, `INSERT INTO w VALUES (1)`); err != nil {
+					t.Fatal(err)
+				}
+				return c.Txn.Complete(ctx, store.Outcome{Code: code, Body: []byte("r")})
+			}
+			rows := func() (writes, keys int) {
+				t.Helper()
+				if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM idempotency_keys)`).Scan(&writes, &keys); err != nil {
+					t.Fatal(err)
+				}
+				return writes, keys
+			}
+
+			drop := skipUpdates(t, pool)
+			err := run()
+			if err == nil {
+				t.Fatal("Complete succeeded although the record updated no row")
+			}
+			if errors.Is(err, store.ErrInUse) || errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("Complete: %v; want an error the interceptor answers UNAVAILABLE", err)
+			}
+			if w, k := rows(); w != 0 || k != 0 {
+				t.Fatalf("after a record that took no row: %d writes and %d keys committed, want none", w, k)
+			}
+
+			drop()
+			if err := run(); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			wantWrites := 1
+			if code != codes.OK {
+				wantWrites = 0 // a recorded error discards the writes
+			}
+			if w, k := rows(); w != wantWrites || k != 1 {
+				t.Fatalf("after the retry: %d writes and %d keys, want %d and 1", w, k, wantWrites)
+			}
+			var status string
+			if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys`).Scan(&status); err != nil || status != "completed" {
+				t.Fatalf("key status %q, %v; want completed", status, err)
+			}
+		})
+	}
+}
+
+// newPool returns a pool on the database dsn that sends queries in mode.
+func newPool(t *testing.T, dsn string, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

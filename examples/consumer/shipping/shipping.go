@@ -159,10 +159,16 @@ func (c *Consumer) Apply(ctx context.Context, msg jetstream.Msg) (duplicate bool
 
 // Handle applies msg and then acknowledges it, waiting for the server to
 // confirm the ack. A message that fails is negatively acknowledged and
-// delivered again.
+// delivered again, unless its id is one the inbox can never store
+// (postgres.ErrInvalidMessageID, a missing id included): every delivery of
+// it would fail alike, so it is terminated instead, which JetStream never
+// redelivers and reports in a MSG_TERMINATED advisory, a dead letter.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (duplicate bool, err error) {
 	duplicate, err = c.Apply(ctx, msg)
-	if err != nil {
+	switch {
+	case errors.Is(err, postgres.ErrInvalidMessageID):
+		return false, errors.Join(err, msg.Term())
+	case err != nil:
 		return false, errors.Join(err, msg.Nak())
 	}
 	return duplicate, msg.DoubleAck(ctx)

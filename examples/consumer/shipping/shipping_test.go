@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -325,26 +326,58 @@ func TestRetentionOutlastsRedelivery(t *testing.T) {
 	}
 }
 
-// TestMessageWithoutID: a message published without Nats-Msg-Id cannot be
-// deduplicated; it is refused (and negatively acknowledged), not applied.
-func TestMessageWithoutID(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool := newDB(t)
-	_, js := connect(t)
-	stream, subject := newStream(t, js, 0)
-	if _, err := js.Publish(ctx, subject, []byte(`{"order_id":"order-1","sku":"sku","quantity":1}`)); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, stream.Name, shipping.ConsumerConfig("shipping", 30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = shipping.NewConsumer(pool).Handle(ctx, fetchOne(t, cons, 10*time.Second))
-	if !errors.Is(err, postgres.ErrNoMessageID) {
-		t.Fatalf("err = %v, want ErrNoMessageID", err)
-	}
-	if n := count(t, pool, `SELECT count(*) FROM shipments`); n != 0 {
-		t.Fatalf("%d shipments for a message without id, want 0", n)
+// TestMessageWithUnstorableID: a message published without Nats-Msg-Id
+// cannot be deduplicated, and one whose id is longer than the inbox can
+// store never could be; each is refused and terminated (dead-lettered),
+// not applied and not redelivered for ever.
+func TestMessageWithUnstorableID(t *testing.T) {
+	for name, id := range map[string]string{
+		"no id":        "",
+		"2 KB id":      strings.Repeat("i", 2<<10),
+		"longest id+1": strings.Repeat("i", postgres.MaxMessageIDLength+1),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pool := newDB(t)
+			_, js := connect(t)
+			stream, subject := newStream(t, js, 0)
+			var opts []jetstream.PublishOpt
+			if id != "" {
+				opts = append(opts, jetstream.WithMsgID(id))
+			}
+			ack, err := js.Publish(ctx, subject, []byte(`{"order_id":"order-1","sku":"sku","quantity":1}`), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons, err := js.CreateOrUpdateConsumer(ctx, stream.Name, shipping.ConsumerConfig("shipping", 30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = shipping.NewConsumer(pool).Handle(ctx, fetchOne(t, cons, 10*time.Second))
+			if !errors.Is(err, postgres.ErrInvalidMessageID) || (id == "") != errors.Is(err, postgres.ErrNoMessageID) {
+				t.Fatalf("err = %v, want ErrInvalidMessageID (ErrNoMessageID without an id)", err)
+			}
+			if n := count(t, pool, `SELECT count(*) FROM shipments`) + count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
+				t.Fatalf("%d rows written for a message with an unstorable id, want 0", n)
+			}
+			// Terminated: the consumer's ack floor passes the message and
+			// nothing awaits redelivery (Term is not confirmed, so wait for
+			// the server to apply it). A Nak would leave it pending.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				info, err := cons.Info(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info.AckFloor.Stream >= ack.Sequence && info.NumAckPending == 0 && info.NumPending == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the message was not terminated: ack floor %d, %d pending acks, %d pending", info.AckFloor.Stream, info.NumAckPending, info.NumPending)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
 	}
 }

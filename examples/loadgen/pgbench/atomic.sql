@@ -9,6 +9,6 @@ SAVEPOINT idem_claim;
 \endpipeline
 INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key) VALUES ('acme', 'cus_000000000001', 1001, 'EUR', 'order 1', 'k' || :k) RETURNING id::text, created_at;
 \startpipeline
-UPDATE idempotency_keys SET status = 'completed', response_code = 0, response = '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, updated_at = now() WHERE tenant = 'acme' AND method = '/payments.v1.PaymentService/CreatePayment' AND key = 'k' || :k AND status = 'in_progress';
+WITH recorded AS (UPDATE idempotency_keys SET status = 'completed', response_code = 0, response = '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, response_not_cached = false, updated_at = now() WHERE tenant = 'acme' AND method = '/payments.v1.PaymentService/CreatePayment' AND key = 'k' || :k AND status = 'in_progress' RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idem: recording the outcome updated ' || count(*) || ' rows of idempotency_keys, want 1')::int END FROM recorded;
 COMMIT;
 \endpipeline

@@ -331,6 +331,36 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("record that updates no row", func(t *testing.T) {
+		// A BEFORE UPDATE trigger that returns NULL (or a row-level
+		// security policy that hides the row from UPDATE) keeps the
+		// outcome from being recorded. Nothing may commit then: not the
+		// payment, and not a key left in progress that would answer
+		// IDEMPOTENCY_KEY_IN_USE to every retry until it expires.
+		e := newBadEnv(t)
+		ctx := context.Background()
+		if _, err := e.pool.Exec(ctx, `
+CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := e.create(t, payment, keyed("acme", "k")...)
+		wantCode(t, err, codes.Unavailable) // retry this call
+		e.nothingWritten(t)
+
+		if _, err := e.pool.Exec(ctx, `DROP TRIGGER skip_update ON idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		resp, header, err := e.create(t, payment, keyed("acme", "k")...)
+		if err != nil || replayed(header) {
+			t.Fatalf("retry after the trigger was dropped: %v (replayed %v); want a fresh execution", err, replayed(header))
+		}
+		e.wantRows(t, 1, 1, 0)
+		var id string
+		if err := e.pool.QueryRow(ctx, `SELECT id::text FROM payments`).Scan(&id); err != nil || id != resp.GetPayment().GetId() {
+			t.Fatalf("payments row %q (%v), answered %q", id, err, resp.GetPayment().GetId())
+		}
+	})
 	t.Run("request larger than any cap", func(t *testing.T) {
 		e := newBadEnv(t)
 		big := proto.Clone(payment).(*paymentsv1.CreatePaymentRequest)

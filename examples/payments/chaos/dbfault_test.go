@@ -7,7 +7,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
+	paymentsv1 "github.com/idemkit/idem/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -145,4 +148,70 @@ func sumInts(xs []int) int {
 		n += x
 	}
 	return n
+}
+
+// TestTableLock calls CreatePayment while another transaction holds a lock
+// on idempotency_keys (LOCK TABLE, or a migration's ALTER TABLE), on a
+// payments server process that has just started and on one that has served
+// a payment. Both must give up after idem's lock timeout (2 s) with
+// ABORTED and IDEMPOTENCY_KEY_IN_USE, not hold the call and a connection
+// until the client's deadline; and both serve the key once the lock is
+// gone, with one payment.
+func TestTableLock(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		name := "new server"
+		if warm {
+			name = "server that has served"
+		}
+		t.Run(name, func(t *testing.T) {
+			dsn := pgtest.NewDatabase(t)
+			srv := startServer(t, binary(t, serverPkg), dsn)
+			pool := observerPool(t, dsn)
+			conn := dial(t, srv.addr)
+			t.Cleanup(func() { conn.Close() })
+			client := paymentsv1.NewPaymentServiceClient(conn)
+			call := func(key string) (*paymentsv1.CreatePaymentResponse, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
+				defer cancel()
+				ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(keyed("acme", key)...))
+				return client.CreatePayment(ctx, payment)
+			}
+			if warm {
+				if _, err := call("warm"); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			ctx := context.Background()
+			lock, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Rollback(ctx)
+			if _, err := lock.Exec(ctx, `LOCK TABLE idempotency_keys IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			// attemptTimeout (15 s) is far above the lock timeout: a wait
+			// that nothing bounds ends in DEADLINE_EXCEEDED instead.
+			_, err = call("k")
+			st := wantCode(t, err, codes.Aborted)
+			if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyInUse {
+				t.Fatalf("ErrorInfo %v, want %s", info, interceptor.ReasonKeyInUse)
+			}
+			if err := lock.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			resp, err := call("k")
+			if err != nil {
+				t.Fatalf("after the lock was released: %v", err)
+			}
+			var n int
+			var id string
+			err = pool.QueryRow(ctx, `SELECT count(*) OVER (), id::text FROM payments WHERE request_key = 'k'`).Scan(&n, &id)
+			if err != nil || n != 1 || id != resp.GetPayment().GetId() {
+				t.Fatalf("%d payments for the key, id %q (%v); want one, %q", n, id, err, resp.GetPayment().GetId())
+			}
+		})
+	}
 }

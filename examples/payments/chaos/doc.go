@@ -30,6 +30,12 @@
 //     requests under one key: one execution per round, every other answer
 //     a replay or ABORTED with RetryInfo, no call stuck behind the
 //     connection pool.
+//   - TestTableLock holds a lock on idempotency_keys (as LOCK TABLE or a
+//     migration's ALTER TABLE does) while CreatePayment is called on a
+//     server just started and on one that has served: both answer ABORTED
+//     after the lock timeout, and serve the key once the lock is gone.
 //   - TestBadInput is a table of malformed keys and misused keys, each
-//     checked for its answer and for writing nothing.
+//     checked for its answer and for writing nothing, and of stored
+//     outcomes gone wrong: corrupt records, and a record that a trigger
+//     keeps from taking, after which nothing may have committed.
 package chaos

@@ -1,0 +1,152 @@
+package postgres
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sendBounded sends b on conn under the lock timeout: after BEGIN if begin
+// is set, then SET LOCAL lock_timeout. It reads the results of those
+// itself, so that the caller reads only b's; the caller must close the
+// results.
+//
+// Why it exists: a claim's batch begins its transaction and sets the lock
+// timeout itself, to save a round trip. But in the QueryExecModes that
+// prepare or describe statements (CacheStatement, pgx's default,
+// CacheDescribe and DescribeExec), pgx first prepares every statement of a
+// batch that it has not cached, in a round trip of its own, before any of
+// the batch runs: outside the transaction, before the lock timeout is set.
+// Preparing a statement locks the tables it names, so behind a LOCK TABLE
+// or a migration's ALTER TABLE a connection that has not claimed before (a
+// server just started, a reconnect, a new or recycled connection of the
+// pool), or one whose claim statements pgx dropped from its cache after a
+// failed batch, would wait with no bound but the caller's deadline.
+//
+// So each connection keeps, in its CustomData, the statements of idem's
+// batches that pgx has cached on it ([prepared]). When b has a statement
+// not among them, sendBounded begins the transaction and sets the lock
+// timeout first, in a round trip of its own, and then sends b alone: pgx
+// prepares it inside the transaction, under the lock timeout. When all are
+// cached, BEGIN and the lock timeout travel with b in one round trip. In
+// QueryExecModeExec and QueryExecModeSimpleProtocol the server parses each
+// statement in turn, after the ones before it ran, so the batch is always
+// sent whole; in QueryExecModeDescribeExec pgx describes every statement of
+// every batch, so the transaction is always begun first. Any set of
+// statements idem sends under the lock timeout goes through here.
+//
+// pgx may still drop a statement from its cache without idem knowing: its
+// cache holds the statements used last (StatementCacheCapacity, 512 by
+// default), so a connection that runs more distinct statements than that
+// between two claims prepares idem's again outside the transaction, and so
+// does one whose statements the application deallocated
+// (Conn.DeallocateAll).
+func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, begin bool, b *pgx.Batch) (pgx.BatchResults, error) {
+	p := preparedOn(conn)
+	head := []*pgx.QueuedQuery{{SQL: s.setLockTimeout}}
+	if begin {
+		head = append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, head...)
+	}
+	qs := b.QueuedQueries
+	if p.cached(qs) {
+		qs = append(head, qs...)
+	} else if err := s.open(ctx, conn, p, head); err != nil {
+		return nil, err
+	}
+	br := &trackedResults{BatchResults: conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), p: p, qs: qs}
+	for range len(qs) - len(b.QueuedQueries) {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
+	return br, nil
+}
+
+// open runs head, the statements that begin the transaction and set the
+// lock timeout, none of which locks anything. Where pgx caches statements
+// it sends them as a batch, so that the batches that carry them later find
+// them cached; in QueryExecModeDescribeExec, which caches nothing, as one
+// simple query, one round trip.
+func (s *Store) open(ctx context.Context, conn *pgx.Conn, p *prepared, head []*pgx.QueuedQuery) error {
+	if p.mode == pgx.QueryExecModeDescribeExec {
+		sql := make([]string, len(head))
+		for i, q := range head {
+			sql[i] = q.SQL
+		}
+		_, err := conn.Exec(ctx, strings.Join(sql, "; "))
+		return err
+	}
+	hb := &pgx.Batch{QueuedQueries: head}
+	err := conn.SendBatch(ctx, hb).Close()
+	p.sent(head, err)
+	return err
+}
+
+// preparedKey is the key of a connection's *prepared in its CustomData.
+const preparedKey = "github.com/idemkit/idem/store/postgres.prepared"
+
+// prepared is what idem knows of a connection's statement cache: the
+// statements of its batches that pgx has prepared (or described) and kept.
+type prepared struct {
+	mode  pgx.QueryExecMode
+	stmts map[string]struct{}
+}
+
+// preparedOn returns what idem knows of conn's statement cache.
+func preparedOn(conn *pgx.Conn) *prepared {
+	data := conn.PgConn().CustomData()
+	if p, ok := data[preparedKey].(*prepared); ok {
+		return p
+	}
+	p := &prepared{mode: conn.Config().DefaultQueryExecMode, stmts: make(map[string]struct{})}
+	data[preparedKey] = p
+	return p
+}
+
+// cached reports whether pgx sends qs without a round trip of its own
+// that prepares or describes some of them first.
+func (p *prepared) cached(qs []*pgx.QueuedQuery) bool {
+	switch p.mode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return true
+	case pgx.QueryExecModeDescribeExec:
+		return false
+	}
+	for _, q := range qs {
+		if _, ok := p.stmts[q.SQL]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// sent records how a batch of qs ended: pgx keeps the statements of a batch
+// that succeeded in its cache and drops all of them when it fails.
+func (p *prepared) sent(qs []*pgx.QueuedQuery, err error) {
+	for _, q := range qs {
+		if err != nil {
+			delete(p.stmts, q.SQL)
+		} else {
+			p.stmts[q.SQL] = struct{}{}
+		}
+	}
+}
+
+// trackedResults records in prepared how its batch ended, when closed.
+type trackedResults struct {
+	pgx.BatchResults
+	p   *prepared
+	qs  []*pgx.QueuedQuery
+	err error // the first error of Close
+}
+
+func (r *trackedResults) Close() error {
+	if r.p != nil {
+		r.err = r.BatchResults.Close()
+		r.p.sent(r.qs, r.err)
+		r.p = nil
+	}
+	return r.err
+}
