@@ -4,8 +4,13 @@
 // # Contract
 //
 // A key is scoped by tenant, full gRPC method and the client's key string
-// ([Key]). [Store.Claim] is the only way to learn whether a key is free, and
-// it must decide atomically: of any number of concurrent claims for one key,
+// ([Key]). Every store holds the keys that [Key.Validate] accepts (bounded
+// lengths, valid UTF-8, no NUL byte) and refuses the others in Claim and
+// Lease with [ErrInvalidKey] before it touches its storage, so that a key
+// works on every store or on none.
+//
+// [Store.Claim] is the only way to learn whether a key is free, and it must
+// decide atomically: of any number of concurrent claims for one key,
 // exactly one gets a [Txn]; the others get the key's [Entry] once the owner
 // has finished, or [ErrInUse] when a bounded wait runs out. "Check, then
 // insert" is not an implementation of Claim.
@@ -24,8 +29,9 @@
 // [Lease] fails with [ErrLeaseLost] and changes nothing.
 //
 // Implementations translate their driver's errors into the sentinel errors
-// of this package ([ErrInUse], [ErrConflict]) so that callers can choose a
-// gRPC status without knowing the driver.
+// of this package ([ErrInUse], [ErrConflict], [ErrLeaseLost],
+// [ErrInvalidKey]) so that callers can choose a gRPC status without knowing
+// the driver.
 //
 // # Implementations
 //

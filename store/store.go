@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -25,8 +26,22 @@ var ErrConflict = errors.New("store: transaction conflict")
 // stands.
 var ErrLeaseLost = errors.New("store: lease lost to another request")
 
+// ErrInvalidKey reports that a [Key] breaks the rules of [Key.Validate], so
+// no store can hold it. Nothing was written; the same key fails the same way
+// again, so retrying does not help.
+var ErrInvalidKey = errors.New("store: invalid key")
+
+// The longest fields of a [Key], in bytes. Together they stay well within
+// what a PostgreSQL B-tree index entry can hold.
+const (
+	MaxTenantLength = 255
+	MaxMethodLength = 1024
+	MaxKeyLength    = 255
+)
+
 // Key identifies one logical operation. Two claims collide only when all
-// three fields are equal.
+// three fields are equal. [Key.Validate] states the rules every store
+// enforces on the fields.
 type Key struct {
 	// Tenant is the caller's scope, derived from its identity.
 	Tenant string
@@ -34,6 +49,36 @@ type Key struct {
 	Method string
 	// Key is the client's idempotency key.
 	Key string
+}
+
+// Validate reports whether every store can hold k: Tenant is 0 to
+// [MaxTenantLength] bytes, Method 1 to [MaxMethodLength] bytes and Key 1 to
+// [MaxKeyLength] bytes, each valid UTF-8 without a NUL byte. The error wraps
+// [ErrInvalidKey] and names the field and the rule it breaks, never the
+// field's value. Stores check it in Claim and Lease before they touch their
+// storage.
+func (k Key) Validate() error {
+	if err := validateField("tenant", k.Tenant, 0, MaxTenantLength); err != nil {
+		return err
+	}
+	if err := validateField("method", k.Method, 1, MaxMethodLength); err != nil {
+		return err
+	}
+	return validateField("key", k.Key, 1, MaxKeyLength)
+}
+
+func validateField(name, v string, minLen, maxLen int) error {
+	switch {
+	case len(v) < minLen:
+		return fmt.Errorf("%w: %s is empty", ErrInvalidKey, name)
+	case len(v) > maxLen:
+		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", ErrInvalidKey, name, len(v), maxLen)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidKey, name)
+	case strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidKey, name)
+	}
+	return nil
 }
 
 // State is the state of an entry another request created.

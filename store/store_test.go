@@ -43,3 +43,62 @@ func TestRecoveryPointValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestKeyValidate(t *testing.T) {
+	valid := store.Key{Tenant: "acme", Method: "/pkg.Service/Method", Key: "k"}
+	with := func(f func(k *store.Key)) store.Key {
+		k := valid
+		f(&k)
+		return k
+	}
+	for _, c := range []struct {
+		name string
+		key  store.Key
+		// field is the field the error must name; "" for a valid key.
+		field string
+	}{
+		{"valid", valid, ""},
+		{"empty tenant", with(func(k *store.Key) { k.Tenant = "" }), ""},
+		{"tenant at its bound", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", store.MaxTenantLength) }), ""},
+		{"non-ASCII tenant", with(func(k *store.Key) { k.Tenant = "Zürich-東京" }), ""},
+		{"method at its bound", with(func(k *store.Key) { k.Method = "/" + strings.Repeat("m", store.MaxMethodLength-1) }), ""},
+		{"key at its bound", with(func(k *store.Key) { k.Key = strings.Repeat("k", store.MaxKeyLength) }), ""},
+		{"all at their bounds", store.Key{
+			Tenant: strings.Repeat("t", store.MaxTenantLength),
+			Method: strings.Repeat("m", store.MaxMethodLength),
+			Key:    strings.Repeat("k", store.MaxKeyLength),
+		}, ""},
+
+		{"tenant past its bound", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", store.MaxTenantLength+1) }), "tenant"},
+		{"10 KB tenant", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", 10<<10) }), "tenant"},
+		{"tenant not UTF-8", with(func(k *store.Key) { k.Tenant = "bad-\xff\xfe" }), "tenant"},
+		{"tenant with NUL", with(func(k *store.Key) { k.Tenant = "a\x00b" }), "tenant"},
+		{"empty method", with(func(k *store.Key) { k.Method = "" }), "method"},
+		{"method past its bound", with(func(k *store.Key) { k.Method = strings.Repeat("m", store.MaxMethodLength+1) }), "method"},
+		{"method not UTF-8", with(func(k *store.Key) { k.Method = "/pkg.S/\xc3" }), "method"},
+		{"method with NUL", with(func(k *store.Key) { k.Method = "/pkg.S/M\x00" }), "method"},
+		{"empty key", with(func(k *store.Key) { k.Key = "" }), "key"},
+		{"key past its bound", with(func(k *store.Key) { k.Key = strings.Repeat("k", store.MaxKeyLength+1) }), "key"},
+		{"key not UTF-8", with(func(k *store.Key) { k.Key = "caf\xe9" }), "key"},
+		{"key with NUL", with(func(k *store.Key) { k.Key = "\x00" }), "key"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.key.Validate()
+			if c.field == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, store.ErrInvalidKey) {
+				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidKey", err)
+			}
+			if !strings.Contains(err.Error(), c.field) {
+				t.Errorf("Validate() = %q, does not name the field %s", err, c.field)
+			}
+			if len(err.Error()) > 200 {
+				t.Errorf("Validate() = %d bytes of text; it must not echo the value", len(err.Error()))
+			}
+		})
+	}
+}

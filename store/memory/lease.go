@@ -9,11 +9,15 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Lease implements [store.Store]. Like [Store.Claim], it waits for a
+// Lease implements [store.Store]. Like [Store.Claim], it refuses a key that
+// breaks the rules of [store.Key.Validate], and it waits for a
 // running atomic claim of the key to finish, for at most the lock timeout.
 // A takeover keeps the key's expiry and its last recovery point; a key that
 // expired is leased afresh, without one.
 func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+	if err := key.Validate(); err != nil {
+		return store.LeaseClaim{}, err
+	}
 	e, now, err := s.lockSettled(ctx, key)
 	if err != nil {
 		return store.LeaseClaim{}, err

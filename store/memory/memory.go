@@ -102,10 +102,15 @@ func (s *Store) sweepLocked(now time.Time) {
 	}
 }
 
-// Claim implements [store.Store]. A claim of a key whose atomic owner is
+// Claim implements [store.Store]. A key that breaks the rules of
+// [store.Key.Validate] fails with [store.ErrInvalidKey], as in every store,
+// although a map could hold it. A claim of a key whose atomic owner is
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
 func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+	if err := key.Validate(); err != nil {
+		return store.Claim{}, err
+	}
 	e, now, err := s.lockSettled(ctx, key)
 	if err != nil {
 		return store.Claim{}, err

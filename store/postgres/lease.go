@@ -58,9 +58,13 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
 // travel together; the first claim on a connection costs two more, as for
 // Claim) and commits at once; each later write of the lease is
 // one statement of its own. The lease's expires_at is set on the first
-// claim and kept by takeovers. Like Claim, it waits at most the lock timeout
-// for a connection of the pool.
+// claim and kept by takeovers. Like Claim, it refuses a key that breaks the
+// rules of [store.Key.Validate] with [store.ErrInvalidKey], and waits at
+// most the lock timeout for a connection of the pool.
 func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+	if err := key.Validate(); err != nil {
+		return store.LeaseClaim{}, err
+	}
 	for range maxTakeovers {
 		l, entry, err := s.lease(ctx, key, fingerprint, lease)
 		switch {

@@ -111,7 +111,14 @@ const maxTakeovers = 3
 // behind them for as long as the key's owner runs. When no connection comes
 // free in time, Claim fails with an error that is none of store's sentinels
 // (the interceptor answers UNAVAILABLE), having changed nothing.
+//
+// A key that breaks the rules of [store.Key.Validate] fails with
+// [store.ErrInvalidKey] before any statement is sent: the rules keep every
+// key within what the table's text columns and primary key index can hold.
 func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+	if err := key.Validate(); err != nil {
+		return store.Claim{}, err
+	}
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return store.Claim{}, err

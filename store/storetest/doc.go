@@ -35,6 +35,10 @@
 // Release, many takeovers at once, expiry, a completed key, and a lease that
 // waits for an atomic claim.
 //
+// Keys ([store.Key.Validate]): keys at the length bounds and of non-ASCII
+// text are held, in Claim and in Lease; keys past a bound, not valid UTF-8
+// or with a NUL byte are refused with [store.ErrInvalidKey].
+//
 // The cases wait for leases, expiry and lock timeouts of a few hundred
 // milliseconds to a few seconds, with margins meant for busy machines; the
 // whole suite takes some seconds of wall time, mostly asleep.

@@ -41,6 +41,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 	}{
 		{"Claim", claimCases},
 		{"Lease", leaseCases},
+		{"Key", keyCases},
 	} {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
