@@ -40,6 +40,11 @@
 // A key is exactly one metadata value of 1 to 255 visible ASCII characters.
 // It is scoped by tenant (see [WithTenant]) and full method name, so the same
 // key in two tenants or on two methods names two independent operations.
+// A scope that no store can hold (a tenant over 255 bytes, or one that is
+// not valid UTF-8 or holds a NUL byte; the rule of store.Key.Validate) is
+// refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
+// reason IDEMPOTENCY_SCOPE_INVALID; the message names the field and the
+// rule, and the value's length, never the value.
 // Fields marked (idem.v1.field).fingerprint_exclude, such as trace ids, are
 // left out of the request fingerprint; metadata never enters it.
 //
@@ -52,6 +57,8 @@
 //	same key, other request                    FAILED_PRECONDITION, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
 //	same key, still running after the wait     ABORTED, RetryInfo and ErrorInfo reason IDEMPOTENCY_KEY_IN_USE
 //	key malformed, or missing where required   INVALID_ARGUMENT, BadRequest violation on idempotency-key
+//	tenant or method the store cannot hold     INVALID_ARGUMENT, ErrorInfo reason IDEMPOTENCY_SCOPE_INVALID
+//	the store failed                           UNAVAILABLE, RetryInfo; nothing was recorded
 //
 // Handler errors that the [Classifier] calls deterministic (by default
 // INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS and
@@ -120,6 +127,17 @@
 // bytes as unknown fields; interceptors outside idem then see no fields set.
 // A recorded outcome that no longer decodes is never sent: the call fails
 // with INTERNAL and the problem is logged.
+//
+// # Errors and logging
+//
+// Clients never see the text of internal errors: a failure of the store
+// (while claiming, leasing or recording) answers UNAVAILABLE with a
+// RetryInfo and a message that says only what idem was doing; a [Loader]
+// that fails, UNAVAILABLE likewise; a response or error that cannot be
+// encoded, INTERNAL. The full error goes to the server's log
+// ([WithLogger], by default [log/slog.Default]), with the method, the tenant
+// and the key. [WithVerboseErrors] adds the error's text to the client's
+// message, for development. A healthy server logs nothing per request.
 //
 // # Calling other services
 //

@@ -1,7 +1,9 @@
 package interceptor_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -109,6 +111,8 @@ type env struct {
 	pool   *pgxpool.Pool
 	svc    *testService
 	client testv1.TestServiceClient
+	// log holds what the interceptor logged.
+	log *logBuffer
 }
 
 type setup struct {
@@ -145,20 +149,16 @@ func newEnv(t *testing.T, s setup) *env {
 	}
 
 	svc := &testService{pool: pool}
-	tenant := interceptor.TenantFunc(func(ctx context.Context) (string, error) {
-		if v := metadata.ValueFromIncomingContext(ctx, "x-tenant-id"); len(v) == 1 {
-			return v[0], nil
-		}
-		return "", nil
-	})
+	tenant := interceptor.TenantFunc(tenantFromMetadata)
 	var st store.Store = postgres.New(pool, s.storeOpts...)
 	if s.store != nil {
 		st = s.store(pool)
 	}
+	log := &logBuffer{}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
 		interceptor.UnaryServerInterceptor(st,
-			append([]interceptor.Option{interceptor.WithTenant(tenant)}, s.opts...)...),
+			append([]interceptor.Option{interceptor.WithTenant(tenant), interceptor.WithLogger(log.logger())}, s.opts...)...),
 	))
 	testv1.RegisterTestServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -173,7 +173,39 @@ func newEnv(t *testing.T, s setup) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &env{pool: pool, svc: svc, client: testv1.NewTestServiceClient(conn)}
+	return &env{pool: pool, svc: svc, client: testv1.NewTestServiceClient(conn), log: log}
+}
+
+// tenantFromMetadata is the tenant of newEnv's servers: the x-tenant-id
+// header, when it has exactly one value.
+func tenantFromMetadata(ctx context.Context) (string, error) {
+	if v := metadata.ValueFromIncomingContext(ctx, "x-tenant-id"); len(v) == 1 {
+		return v[0], nil
+	}
+	return "", nil
+}
+
+// logBuffer keeps what a logger wrote, for tests to search.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// logger returns a logger that writes every level to b as text.
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // withKey returns a context whose outgoing metadata carries key.

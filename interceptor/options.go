@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -14,7 +15,7 @@ import (
 // Defaults of the options below.
 const (
 	// DefaultRetryDelay is the delay suggested in RetryInfo when a key is in
-	// use.
+	// use or the store failed.
 	DefaultRetryDelay = time.Second
 	// DefaultLease is how long a leased call holds its key.
 	DefaultLease = 60 * time.Second
@@ -33,6 +34,9 @@ type options struct {
 	maxStored int
 	loaders   map[string]Loader
 	rerun     map[string]bool
+
+	logger  *slog.Logger // nil: slog.Default()
+	verbose bool
 
 	// client holds the options of UnaryClientInterceptor (client_options.go).
 	client clientOptions
@@ -82,6 +86,33 @@ func WithTenant(r TenantResolver) Option {
 	return func(o *options) { o.tenant = r }
 }
 
+// WithLogger sets where the server interceptor logs what clients are not
+// told: the full errors of the store behind an UNAVAILABLE answer, records
+// that cannot be replayed, leases lost to a retry. A healthy server logs
+// nothing per request. Default: [slog.Default], as it is when a line is
+// logged; nil selects the default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithVerboseErrors makes the server interceptor put the text of internal
+// errors (the store's, a [Loader]'s, a failure to encode the response) into
+// the messages clients get, for development. Leave it off in production: the text can name
+// database hosts, users and tables. Either way the full error is logged
+// ([WithLogger]). Default: off; clients get a message that names only what
+// idem was doing.
+func WithVerboseErrors(on bool) Option {
+	return func(o *options) { o.verbose = on }
+}
+
+// log returns the logger of o.
+func (o *options) log() *slog.Logger {
+	if o.logger == nil {
+		return slog.Default()
+	}
+	return o.logger
+}
+
 // Classifier decides which handler errors are deterministic: the same
 // request would fail the same way again, so the error is recorded and
 // replayed to retries. Any other error is transient: the claim is released,
@@ -116,8 +147,8 @@ func WithClassifier(c Classifier) Option {
 }
 
 // WithRetryDelay sets the delay suggested in google.rpc.RetryInfo when a
-// request's key is held by a request still in flight. Default:
-// [DefaultRetryDelay] (1 s).
+// request's key is held by a request still in flight, and when the store
+// failed (UNAVAILABLE). Default: [DefaultRetryDelay] (1 s).
 func WithRetryDelay(d time.Duration) Option {
 	return func(o *options) { o.retryDelay = d }
 }
@@ -169,7 +200,9 @@ type Loader interface {
 	// error and releases the key, as a transient handler error does.
 	Reference(ctx context.Context, resp proto.Message) ([]byte, error)
 	// Load rebuilds the response from the recorded reference. An error
-	// fails the retry: a status error as it is, any other as UNAVAILABLE.
+	// fails the retry: a status error as it is, any other as UNAVAILABLE,
+	// whose message does not carry the error's text (it is logged; see
+	// [WithVerboseErrors]).
 	Load(ctx context.Context, ref []byte) (proto.Message, error)
 }
 

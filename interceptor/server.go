@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -18,8 +18,6 @@ import (
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/store"
 )
-
-var logger = grpclog.Component("idem")
 
 // UnaryServerInterceptor returns a server interceptor that runs each keyed
 // unary call once per key and replays its recorded outcome to retries. See
@@ -71,25 +69,28 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
+	skey := store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}
+	if err := skey.Validate(); err != nil {
+		return nil, scopeInvalid(err)
+	}
 	fp, err := i.hasher.Sum(msg)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "idem: "+err.Error())
 	}
 
-	skey := store.Key{Tenant: tenant, Method: info.FullMethod, Key: key}
 	ctx = withRequestKey(ctx, skey)
 	if m.leased {
 		return i.lease(ctx, skey, fp, req, m, handler)
 	}
 	claim, err := i.store.Claim(ctx, skey, fp)
 	if err != nil {
-		return nil, storeError(err, i.opts.retryDelay)
+		return nil, i.storeError(ctx, skey, "claiming the idempotency key", err)
 	}
 	if claim.Entry != nil {
-		return i.replay(ctx, req, m, handler, fp, claim.Entry)
+		return i.replay(ctx, skey, req, m, handler, fp, claim.Entry)
 	}
 	defer func() { _ = claim.Txn.Release(ctx) }()
-	return i.execute(claim.Txn.Context(ctx), req, m, handler, claim.Txn)
+	return i.execute(claim.Txn.Context(ctx), skey, req, m, handler, claim.Txn)
 }
 
 // lease runs a call in leased mode: the claim is committed before the
@@ -108,10 +109,10 @@ func (i *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m *method, handler grpc.UnaryHandler) (any, error) {
 	lc, err := i.store.Lease(ctx, key, fp, m.lease)
 	if err != nil {
-		return nil, storeError(err, i.opts.retryDelay)
+		return nil, i.storeError(ctx, key, "leasing the idempotency key", err)
 	}
 	if lc.Entry != nil {
-		return i.replay(ctx, req, m, handler, fp, lc.Entry)
+		return i.replay(ctx, key, req, m, handler, fp, lc.Entry)
 	}
 	l := lc.Lease
 	bctx := context.WithoutCancel(ctx)
@@ -126,22 +127,22 @@ func (i *server) lease(ctx context.Context, key store.Key, fp []byte, req any, m
 
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
 	defer cancel(nil)
-	stop := heartbeat(bctx, l, m.lease, cancel)
+	stop := i.heartbeat(bctx, key, l, m.lease, cancel)
 	defer stop() // when the handler panics
 	rec := &leaseRecorder{lease: l, stop: stop}
-	resp, err := i.execute(hctx, req, m, func(ctx context.Context, req any) (any, error) {
+	resp, err := i.execute(hctx, key, req, m, func(ctx context.Context, req any) (any, error) {
 		resp, err := handler(ctx, req)
 		release = err != nil && !i.opts.classifier.Deterministic(status.Convert(err))
 		return resp, err
 	}, rec)
 	stop()
 	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
-		logger.Warningf("%s: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key.Method)
+		i.log(ctx, slog.LevelWarn, "idem: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key, nil)
 		return nil, leaseLost(i.opts.retryDelay)
 	}
 	if rec.err != nil {
-		logger.Errorf("%s: recording the outcome of a leased call failed; its claim stays in progress until the lease runs out: %v", key.Method, rec.err)
-		return nil, notRecorded(min(m.lease, maxLeaseRetryDelay))
+		i.log(ctx, slog.LevelError, "idem: storage failed while recording the outcome of a leased call; its claim stays in progress until the lease runs out", key, rec.err)
+		return nil, notRecorded(min(m.lease, maxLeaseRetryDelay), i.detail(rec.err))
 	}
 	return resp, err
 }
@@ -171,7 +172,7 @@ type recorder interface {
 
 // execute runs the handler and records its outcome in rec. On an error it
 // records nothing and leaves the claim to the caller's deferred release.
-func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, rec recorder) (any, error) {
+func (i *server) execute(ctx context.Context, key store.Key, req any, m *method, handler grpc.UnaryHandler, rec recorder) (any, error) {
 	resp, herr := handler(ctx, req)
 	if herr != nil {
 		st := status.Convert(herr)
@@ -180,10 +181,10 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 		}
 		body, err := proto.Marshal(st.Proto())
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "idem: recording the error: %v", err)
+			return nil, i.internalError(ctx, key, codes.Internal, "encoding the error failed", err)
 		}
 		if err := rec.Complete(ctx, store.Outcome{Code: st.Code(), Body: body}); err != nil {
-			return nil, i.completeError(err)
+			return nil, i.completeError(ctx, key, rec, err)
 		}
 		return nil, st.Err()
 	}
@@ -193,7 +194,7 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 	}
 	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idem: recording the response: %v", err)
+		return nil, i.internalError(ctx, key, codes.Internal, "encoding the response failed", err)
 	}
 	out := store.Outcome{Code: codes.OK, Body: body}
 	if len(body) > i.opts.maxStored {
@@ -206,7 +207,7 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 		}
 	}
 	if err := rec.Complete(ctx, out); err != nil {
-		return nil, i.completeError(err)
+		return nil, i.completeError(ctx, key, rec, err)
 	}
 	if m.raw {
 		return rawMessage(m, body), nil
@@ -214,13 +215,13 @@ func (i *server) execute(ctx context.Context, req any, m *method, handler grpc.U
 	return resp, nil
 }
 
-// completeError maps a failure to record; a lost lease is passed on for the
-// caller to report.
-func (i *server) completeError(err error) error {
-	if errors.Is(err, store.ErrLeaseLost) {
+// completeError maps a failure of rec to record. A leased call's failure is
+// passed on as it is, for lease to report (and log).
+func (i *server) completeError(ctx context.Context, key store.Key, rec recorder, err error) error {
+	if _, leased := rec.(*leaseRecorder); leased || errors.Is(err, store.ErrLeaseLost) {
 		return err
 	}
-	return storeError(err, i.opts.retryDelay)
+	return i.storeError(ctx, key, "recording the outcome", err)
 }
 
 // leaseRecorder records the outcome of a leased call. It stops the
@@ -242,14 +243,14 @@ func (r *leaseRecorder) Complete(ctx context.Context, out store.Outcome) error {
 	return r.err
 }
 
-// heartbeat extends l every third of d until stop is called (stop may be
-// called more than once), each Extend bounded by extendTimeout(d). ctx
-// should be detached from the caller's: the lease is kept while the handler
-// runs, whether or not its caller still waits. When the lease turns out to
-// be lost it cancels the handler's context with store.ErrLeaseLost and
-// stops; other failures are logged and retried at the next beat, while the
-// lease may still run.
-func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
+// heartbeat extends l, the lease of key, every third of d until stop is
+// called (stop may be called more than once), each Extend bounded by
+// extendTimeout(d). ctx should be detached from the caller's: the lease is
+// kept while the handler runs, whether or not its caller still waits. When
+// the lease turns out to be lost it cancels the handler's context with
+// store.ErrLeaseLost and stops; other failures are logged and retried at
+// the next beat, while the lease may still run.
+func (i *server) heartbeat(ctx context.Context, key store.Key, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -273,7 +274,7 @@ func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel conte
 				cancel(store.ErrLeaseLost)
 				return
 			case err != nil && ctx.Err() == nil:
-				logger.Warningf("extending a lease: %v", err)
+				i.log(ctx, slog.LevelWarn, "idem: extending a lease failed", key, err)
 			}
 		}
 	}()
@@ -284,8 +285,8 @@ func heartbeat(ctx context.Context, l store.Lease, d time.Duration, cancel conte
 	}
 }
 
-// replay answers a request whose key another request took.
-func (i *server) replay(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, fp []byte, e *store.Entry) (any, error) {
+// replay answers a request for key, which another request took.
+func (i *server) replay(ctx context.Context, key store.Key, req any, m *method, handler grpc.UnaryHandler, fp []byte, e *store.Entry) (any, error) {
 	if !bytes.Equal(e.Fingerprint, fp) {
 		return nil, keyReused()
 	}
@@ -297,12 +298,11 @@ func (i *server) replay(ctx context.Context, req any, m *method, handler grpc.Un
 		return nil, keyInUse(delay)
 	}
 	if e.Outcome.NotCached {
-		return i.rebuild(ctx, req, m, handler, e.Outcome.Body)
+		return i.rebuild(ctx, key, req, m, handler, e.Outcome.Body)
 	}
 	resp, err := decode(m, e.Outcome)
 	if err != nil {
-		method, _ := grpc.Method(ctx)
-		logger.Errorf("%s: recorded outcome cannot be replayed: %v", method, err)
+		i.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
 		return nil, status.Error(codes.Internal, "idem: the recorded outcome of this request is unreadable")
 	}
 	setReplayed(ctx)
@@ -316,7 +316,7 @@ func (i *server) replay(ctx context.Context, req any, m *method, handler grpc.Un
 const maxLeaseRetryDelay = 30 * time.Second
 
 // rebuild answers a retry of a call whose response was too large to record.
-func (i *server) rebuild(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, ref []byte) (any, error) {
+func (i *server) rebuild(ctx context.Context, key store.Key, req any, m *method, handler grpc.UnaryHandler, ref []byte) (any, error) {
 	switch {
 	case m.loader != nil:
 		resp, err := m.loader.Load(ctx, ref)
@@ -324,7 +324,7 @@ func (i *server) rebuild(ctx context.Context, req any, m *method, handler grpc.U
 			if _, ok := status.FromError(err); ok {
 				return nil, err
 			}
-			return nil, status.Error(codes.Unavailable, "idem: rebuilding the response: "+err.Error())
+			return nil, i.internalError(ctx, key, codes.Unavailable, "rebuilding the response failed", err)
 		}
 		setReplayed(ctx)
 		return resp, nil

@@ -3,6 +3,8 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -31,6 +33,10 @@ const (
 	// ReasonResponseNotCached: the call completed, but its response was too
 	// large to record and the method can neither rebuild nor rerun it.
 	ReasonResponseNotCached = "IDEMPOTENCY_RESPONSE_NOT_CACHED"
+	// ReasonScopeInvalid: the call's scope (its tenant, as the server's
+	// TenantResolver found it, or its method) cannot hold an idempotency
+	// key; see store.Key.Validate. The same call fails again.
+	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
 )
 
 func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) error {
@@ -70,8 +76,8 @@ func leaseLost(delay time.Duration) error {
 // notRecorded is the answer to a leased call whose outcome could not be
 // recorded: the claim stays in progress until its lease, delay from now at
 // the latest, runs out, and then a retry takes it over.
-func notRecorded(delay time.Duration) error {
-	return withDetails(codes.Unavailable, "idem: the outcome of this call could not be recorded; retry after the delay",
+func notRecorded(delay time.Duration, detail string) error {
+	return withDetails(codes.Unavailable, "idem: the outcome of this call could not be recorded; retry after the delay"+detail,
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 }
 
@@ -80,17 +86,68 @@ func notCached() error {
 		&errdetails.ErrorInfo{Reason: ReasonResponseNotCached, Domain: Domain})
 }
 
-// storeError maps an error of the store to the status the client sees. A
-// claim that failed left nothing behind, so each of them may be retried.
-func storeError(err error, delay time.Duration) error {
+func scopeInvalid(err error) error {
+	// The store's rule names the field and the rule it breaks, never the
+	// value, which may be kilobytes of anything.
+	rule := strings.TrimPrefix(err.Error(), store.ErrInvalidKey.Error()+": ")
+	return withDetails(codes.InvalidArgument, "idem: this call cannot hold an idempotency key: "+rule,
+		&errdetails.ErrorInfo{Reason: ReasonScopeInvalid, Domain: Domain})
+}
+
+// storeError maps an error of the store, met while doing something for key
+// (claiming, leasing, recording), to the status the client sees. A failure
+// of the store left nothing behind, so each of them may be retried.
+func (i *server) storeError(ctx context.Context, key store.Key, doing string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrInUse):
-		return keyInUse(delay)
+		return keyInUse(i.opts.retryDelay)
 	case errors.Is(err, store.ErrConflict):
 		return withDetails(codes.Aborted, "idem: transaction conflict; retry",
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(0)})
+	case errors.Is(err, store.ErrInvalidKey):
+		return scopeInvalid(err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Unavailable, "idem: storage: "+err.Error())
+	return i.internalError(ctx, key, codes.Unavailable, "storage failed while "+doing, err)
+}
+
+// internalError logs err, which happened to the call for key, and returns
+// the status of code c the client gets: a message that says what failed,
+// with err's text only under WithVerboseErrors, since it may name hosts,
+// users and databases. UNAVAILABLE carries a RetryInfo.
+func (i *server) internalError(ctx context.Context, key store.Key, c codes.Code, what string, err error) error {
+	i.log(ctx, slog.LevelError, "idem: "+what, key, err)
+	msg := "idem: " + what + i.detail(err)
+	if c != codes.Unavailable {
+		return status.Error(c, msg)
+	}
+	return withDetails(c, msg+"; retry",
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(i.opts.retryDelay)})
+}
+
+// detail is what the client's message says of err: its text under
+// WithVerboseErrors, else nothing.
+func (i *server) detail(err error) string {
+	if !i.opts.verbose {
+		return ""
+	}
+	return ": " + err.Error()
+}
+
+// log logs msg at level with the scope of the call and err, if not nil.
+func (i *server) log(ctx context.Context, level slog.Level, msg string, key store.Key, err error) {
+	l := i.opts.log()
+	if !l.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("method", key.Method),
+		slog.String("tenant", key.Tenant),
+		slog.String("key", key.Key),
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	l.LogAttrs(ctx, level, msg, attrs...)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -24,9 +25,11 @@ func TestStoreError(t *testing.T) {
 		{fmt.Errorf("x: %w", store.ErrConflict), codes.Aborted, true},
 		{context.Canceled, codes.Canceled, false},
 		{context.DeadlineExceeded, codes.DeadlineExceeded, false},
-		{errors.New("connection refused"), codes.Unavailable, false},
+		{fmt.Errorf("%w: tenant is not valid UTF-8", store.ErrInvalidKey), codes.InvalidArgument, false},
+		{errors.New("connection refused"), codes.Unavailable, true},
 	} {
-		st := status.Convert(storeError(c.err, time.Second))
+		i := &server{opts: evaluateOptions([]Option{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}
+		st := status.Convert(i.storeError(context.Background(), store.Key{}, "claiming", c.err))
 		var hasRetry bool
 		for _, d := range st.Details() {
 			_, ok := d.(*errdetails.RetryInfo)

@@ -52,7 +52,7 @@ func newBadEnv(t *testing.T) *badEnv {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (key text NOT NULL, value text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	srv := paymentsvc.NewServer(pool)
+	srv := paymentsvc.NewServer(pool, interceptor.WithLogger(idemLogger))
 	testv1.RegisterTestServiceServer(srv, &effectService{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -312,13 +312,13 @@ func TestBadInput(t *testing.T) {
 			if _, err := e.pool.Exec(context.Background(), corrupt); err != nil {
 				t.Fatal(err)
 			}
-			logged := grpcErrors.count(interceptor.Domain)
+			logged := idemLog.count("cannot be replayed")
 			resp, header, err := e.create(t, req, keyed("acme", "k")...)
 			wantCode(t, err, codes.Internal)
 			if resp != nil || replayed(header) {
 				t.Fatalf("a corrupt record replayed %v (header %v)", resp, header)
 			}
-			if grpcErrors.count(interceptor.Domain) <= logged {
+			if idemLog.count("cannot be replayed") <= logged {
 				t.Fatal("the unreadable record was not logged")
 			}
 			p, k, _ := e.rows(t)

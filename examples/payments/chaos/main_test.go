@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,20 +11,20 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/grpclog"
-
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // binDir holds the server binaries the tests build, once per test run.
 var binDir string
 
-// grpcErrors keeps what gRPC and idem log at ERROR severity, which also
-// goes to standard error as usual.
-var grpcErrors = &logCapture{}
+// idemLog keeps what the idem interceptors of the servers in this process
+// log; it goes to standard error too.
+var idemLog = &logCapture{}
+
+// idemLogger is the logger of those interceptors.
+var idemLogger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, idemLog), nil))
 
 func TestMain(m *testing.M) {
-	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.MultiWriter(os.Stderr, grpcErrors)))
 	dir, err := os.MkdirTemp("", "idem-chaos-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
