@@ -125,8 +125,14 @@
 // extensions, whose entry order protobuf leaves open, the interceptor hands
 // gRPC an empty message of the response type that carries the recorded
 // bytes as unknown fields; interceptors outside idem then see no fields set.
-// A recorded outcome that no longer decodes is never sent: the call fails
-// with INTERNAL and the problem is logged.
+// The recorded bytes carry the call's status code and a CRC-32C checksum of
+// code and payload. A recorded outcome that idem cannot vouch for is never
+// sent: one that no longer decodes, whose code is not a gRPC code (0 to 16)
+// or differs from its row's, or whose checksum fails (a row changed by
+// hand, say an error relabelled as a success) fails the call with INTERNAL,
+// and the problem is logged. Rows recorded by versions of idem before the
+// checksum are still replayed; a response among them must decode without
+// fields unknown to its type, unless its type is replayed as raw bytes.
 //
 // # Errors and logging
 //

@@ -3,6 +3,9 @@ package interceptor
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
 	"regexp"
 	"testing"
 
@@ -11,6 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protopath"
+	"google.golang.org/protobuf/reflect/protorange"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -42,10 +48,13 @@ func FuzzValidateKey(f *testing.F) {
 // FuzzDecode feeds arbitrary recorded outcomes (a code and bytes, as a
 // corrupt or foreign row would hold them) to decode, for a method whose
 // response is decoded (CreatePayment) and one whose response is replayed as
-// its raw bytes (TestService.Do, which has a map). decode must not panic,
-// and what it accepts must be what the row says: an error status of the
-// row's code, a response equal to the bytes' decoding, or for raw replay
-// exactly the stored bytes. The seed corpus is in testdata/fuzz/FuzzDecode.
+// its raw bytes (TestService.Do, which has a map). Each input is decoded as
+// it is and sealed in a sound envelope of its code. decode must not panic,
+// and what it accepts must be what the row says: a gRPC code (0 to 16);
+// for an envelope, a sound one of the row's code; an error status of the
+// row's code; a response equal to the payload's decoding, without unknown
+// fields when no envelope vouches for it; or for raw replay exactly the
+// payload. The seed corpus is in testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
 	ms := newMethods(evaluateOptions(nil))
 	decoded := ms.lookup(testv1.PaymentService_CreatePayment_FullMethodName)
@@ -55,34 +64,80 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(uint32(codes.OK), []byte{})
 	f.Add(uint32(codes.InvalidArgument), []byte{0x08, 0x03})
+	if body, _, err := encodeOutcome(codes.InvalidArgument, status.New(codes.InvalidArgument, "no").Proto()); err == nil {
+		f.Add(uint32(codes.InvalidArgument), body)
+	}
 	f.Fuzz(func(t *testing.T, code uint32, body []byte) {
-		out := store.Outcome{Code: codes.Code(code), Body: body}
-		for _, m := range []*method{decoded, raw} {
-			msg, err := decode(m, out)
-			if err != nil {
-				continue
-			}
-			if out.Code != codes.OK {
-				st, ok := msg.(*spb.Status)
-				if !ok || st.GetCode() != int32(code) || status.ErrorProto(st) == nil {
-					t.Fatalf("decode(code %d, %x) = %v; want an error status of that code", code, body, msg)
+		inputs := []store.Outcome{{Code: codes.Code(code), Body: body}}
+		if code <= 0xff {
+			inputs = append(inputs, store.Outcome{Code: codes.Code(code), Body: seal(byte(code), body)})
+		}
+		for _, out := range inputs {
+			payload, enveloped, sound := out.Body, false, true
+			if len(out.Body) > 0 && out.Body[0] == 0 {
+				enveloped = true
+				sound = len(out.Body) >= 6 && uint32(out.Body[1]) == code &&
+					binary.BigEndian.Uint32(out.Body[2:6]) == crc32.Update(crc32.Checksum(out.Body[1:2], crc32c), crc32c, out.Body[6:])
+				if sound {
+					payload = out.Body[6:]
 				}
-				continue
 			}
-			if msg.ProtoReflect().Descriptor() != m.output.Descriptor() {
-				t.Fatalf("decode gave a %T, want %v", msg, m.output.Descriptor().FullName())
-			}
-			if m.raw {
-				sent, err := proto.Marshal(msg)
-				if err != nil || !bytes.Equal(sent, body) {
-					t.Fatalf("raw replay sends %x (%v), stored %x", sent, err, body)
+			for _, m := range []*method{decoded, raw} {
+				msg, err := decode(m, out)
+				if err != nil {
+					continue
 				}
-				continue
-			}
-			want := m.output.New().Interface()
-			if err := proto.Unmarshal(body, want); err != nil || !proto.Equal(msg, want) {
-				t.Fatalf("decode(OK, %x) = %v; the bytes decode to %v (%v)", body, msg, want, err)
+				if code > 16 || !sound {
+					t.Fatalf("decode(code %d, %x) accepted a row it cannot vouch for: %v", code, out.Body, msg)
+				}
+				if out.Code != codes.OK {
+					st, ok := msg.(*spb.Status)
+					if !ok || st.GetCode() != int32(code) || status.ErrorProto(st) == nil {
+						t.Fatalf("decode(code %d, %x) = %v; want an error status of that code", code, out.Body, msg)
+					}
+					continue
+				}
+				if msg.ProtoReflect().Descriptor() != m.output.Descriptor() {
+					t.Fatalf("decode gave a %T, want %v", msg, m.output.Descriptor().FullName())
+				}
+				if m.raw {
+					sent, err := proto.Marshal(msg)
+					if err != nil || !bytes.Equal(sent, payload) {
+						t.Fatalf("raw replay sends %x (%v), recorded %x", sent, err, payload)
+					}
+					continue
+				}
+				want := m.output.New().Interface()
+				if err := proto.Unmarshal(payload, want); err != nil || !proto.Equal(msg, want) {
+					t.Fatalf("decode(OK, %x) = %v; the payload decodes to %v (%v)", out.Body, msg, want, err)
+				}
+				if !enveloped && unknownFields(msg) {
+					t.Fatalf("decode(OK, %x) = %v, with unknown fields and no envelope to vouch for them", out.Body, msg)
+				}
 			}
 		}
 	})
+}
+
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
+
+// seal wraps payload in a sound envelope of code, written out here as the
+// format says rather than by encodeOutcome.
+func seal(code byte, payload []byte) []byte {
+	b := []byte{0, code}
+	b = binary.BigEndian.AppendUint32(b, crc32.Update(crc32.Checksum([]byte{code}, crc32c), crc32c, payload))
+	return append(b, payload...)
+}
+
+// unknownFields reports whether m or any message within it has unknown
+// fields.
+func unknownFields(m proto.Message) bool {
+	found := errors.New("unknown fields")
+	err := protorange.Range(m.ProtoReflect(), func(v protopath.Values) error {
+		if msg, ok := v.Index(-1).Value.Interface().(protoreflect.Message); ok && len(msg.GetUnknown()) > 0 {
+			return found
+		}
+		return nil
+	})
+	return err == found
 }

@@ -179,7 +179,7 @@ func (i *server) execute(ctx context.Context, key store.Key, req any, m *method,
 		if !i.opts.classifier.Deterministic(st) {
 			return nil, herr // transient: the deferred release discards the claim
 		}
-		body, err := proto.Marshal(st.Proto())
+		body, _, err := encodeOutcome(st.Code(), st.Proto())
 		if err != nil {
 			return nil, i.internalError(ctx, key, codes.Internal, "encoding the error failed", err)
 		}
@@ -192,12 +192,12 @@ func (i *server) execute(ctx context.Context, key store.Key, req any, m *method,
 	if !ok || msg == nil {
 		return nil, status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp)
 	}
-	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	body, payload, err := encodeOutcome(codes.OK, msg)
 	if err != nil {
 		return nil, i.internalError(ctx, key, codes.Internal, "encoding the response failed", err)
 	}
 	out := store.Outcome{Code: codes.OK, Body: body}
-	if len(body) > i.opts.maxStored {
+	if len(payload) > i.opts.maxStored {
 		// Too large to keep: record a reference, or nothing, instead.
 		out = store.Outcome{Code: codes.OK, NotCached: true}
 		if m.loader != nil {
@@ -210,7 +210,7 @@ func (i *server) execute(ctx context.Context, key store.Key, req any, m *method,
 		return nil, i.completeError(ctx, key, rec, err)
 	}
 	if m.raw {
-		return rawMessage(m, body), nil
+		return rawMessage(m, payload), nil
 	}
 	return resp, nil
 }
@@ -338,29 +338,6 @@ func (i *server) rebuild(ctx context.Context, key store.Key, req any, m *method,
 // a gRPC server; the header is a courtesy.
 func setReplayed(ctx context.Context) {
 	_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
-}
-
-// decode checks a recorded outcome and returns the message to hand back:
-// the response, or the google.rpc.Status of an error.
-func decode(m *method, out store.Outcome) (proto.Message, error) {
-	if out.Code != codes.OK {
-		st := new(spb.Status)
-		if err := proto.Unmarshal(out.Body, st); err != nil {
-			return nil, err
-		}
-		if codes.Code(st.GetCode()) != out.Code || out.Code == codes.OK {
-			return nil, errors.New("recorded status code does not match its row")
-		}
-		return st, nil
-	}
-	resp := m.output.New().Interface()
-	if err := proto.Unmarshal(out.Body, resp); err != nil {
-		return nil, err
-	}
-	if m.raw {
-		return rawMessage(m, out.Body), nil
-	}
-	return resp, nil
 }
 
 // rawMessage returns an empty response whose unknown fields are body, so that

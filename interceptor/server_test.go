@@ -3,8 +3,10 @@ package interceptor_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strings"
 	"sync"
 	"testing"
@@ -27,7 +29,8 @@ import (
 func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	e := newEnv(t, setup{})
 	var header metadata.MD
-	resp, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+	codec := newRawCodec()
+	resp, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +54,21 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The response is recorded in an envelope: 0x00, the code, a CRC-32C of
+	// code and payload, and the payload, the bytes the client got.
+	if len(body) < 6 || body[0] != 0 || body[1] != byte(code) {
+		t.Fatalf("recorded body %x does not start with 0x00 and code %d", body, code)
+	}
+	payload := body[6:]
+	sum := crc32.Update(crc32.Checksum(body[1:2], crc32.MakeTable(crc32.Castagnoli)), crc32.MakeTable(crc32.Castagnoli), payload)
+	if binary.BigEndian.Uint32(body[2:6]) != sum {
+		t.Fatalf("recorded checksum %x, want %x", body[2:6], sum)
+	}
+	if !bytes.Equal(payload, codec.last()) {
+		t.Fatalf("recorded payload %x, the client got %x", payload, codec.last())
+	}
 	recorded := new(testv1.DoResponse)
-	if err := proto.Unmarshal(body, recorded); err != nil {
+	if err := proto.Unmarshal(payload, recorded); err != nil {
 		t.Fatal(err)
 	}
 	if status != "completed" || code != 0 || !proto.Equal(recorded, resp) {
