@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,7 @@ func TestTerminateBackends(t *testing.T) {
 	}
 	checkInvariants(t, pool, l.ops)
 	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted)
+	checkStorageErrors(t, l, srv)
 }
 
 // TestPostgresRestart crashes and restarts a PostgreSQL cluster the test
@@ -123,6 +125,26 @@ func TestPostgresRestart(t *testing.T) {
 	pool.Reset() // its connections died with the last restart
 	checkInvariants(t, pool, l.ops)
 	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted)
+	checkStorageErrors(t, l, srv)
+}
+
+// checkStorageErrors fails t if an UNAVAILABLE answer of l carried the
+// database's text, or if the server logged fewer of idem's storage failures,
+// each with its error, than clients were told about.
+func checkStorageErrors(t *testing.T, l *load, srv *serverProc) {
+	t.Helper()
+	const failed = "idem: storage failed"
+	told := l.checkNoStorageText(t, failed)
+	logged := 0
+	for _, line := range strings.Split(srv.output.String(), "\n") {
+		if strings.Contains(line, failed) && strings.Contains(line, " error=") {
+			logged++
+		}
+	}
+	if logged < told {
+		t.Errorf("clients were told of %d storage failures, the server logged %d with their errors", told, logged)
+	}
+	t.Logf("storage failures: %d answers, %d log lines", told, logged)
 }
 
 // observerPool opens the test's own pool on dsn, marked so that the faults

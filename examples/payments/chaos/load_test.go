@@ -100,9 +100,10 @@ type load struct {
 	// inflightAtFault counts the calls on the wire when each fault began.
 	inflightAtFault []int64
 
-	mu     sync.Mutex
-	codes  map[codes.Code]int // every answer, definitive or not
-	others []string           // the messages of codes no test expects
+	mu          sync.Mutex
+	codes       map[codes.Code]int // every answer, definitive or not
+	others      []string           // the messages of codes no test expects
+	unavailable map[string]int     // the messages of UNAVAILABLE answers
 }
 
 // attemptTimeout bounds one call; a server that died mid-call answers
@@ -114,6 +115,7 @@ const attemptTimeout = 15 * time.Second
 func (l *load) run(t *testing.T) {
 	t.Helper()
 	l.codes = make(map[codes.Code]int)
+	l.unavailable = make(map[string]int)
 	if l.confirmations == 0 {
 		l.confirmations = 2
 	}
@@ -204,6 +206,9 @@ func (l *load) count(st *status.Status) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.codes[st.Code()]++
+	if st.Code() == codes.Unavailable {
+		l.unavailable[st.Message()]++
+	}
 	switch st.Code() {
 	case codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted:
 	default:
@@ -223,6 +228,31 @@ func (l *load) checkCodes(t *testing.T, allowed ...codes.Code) {
 			t.Errorf("%d answers with code %v, which this fault must not cause; examples: %v", n, c, l.others)
 		}
 	}
+}
+
+// storageText are words of database errors that no answer may carry:
+// server messages, SQLSTATEs, connection parameters, driver names.
+var storageText = []string{"SQLSTATE", "ERROR:", "FATAL", "database", "user=", "127.0.0.1", "pgx", "postgres"}
+
+// checkNoStorageText fails t if an UNAVAILABLE answer carried storageText,
+// and returns how many answers had a message starting with prefix.
+func (l *load) checkNoStorageText(t *testing.T, prefix string) int {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for msg, count := range l.unavailable {
+		for _, w := range storageText {
+			if strings.Contains(strings.ToLower(msg), strings.ToLower(w)) {
+				t.Errorf("%d UNAVAILABLE answers carried %q: %q", count, w, msg)
+			}
+		}
+		if strings.HasPrefix(msg, prefix) {
+			n += count
+		}
+	}
+	t.Logf("UNAVAILABLE answers by message: %v", l.unavailable)
+	return n
 }
 
 func (l *load) codeSummary() string {

@@ -7,6 +7,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"log/slog"
 	"regexp"
 	"time"
 
@@ -118,8 +119,9 @@ func (s *Service) CreatePayment(ctx context.Context, req *paymentsv1.CreatePayme
 	}
 	if err != nil {
 		// A lost connection or a failed statement: nothing was stored, and
-		// the retry may succeed.
-		return nil, status.Errorf(codes.Unavailable, "storing the payment: %v", err)
+		// the retry may succeed. The database's error stays in the log.
+		slog.ErrorContext(ctx, "storing a payment failed", "tenant", tenant, "error", err)
+		return nil, status.Error(codes.Unavailable, "storing the payment failed; retry")
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
@@ -142,7 +144,8 @@ func (s *Service) GetPayment(ctx context.Context, req *paymentsv1.GetPaymentRequ
 		return nil, status.Error(codes.NotFound, "no such payment")
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "reading the payment: %v", err)
+		slog.ErrorContext(ctx, "reading a payment failed", "tenant", tenant, "error", err)
+		return nil, status.Error(codes.Unavailable, "reading the payment failed; retry")
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.GetPaymentResponse{Payment: p}, nil
