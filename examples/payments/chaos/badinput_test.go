@@ -10,7 +10,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,7 @@ import (
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -99,6 +102,17 @@ func (e *badEnv) rows(t *testing.T) (payments, keys, effects int) {
 	return payments, keys, effects
 }
 
+// wantTenant fails t unless every payment and key row is tenant's.
+func (e *badEnv) wantTenant(t *testing.T, tenant string) {
+	t.Helper()
+	var others int
+	err := e.pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM payments WHERE tenant_id <> $1)
+		+ (SELECT count(*) FROM idempotency_keys WHERE tenant <> $1)`, tenant).Scan(&others)
+	if err != nil || others != 0 {
+		t.Fatalf("%d rows of another tenant than the one sent (%v)", others, err)
+	}
+}
+
 // nothingWritten fails t unless every table is empty.
 func (e *badEnv) nothingWritten(t *testing.T) {
 	t.Helper()
@@ -132,9 +146,11 @@ func keyed(tenant, key string) []string {
 	return []string{interceptor.KeyHeader, key, paymentsvc.TenantHeader, tenant}
 }
 
-// TestBadInput is a table of malformed and misused idempotency keys and
-// oversized requests, each over the wire to the payments service: its
-// answer, and what it wrote (nothing, unless the row says otherwise).
+// TestBadInput is a table of malformed and misused idempotency keys,
+// tenants the key table cannot hold, recorded outcomes corrupted or
+// relabelled in the table, and oversized requests, each over the wire to
+// the payments service: its answer, and what it wrote (nothing, unless the
+// row says otherwise).
 func TestBadInput(t *testing.T) {
 	t.Run("missing key where required", func(t *testing.T) {
 		e := newBadEnv(t)
@@ -177,7 +193,7 @@ func TestBadInput(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newBadEnv(t)
-			st, err := h2Call(e.addr, key, payment)
+			st, err := h2Call(e.addr, "acme", key, payment)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -291,11 +307,70 @@ func TestBadInput(t *testing.T) {
 		}
 		e.wantRows(t, 2, 2, 0)
 	})
+	t.Run("255-byte tenant is the longest accepted", func(t *testing.T) {
+		e := newBadEnv(t)
+		tenant := strings.Repeat("t", store.MaxTenantLength)
+		first, _, err := e.create(t, payment, keyed(tenant, "k")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, header, err := e.create(t, payment, keyed(tenant, "k")...)
+		if err != nil || again.GetPayment().GetId() != first.GetPayment().GetId() || !replayed(header) {
+			t.Fatalf("retry: %v, %v; want the replay of %s", again, err, first.GetPayment().GetId())
+		}
+		e.wantRows(t, 1, 1, 0)
+		e.wantTenant(t, tenant)
+	})
+	for name, tenant := range map[string]string{
+		"256-byte tenant":         strings.Repeat("t", store.MaxTenantLength+1),
+		"10 KB tenant (random)":   randomHex(5 << 10),
+		"10 KB tenant (repeated)": strings.Repeat("acme", 10<<10/4),
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newBadEnv(t)
+			for range 2 { // the same answer on a retry: nothing to wait for
+				_, _, err := e.create(t, payment, keyed(tenant, "k")...)
+				wantScopeInvalid(t, err, fmt.Sprint(len(tenant)))
+			}
+			e.nothingWritten(t)
+		})
+	}
+	// gRPC clients refuse to send the next tenants; HTTP/2 carries them.
+	for name, tenant := range map[string]string{
+		"tenant not UTF-8":          "bad-\xff\xfe",
+		"Latin-1 tenant, not UTF-8": "Z\xfcrich",
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newBadEnv(t)
+			st, err := h2Call(e.addr, tenant, "k", payment)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantScopeInvalid(t, st.Err(), "UTF-8")
+			e.nothingWritten(t)
+		})
+	}
+	t.Run("non-ASCII UTF-8 tenant", func(t *testing.T) {
+		e := newBadEnv(t)
+		for range 2 {
+			st, err := h2Call(e.addr, "Zürich-東京", "k", payment)
+			if err != nil || st.Code() != codes.OK {
+				t.Fatalf("call: %v, %v; want OK", st.Proto(), err)
+			}
+		}
+		e.wantRows(t, 1, 1, 0)
+		e.wantTenant(t, "Zürich-東京")
+	})
 	for name, corrupt := range map[string]string{
 		"corrupt stored response (garbage)":    `UPDATE idempotency_keys SET response = '\xff'`,
 		"corrupt stored response (truncated)":  `UPDATE idempotency_keys SET response = substring(response FROM 1 FOR length(response) - 3)`,
 		"corrupt stored response (wrong type)": `UPDATE idempotency_keys SET response = '\x0a0548656c6c6f'`,
-		"stored error whose code disagrees":    `UPDATE idempotency_keys SET response_code = 5`,
+		"corrupt stored response (a flipped byte)": `UPDATE idempotency_keys
+			SET response = set_byte(response, length(response) - 1, get_byte(response, length(response) - 1) # 1)`,
+		"stored response with code 99":      `UPDATE idempotency_keys SET response_code = 99`,
+		"stored error whose code disagrees": `UPDATE idempotency_keys SET response_code = 5`,
+		"stored error relabelled OK":        `UPDATE idempotency_keys SET response_code = 0`,
+		"stored error with code 99":         `UPDATE idempotency_keys SET response_code = 99`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newBadEnv(t)
@@ -385,6 +460,20 @@ func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
 	return st
 }
 
+// wantScopeInvalid fails t unless err is INVALID_ARGUMENT with ErrorInfo
+// reason IDEMPOTENCY_SCOPE_INVALID and a short message that names the
+// tenant and contains rule.
+func wantScopeInvalid(t *testing.T, err error, rule string) {
+	t.Helper()
+	st := wantCode(t, err, codes.InvalidArgument)
+	if info := errorInfo(st); info.GetReason() != interceptor.ReasonScopeInvalid || info.GetDomain() != interceptor.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonScopeInvalid)
+	}
+	if msg := st.Message(); !strings.Contains(msg, "tenant") || !strings.Contains(msg, rule) || len(msg) > 200 {
+		t.Fatalf("message %q: want a short one naming the tenant and %q", msg, rule)
+	}
+}
+
 // wantBadKey fails t unless err is INVALID_ARGUMENT with a BadRequest
 // violation on the idempotency-key header.
 func wantBadKey(t *testing.T, err error) {
@@ -423,10 +512,10 @@ func grpcMessage(req proto.Message) []byte {
 	return append(frame, b...)
 }
 
-// h2Call sends CreatePayment for tenant acme under key over HTTP/2 without
-// a gRPC client, which would refuse a key that is not printable ASCII, and
-// returns the gRPC status the server answered with.
-func h2Call(addr, key string, req proto.Message) (*status.Status, error) {
+// h2Call sends CreatePayment for tenant under key over HTTP/2 without a
+// gRPC client, which would refuse a key or tenant that is not printable
+// ASCII, and returns the gRPC status the server answered with.
+func h2Call(addr, tenant, key string, req proto.Message) (*status.Status, error) {
 	protocols := new(http.Protocols)
 	protocols.SetUnencryptedHTTP2(true)
 	client := &http.Client{Transport: &http.Transport{Protocols: protocols}, Timeout: attemptTimeout}
@@ -438,7 +527,7 @@ func h2Call(addr, key string, req proto.Message) (*status.Status, error) {
 	hreq.Header["content-type"] = []string{"application/grpc"}
 	hreq.Header["te"] = []string{"trailers"}
 	hreq.Header[interceptor.KeyHeader] = []string{key}
-	hreq.Header[paymentsvc.TenantHeader] = []string{"acme"}
+	hreq.Header[paymentsvc.TenantHeader] = []string{tenant}
 	resp, err := client.Do(hreq)
 	if err != nil {
 		return nil, err
@@ -456,6 +545,17 @@ func h2Call(addr, key string, req proto.Message) (*status.Status, error) {
 	}
 	if get("grpc-status") == "" {
 		return nil, fmt.Errorf("no grpc-status in the answer: HTTP %s, header %v, trailer %v", resp.Status, resp.Header, resp.Trailer)
+	}
+	if get("grpc-status-details-bin") == "" {
+		code, err := strconv.Atoi(get("grpc-status"))
+		if err != nil {
+			return nil, fmt.Errorf("grpc-status %q: %w", get("grpc-status"), err)
+		}
+		msg, err := url.PathUnescape(get("grpc-message"))
+		if err != nil {
+			return nil, fmt.Errorf("grpc-message %q: %w", get("grpc-message"), err)
+		}
+		return status.New(codes.Code(code), msg), nil
 	}
 	details, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(get("grpc-status-details-bin"), "="))
 	if err != nil {

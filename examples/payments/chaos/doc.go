@@ -25,7 +25,9 @@
 //   - TestTerminateBackends cuts the server's PostgreSQL connections with
 //     pg_terminate_backend under load; TestPostgresRestart crashes and
 //     restarts a PostgreSQL cluster the test owns. In both the server
-//     recovers without a restart of its own.
+//     recovers without a restart of its own, no UNAVAILABLE answer carries
+//     the database's text (SQLSTATEs, server messages, users, hosts), and
+//     the server logged every storage failure a client was told of.
 //   - TestDuplicateStorm sends rounds of hundreds of concurrent identical
 //     requests under one key: one execution per round, every other answer
 //     a replay or ABORTED with RetryInfo, no call stuck behind the
@@ -34,8 +36,11 @@
 //     migration's ALTER TABLE does) while CreatePayment is called on a
 //     server just started and on one that has served: both answer ABORTED
 //     after the lock timeout, and serve the key once the lock is gone.
-//   - TestBadInput is a table of malformed keys and misused keys, each
-//     checked for its answer and for writing nothing, and of stored
-//     outcomes gone wrong: corrupt records, and a record that a trigger
-//     keeps from taking, after which nothing may have committed.
+//   - TestBadInput is a table of malformed and misused keys, tenants the
+//     key table cannot hold (too long, not UTF-8, sent over raw HTTP/2
+//     where gRPC clients refuse them), each checked for its answer and for
+//     writing nothing, and of stored outcomes gone wrong: records corrupted
+//     or relabelled in the table, which are never replayed, and a record
+//     that a trigger keeps from taking, after which nothing may have
+//     committed.
 package chaos
