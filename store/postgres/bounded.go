@@ -2,15 +2,14 @@ package postgres
 
 import (
 	"context"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// sendBounded sends b on conn under the lock timeout: after BEGIN if begin
-// is set, then SET LOCAL lock_timeout. It reads the results of those
-// itself, so that the caller reads only b's; the caller must close the
-// results.
+// sendBounded begins a transaction on conn, bounds its lock waits by the
+// lock timeout ([Store.setLockTimeout]) and sends qs in it. It returns the
+// transaction, as pgx began it, and the results of qs alone, which the
+// caller must close.
 //
 // Why it exists: a claim's batch begins its transaction and sets the lock
 // timeout itself, to save a round trip. But in the QueryExecModes that
@@ -25,16 +24,16 @@ import (
 // failed batch, would wait with no bound but the caller's deadline.
 //
 // So each connection keeps, in its CustomData, the statements of idem's
-// batches that pgx has cached on it ([prepared]). When b has a statement
+// batches that pgx has cached on it ([prepared]). When qs has a statement
 // not among them, sendBounded begins the transaction and sets the lock
-// timeout first, in a round trip of its own, and then sends b alone: pgx
-// prepares it inside the transaction, under the lock timeout. When all are
-// cached, BEGIN and the lock timeout travel with b in one round trip. In
-// QueryExecModeExec and QueryExecModeSimpleProtocol the server parses each
-// statement in turn, after the ones before it ran, so the batch is always
-// sent whole; in QueryExecModeDescribeExec pgx describes every statement of
-// every batch, so the transaction is always begun first. Any set of
-// statements idem sends under the lock timeout goes through here.
+// timeout first, as one simple query in a round trip of its own, and then
+// sends qs alone: pgx prepares them inside the transaction, under the lock
+// timeout. When all are cached, BEGIN and the lock timeout travel with qs
+// in one round trip. In QueryExecModeExec and QueryExecModeSimpleProtocol
+// the server parses each statement in turn, after the ones before it ran,
+// so the batch is always sent whole; in QueryExecModeDescribeExec pgx
+// describes every statement of every batch, so the transaction is always
+// begun first.
 //
 // pgx may still drop a statement from its cache without idem knowing: its
 // cache holds the statements used last (StatementCacheCapacity, 512 by
@@ -42,46 +41,28 @@ import (
 // between two claims prepares idem's again outside the transaction, and so
 // does one whose statements the application deallocated
 // (Conn.DeallocateAll).
-func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, begin bool, b *pgx.Batch) (pgx.BatchResults, error) {
+func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
 	p := preparedOn(conn)
-	head := []*pgx.QueuedQuery{{SQL: s.setLockTimeout}}
-	if begin {
-		head = append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, head...)
+	if !p.cached(qs) {
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
+		if err != nil {
+			return nil, nil, err
+		}
+		br := &trackedResults{BatchResults: conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), p: p, qs: qs}
+		return br, tx, nil
 	}
-	qs := b.QueuedQueries
-	if p.cached(qs) {
-		qs = append(head, qs...)
-	} else if err := s.open(ctx, conn, p, head); err != nil {
-		return nil, err
-	}
-	br := &trackedResults{BatchResults: conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), p: p, qs: qs}
-	for range len(qs) - len(b.QueuedQueries) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.setLockTimeout)
+	b.QueuedQueries = append(b.QueuedQueries, qs...)
+	br := &trackedResults{BatchResults: conn.SendBatch(ctx, b), p: p, qs: qs}
+	for range 2 { // BEGIN, the lock timeout
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return br, nil
-}
-
-// open runs head, the statements that begin the transaction and set the
-// lock timeout, none of which locks anything. Where pgx caches statements
-// it sends them as a batch, so that the batches that carry them later find
-// them cached; in QueryExecModeDescribeExec, which caches nothing, as one
-// simple query, one round trip.
-func (s *Store) open(ctx context.Context, conn *pgx.Conn, p *prepared, head []*pgx.QueuedQuery) error {
-	if p.mode == pgx.QueryExecModeDescribeExec {
-		sql := make([]string, len(head))
-		for i, q := range head {
-			sql[i] = q.SQL
-		}
-		_, err := conn.Exec(ctx, strings.Join(sql, "; "))
-		return err
-	}
-	hb := &pgx.Batch{QueuedQueries: head}
-	err := conn.SendBatch(ctx, hb).Close()
-	p.sent(head, err)
-	return err
+	return br, br.Tx(), nil
 }
 
 // preparedKey is the key of a connection's *prepared in its CustomData.

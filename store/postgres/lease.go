@@ -13,19 +13,21 @@ import (
 )
 
 const (
-	// leaseClaim inserts the key with a lease and a fencing token ($7), or
+	// leaseClaim inserts the key with a lease and a fencing token ($8), or
 	// takes over a row that expired (starting afresh) or whose lease ran out
 	// under a request with the same fingerprint (keeping its recovery
 	// point). A takeover replaces the token, which fences off the earlier
 	// owner. When neither applies it returns no row and leaves the row as it
 	// is. Tokens are random 63-bit numbers, so that no owner of a key ever
 	// gets a token an earlier owner held, even after the row was deleted
-	// and inserted again.
+	// and inserted again. It runs after lockKey, so it never meets an
+	// atomic claim of the key still running.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
-    (tenant, method, key, request_hash, expires_at, locked_until, fencing_token)
-VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', now() + $6 * interval '1 second', $7)
-ON CONFLICT (tenant, method, key) DO UPDATE
-SET request_hash = excluded.request_hash, status = 'in_progress',
+    (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token)
+VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8)
+ON CONFLICT (id) DO UPDATE
+SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
+    request_hash = excluded.request_hash, status = 'in_progress',
     response_code = NULL, response = NULL, response_not_cached = false,
     locked_until = excluded.locked_until,
     fencing_token = excluded.fencing_token,
@@ -35,17 +37,18 @@ SET request_hash = excluded.request_hash, status = 'in_progress',
     recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
     recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END
 WHERE k.expires_at <= now()
-   OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash)
+   OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
+       AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
 RETURNING recovery_point, recovery_data`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
-	leaseWhere = ` WHERE tenant = $1 AND method = $2 AND key = $3 AND fencing_token = $4
+	leaseWhere = ` WHERE id = $1 AND fencing_token = $2
     AND status = 'in_progress' AND expires_at > now()`
-	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $5 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $5, recovery_data = $6, updated_at = now()` + leaseWhere
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $3 * interval '1 second'` + leaseWhere
+	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $3, recovery_data = $4, updated_at = now()` + leaseWhere
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
+SET status = 'completed', response_code = $3, response = $4, response_not_cached = $5,
     locked_until = NULL, updated_at = now()` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has a recovery point, instead
@@ -53,20 +56,27 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
 	leaseEnd = `UPDATE idempotency_keys SET locked_until = now(), updated_at = now()` + leaseWhere
 )
 
+// maxLeaseRounds bounds the rounds of a leased claim that finds the key's
+// row gone between its statements (its earlier owner released it, or the
+// sweeper deleted it).
+const maxLeaseRounds = 3
+
 // Lease implements [store.Store]. The claim is one round trip (BEGIN, the
-// lock timeout, the insert or takeover, the select of the holder and COMMIT
-// travel together; the first claim on a connection costs two more, as for
-// Claim) and commits at once; each later write of the lease is
-// one statement of its own. The lease's expires_at is set on the first
-// claim and kept by takeovers. Like Claim, it refuses a key that breaks the
-// rules of [store.Key.Validate] with [store.ErrInvalidKey], and waits at
-// most the lock timeout for a connection of the pool.
+// lock timeout, the key's advisory lock, the insert or takeover, the read
+// of the holder and COMMIT travel together; the first claim on a connection
+// costs a round trip more, as for Claim) and commits at once; each later
+// write of the lease is one statement of its own. The lease's expires_at is
+// set on the first claim and kept by takeovers. Like Claim, it refuses a
+// key that breaks the rules of [store.Key.Validate] with
+// [store.ErrInvalidKey], and waits at most the lock timeout for a
+// connection of the pool.
 func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
 	}
-	for range maxTakeovers {
-		l, entry, err := s.lease(ctx, key, fingerprint, lease)
+	sc := scopeOf(key)
+	for range maxLeaseRounds {
+		l, entry, err := s.lease(ctx, sc, key, fingerprint, lease)
 		switch {
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
@@ -81,12 +91,8 @@ func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, le
 	return store.LeaseClaim{}, store.ErrInUse
 }
 
-func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Duration) (l *lease, entry *foundEntry, err error) {
-	b := &pgx.Batch{}
+func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d time.Duration) (l *lease, entry *foundEntry, err error) {
 	token := rand.Int64()
-	b.Queue(leaseClaim, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token)
-	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
-	b.Queue("COMMIT")
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -94,7 +100,12 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br, err := s.sendBounded(ctx, conn.Conn(), true, b)
+	br, _, err := s.sendBounded(ctx, conn.Conn(), []*pgx.QueuedQuery{
+		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
+		{SQL: leaseClaim, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: "COMMIT"},
+	})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -103,6 +114,9 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 			err = cerr
 		}
 	}()
+	if _, err := br.Exec(); err != nil { // lockKey
+		return nil, nil, err
+	}
 	var (
 		step *string
 		data []byte
@@ -113,7 +127,7 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 	case err != nil:
 		return nil, nil, err
 	default:
-		l = &lease{store: s, key: key, token: token}
+		l = &lease{store: s, id: sc.id, token: token}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -137,7 +151,7 @@ func (s *Store) lease(ctx context.Context, key store.Key, fp []byte, d time.Dura
 // lease is a held leased claim.
 type lease struct {
 	store *Store
-	key   store.Key
+	id    [16]byte
 	token int64
 
 	mu       sync.Mutex
@@ -210,7 +224,7 @@ func (l *lease) Release(ctx context.Context) error {
 // exec runs a statement guarded by the lease's token and reports
 // store.ErrLeaseLost when it matched no row.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
-	args = append([]any{l.key.Tenant, l.key.Method, l.key.Key, l.token}, args...)
+	args = append([]any{l.id, l.token}, args...)
 	tag, err := l.store.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)

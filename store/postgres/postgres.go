@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,102 +37,127 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 		opt(&o)
 	}
 	return &Store{
-		pool:           pool,
-		ttl:            o.ttl.Seconds(),
-		lockTimeout:    o.lockTimeout,
-		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", o.lockTimeout.Milliseconds()),
+		pool:        pool,
+		ttl:         o.ttl.Seconds(),
+		lockTimeout: o.lockTimeout,
+		// The session's lock_timeout is kept in idem.lock_timeout, so that
+		// lockKey can put it back once the claim has its lock: the bound
+		// applies to the claim, not to the handler's statements. Both
+		// settings last until the transaction ends, as SET LOCAL would.
+		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
+			o.lockTimeout.Milliseconds()),
 	}
 }
 
 const (
-	// savepoint separates the claim from the handler's writes, so that a
-	// recorded error can discard the writes and keep the claim.
-	savepoint         = "SAVEPOINT idem_claim"
-	rollbackSavepoint = "ROLLBACK TO SAVEPOINT idem_claim"
-	resetLockTimeout  = "SET LOCAL lock_timeout TO DEFAULT"
+	// lockKey serializes the claims of one key: it takes a
+	// transaction-scoped advisory lock on the key's scope, waiting for at
+	// most the lock timeout, and then puts the session's lock_timeout back.
+	// A key already completed (and unexpired) needs no lock, since its
+	// answer is settled: the replays of a key run side by side. The lock is
+	// an optimization, never the guarantee: the primary key of
+	// idempotency_keys is (see record).
+	//
+	// $1 is the scope's id, $2 and $3 the lock's keys, $4 to $6 the scope.
+	// The subquery's OFFSET keeps it from being flattened into the outer
+	// query, so the lock is taken before the setting is restored.
+	lockKey = `SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
+FROM (
+    SELECT pg_advisory_xact_lock($2, $3)
+    WHERE NOT EXISTS (
+        SELECT FROM idempotency_keys
+        WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
+          AND status = 'completed' AND expires_at > now())
+    OFFSET 0
+) locked`
 
-	insertClaim = `INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
-VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second')
-ON CONFLICT (tenant, method, key) DO NOTHING
-RETURNING true`
-
-	// selectEntry runs as its own statement after insertClaim, so its
-	// snapshot sees the row a conflicting transaction committed while the
-	// insert waited for it.
+	// selectEntry reads the key's row. It runs as a statement of its own
+	// after lockKey, so its snapshot (under READ COMMITTED) sees what the
+	// lock's previous holder committed. It compares the whole scope: two
+	// keys whose ids collide never see each other's row.
 	selectEntry = `SELECT status, request_hash, response_code, response, response_not_cached, expires_at,
     expires_at <= now(),
     CASE WHEN status = 'in_progress' AND locked_until > now()
         THEN extract(epoch FROM locked_until - now()) ELSE 0 END
 FROM idempotency_keys
-WHERE tenant = $1 AND method = $2 AND key = $3`
+WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 
-	// takeOver claims a row whose expiry has passed. A concurrent taker
-	// waits on the row lock and then finds expires_at in the future.
-	takeOver = `UPDATE idempotency_keys
-SET request_hash = $4, status = 'in_progress', response_code = NULL, response = NULL,
-    created_at = now(), updated_at = now(), expires_at = now() + $5 * interval '1 second',
-    locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
-WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at <= now()
-RETURNING true`
+	// savepoint separates the claim from the handler's writes, so that a
+	// recorded error can discard the writes and keep the claim's lock.
+	savepoint         = "SAVEPOINT idem_claim"
+	rollbackSavepoint = "ROLLBACK TO SAVEPOINT idem_claim"
 
-	// record completes the claim, and fails when it updates no row (the
-	// key's row is gone or no longer in progress, or a trigger or a
-	// row-level security policy kept the update from taking): COMMIT is
-	// pipelined behind it, and only an error inside the transaction stops
-	// that COMMIT from committing the handler's writes with a key left in
-	// progress. The error is the cast of a message to int, which fails
-	// with SQLSTATE 22P02 and the message; it depends on count(*), so the
-	// planner cannot fold it into an error of every execution. Plain SQL,
-	// no function of ours, so it runs wherever the claim does.
+	// record writes the key's one row, completed, just before COMMIT: an
+	// INSERT, or the takeover of a row that expired. The primary key is the
+	// guarantee: if the key's row exists and has not expired (a concurrent
+	// claim got past the lock, as one whose snapshot predates the lock's
+	// previous holder's commit does under REPEATABLE READ), the insert
+	// fails with a unique violation or a serialization failure, or updates
+	// nothing. Updating nothing, like a trigger or row-level security policy
+	// that keeps the insert from taking, must fail inside the transaction,
+	// since COMMIT is pipelined behind: the message is cast to int, which
+	// fails with SQLSTATE 22P02; it depends on count(*), so the planner
+	// cannot fold it into an error of every execution. Plain SQL, no
+	// function of ours.
 	record = `WITH recorded AS (
-    UPDATE idempotency_keys
-    SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6, updated_at = now()
-    WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'
+    INSERT INTO idempotency_keys AS k
+        (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
+    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now() + $9 * interval '1 second')
+    ON CONFLICT (id) DO UPDATE
+    SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
+        request_hash = excluded.request_hash, status = 'completed',
+        response_code = excluded.response_code, response = excluded.response,
+        response_not_cached = excluded.response_not_cached,
+        created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
+        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
+    WHERE k.expires_at <= now()
     RETURNING 1
 )
 SELECT CASE WHEN count(*) = 1 THEN 1
-    ELSE ('idem: recording the outcome updated ' || count(*) || ' rows of idempotency_keys, want 1')::int END
+    ELSE ('idem: recording the outcome wrote ' || count(*) || ' rows of idempotency_keys, want 1')::int END
 FROM recorded`
 )
 
-// maxTakeovers bounds the rounds of a claim that meets expired rows, each of
-// which another request may have taken over first.
-const maxTakeovers = 3
-
-// Claim implements [store.Store]. A claim of a free key costs one round trip
-// (BEGIN, the lock timeout, the insert and a savepoint travel together) and
-// leaves the transaction open for the handler; a claim that finds a
-// completed key costs two (the same batch, then ROLLBACK). The first claim
-// on a connection costs two round trips more (see the package's
-// overview).
+// Claim implements [store.Store]. A claim costs one round trip: BEGIN, the
+// lock timeout, the key's advisory lock, the read of its row and a
+// savepoint travel together, and the transaction stays open for the
+// handler. A claim that finds the key completed answers after that round
+// trip too, and rolls its transaction back in the background before the
+// connection returns to the pool. The first claim on a connection costs a
+// round trip more (see the package's overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
-// claims that wait for a key's row lock hold their connections meanwhile,
-// and without the bound every other request, whatever its key, would queue
+// claims that wait for a key's lock hold their connections meanwhile, and
+// without the bound every other request, whatever its key, would queue
 // behind them for as long as the key's owner runs. When no connection comes
 // free in time, Claim fails with an error that is none of store's sentinels
 // (the interceptor answers UNAVAILABLE), having changed nothing.
 //
 // A key that breaks the rules of [store.Key.Validate] fails with
 // [store.ErrInvalidKey] before any statement is sent: the rules keep every
-// key within what the table's text columns and primary key index can hold.
+// key within what the table's text columns can hold.
 func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
+	sc := scopeOf(key)
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return store.Claim{}, err
 	}
-	claimed, entry, err := s.claim(ctx, conn.Conn(), key, fingerprint)
-	if err != nil || !claimed {
+	tx, entry, err := s.claim(ctx, conn.Conn(), sc, key)
+	switch {
+	case err != nil:
 		_ = abandon(ctx, conn)
-		if err != nil {
-			return store.Claim{}, interpretError(err)
-		}
-		return store.Claim{Entry: entry}, nil
+		return store.Claim{}, interpretError(err)
+	case entry != nil && !entry.expired:
+		// The answer is settled: give it now, and roll back meanwhile.
+		go func() { _ = abandon(ctx, conn) }()
+		return store.Claim{Entry: &entry.Entry}, nil
 	}
-	return store.Claim{Txn: &txn{conn: conn, key: key, tx: &tx{conn: conn.Conn()}}}, nil
+	t := &txn{conn: conn, key: key, scope: sc, fp: fingerprint, ttl: s.ttl}
+	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
+	return store.Claim{Txn: t}, nil
 }
 
 // errPoolBusy reports that no connection came free within the lock timeout.
@@ -151,76 +177,38 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	return conn, err
 }
 
-// claim runs the claim statements on conn and leaves its transaction open.
-// It reports whether the key is now owned, or else the entry that holds it
-// (nil if the row vanished).
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, key store.Key, fp []byte) (bool, *store.Entry, error) {
-	claimed, entry, err := s.runClaim(ctx, conn, true, insertClaim, key, fp)
-	for range maxTakeovers {
-		if err != nil || claimed || (entry != nil && !entry.expired) {
-			break
-		}
-		if entry == nil {
-			// The row the insert met was deleted before the select read it
-			// (an expired row, swept): the key is free, insert again.
-			claimed, entry, err = s.runClaim(ctx, conn, false, insertClaim, key, fp)
-		} else {
-			// The key expired: it counts as absent, so take the row over.
-			claimed, entry, err = s.runClaim(ctx, conn, false, takeOver, key, fp)
-		}
-	}
-	switch {
-	case err != nil:
-		return false, nil, err
-	case claimed:
-		return true, nil, nil
-	case entry == nil || entry.expired:
-		// Other requests took the row over, or deleted it, maxTakeovers
-		// times in a row.
-		return false, nil, store.ErrInUse
-	}
-	return false, &entry.Entry, nil
-}
-
-type foundEntry struct {
-	store.Entry
-	expired bool
-}
-
-// runClaim sends with [Store.sendBounded], after BEGIN if begin is set and
-// the lock timeout: claimSQL (insertClaim or takeOver, which return a row
-// when they claimed the key), the entry's select, the lock timeout's reset
-// and the savepoint. It reads the results in the same order.
-func (s *Store) runClaim(ctx context.Context, conn *pgx.Conn, begin bool, claimSQL string, key store.Key, fp []byte) (claimed bool, entry *foundEntry, err error) {
-	b := &pgx.Batch{}
-	b.Queue(claimSQL, key.Tenant, key.Method, key.Key, fp, s.ttl)
-	b.Queue(selectEntry, key.Tenant, key.Method, key.Key)
-	b.Queue(resetLockTimeout)
-	b.Queue(savepoint)
-	br, err := s.sendBounded(ctx, conn, begin, b)
+// claim sends the claim's batch on conn: the key's lock, the read of its
+// row and the savepoint, in a transaction that it leaves open. It returns
+// the transaction and the entry found (nil when the key has no row).
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, err error) {
+	br, tx, err := s.sendBounded(ctx, conn, []*pgx.QueuedQuery{
+		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: savepoint},
+	})
 	if err != nil {
-		return false, nil, err
+		return nil, nil, err
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	err = br.QueryRow().Scan(&claimed)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, err
+	if _, err := br.Exec(); err != nil { // lockKey
+		return nil, nil, err
 	}
-	entry, err = scanEntry(br.QueryRow())
-	if err != nil {
-		return false, nil, err
-	}
-	if _, err := br.Exec(); err != nil { // reset lock_timeout
-		return false, nil, err
+	if entry, err = scanEntry(br.QueryRow()); err != nil {
+		return nil, nil, err
 	}
 	if _, err := br.Exec(); err != nil { // SAVEPOINT
-		return false, nil, err
+		return nil, nil, err
 	}
-	return claimed, entry, nil
+	return tx, entry, nil
+}
+
+type foundEntry struct {
+	store.Entry
+	expired bool
 }
 
 // scanEntry reads the row of selectEntry; it returns nil when there is none.
@@ -270,11 +258,15 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) error {
 // cleanupTimeout bounds a ROLLBACK sent after the request's context ended.
 const cleanupTimeout = 5 * time.Second
 
-// txn is an owned claim: the open transaction that holds the key.
+// txn is an owned claim: the open transaction that holds the key's lock.
 type txn struct {
-	conn *pgxpool.Conn // nil once finished
-	key  store.Key
-	tx   *tx
+	conn   *pgxpool.Conn // nil once finished
+	key    store.Key
+	scope  scope
+	fp     []byte
+	ttl    float64
+	tx     *guardedTx
+	closed atomic.Bool // closes tx for the handler once the claim finished
 }
 
 type txKey struct{}
@@ -291,7 +283,8 @@ func (t *txn) Context(parent context.Context) context.Context {
 // The transaction belongs to the interceptor: its Commit and Rollback return
 // [ErrTxOwned] and change nothing. A handler discards its writes by
 // returning an error; a nested transaction (tx.Begin, pgx.BeginFunc) runs on
-// a savepoint and may commit or roll back freely.
+// a savepoint and may commit or roll back freely. Once the call has ended,
+// the transaction's methods fail with pgx.ErrTxClosed.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
@@ -316,7 +309,8 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	if discard {
 		b.Queue(rollbackSavepoint)
 	}
-	b.Queue(record, t.key.Tenant, t.key.Method, t.key.Key, int32(out.Code), out.Body, out.NotCached)
+	b.Queue(record, t.scope.id, t.key.Tenant, t.key.Method, t.key.Key, t.fp,
+		int32(out.Code), out.Body, out.NotCached, t.ttl)
 	b.Queue("COMMIT")
 	br := t.conn.SendBatch(ctx, b)
 	err := readComplete(br, discard)
@@ -360,7 +354,7 @@ func (t *txn) Release(ctx context.Context) error {
 // finish closes the handler's view of the transaction and gives the
 // connection back, rolling back whatever is still open.
 func (t *txn) finish(ctx context.Context) error {
-	t.tx.closed.Store(true)
+	t.closed.Store(true)
 	err := abandon(ctx, t.conn)
 	t.conn = nil
 	return err
@@ -368,6 +362,6 @@ func (t *txn) finish(ctx context.Context) error {
 
 var errFinished = errors.New("postgres: claim already finished")
 
-// errNotRecorded reports a record that updated no row, which rolled the
+// errNotRecorded reports a record that wrote no row, which rolled the
 // claim's transaction back.
-var errNotRecorded = errors.New("postgres: recording the outcome updated no row of idempotency_keys (was the row deleted, or did a trigger or row-level security policy skip the update?); nothing was committed")
+var errNotRecorded = errors.New("postgres: recording the outcome wrote no row of idempotency_keys (the key's row exists and has not expired, or a trigger or row-level security policy kept the write from taking); nothing was committed")

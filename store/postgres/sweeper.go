@@ -71,8 +71,10 @@ func WithSweepPause(d time.Duration) SweeperOption {
 // processed_messages. Expired rows already count as absent, so sweeping is
 // only about space: nothing depends on when it happens.
 //
-// It deletes in small batches, each its own transaction, oldest first along
-// the expires_at index. A batch locks only the expired rows it deletes and
+// It deletes in small batches, each its own transaction, found through the
+// expires_at index (a BRIN index on idempotency_keys, whose rows expire in
+// about the order they were written; a B-tree on processed_messages). A
+// batch locks only the expired rows it deletes and
 // skips any that another transaction has locked (FOR UPDATE SKIP LOCKED):
 // claims of live keys never wait for it, a claim that is taking over an
 // expired row waits for at most one batch (or makes the sweeper skip that
@@ -99,8 +101,8 @@ func NewSweeper(pool *pgxpool.Pool, opts ...SweeperOption) *Sweeper {
 }
 
 // sweepTable is the DELETE of one batch from one table. The inner SELECT
-// finds the oldest expired rows through the expires_at index and locks
-// them, skipping rows others hold; the DELETE then removes exactly the rows
+// finds expired rows through the expires_at index (on processed_messages
+// the oldest first) and locks them, skipping rows others hold; the DELETE then removes exactly the rows
 // it locked, matched by primary key. Locking a row that was changed since
 // the statement began re-evaluates the inner WHERE on its newest version, so
 // a row that a claim took over (and so gave a new expiry) is left alone.
@@ -116,14 +118,12 @@ var sweepTables = []sweepTable{
 		name: "idempotency_keys",
 		delete: `DELETE FROM idempotency_keys t
 USING (
-    SELECT tenant, method, key FROM idempotency_keys
+    SELECT id FROM idempotency_keys
     WHERE expires_at <= now()
-    ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ) d
-WHERE t.tenant = d.tenant AND t.method = d.method AND t.key = d.key
-  AND t.expires_at <= now()`,
+WHERE t.id = d.id AND t.expires_at <= now()`,
 	},
 	{
 		name: "processed_messages",
