@@ -97,14 +97,14 @@ func TestStorageErrorsStayInTheLog(t *testing.T) {
 			logged: "3D000",
 		},
 		{
-			name:    "claim, statement fails",
-			provoke: func(t *testing.T, e *env) { raiseOn(t, e, "INSERT") },
-			doing:   "claiming",
-			logged:  "raised by a trigger",
+			name:   "claim, statement fails",
+			setup:  setup{store: readOnlyUser(t)},
+			doing:  "claiming",
+			logged: "permission denied for table idempotency_keys",
 		},
 		{
 			name:    "record, statement fails",
-			provoke: func(t *testing.T, e *env) { raiseOn(t, e, "UPDATE") },
+			provoke: func(t *testing.T, e *env) { raiseOn(t, e, "INSERT") },
 			doing:   "recording",
 			logged:  "raised by a trigger",
 		},
@@ -186,6 +186,30 @@ func missingDatabase(t *testing.T) func(pool *pgxpool.Pool) store.Store {
 		}
 		t.Cleanup(missing.Close)
 		return postgres.New(missing)
+	}
+}
+
+// readOnlyUser returns a store whose pool connects as a role that may read
+// idempotency_keys but not write it, as a server given the wrong database
+// user is: every claim fails on its first statement that needs to write.
+func readOnlyUser(t *testing.T) func(pool *pgxpool.Pool) store.Store {
+	return func(pool *pgxpool.Pool) store.Store {
+		ctx := context.Background()
+		role := fmt.Sprintf("idem_reader_%d", time.Now().UnixNano())
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN; GRANT SELECT ON idempotency_keys TO %s`, role, role)); err != nil {
+			t.Fatal(err)
+		}
+		cfg := pool.Config().Copy()
+		cfg.ConnConfig.User = role
+		reader, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			reader.Close()
+			_, _ = pool.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON idempotency_keys FROM %s; DROP ROLE %s`, role, role))
+		})
+		return postgres.New(reader)
 	}
 }
 

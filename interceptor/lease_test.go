@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 const doMethod = testv1.TestService_Do_FullMethodName
@@ -170,8 +171,9 @@ func abandonedClaim(t *testing.T, e *env, key, value string) {
 		t.Fatal(err)
 	}
 	_, err = e.pool.Exec(context.Background(), `INSERT INTO idempotency_keys
-		(tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data)
-		VALUES ('', $1, $2, $3, now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42')`,
+		(id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data)
+		VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3,
+			now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42')`,
 		doMethod, key, fp)
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
@@ -721,8 +722,8 @@ func TestCommittedInProgressEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.pool.Exec(context.Background(),
-		`INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
-		 VALUES ('', $1, 'k', $2, now() + interval '1 hour')`, testv1.TestService_Do_FullMethodName, fp)
+		`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
+		 VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "'k'")+`, '', $1, 'k', $2, now() + interval '1 hour')`, testv1.TestService_Do_FullMethodName, fp)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // TestTamperedRecordIsNotReplayed changes recorded rows as someone with
@@ -93,8 +94,8 @@ func TestRecordsOfEarlierVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = e.pool.Exec(context.Background(),
-			`INSERT INTO idempotency_keys (tenant, method, key, request_hash, status, response_code, response, expires_at)
-			 VALUES ('', $1, $2, $3, 'completed', $4, $5, now() + interval '1 hour')`,
+			`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
+			 VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3, 'completed', $4, $5, now() + interval '1 hour')`,
 			method, key, fp, int32(code), body)
 		if err != nil {
 			t.Fatal(err)

@@ -44,7 +44,7 @@ import (
 func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
 	p := preparedOn(conn)
 	if !p.cached(qs) {
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
+		tx, err := s.begin(ctx, conn, p)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -63,6 +63,25 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, qs []*pgx.Queue
 		}
 	}
 	return br, br.Tx(), nil
+}
+
+// begin begins a transaction on conn and sets the lock timeout, neither of
+// which locks anything. Where pgx caches statements it sends them as a
+// batch, so that the batches that carry them later find them cached; in
+// QueryExecModeDescribeExec, which caches nothing, as one simple query, one
+// round trip.
+func (s *Store) begin(ctx context.Context, conn *pgx.Conn, p *prepared) (pgx.Tx, error) {
+	if p.mode == pgx.QueryExecModeDescribeExec {
+		return conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.setLockTimeout)
+	br := conn.SendBatch(ctx, b)
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	return br.Tx(), nil
 }
 
 // preparedKey is the key of a connection's *prepared in its CustomData.

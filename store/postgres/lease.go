@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem/store"
 )
@@ -132,7 +133,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
 	}
-	if entry, err = scanEntry(br.QueryRow()); err != nil {
+	if entry, err = scanEntry(br.QueryRow(), false); err != nil {
 		return nil, nil, err
 	}
 	tag, err := br.Exec()
@@ -151,7 +152,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 // lease is a held leased claim.
 type lease struct {
 	store *Store
-	id    [16]byte
+	id    pgtype.UUID
 	token int64
 
 	mu       sync.Mutex

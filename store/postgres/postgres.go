@@ -50,26 +50,25 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 }
 
 const (
+	// lockTable takes the table lock that recording the outcome needs, at
+	// the start of the claim, under the lock timeout: behind a lock that
+	// keeps writers out (a CREATE INDEX, a LOCK TABLE, a migration) a claim
+	// gives up after the lock timeout, rather than run the handler and then
+	// wait without a bound to record.
+	lockTable = "LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE"
+
 	// lockKey serializes the claims of one key: it takes a
 	// transaction-scoped advisory lock on the key's scope, waiting for at
-	// most the lock timeout, and then puts the session's lock_timeout back.
-	// A key already completed (and unexpired) needs no lock, since its
-	// answer is settled: the replays of a key run side by side. The lock is
-	// an optimization, never the guarantee: the primary key of
-	// idempotency_keys is (see record).
-	//
-	// $1 is the scope's id, $2 and $3 the lock's keys, $4 to $6 the scope.
-	// The subquery's OFFSET keeps it from being flattened into the outer
-	// query, so the lock is taken before the setting is restored.
-	lockKey = `SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
-FROM (
-    SELECT pg_advisory_xact_lock($2, $3)
-    WHERE NOT EXISTS (
-        SELECT FROM idempotency_keys
-        WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
-          AND status = 'completed' AND expires_at > now())
-    OFFSET 0
-) locked`
+	// most the lock timeout. A key already completed (and unexpired) needs
+	// no lock, since its answer is settled: the replays of a key run side by
+	// side. The lock is an optimization, never the guarantee: the primary
+	// key of idempotency_keys is (see record). $1 is the scope's id, $2 and
+	// $3 the lock's keys, $4 to $6 the scope.
+	lockKey = `SELECT pg_advisory_xact_lock($2, $3)
+WHERE NOT EXISTS (
+    SELECT FROM idempotency_keys
+    WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
+      AND status = 'completed' AND expires_at > now())`
 
 	// selectEntry reads the key's row. It runs as a statement of its own
 	// after lockKey, so its snapshot (under READ COMMITTED) sees what the
@@ -81,6 +80,17 @@ FROM (
         THEN extract(epoch FROM locked_until - now()) ELSE 0 END
 FROM idempotency_keys
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
+
+	// claimEntry is selectEntry for an atomic claim, which also puts the
+	// session's lock_timeout back before the handler runs: the bound is the
+	// claim's. It returns one row, of NULLs when the key has none.
+	claimEntry = `SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true),
+    k.status, k.request_hash, k.response_code, k.response, k.response_not_cached, k.expires_at,
+    k.expires_at <= now(),
+    CASE WHEN k.status = 'in_progress' AND k.locked_until > now()
+        THEN extract(epoch FROM k.locked_until - now()) ELSE 0 END
+FROM (VALUES (1)) one
+LEFT JOIN idempotency_keys k ON k.id = $1 AND k.tenant = $2 AND k.method = $3 AND k.key = $4`
 
 	// savepoint separates the claim from the handler's writes, so that a
 	// recorded error can discard the writes and keep the claim's lock.
@@ -119,7 +129,7 @@ FROM recorded`
 )
 
 // Claim implements [store.Store]. A claim costs one round trip: BEGIN, the
-// lock timeout, the key's advisory lock, the read of its row and a
+// lock timeout, the table's and the key's locks, the read of its row and a
 // savepoint travel together, and the transaction stays open for the
 // handler. A claim that finds the key completed answers after that round
 // trip too, and rolls its transaction back in the background before the
@@ -182,8 +192,9 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 // the transaction and the entry found (nil when the key has no row).
 func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, err error) {
 	br, tx, err := s.sendBounded(ctx, conn, []*pgx.QueuedQuery{
+		{SQL: lockTable},
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: claimEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
 		{SQL: savepoint},
 	})
 	if err != nil {
@@ -194,10 +205,12 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 			err = cerr
 		}
 	}()
-	if _, err := br.Exec(); err != nil { // lockKey
-		return nil, nil, err
+	for range 2 { // lockTable, lockKey
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, err
+		}
 	}
-	if entry, err = scanEntry(br.QueryRow()); err != nil {
+	if entry, err = scanEntry(br.QueryRow(), true); err != nil {
 		return nil, nil, err
 	}
 	if _, err := br.Exec(); err != nil { // SAVEPOINT
@@ -211,33 +224,44 @@ type foundEntry struct {
 	expired bool
 }
 
-// scanEntry reads the row of selectEntry; it returns nil when there is none.
-func scanEntry(row pgx.Row) (*foundEntry, error) {
+// scanEntry reads the row of selectEntry, or of claimEntry when claim is
+// set; it returns nil when the key has none.
+func scanEntry(row pgx.Row, claim bool) (*foundEntry, error) {
 	var (
-		e      foundEntry
-		status string
-		code   *int32
-		lease  float64
+		e         foundEntry
+		status    *string
+		code      *int32
+		notCached *bool
+		expiresAt *time.Time
+		expired   *bool
+		lease     *float64
+		dest      = []any{&status, &e.Fingerprint, &code, &e.Outcome.Body, &notCached, &expiresAt, &expired, &lease}
 	)
-	err := row.Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
+	if claim {
+		dest = append([]any{nil}, dest...) // the restored lock_timeout
+	}
+	err := row.Scan(dest...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
+	case status == nil:
+		return nil, nil // claimEntry's row without a key row
 	}
-	switch status {
+	e.Outcome.NotCached, e.ExpiresAt, e.expired = *notCached, *expiresAt, *expired
+	switch *status {
 	case "completed":
 		e.State = store.Completed
 	case "in_progress":
 		e.State = store.InProgress
 	default:
-		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
+		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", *status)
 	}
 	if code != nil {
 		e.Outcome.Code = codes.Code(*code)
 	}
-	e.LeaseRemaining = time.Duration(lease * float64(time.Second))
+	e.LeaseRemaining = time.Duration(*lease * float64(time.Second))
 	return &e, nil
 }
 

@@ -250,21 +250,21 @@ func TestHandlerTxLargeObjectsJoinTheClaim(t *testing.T) {
 	}
 }
 
-// skipUpdates makes every UPDATE of idempotency_keys a silent no-op, as a
-// BEFORE trigger that returns NULL (or a row-level security policy that
-// hides the rows from UPDATE) does. It returns a function that drops the
+// skipWrites makes every INSERT and UPDATE of idempotency_keys a silent
+// no-op, as a BEFORE trigger that returns NULL (or a row-level security
+// policy that hides the rows) does. It returns a function that drops the
 // trigger.
-func skipUpdates(t *testing.T, pool *pgxpool.Pool) (drop func()) {
+func skipWrites(t *testing.T, pool *pgxpool.Pool) (drop func()) {
 	t.Helper()
 	_, err := pool.Exec(ctx, `
 CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`)
+CREATE TRIGGER skip_write BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return func() {
 		t.Helper()
-		if _, err := pool.Exec(ctx, `DROP TRIGGER skip_update ON idempotency_keys`); err != nil {
+		if _, err := pool.Exec(ctx, `DROP TRIGGER skip_write ON idempotency_keys`); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -311,7 +311,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				return writes, keys
 			}
 
-			drop := skipUpdates(t, pool)
+			drop := skipWrites(t, pool)
 			err := run()
 			if err == nil {
 				t.Fatal("Complete succeeded although the record updated no row")

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/idemkit/idem/store"
 )
 
@@ -19,7 +21,7 @@ const lockClass int32 = 0x6964656d
 // and lock, the second key of the advisory lock that serializes claims of
 // the key.
 type scope struct {
-	id   [16]byte
+	id   pgtype.UUID // a pgx type, so that every QueryExecMode can send it
 	lock int32
 }
 
@@ -37,7 +39,8 @@ func scopeOf(k store.Key) scope {
 	}
 	sum := sha256.Sum256(b)
 	var sc scope
-	copy(sc.id[:], sum[:16])
+	copy(sc.id.Bytes[:], sum[:16])
+	sc.id.Valid = true
 	sc.lock = int32(binary.BigEndian.Uint32(sum[16:20]))
 	return sc
 }

@@ -57,10 +57,11 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 // no two share an instant. One statement inserts them all.
 func insertKeys(t *testing.T, pool *pgxpool.Pool, prefix string, n int, expiresIn string) {
 	t.Helper()
-	exec(t, pool, `INSERT INTO idempotency_keys (tenant, method, key, request_hash, status, response_code, response, expires_at)
-SELECT 'tenant-' || (g % 7), '/svc/M' || (g % 3), $1::text || g, '\x01', 'completed', 0, 'r',
+	exec(t, pool, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
+SELECT `+pgtest.KeyIDSQL("t", "m", "k")+`, t, m, k, '\x01', 'completed', 0, 'r',
        now() + $2::interval - g * interval '1 ms'
-FROM generate_series(1, $3::int) g`, prefix, expiresIn, n)
+FROM generate_series(1, $3::int) g,
+    LATERAL (SELECT 'tenant-' || (g % 7), '/svc/M' || (g % 3), $1::text || g) v(t, m, k)`, prefix, expiresIn, n)
 }
 
 // liveKey is the key insertKeys made as row i of prefix.

@@ -406,9 +406,9 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
-	t.Run("record that updates no row", func(t *testing.T) {
-		// A BEFORE UPDATE trigger that returns NULL (or a row-level
-		// security policy that hides the row from UPDATE) keeps the
+	t.Run("record that writes no row", func(t *testing.T) {
+		// A BEFORE INSERT OR UPDATE trigger that returns NULL (or a
+		// row-level security policy that hides the row) keeps the
 		// outcome from being recorded. Nothing may commit then: not the
 		// payment, and not a key left in progress that would answer
 		// IDEMPOTENCY_KEY_IN_USE to every retry until it expires.
@@ -416,14 +416,14 @@ func TestBadInput(t *testing.T) {
 		ctx := context.Background()
 		if _, err := e.pool.Exec(ctx, `
 CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`); err != nil {
+CREATE TRIGGER skip_write BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION skip_row()`); err != nil {
 			t.Fatal(err)
 		}
 		_, _, err := e.create(t, payment, keyed("acme", "k")...)
 		wantCode(t, err, codes.Unavailable) // retry this call
 		e.nothingWritten(t)
 
-		if _, err := e.pool.Exec(ctx, `DROP TRIGGER skip_update ON idempotency_keys`); err != nil {
+		if _, err := e.pool.Exec(ctx, `DROP TRIGGER skip_write ON idempotency_keys`); err != nil {
 			t.Fatal(err)
 		}
 		resp, header, err := e.create(t, payment, keyed("acme", "k")...)

@@ -73,8 +73,8 @@ func insertKey(t *testing.T, q interface {
 }, key string) {
 	t.Helper()
 	_, err := q.Exec(context.Background(),
-		`INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
-		 VALUES ('t', '/idem.Test/Do', $1, '\x01', now() + interval '1 hour')`, key)
+		`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
+		 VALUES (`+KeyIDSQL("'t'", "'/idem.Test/Do'", "$1::text")+`, 't', '/idem.Test/Do', $1, '\x01', now() + interval '1 hour')`, key)
 	if err != nil {
 		t.Fatal(err)
 	}
