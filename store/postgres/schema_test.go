@@ -1,0 +1,208 @@
+package postgres_test
+
+import (
+	"errors"
+	"io/fs"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+// TestScopeIDMatchesMigration checks that the id the store gives a key's row
+// is the one migration 0004 computes in SQL for rows that existed before
+// it, and that pgtest.KeyIDSQL gives tests.
+func TestScopeIDMatchesMigration(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	for _, k := range []store.Key{
+		{Tenant: "", Method: "/svc/M", Key: "k"},
+		{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1"},
+		{Tenant: "Zürich-ümlaut-日本", Method: "/a.b/C", Key: "x"},
+		{Tenant: "a", Method: "b:c", Key: "k"}, // must differ from the next
+		{Tenant: "a:b", Method: "c", Key: "k"},
+		{Tenant: strings.Repeat("t", 255), Method: strings.Repeat("m", 1024), Key: strings.Repeat("k", 255)},
+	} {
+		var got [16]byte
+		err := pool.QueryRow(ctx, `SELECT `+pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text"), k.Tenant, k.Method, k.Key).Scan(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := postgres.ScopeID(k); got != want {
+			t.Errorf("id of %q/%q/%q: SQL %x, Go %x", k.Tenant, k.Method, k.Key[:min(len(k.Key), 10)], got, want)
+		}
+	}
+	if postgres.ScopeID(store.Key{Tenant: "a", Method: "b:c", Key: "k"}) == postgres.ScopeID(store.Key{Tenant: "a:b", Method: "c", Key: "k"}) {
+		t.Error("two scopes that differ only in where a field ends share an id")
+	}
+}
+
+// TestSnapshotIsolationFallsBackOnThePrimaryKey runs claims on a pool whose
+// transactions are REPEATABLE READ or SERIALIZABLE: a claim that waited for
+// the key's lock reads with a snapshot taken before it waited, so it cannot
+// see the row the lock's holder committed and runs the handler too. The
+// primary key must then refuse its record: its writes roll back, the
+// caller gets an error it may retry (store.ErrConflict), and the retry
+// replays the first outcome. One effect, never two.
+func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		t.Run(iso, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			if _, err := pool.Exec(ctx, `CREATE TABLE w (v text)`); err != nil {
+				t.Fatal(err)
+			}
+			s := postgres.New(pool, postgres.WithLockTimeout(10*time.Second))
+			write := func(c store.Claim, v string) {
+				t.Helper()
+				tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+				if _, err := tx.Exec(ctx, `INSERT INTO w VALUES ($1)`, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			first, err := s.Claim(ctx, key, []byte("fp"))
+			if err != nil || first.Txn == nil {
+				t.Fatalf("first claim: %+v, %v", first, err)
+			}
+			var (
+				wg     sync.WaitGroup
+				second store.Claim
+				err2   error
+			)
+			wg.Go(func() { second, err2 = s.Claim(ctx, key, []byte("fp")) })
+			waitForAdvisoryLockWaiter(t, pool)
+			write(first, "first")
+			if err := first.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("first")}); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			if err2 != nil || second.Txn == nil {
+				t.Fatalf("second claim: %+v, %v; want a Txn, as its snapshot predates the first's commit", second, err2)
+			}
+			write(second, "second")
+			err = second.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("second")})
+			if !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("second record: %v, want store.ErrConflict", err)
+			}
+			var writes, keys int
+			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM idempotency_keys)`).Scan(&writes, &keys); err != nil {
+				t.Fatal(err)
+			}
+			if writes != 1 || keys != 1 {
+				t.Fatalf("%d writes and %d keys, want 1 and 1", writes, keys)
+			}
+			retry, err := s.Claim(ctx, key, []byte("fp"))
+			if err != nil || retry.Entry == nil || string(retry.Entry.Outcome.Body) != "first" {
+				t.Fatalf("retry: %+v, %v; want the first outcome replayed", retry, err)
+			}
+		})
+	}
+}
+
+// waitForAdvisoryLockWaiter waits until a session of pool waits for an
+// advisory lock.
+func waitForAdvisoryLockWaiter(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no claim came to wait for the key's lock")
+}
+
+// TestMigration0004 takes an installation of the schema before migration
+// 0004 (built by its down migration, which must undo it), with completed,
+// expired and leased rows, through Migrate: the rows keep their meaning
+// under the new primary key. A completed key replays, an expired one runs
+// again, a lease that ran out is taken over with its recovery point.
+func TestMigration0004(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	down, err := fs.ReadFile(migrations.FS, "0004_narrow_key_index.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(string(down))
+	exec(`DELETE FROM idem_schema_migrations WHERE version = 4`)
+	var pk string
+	if err := pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'`).Scan(&pk); err != nil {
+		t.Fatal(err)
+	}
+	if pk != "PRIMARY KEY (tenant, method, key)" {
+		t.Fatalf("after the down migration the primary key is %s", pk)
+	}
+
+	// Rows as the earlier schema held them.
+	exec(`INSERT INTO idempotency_keys (tenant, method, key, request_hash, status, response_code, response, expires_at)
+VALUES ('acme', '/svc/M', 'done', 'fp', 'completed', 0, 'recorded', now() + interval '1 hour'),
+       ('acme', '/svc/M', 'old', 'fp', 'completed', 0, 'stale', now() - interval '1 second')`)
+	exec(`INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data)
+VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_1')`)
+
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'`).Scan(&pk); err != nil {
+		t.Fatal(err)
+	}
+	if pk != "PRIMARY KEY (id)" {
+		t.Fatalf("after migrating the primary key is %s", pk)
+	}
+
+	s := postgres.New(pool)
+	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
+	done, err := s.Claim(ctx, k("done"), []byte("fp"))
+	if err != nil || done.Entry == nil || string(done.Entry.Outcome.Body) != "recorded" {
+		t.Fatalf("completed key after the migration: %+v, %v; want its replay", done, err)
+	}
+	old, err := s.Claim(ctx, k("old"), []byte("fp"))
+	if err != nil || old.Txn == nil {
+		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
+	}
+	if err := old.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("new")}); err != nil {
+		t.Fatal(err)
+	}
+	leased, err := s.Lease(ctx, k("leased"), []byte("fp"), time.Minute)
+	if err != nil || leased.Lease == nil {
+		t.Fatalf("abandoned lease after the migration: %+v, %v; want a takeover", leased, err)
+	}
+	if p, ok := leased.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
+		t.Fatalf("recovery point after the takeover: %+v, %v", p, ok)
+	}
+	if err := leased.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("leased")}); err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&rows); err != nil || rows != 3 {
+		t.Fatalf("%d completed rows (%v), want 3", rows, err)
+	}
+}
+
