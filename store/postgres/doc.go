@@ -13,39 +13,57 @@
 //
 // # The transaction
 //
-// A claim sends BEGIN, SET LOCAL lock_timeout, the INSERT ... ON CONFLICT DO
-// NOTHING of the key, a SELECT of whoever holds it and a SAVEPOINT as one
-// pipelined batch: one round trip. The handler gets the open transaction
-// from [TxFromContext] as a pgx.Tx. When it returns, the response is
-// recorded and the transaction committed in one more round trip; a recorded
-// error first rolls back to the savepoint, so the handler's writes are
-// discarded and the key is kept. A crash or a lost connection before COMMIT
-// leaves nothing behind.
+// Each key has one row in idempotency_keys, written once, when its outcome
+// is recorded; the primary key is a 16-byte hash of the key's scope (tenant,
+// method, key), which stay in the row as plain columns.
 //
-// A second request with the same key waits on the first one's uncommitted
-// row for at most the lock timeout ([WithLockTimeout]); then it either sees
-// the committed row (and replays it) or gives up with store.ErrInUse. The
-// lock timeout is reset before the handler runs, so it bounds only the
-// claim.
+// A claim sends BEGIN, the lock timeout, a lock of the table for writing, a
+// transaction-scoped advisory lock on the key's scope, a SELECT of the key's
+// row and a SAVEPOINT as one pipelined batch: one round trip. The advisory
+// lock serializes the claims of one key; a key already completed needs
+// none, so its replays run side by side. The handler gets the open
+// transaction from [TxFromContext] as a pgx.Tx (the one pgx began, with
+// Commit and Rollback refused). When it returns, one INSERT of the completed
+// row, which raises when it writes nothing, and COMMIT travel together in
+// one more round trip; a recorded error first rolls back to the savepoint,
+// so the handler's writes are discarded and the key is kept. A crash or a
+// lost connection before COMMIT leaves nothing behind. A claim that finds
+// the key completed answers after its one round trip and rolls back in the
+// background.
+//
+// A second request with the same key waits on the first one's advisory lock
+// for at most the lock timeout ([WithLockTimeout]); then it reads the row
+// the first committed (and replays it) or gives up with store.ErrInUse. The
+// session's lock_timeout is restored before the handler runs, so the bound
+// applies to the claim only.
+//
+// The advisory lock is an optimization; the primary key is the guarantee.
+// Where a claim gets past the lock without seeing the row its holder
+// committed (under REPEATABLE READ or SERIALIZABLE, whose snapshot predates
+// the wait, or on an engine whose locks are weaker), its record fails on
+// the primary key, its writes roll back, and it reports store.ErrConflict,
+// which the interceptor answers with ABORTED; the retry replays. Two keys
+// whose hashes collide could only wait for each other, never share a row:
+// every read compares the whole scope.
 //
 // The lock timeout bounds every wait of a claim, atomic or leased, the
-// wait for a table lock too (a LOCK TABLE, a migration's ALTER TABLE), and
-// on every connection. pgx prepares (or describes) the statements of a
-// batch it has not cached in a round trip of its own, before the batch's
-// BEGIN; so on a connection that has not yet claimed, or whose claim
-// failed (pgx then drops the batch's statements from its cache), the claim
-// first begins the transaction and sets the lock timeout in a round trip of
-// its own, and pgx prepares the claim's statements inside it. That costs
-// the first claim of a connection two round trips more; later claims cost
-// one. With QueryExecModeDescribeExec, where pgx describes every statement
-// of every batch, every claim costs three.
+// wait for a table lock too (a LOCK TABLE, a migration's ALTER TABLE, a
+// CREATE INDEX), and on every connection. pgx prepares (or describes) the
+// statements of a batch it has not cached in a round trip of its own,
+// before the batch's BEGIN; so on a connection that has not yet claimed, or
+// whose claim failed (pgx then drops the batch's statements from its
+// cache), the claim first begins the transaction and sets the lock timeout
+// in a round trip of its own, and pgx prepares the claim's statements
+// inside it. That costs the first claim of a connection three round trips
+// more; later claims cost one. With QueryExecModeDescribeExec, where pgx
+// describes every statement of every batch, every claim costs three.
 //
 // # Leased mode
 //
 // [Store.Lease] claims a key for a handler that runs outside the claim's
-// transaction: one round trip inserts the row (or takes over one whose lease
-// ran out under the same request, or that expired) with locked_until and a
-// random fencing token, and commits. Extending the lease, saving a recovery
+// transaction: one round trip takes the key's advisory lock, inserts the
+// row (or takes over one whose lease ran out under the same request, or
+// that expired) with locked_until and a random fencing token, and commits. Extending the lease, saving a recovery
 // point, recording the outcome and releasing are then one statement each,
 // every one matching the row only while its token is current. A recovery
 // point that store.RecoveryPoint.Validate refuses is refused before any
@@ -56,9 +74,10 @@
 // The hot path keeps no session state outside its transaction, so it works
 // through a transaction-mode pooler such as PgBouncer; configure the pool's
 // QueryExecMode for what the pooler supports (pgx prepares statements by
-// default). It uses only INSERT ... ON CONFLICT, RETURNING, SET LOCAL,
-// savepoints and plain UPDATEs: no advisory locks and no server-side
-// functions. Always point the store at the primary.
+// default). It uses only INSERT ... ON CONFLICT, RETURNING,
+// set_config(..., true), transaction-scoped advisory locks, savepoints and
+// plain UPDATEs: no server-side functions of its own. Always point the
+// store at the primary.
 //
 // # Expiry
 //

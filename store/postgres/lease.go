@@ -65,7 +65,7 @@ const maxLeaseRounds = 3
 // Lease implements [store.Store]. The claim is one round trip (BEGIN, the
 // lock timeout, the key's advisory lock, the insert or takeover, the read
 // of the holder and COMMIT travel together; the first claim on a connection
-// costs a round trip more, as for Claim) and commits at once; each later
+// costs more, as for Claim) and commits at once; each later
 // write of the lease is one statement of its own. The lease's expires_at is
 // set on the first claim and kept by takeovers. Like Claim, it refuses a
 // key that breaks the rules of [store.Key.Validate] with

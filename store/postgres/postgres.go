@@ -133,8 +133,8 @@ FROM recorded`
 // savepoint travel together, and the transaction stays open for the
 // handler. A claim that finds the key completed answers after that round
 // trip too, and rolls its transaction back in the background before the
-// connection returns to the pool. The first claim on a connection costs a
-// round trip more (see the package's overview).
+// connection returns to the pool. The first claim on a connection costs
+// three round trips more (see the package's overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's lock hold their connections meanwhile, and
