@@ -286,3 +286,40 @@ func TestLookupScenario(t *testing.T) {
 		t.Error("unknown scenario accepted")
 	}
 }
+
+// TestPGTCPAddr finds where the delay proxy dials: a connection string's
+// own TCP host, else the server's TCP listener, and says so clearly when
+// there is none.
+func TestPGTCPAddr(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if got, err := pgTCPAddr(ctx, "host=db.example port=6432 user=u", ""); err != nil || got != "db.example:6432" {
+		t.Errorf("a TCP connection string gives %q, %v; want its host and port", got, err)
+	}
+	if got, err := pgTCPAddr(ctx, "host=/nonexistent", "127.0.0.1:7000"); err != nil || got != "127.0.0.1:7000" {
+		t.Errorf("-pg-addr gives %q, %v; want it unchanged", got, err)
+	}
+	if _, err := pgTCPAddr(ctx, "host=/nonexistent", "7000"); err == nil {
+		t.Error("-pg-addr without a port accepted")
+	}
+
+	// A throwaway cluster listens only on its Unix socket.
+	srv, err := pgtest.StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, err = pgTCPAddr(ctx, srv.ConnString(), "")
+	if err == nil || !strings.Contains(err.Error(), "listens on no TCP address (listen_addresses = '')") {
+		t.Fatalf("a server without a TCP listener gives %v, want an error that says so", err)
+	}
+	cfg := defaultConfig()
+	cfg.DatabaseURL = srv.ConnString()
+	cfg.PoolSize = cfg.Clients
+	cfg.RTTs = []time.Duration{time.Millisecond}
+	cfg.Scenarios = []string{"baseline"}
+	t.Setenv("DATABASE_URL", "")
+	if _, err := run(ctx, cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-pg-rtt needs PostgreSQL over TCP") {
+		t.Fatalf("run at 1ms against a server without a TCP listener: %v, want the error", err)
+	}
+}
