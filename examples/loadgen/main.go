@@ -15,6 +15,11 @@
 // Rounds run every scenario once, in an order that rotates from round to
 // round, so that drift on a shared machine falls on all of them alike.
 //
+// -pg-rtt puts a proxy between the scenarios' pools and PostgreSQL that
+// delays each direction by half the given round-trip time; a
+// comma-separated list (-pg-rtt 0,200us,1ms) runs every round at each and
+// reports them side by side.
+//
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
 package main
@@ -33,7 +38,7 @@ import (
 
 func main() {
 	cfg := defaultConfig()
-	var scenarios, cpuProfile string
+	var scenarios, cpuProfile, rtts string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -48,9 +53,15 @@ func main() {
 	flag.StringVar(&cfg.SVGPath, "svg", "", "write a chart of throughput and p99 latency to this file")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&cfg.ProfileDir, "pprof-dir", "", "write a CPU profile of each scenario's first measured round to this directory")
+	flag.StringVar(&rtts, "pg-rtt", "0", "round-trip time added between the scenarios' pools and PostgreSQL by a delaying proxy, e.g. 1ms; a comma-separated list (0,200us,1ms) runs every round at each; 0 adds no proxy")
+	flag.StringVar(&cfg.PGAddr, "pg-addr", "", "PostgreSQL's TCP address for the -pg-rtt proxy to dial (default: the server's host and port when reached over TCP, else its TCP listener from listen_addresses and port)")
 	flag.BoolVar(&cfg.SampleWaits, "pg-waits", false, "sample pg_stat_activity every 10ms and report where the scenario's backends spent their time")
 	flag.Parse()
 	cfg.Scenarios = splitList(scenarios)
+	var err error
+	if cfg.RTTs, err = parseRTTs(rtts); err != nil {
+		fatal(err)
+	}
 	if cfg.PoolSize == 0 {
 		cfg.PoolSize = cfg.Clients
 	}
@@ -70,11 +81,11 @@ func main() {
 			_ = f.Close()
 		}()
 	}
-	rep, err := run(ctx, cfg, os.Stderr)
+	reps, err := run(ctx, cfg, os.Stderr)
 	if err != nil {
 		fatal(err)
 	}
-	if err := writeOutputs(cfg, rep, os.Stdout); err != nil {
+	if err := writeOutputs(cfg, reps, os.Stdout); err != nil {
 		fatal(err)
 	}
 }
@@ -104,12 +115,17 @@ type config struct {
 	StormDuplicates int
 	Scenarios       []string
 	DatabaseURL     string
-	Target          string
-	JSONPath        string
-	MarkdownPath    string
-	SVGPath         string
-	ProfileDir      string
-	SampleWaits     bool
+	// RTTs are the round-trip times to run at; 0 reaches PostgreSQL
+	// directly, more through a delayProxy.
+	RTTs []time.Duration
+	// PGAddr is the TCP address the delayProxy dials; empty: found.
+	PGAddr       string
+	Target       string
+	JSONPath     string
+	MarkdownPath string
+	SVGPath      string
+	ProfileDir   string
+	SampleWaits  bool
 }
 
 func defaultConfig() config {
@@ -120,5 +136,6 @@ func defaultConfig() config {
 		Rounds:          1,
 		StormDuplicates: 8,
 		Scenarios:       defaultScenarios(),
+		RTTs:            []time.Duration{0},
 	}
 }

@@ -33,11 +33,15 @@ func TestScenarios(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	rep, err := run(ctx, cfg, io.Discard)
+	reps, err := run(ctx, cfg, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeOutputs(cfg, rep, io.Discard); err != nil {
+	if len(reps) != 1 {
+		t.Fatalf("%d reports, want one for the one round-trip time", len(reps))
+	}
+	rep := reps[0]
+	if err := writeOutputs(cfg, reps, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	by := map[string]*summary{}
@@ -105,6 +109,9 @@ func TestScenarios(t *testing.T) {
 	if len(decoded.Scenarios) != len(rep.Scenarios) || len(decoded.Targets) == 0 {
 		t.Errorf("JSON has %d scenarios and %d targets", len(decoded.Scenarios), len(decoded.Targets))
 	}
+	if decoded.Config.PGRTT != "0s" || decoded.Config.PGAddr != "" || decoded.PingP50ms == nil {
+		t.Errorf("JSON says pg_rtt %q, pg_addr %q, ping %v; want 0s, no proxy, a ping time", decoded.Config.PGRTT, decoded.Config.PGAddr, decoded.PingP50ms)
+	}
 	md, err := os.ReadFile(cfg.MarkdownPath)
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +121,15 @@ func TestScenarios(t *testing.T) {
 			t.Errorf("markdown has no row for %s", s.Scenario)
 		}
 	}
+	if !strings.Contains(string(md), "Round trip to PostgreSQL: no delay added") {
+		t.Errorf("markdown does not say at which round-trip time it measured:\n%s", md)
+	}
 	svg, err := os.ReadFile(cfg.SVGPath)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(svg), "round trip to PostgreSQL: loopback</text>") {
+		t.Errorf("SVG title does not give the round-trip time:\n%s", svg)
 	}
 	if !strings.HasPrefix(string(svg), "<svg") || !strings.Contains(string(svg), ">atomic<") || !strings.Contains(string(svg), ">leased<") {
 		t.Errorf("SVG does not look like the chart:\n%s", svg)
@@ -138,11 +151,175 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
+// TestRoundTripTimes runs two scenarios at no added delay and through the
+// delay proxy: at the longer round-trip time every request takes at least
+// its round trips times that, the counts stay what they were, and the
+// report holds both.
+func TestRoundTripTimes(t *testing.T) {
+	const rtt = 2 * time.Millisecond
+	dir := t.TempDir()
+	cfg := defaultConfig()
+	cfg.Duration = time.Second
+	cfg.Warmup = 200 * time.Millisecond
+	cfg.Clients = 2
+	cfg.PoolSize = 2
+	cfg.Scenarios = []string{"baseline", "naive"}
+	cfg.RTTs = []time.Duration{0, rtt}
+	cfg.JSONPath = filepath.Join(dir, "out.json")
+	cfg.MarkdownPath = filepath.Join(dir, "out.md")
+	cfg.SVGPath = filepath.Join(dir, "out.svg")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	reps, err := run(ctx, cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 {
+		t.Fatalf("%d reports, want one per round-trip time", len(reps))
+	}
+	direct, delayed := reps[0], reps[1]
+	if direct.Config.PGRTT != "0s" || delayed.Config.PGRTT != "2ms" || delayed.Config.PGAddr == "" {
+		t.Errorf("reports at %q and %q (via %q), want 0s and 2ms via PostgreSQL's TCP address", direct.Config.PGRTT, delayed.Config.PGRTT, delayed.Config.PGAddr)
+	}
+	if p := delayed.PingP50ms; p == nil || *p < ms(rtt) {
+		t.Errorf("an empty query through the proxy took %v ms, want at least %v", p, rtt)
+	}
+	for _, rep := range reps {
+		for _, s := range rep.Scenarios {
+			if s.Requests == 0 || s.Errors != 0 {
+				t.Errorf("%s at %s: %d requests, %d errors", s.Scenario, rep.Config.PGRTT, s.Requests, s.Errors)
+			}
+		}
+	}
+	for i, want := range []float64{3, 6} { // baseline, naive
+		for _, rep := range reps {
+			s := rep.Scenarios[i]
+			if s.RoundTrips == nil || *s.RoundTrips != want {
+				t.Errorf("%s at %s: %v round trips per request, want %v", s.Scenario, rep.Config.PGRTT, s.RoundTrips, want)
+			}
+		}
+		// The proxy never delivers early: a request takes at least its
+		// round trips.
+		if s := delayed.Scenarios[i]; s.P50ms < want*ms(rtt) {
+			t.Errorf("%s at %v: p50 %.2f ms, want at least %v round trips of %v", s.Scenario, rtt, s.P50ms, want, rtt)
+		}
+	}
+
+	if err := writeOutputs(cfg, reps, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var decoded rttReports
+	b, err := os.ReadFile(cfg.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &decoded); err != nil {
+		t.Fatal(err)
+	}
+	if len(decoded.Latencies) != 2 || len(decoded.Ratios) != 2 || decoded.Ratios[1].PGRTT != "2ms" || len(decoded.Latencies[1].Scenarios) != 2 {
+		t.Errorf("JSON does not hold both round-trip times:\n%s", b)
+	}
+	for _, r := range decoded.Ratios {
+		if r.PerSecond["naive"] <= 0 || len(r.Targets) != len(keyRatios) {
+			t.Errorf("JSON ratios at %s: %+v", r.PGRTT, r)
+		}
+	}
+	md, err := os.ReadFile(cfg.MarkdownPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| round trip | empty query p50 ms |", "| loopback | ", "| 2ms | ", "**Round trip loopback**", "**Round trip 2ms**: 2ms added"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown has no %q:\n%s", want, md)
+		}
+	}
+	if n := strings.Count(string(md), "| naive |"); n != 2 {
+		t.Errorf("markdown has %d rows for naive, want one per round-trip time", n)
+	}
+	svg, err := os.ReadFile(cfg.SVGPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<svg", "round trip to PostgreSQL: loopback, 2ms<", ">req/s at loopback<", ">req/s at 2ms round trip<"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("SVG has no %q:\n%s", want, svg)
+		}
+	}
+}
+
+func TestParseRTTs(t *testing.T) {
+	got, err := parseRTTs("0, 200us,1ms")
+	if err != nil || len(got) != 3 || got[0] != 0 || got[1] != 200*time.Microsecond || got[2] != time.Millisecond {
+		t.Errorf("parseRTTs = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "1", "-1ms", "1ms,x"} {
+		if _, err := parseRTTs(bad); err == nil {
+			t.Errorf("parseRTTs(%q) accepted", bad)
+		}
+	}
+}
+
+func TestTCPListenHost(t *testing.T) {
+	for _, tc := range []struct {
+		listen, host string
+		ok           bool
+	}{
+		{"", "", false},
+		{"localhost", "127.0.0.1", true},
+		{"*", "127.0.0.1", true},
+		{"10.0.0.5, 127.0.0.1", "127.0.0.1", true},
+		{"::1", "::1", true},
+		{"10.0.0.5,db.internal", "10.0.0.5", true},
+	} {
+		if host, ok := tcpListenHost(tc.listen); host != tc.host || ok != tc.ok {
+			t.Errorf("tcpListenHost(%q) = %q, %v; want %q, %v", tc.listen, host, ok, tc.host, tc.ok)
+		}
+	}
+}
+
 func TestLookupScenario(t *testing.T) {
 	if s, err := lookupScenario("leased"); err != nil || s.server == nil {
 		t.Errorf("leased: %v, %v", s, err)
 	}
 	if _, err := lookupScenario("nonesuch"); err == nil {
 		t.Error("unknown scenario accepted")
+	}
+}
+
+// TestPGTCPAddr finds where the delay proxy dials: a connection string's
+// own TCP host, else the server's TCP listener, and says so clearly when
+// there is none.
+func TestPGTCPAddr(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if got, err := pgTCPAddr(ctx, "host=db.example port=6432 user=u", ""); err != nil || got != "db.example:6432" {
+		t.Errorf("a TCP connection string gives %q, %v; want its host and port", got, err)
+	}
+	if got, err := pgTCPAddr(ctx, "host=/nonexistent", "127.0.0.1:7000"); err != nil || got != "127.0.0.1:7000" {
+		t.Errorf("-pg-addr gives %q, %v; want it unchanged", got, err)
+	}
+	if _, err := pgTCPAddr(ctx, "host=/nonexistent", "7000"); err == nil {
+		t.Error("-pg-addr without a port accepted")
+	}
+
+	// A throwaway cluster listens only on its Unix socket.
+	srv, err := pgtest.StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, err = pgTCPAddr(ctx, srv.ConnString(), "")
+	if err == nil || !strings.Contains(err.Error(), "listens on no TCP address (listen_addresses = '')") {
+		t.Fatalf("a server without a TCP listener gives %v, want an error that says so", err)
+	}
+	cfg := defaultConfig()
+	cfg.DatabaseURL = srv.ConnString()
+	cfg.PoolSize = cfg.Clients
+	cfg.RTTs = []time.Duration{time.Millisecond}
+	cfg.Scenarios = []string{"baseline"}
+	t.Setenv("DATABASE_URL", "")
+	if _, err := run(ctx, cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-pg-rtt needs PostgreSQL over TCP") {
+		t.Fatalf("run at 1ms against a server without a TCP listener: %v, want the error", err)
 	}
 }

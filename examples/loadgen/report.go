@@ -18,9 +18,13 @@ import (
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
+// report is every scenario measured at one round-trip time to PostgreSQL.
 type report struct {
-	Config    reportConfig   `json:"config"`
-	Machine   machine        `json:"machine"`
+	Config  reportConfig `json:"config"`
+	Machine machine      `json:"machine"`
+	// PingP50ms is the median time of an empty query on a connection made
+	// as the scenarios' pools make theirs; absent with -target.
+	PingP50ms *float64       `json:"ping_p50_ms,omitempty"`
 	Scenarios []*summary     `json:"scenarios"`
 	Targets   []target       `json:"targets"`
 	Rounds    []*roundResult `json:"rounds"`
@@ -36,6 +40,11 @@ type reportConfig struct {
 	StormDuplicates int      `json:"storm_duplicates"`
 	Scenarios       []string `json:"scenarios"`
 	Target          string   `json:"target,omitempty"`
+	// PGRTT is the round-trip time added between the scenarios' pools and
+	// PostgreSQL, by a proxy that forwards to PGAddr; "0s" adds none, and
+	// the pools connect as the server was found.
+	PGRTT  string `json:"pg_rtt"`
+	PGAddr string `json:"pg_addr,omitempty"`
 }
 
 func (c config) forReport() reportConfig {
@@ -49,6 +58,7 @@ func (c config) forReport() reportConfig {
 		StormDuplicates: c.StormDuplicates,
 		Scenarios:       c.Scenarios,
 		Target:          c.Target,
+		PGRTT:           "0s",
 	}
 }
 
@@ -323,9 +333,20 @@ func procField(path, field string) string {
 	return ""
 }
 
-func writeOutputs(cfg config, rep *report, stdout io.Writer) error {
+// writeOutputs writes the markdown report to stdout and the files cfg
+// names. For one round-trip time it is that report; for several, the
+// markdown and the chart set them side by side and the JSON holds
+// [rttReports].
+func writeOutputs(cfg config, reps []*report, stdout io.Writer) error {
 	var md strings.Builder
-	rep.markdown(&md)
+	var doc any = reps[0]
+	if len(reps) == 1 {
+		reps[0].markdown(&md)
+	} else {
+		multi := newRTTReports(reps)
+		multi.markdown(&md)
+		doc = multi
+	}
 	if _, err := io.WriteString(stdout, md.String()); err != nil {
 		return err
 	}
@@ -335,7 +356,7 @@ func writeOutputs(cfg config, rep *report, stdout io.Writer) error {
 		}
 	}
 	if cfg.JSONPath != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
+		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -345,7 +366,11 @@ func writeOutputs(cfg config, rep *report, stdout io.Writer) error {
 	}
 	if cfg.SVGPath != "" {
 		var svg strings.Builder
-		rep.svg(&svg)
+		if len(reps) == 1 {
+			reps[0].svg(&svg)
+		} else {
+			svgByRTT(&svg, reps)
+		}
 		if err := os.WriteFile(cfg.SVGPath, []byte(svg.String()), 0o644); err != nil {
 			return err
 		}
@@ -353,11 +378,90 @@ func writeOutputs(cfg config, rep *report, stdout io.Writer) error {
 	return nil
 }
 
+// rttReports is a run at several round-trip times: the key ratios at each,
+// then each one's whole report.
+type rttReports struct {
+	Ratios    []rttRatios `json:"ratios_by_rtt"`
+	Latencies []*report   `json:"latencies"`
+}
+
+// rttRatios is what one round-trip time did to the figures that matter.
+type rttRatios struct {
+	PGRTT     string             `json:"pg_rtt"`
+	PingP50ms *float64           `json:"ping_p50_ms,omitempty"`
+	PerSecond map[string]float64 `json:"requests_per_second"`
+	// Targets are the throughput ratios of [keyRatios], measured at this
+	// round-trip time.
+	Targets []target `json:"targets"`
+}
+
+// keyRatios are the throughput ratios compared across round-trip times.
+var keyRatios = [][2]string{{"atomic", "baseline"}, {"replay", "baseline"}, {"atomic", "naive"}, {"atomic", "leased"}}
+
+func newRTTReports(reps []*report) *rttReports {
+	out := &rttReports{Latencies: reps}
+	for _, rep := range reps {
+		r := rttRatios{PGRTT: rep.Config.PGRTT, PingP50ms: rep.PingP50ms, PerSecond: map[string]float64{}}
+		for _, s := range rep.Scenarios {
+			r.PerSecond[s.Scenario] = s.PerSecond
+		}
+		for _, k := range keyRatios {
+			if t := rep.target(k[0], k[1]); t != nil {
+				r.Targets = append(r.Targets, *t)
+			}
+		}
+		out.Ratios = append(out.Ratios, r)
+	}
+	return out
+}
+
+// target returns the throughput target a ÷ b, or nil.
+func (rep *report) target(a, b string) *target {
+	for i, t := range rep.Targets {
+		if t.Numerator == a && t.Denominator == b {
+			return &rep.Targets[i]
+		}
+	}
+	return nil
+}
+
+// rtt is the report's round-trip time.
+func (rep *report) rtt() time.Duration {
+	d, _ := time.ParseDuration(rep.Config.PGRTT)
+	return d
+}
+
 func (rep *report) markdown(w io.Writer) {
+	rep.markdownHeader(w, "")
+	if rep.Config.Target == "" {
+		fmt.Fprintf(w, "Round trip to PostgreSQL: %s.\n", rep.rttSentence())
+	}
+	fmt.Fprintln(w)
+	rep.markdownTables(w)
+}
+
+// rttSentence says how the pools reached PostgreSQL, and how long an empty
+// query took.
+func (rep *report) rttSentence() string {
+	var s string
+	if rtt := rep.rtt(); rtt == 0 {
+		s = "no delay added (`-pg-rtt 0`), the pools connect as the server was found"
+	} else {
+		s = fmt.Sprintf("%v added (`-pg-rtt`) by a proxy that delays each direction by half, on its way to %s", rtt, rep.Config.PGAddr)
+	}
+	if rep.PingP50ms != nil {
+		s += fmt.Sprintf("; an empty query took %.3f ms (p50)", *rep.PingP50ms)
+	}
+	return s
+}
+
+// markdownHeader writes the command, the load, and the machine; also, in
+// its own sentence, what.
+func (rep *report) markdownHeader(w io.Writer, also string) {
 	c, m := rep.Config, rep.Machine
 	fmt.Fprintf(w, "Command: `%s`\n\n", c.Command)
-	fmt.Fprintf(w, "%d clients, pool of %d connections, %s measured per scenario and round after %s of warm-up, %d round(s) in rotating order.\n\n",
-		c.Clients, c.PoolSize, c.Duration, c.Warmup, c.Rounds)
+	fmt.Fprintf(w, "%d clients, pool of %d connections, %s measured per scenario and round after %s of warm-up, %d round(s) in rotating order.%s\n\n",
+		c.Clients, c.PoolSize, c.Duration, c.Warmup, c.Rounds, also)
 	fmt.Fprintf(w, "Machine: %d CPUs (%s), %s memory, %s, %s (GOMAXPROCS %d).\n", m.CPUs, m.CPUModel, m.Memory, m.Kernel, m.Go, m.GOMAXPROCS)
 	if m.PostgreSQL != "" {
 		keys := make([]string, 0, len(m.Settings))
@@ -371,7 +475,61 @@ func (rep *report) markdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "PostgreSQL: %s; %s.\n", m.PostgreSQL, strings.Join(s, ", "))
 	}
+}
+
+// markdown writes the key ratios at each round-trip time, then each
+// round-trip time's tables.
+func (r *rttReports) markdown(w io.Writer) {
+	first := r.Latencies[0]
+	first.markdownHeader(w, fmt.Sprintf(" All of it at each of %d round-trip times to PostgreSQL (`-pg-rtt`), in turn; ratios divide throughputs measured at the same one.", len(r.Latencies)))
 	fmt.Fprintln(w)
+	var head, align strings.Builder
+	head.WriteString("| round trip | empty query p50 ms | baseline req/s | atomic req/s |")
+	align.WriteString("|---|---:|---:|---:|")
+	for _, k := range keyRatios {
+		fmt.Fprintf(&head, " %s ÷ %s |", k[0], k[1])
+		align.WriteString("---:|")
+	}
+	fmt.Fprintln(w, head.String())
+	fmt.Fprintln(w, align.String())
+	for i, rep := range r.Latencies {
+		rr := r.Ratios[i]
+		row := []string{rttLabel(rep.rtt()), perReq(rep.PingP50ms), rate(rr.PerSecond, "baseline"), rate(rr.PerSecond, "atomic")}
+		for _, k := range keyRatios {
+			cell := "—"
+			if t := rep.target(k[0], k[1]); t != nil && t.Measured != nil {
+				cell = rep.measured(t)
+			}
+			row = append(row, cell)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+	}
+	for _, rep := range r.Latencies {
+		fmt.Fprintf(w, "\n**Round trip %s**: %s.\n\n", rttLabel(rep.rtt()), rep.rttSentence())
+		rep.markdownTables(w)
+	}
+}
+
+func rate(perSecond map[string]float64, name string) string {
+	v, ok := perSecond[name]
+	if !ok {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// measured formats a target's measurement, with the extremes of its rounds
+// when there were several.
+func (rep *report) measured(t *target) string {
+	s := fmt.Sprintf("%.2f", *t.Measured)
+	if t.RoundsMin != nil && rep.Config.Rounds > 1 {
+		s += fmt.Sprintf(" (%.2f–%.2f)", *t.RoundsMin, *t.RoundsMax)
+	}
+	return s
+}
+
+// markdownTables writes the scenarios, the targets and the waits.
+func (rep *report) markdownTables(w io.Writer) {
 	fmt.Fprintln(w, "| scenario | req/s | × ref (rounds) | p50 ms | p95 ms | p99 ms | round trips/req | commits/req | statements/req | CPU µs/req loadgen + rest | outcomes | errors |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 	for _, s := range rep.Scenarios {
@@ -396,10 +554,7 @@ func (rep *report) markdown(w io.Writer) {
 	for _, t := range rep.Targets {
 		measured, met := "—", "—"
 		if t.Measured != nil {
-			measured = fmt.Sprintf("%.2f", *t.Measured)
-			if t.RoundsMin != nil && rep.Config.Rounds > 1 {
-				measured += fmt.Sprintf(" (%.2f–%.2f)", *t.RoundsMin, *t.RoundsMax)
-			}
+			measured = rep.measured(&t)
 		}
 		if t.Met != nil {
 			met = map[bool]string{true: "yes", false: "**no**"}[*t.Met]

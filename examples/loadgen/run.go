@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,11 +27,18 @@ import (
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
-// run measures cfg.Scenarios for cfg.Rounds rounds and returns the report.
-// Progress goes to log.
-func run(ctx context.Context, cfg config, log io.Writer) (*report, error) {
+// run measures cfg.Scenarios for cfg.Rounds rounds at each of cfg.RTTs,
+// and returns a report per round-trip time. Progress goes to log.
+func run(ctx context.Context, cfg config, log io.Writer) ([]*report, error) {
 	if cfg.Clients < 1 || cfg.Rounds < 1 || cfg.Duration <= 0 || cfg.StormDuplicates < 1 || cfg.PoolSize < 1 {
 		return nil, errors.New("-clients, -pool, -rounds, -storm-duplicates and -duration must be positive")
+	}
+	if len(cfg.RTTs) == 0 {
+		cfg.RTTs = []time.Duration{0}
+	}
+	delayed := slices.ContainsFunc(cfg.RTTs, func(d time.Duration) bool { return d > 0 })
+	if delayed && cfg.Target != "" {
+		return nil, errors.New("-pg-rtt delays the scenarios' own connections to PostgreSQL; a -target server has its own")
 	}
 	var list []*scenario
 	for _, name := range cfg.Scenarios {
@@ -65,14 +74,66 @@ func run(ctx context.Context, cfg config, log io.Writer) (*report, error) {
 		}
 		defer pg.Close()
 	}
-	rep := &report{Config: cfg.forReport(), Machine: describeMachine(ctx, pg)}
+	var pgAddr string
+	if delayed {
+		var err error
+		if pgAddr, err = pgTCPAddr(ctx, pg.ConnString(), cfg.PGAddr); err != nil {
+			return nil, err
+		}
+	}
+	m := describeMachine(ctx, pg)
+
+	var reps []*report
+	for _, rtt := range cfg.RTTs {
+		prefix := ""
+		if len(cfg.RTTs) > 1 {
+			prefix = rttLabel(rtt) + ": "
+		}
+		rep, err := runAt(ctx, cfg, pg, list, rtt, pgAddr, m, log, prefix)
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, rep)
+	}
+	return reps, nil
+}
+
+// runAt runs every round at round-trip time rtt: through a delay proxy to
+// pgAddr when rtt > 0.
+func runAt(ctx context.Context, cfg config, pg *pgtest.Server, list []*scenario, rtt time.Duration, pgAddr string, m machine, log io.Writer, prefix string) (*report, error) {
+	rep := &report{Config: cfg.forReport(), Machine: m}
+	rep.Config.PGRTT = rtt.String()
+	var proxy *delayProxy
+	if rtt > 0 {
+		var err error
+		if proxy, err = newDelayProxy(pgAddr, rtt); err != nil {
+			return nil, err
+		}
+		defer func() { _ = proxy.Close() }()
+		rep.Config.PGAddr = pgAddr
+	}
+	if pg != nil {
+		cc, err := pgx.ParseConfig(pg.ConnString())
+		if err != nil {
+			return nil, err
+		}
+		if proxy != nil {
+			throughProxy(&cc.Config, proxy.addr())
+		}
+		ping, err := pingP50(ctx, cc)
+		if err != nil {
+			return nil, fmt.Errorf("ping PostgreSQL at round-trip time %v: %w", rtt, err)
+		}
+		rep.PingP50ms = ptr(ms(ping))
+		fmt.Fprintf(log, "%san empty query takes %.3f ms (p50)\n", prefix, ms(ping))
+	}
 
 	var results []*roundResult
 	for round := range cfg.Rounds {
 		for i := range list {
 			s := list[(i+round)%len(list)]
-			fmt.Fprintf(log, "round %d/%d: %s ", round+1, cfg.Rounds, s.name)
-			r, err := runOnce(ctx, cfg, pg, s, round)
+			fmt.Fprintf(log, "%sround %d/%d: %s ", prefix, round+1, cfg.Rounds, s.name)
+			r, err := runOnce(ctx, cfg, pg, proxy, rtt, s, round)
 			if err != nil {
 				fmt.Fprintln(log)
 				return nil, fmt.Errorf("%s: %w", s.name, err)
@@ -120,8 +181,9 @@ func randomPrefix() string {
 }
 
 // runOnce runs s once: a fresh database and pool, a server, preparation,
-// warm-up, and the measurement.
-func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, s *scenario, round int) (*roundResult, error) {
+// warm-up, and the measurement. The pool connects through proxy, when
+// there is one, which delays round trips by rtt.
+func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayProxy, rtt time.Duration, s *scenario, round int) (*roundResult, error) {
 	e := newEnv(cfg, randomPrefix())
 	var ctrs *counters
 	var dbName, dsn string
@@ -139,6 +201,9 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, s *scenario, ro
 			return nil, err
 		}
 		dbName = pcfg.ConnConfig.Database
+		if proxy != nil {
+			throughProxy(&pcfg.ConnConfig.Config, proxy.addr())
+		}
 		pcfg.MaxConns = int32(cfg.PoolSize)
 		pcfg.MinConns = int32(cfg.PoolSize)
 		ctrs = &counters{}
@@ -197,7 +262,11 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, s *scenario, ro
 		}
 	}
 	if cfg.ProfileDir != "" && round == 0 {
-		f, err := os.Create(filepath.Join(cfg.ProfileDir, s.name+".cpu.pprof"))
+		name := s.name + ".cpu.pprof"
+		if rtt > 0 {
+			name = s.name + ".rtt-" + strings.ReplaceAll(rtt.String(), "µ", "u") + ".cpu.pprof"
+		}
+		f, err := os.Create(filepath.Join(cfg.ProfileDir, name))
 		if err != nil {
 			return nil, err
 		}
