@@ -216,6 +216,9 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 		if err := paymentsvc.Migrate(ctx, pool); err != nil {
 			return nil, err
 		}
+		if _, err := pool.Exec(ctx, naiveSchema); err != nil {
+			return nil, err
+		}
 		if err := openAll(ctx, pool, cfg.PoolSize); err != nil {
 			return nil, err
 		}

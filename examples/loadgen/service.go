@@ -129,8 +129,9 @@ func newLeasedServer(pool *pgxpool.Pool) *grpc.Server {
 type naiveTxKey struct{}
 
 // naive is the textbook idempotency interceptor that idem is measured
-// against: the same table and the same checks as idem, but every statement
-// its own round trip —
+// against: a key table of the textbook shape (naiveSchema, the shape idem's
+// had before its narrow primary key), the same checks as idem, but every
+// statement its own round trip —
 //
 //	BEGIN; SET LOCAL lock_timeout; INSERT claim; (handler); UPDATE record; COMMIT
 //
@@ -150,15 +151,32 @@ func newNaive(pool *pgxpool.Pool) *naive {
 	}
 }
 
+// naiveSchema is naive's key table: a row inserted by the claim and updated
+// by the record, under a primary key of tenant, method and key.
+const naiveSchema = `CREATE TABLE IF NOT EXISTS naive_keys (
+    tenant        text        NOT NULL,
+    method        text        NOT NULL,
+    key           text        NOT NULL,
+    request_hash  bytea       NOT NULL,
+    status        text        NOT NULL DEFAULT 'in_progress',
+    response_code integer,
+    response      bytea,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at    timestamptz NOT NULL,
+    PRIMARY KEY (tenant, method, key)
+);
+CREATE INDEX IF NOT EXISTS naive_keys_expires_at_idx ON naive_keys (expires_at)`
+
 const (
-	naiveClaim = `INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at)
+	naiveClaim = `INSERT INTO naive_keys (tenant, method, key, request_hash, expires_at)
 VALUES ($1, $2, $3, $4, now() + interval '24 hours')
 ON CONFLICT (tenant, method, key) DO NOTHING
 RETURNING true`
 	naiveSelect = `SELECT status, request_hash, response
-FROM idempotency_keys
+FROM naive_keys
 WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at > now()`
-	naiveRecord = `UPDATE idempotency_keys
+	naiveRecord = `UPDATE naive_keys
 SET status = 'completed', response_code = 0, response = $4, updated_at = now()
 WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
 )
