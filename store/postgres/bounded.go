@@ -6,32 +6,38 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sendBounded begins a transaction on conn, bounds its lock waits by the
-// lock timeout ([Store.setLockTimeout]) and sends qs in it. It returns the
-// transaction, as pgx began it, and the results of qs alone, which the
-// caller must close.
+// sendBounded begins a transaction on conn and sends qs in it, with every
+// lock wait bounded. It returns the transaction, as pgx began it, and the
+// results of qs alone, which the caller must close.
 //
-// Why it exists: a claim's batch begins its transaction and sets the lock
-// timeout itself, to save a round trip. But in the QueryExecModes that
-// prepare or describe statements (CacheStatement, pgx's default,
-// CacheDescribe and DescribeExec), pgx first prepares every statement of a
-// batch that it has not cached, in a round trip of its own, before any of
-// the batch runs: outside the transaction, before the lock timeout is set.
-// Preparing a statement locks the tables it names, so behind a LOCK TABLE
-// or a migration's ALTER TABLE a connection that has not claimed before (a
-// server just started, a reconnect, a new or recycled connection of the
-// pool), or one whose claim statements pgx dropped from its cache after a
-// failed batch, would wait with no bound but the caller's deadline.
+// With waits set, qs may wait for locks, and the transaction's
+// lock_timeout is the store's ([Store.setLockTimeout]) for all of them.
+// Without, qs bound their own waits (a NOWAIT, a try-lock) and the lock
+// timeout matters only while pgx prepares them, see below; it is then put
+// back to the session's before sendBounded returns, so the handler's
+// statements run under the session's setting.
+//
+// Why it exists: a claim's batch begins its transaction itself, to save a
+// round trip. But in the QueryExecModes that prepare or describe statements
+// (CacheStatement, pgx's default, CacheDescribe and DescribeExec), pgx
+// first prepares every statement of a batch that it has not cached, in a
+// round trip of its own, before any of the batch runs: outside the
+// transaction, before the lock timeout is set. Preparing a statement locks
+// the tables it names, so behind a LOCK TABLE or a migration's ALTER TABLE
+// a connection that has not claimed before (a server just started, a
+// reconnect, a new or recycled connection of the pool), or one whose claim
+// statements pgx dropped from its cache after a failed batch, would wait
+// with no bound but the caller's deadline.
 //
 // So each connection keeps, in its CustomData, the statements of idem's
 // batches that pgx has cached on it ([prepared]). When qs has a statement
 // not among them, sendBounded begins the transaction and sets the lock
-// timeout first, as one simple query in a round trip of its own, and then
-// sends qs alone: pgx prepares them inside the transaction, under the lock
-// timeout. When all are cached, BEGIN and the lock timeout travel with qs
-// in one round trip. In QueryExecModeExec and QueryExecModeSimpleProtocol
-// the server parses each statement in turn, after the ones before it ran,
-// so the batch is always sent whole; in QueryExecModeDescribeExec pgx
+// timeout first, in a round trip of its own, and then sends qs: pgx
+// prepares them inside the transaction, under the lock timeout. When all
+// are cached, BEGIN (and the lock timeout, with waits) travel with qs in
+// one round trip. In QueryExecModeExec and QueryExecModeSimpleProtocol the
+// server parses each statement in turn, after the ones before it ran, so
+// the batch is always sent whole; in QueryExecModeDescribeExec pgx
 // describes every statement of every batch, so the transaction is always
 // begun first.
 //
@@ -41,22 +47,31 @@ import (
 // between two claims prepares idem's again outside the transaction, and so
 // does one whose statements the application deallocated
 // (Conn.DeallocateAll).
-func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
+func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, waits bool, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
 	p := preparedOn(conn)
 	if !p.cached(qs) {
 		tx, err := s.begin(ctx, conn, p)
 		if err != nil {
 			return nil, nil, err
 		}
-		br := &trackedResults{BatchResults: conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), p: p, qs: qs}
+		b := &pgx.Batch{QueuedQueries: qs}
+		if !waits {
+			// Read, and discarded, by the caller's Close.
+			b.Queue(restoreLockTimeout)
+		}
+		br := &trackedResults{BatchResults: conn.SendBatch(ctx, b), p: p, qs: qs}
 		return br, tx, nil
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.setLockTimeout)
+	head := 1
+	if waits {
+		b.Queue(s.setLockTimeout)
+		head++
+	}
 	b.QueuedQueries = append(b.QueuedQueries, qs...)
 	br := &trackedResults{BatchResults: conn.SendBatch(ctx, b), p: p, qs: qs}
-	for range 2 { // BEGIN, the lock timeout
+	for range head {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return nil, nil, err
@@ -64,6 +79,10 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, qs []*pgx.Queue
 	}
 	return br, br.Tx(), nil
 }
+
+// restoreLockTimeout puts back the session's lock_timeout, which
+// setLockTimeout kept in idem.lock_timeout.
+const restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"
 
 // begin begins a transaction on conn and sets the lock timeout, neither of
 // which locks anything. Where pgx caches statements it sends them as a

@@ -29,14 +29,28 @@ func pgErrorCode(err error) string {
 	return ""
 }
 
+// keyTablePrimaryKey is the name of the primary key of idempotency_keys.
+const keyTablePrimaryKey = "idempotency_keys_pkey"
+
 // interpretError translates PostgreSQL errors into the sentinel errors of
-// package store by SQLSTATE, keeping the original error in the chain.
+// package store by SQLSTATE, keeping the original error in the chain. A
+// unique violation counts as a conflict only on the key table's primary
+// key: a claim that got past the key's lock met the row another request
+// committed.
 func interpretError(err error) error {
-	switch pgErrorCode(err) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
 	case lockNotAvailable:
 		return fmt.Errorf("%w: %w", store.ErrInUse, err)
 	case serializationFailure, deadlockDetected:
 		return fmt.Errorf("%w: %w", store.ErrConflict, err)
+	case uniqueViolation:
+		if pgErr.ConstraintName == keyTablePrimaryKey {
+			return fmt.Errorf("%w: %w", store.ErrConflict, err)
+		}
 	}
 	return err
 }

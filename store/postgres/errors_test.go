@@ -22,8 +22,12 @@ func TestInterpretError(t *testing.T) {
 			t.Errorf("SQLSTATE %s: %v, want %v wrapping the original", code, got, want)
 		}
 	}
-	other := &pgconn.PgError{Code: uniqueViolation}
+	ours := &pgconn.PgError{Code: uniqueViolation, ConstraintName: "idempotency_keys_pkey"}
+	if got := interpretError(ours); !errors.Is(got, store.ErrConflict) {
+		t.Errorf("unique violation of the key table's primary key: %v, want ErrConflict", got)
+	}
+	other := &pgconn.PgError{Code: uniqueViolation, ConstraintName: "payments_pkey"}
 	if got := interpretError(other); got != error(other) {
-		t.Errorf("SQLSTATE %s: %v, want it unchanged", other.Code, got)
+		t.Errorf("unique violation of %s: %v, want it unchanged", other.ConstraintName, got)
 	}
 }

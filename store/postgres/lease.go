@@ -101,7 +101,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), []*pgx.QueuedQuery{
+	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
 		{SQL: leaseClaim, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token}},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
@@ -133,7 +133,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
 	}
-	if entry, err = scanEntry(br.QueryRow(), false); err != nil {
+	if entry, err = scanEntry(br.QueryRow(), nil); err != nil {
 		return nil, nil, err
 	}
 	tag, err := br.Exec()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -21,8 +22,9 @@ type Store struct {
 	pool *pgxpool.Pool
 	ttl  float64 // seconds
 
-	lockTimeout    time.Duration
-	setLockTimeout string
+	lockTimeout       time.Duration
+	lockTimeoutMillis string
+	setLockTimeout    string
 }
 
 var _ store.Store = (*Store)(nil)
@@ -39,41 +41,70 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return &Store{
 		pool:        pool,
 		ttl:         o.ttl.Seconds(),
-		lockTimeout: o.lockTimeout,
+		lockTimeout:       o.lockTimeout,
+		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
-		// lockKey can put it back once the claim has its lock: the bound
-		// applies to the claim, not to the handler's statements. Both
-		// settings last until the transaction ends, as SET LOCAL would.
+		// restoreLockTimeout can put it back before the handler runs: the
+		// bound applies to the claim, not to the handler's statements.
+		// Both settings last until the transaction ends, as SET LOCAL
+		// would.
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
 			o.lockTimeout.Milliseconds()),
 	}
 }
 
 const (
-	// lockTable takes the table lock that recording the outcome needs, at
-	// the start of the claim, under the lock timeout: behind a lock that
-	// keeps writers out (a CREATE INDEX, a LOCK TABLE, a migration) a claim
-	// gives up after the lock timeout, rather than run the handler and then
-	// wait without a bound to record.
-	lockTable = "LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE"
+	// lockTable takes, at the start of the claim, the table lock that
+	// recording the outcome needs, without waiting for it: behind a lock
+	// that keeps writers out (a CREATE INDEX, a LOCK TABLE, a migration) a
+	// claim gives up at once (store.ErrInUse, so the client retries
+	// later), rather than run the handler and then wait without a bound to
+	// record. Every later statement of the claim's finds the table locked
+	// already.
+	lockTable = "LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE NOWAIT"
 
-	// lockKey serializes the claims of one key: it takes a
-	// transaction-scoped advisory lock on the key's scope, waiting for at
-	// most the lock timeout. A key already completed (and unexpired) needs
-	// no lock, since its answer is settled: the replays of a key run side by
-	// side. The lock is an optimization, never the guarantee: the primary
-	// key of idempotency_keys is (see record). $1 is the scope's id, $2 and
-	// $3 the lock's keys, $4 to $6 the scope.
+	// claimKey reads the key's row and, unless the key is completed (and
+	// unexpired: its answer is settled, and its replays run side by side),
+	// tries to take the transaction-scoped advisory lock that serializes
+	// the claims of a key. It returns one row, of NULLs when the key has no
+	// row, whose last column says whether the row read is to be trusted:
+	// true when the key is completed or the lock was free; false when
+	// another claim holds the lock, and the claim must wait for it and read
+	// again (waitKey, selectEntry). Its snapshot predates the lock, so a
+	// claim that commits in between goes unseen; then the primary key
+	// refuses the record (see record): the lock is an optimization, never
+	// the guarantee. $1 is the scope's id, $2 and $3 the lock's keys, $4 to
+	// $6 the scope, which every read compares, so that two keys whose ids
+	// collide never see each other's row.
+	claimKey = `SELECT k.status, k.request_hash, k.response_code, k.response, k.response_not_cached, k.expires_at,
+    k.expires_at <= now(),
+    CASE WHEN k.status = 'in_progress' AND k.locked_until > now()
+        THEN extract(epoch FROM k.locked_until - now()) ELSE 0 END,
+    CASE WHEN k.status = 'completed' AND k.expires_at > now()
+        THEN true ELSE pg_try_advisory_xact_lock($2, $3) END
+FROM (VALUES (1)) one
+LEFT JOIN idempotency_keys k ON k.id = $1 AND k.tenant = $4 AND k.method = $5 AND k.key = $6`
+
+	// waitKey waits for the key's advisory lock, for at most the lock
+	// timeout ($3, in milliseconds), and then puts the session's
+	// lock_timeout back. The items of a SELECT list are evaluated in order.
+	waitKey = `SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true),
+    set_config('lock_timeout', $3, true),
+    pg_advisory_xact_lock($1, $2),
+    set_config('lock_timeout', current_setting('idem.lock_timeout'), true)`
+
+	// lockKey takes the key's advisory lock, under the transaction's lock
+	// timeout, unless the key is completed and unexpired: for the claims
+	// that write at once, a leased claim and an error recorded afresh.
 	lockKey = `SELECT pg_advisory_xact_lock($2, $3)
 WHERE NOT EXISTS (
     SELECT FROM idempotency_keys
     WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
       AND status = 'completed' AND expires_at > now())`
 
-	// selectEntry reads the key's row. It runs as a statement of its own
-	// after lockKey, so its snapshot (under READ COMMITTED) sees what the
-	// lock's previous holder committed. It compares the whole scope: two
-	// keys whose ids collide never see each other's row.
+	// selectEntry reads the key's row, after the key's lock was taken: as
+	// a statement of its own, so that its snapshot (under READ COMMITTED)
+	// sees what the lock's previous holder committed.
 	selectEntry = `SELECT status, request_hash, response_code, response, response_not_cached, expires_at,
     expires_at <= now(),
     CASE WHEN status = 'in_progress' AND locked_until > now()
@@ -81,60 +112,50 @@ WHERE NOT EXISTS (
 FROM idempotency_keys
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 
-	// claimEntry is selectEntry for an atomic claim, which also puts the
-	// session's lock_timeout back before the handler runs: the bound is the
-	// claim's. It returns one row, of NULLs when the key has none.
-	claimEntry = `SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true),
-    k.status, k.request_hash, k.response_code, k.response, k.response_not_cached, k.expires_at,
-    k.expires_at <= now(),
-    CASE WHEN k.status = 'in_progress' AND k.locked_until > now()
-        THEN extract(epoch FROM k.locked_until - now()) ELSE 0 END
-FROM (VALUES (1)) one
-LEFT JOIN idempotency_keys k ON k.id = $1 AND k.tenant = $2 AND k.method = $3 AND k.key = $4`
-
-	// savepoint separates the claim from the handler's writes, so that a
-	// recorded error can discard the writes and keep the claim's lock.
-	savepoint         = "SAVEPOINT idem_claim"
-	rollbackSavepoint = "ROLLBACK TO SAVEPOINT idem_claim"
-
-	// record writes the key's one row, completed, just before COMMIT: an
-	// INSERT, or the takeover of a row that expired. The primary key is the
-	// guarantee: if the key's row exists and has not expired (a concurrent
-	// claim got past the lock, as one whose snapshot predates the lock's
-	// previous holder's commit does under REPEATABLE READ), the insert
-	// fails with a unique violation or a serialization failure, or updates
-	// nothing. Updating nothing, like a trigger or row-level security policy
-	// that keeps the insert from taking, must fail inside the transaction,
-	// since COMMIT is pipelined behind: the message is cast to int, which
-	// fails with SQLSTATE 22P02; it depends on count(*), so the planner
-	// cannot fold it into an error of every execution. Plain SQL, no
-	// function of ours.
-	record = `WITH recorded AS (
-    INSERT INTO idempotency_keys AS k
-        (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now() + $9 * interval '1 second')
-    ON CONFLICT (id) DO UPDATE
+	// The records write the key's one row, completed, just before COMMIT:
+	// an INSERT where the claim found no row, the takeover of a row that
+	// expired, or, for an error recorded afresh, either. The primary key is
+	// the guarantee: if the key's row exists and has not expired (a claim
+	// got past the lock, as one whose snapshot predates the lock's previous
+	// holder's commit does), the insert fails with a unique violation or a
+	// serialization failure, or the statement writes nothing. Writing
+	// nothing, like a trigger or row-level security policy that keeps the
+	// write from taking, must fail inside the transaction, since COMMIT is
+	// pipelined behind: the message is cast to int, which fails with
+	// SQLSTATE 22P02; it depends on count(*), so the planner cannot fold it
+	// into an error of every execution. Plain SQL, no function of ours.
+	recordColumns = `(id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
+    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now() + $9 * interval '1 second')`
+	recordTakeover = `
     SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
         request_hash = excluded.request_hash, status = 'completed',
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
         locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
-    WHERE k.expires_at <= now()
+    WHERE k.expires_at <= now()`
+	recordCheck = `
     RETURNING 1
 )
 SELECT CASE WHEN count(*) = 1 THEN 1
     ELSE ('idem: recording the outcome wrote ' || count(*) || ' rows of idempotency_keys, want 1')::int END
 FROM recorded`
+
+	recordInsert = `WITH recorded AS (
+    INSERT INTO idempotency_keys ` + recordColumns + recordCheck
+	recordOver = `WITH recorded AS (
+    INSERT INTO idempotency_keys AS k ` + recordColumns + `
+    ON CONFLICT (id) DO UPDATE` + recordTakeover + recordCheck
 )
 
 // Claim implements [store.Store]. A claim costs one round trip: BEGIN, the
-// lock timeout, the table's and the key's locks, the read of its row and a
-// savepoint travel together, and the transaction stays open for the
-// handler. A claim that finds the key completed answers after that round
-// trip too, and rolls its transaction back in the background before the
-// connection returns to the pool. The first claim on a connection costs
-// three round trips more (see the package's overview).
+// table's lock, and the read of the key's row with a try of the key's lock
+// travel together, and the transaction stays open for the handler. A claim
+// that finds the key completed answers after that round trip, and rolls
+// its transaction back in the background before the connection returns to
+// the pool. One that finds the key's lock taken by a claim still running
+// waits for it in a second round trip. The first claim on a connection
+// costs three round trips more (see the package's overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's lock hold their connections meanwhile, and
@@ -165,7 +186,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		go func() { _ = abandon(ctx, conn) }()
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
-	t := &txn{conn: conn, key: key, scope: sc, fp: fingerprint, ttl: s.ttl}
+	t := &txn{store: s, conn: conn, key: key, scope: sc, fp: fingerprint, takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t}, nil
 }
@@ -187,33 +208,43 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	return conn, err
 }
 
-// claim sends the claim's batch on conn: the key's lock, the read of its
-// row and the savepoint, in a transaction that it leaves open. It returns
-// the transaction and the entry found (nil when the key has no row).
+// claim sends the claim's batch on conn and, when the key's lock was taken,
+// waits for it; it leaves the transaction open. It returns the transaction
+// and the entry found (nil when the key has no row).
 func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, err error) {
-	br, tx, err := s.sendBounded(ctx, conn, []*pgx.QueuedQuery{
+	br, tx, err := s.sendBounded(ctx, conn, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
-		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: claimEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
-		{SQL: savepoint},
+		{SQL: claimKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	if _, err := br.Exec(); err != nil { // lockTable
+		_ = br.Close()
+		return nil, nil, err
+	}
+	var trusted bool
+	entry, err = scanEntry(br.QueryRow(), &trusted)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || trusted {
+		return tx, entry, err
+	}
+	// Another claim of the key holds its lock: wait, and read what it left.
+	br = conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
+		{SQL: waitKey, Arguments: []any{lockClass, sc.lock, s.lockTimeoutMillis}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+	}})
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	for range 2 { // lockTable, lockKey
-		if _, err := br.Exec(); err != nil {
-			return nil, nil, err
-		}
-	}
-	if entry, err = scanEntry(br.QueryRow(), true); err != nil {
+	if _, err := br.Exec(); err != nil { // waitKey
 		return nil, nil, err
 	}
-	if _, err := br.Exec(); err != nil { // SAVEPOINT
+	if entry, err = scanEntry(br.QueryRow(), nil); err != nil {
 		return nil, nil, err
 	}
 	return tx, entry, nil
@@ -224,9 +255,9 @@ type foundEntry struct {
 	expired bool
 }
 
-// scanEntry reads the row of selectEntry, or of claimEntry when claim is
-// set; it returns nil when the key has none.
-func scanEntry(row pgx.Row, claim bool) (*foundEntry, error) {
+// scanEntry reads a row of claimKey, when trusted is not nil, or else of
+// selectEntry; it returns nil when the key has none.
+func scanEntry(row pgx.Row, trusted *bool) (*foundEntry, error) {
 	var (
 		e         foundEntry
 		status    *string
@@ -237,17 +268,15 @@ func scanEntry(row pgx.Row, claim bool) (*foundEntry, error) {
 		lease     *float64
 		dest      = []any{&status, &e.Fingerprint, &code, &e.Outcome.Body, &notCached, &expiresAt, &expired, &lease}
 	)
-	if claim {
-		dest = append([]any{nil}, dest...) // the restored lock_timeout
+	if trusted != nil {
+		dest = append(dest, trusted)
 	}
 	err := row.Scan(dest...)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows), err == nil && status == nil:
 		return nil, nil
 	case err != nil:
 		return nil, err
-	case status == nil:
-		return nil, nil // claimEntry's row without a key row
 	}
 	e.Outcome.NotCached, e.ExpiresAt, e.expired = *notCached, *expiresAt, *expired
 	switch *status {
@@ -284,13 +313,14 @@ const cleanupTimeout = 5 * time.Second
 
 // txn is an owned claim: the open transaction that holds the key's lock.
 type txn struct {
-	conn   *pgxpool.Conn // nil once finished
-	key    store.Key
-	scope  scope
-	fp     []byte
-	ttl    float64
-	tx     *guardedTx
-	closed atomic.Bool // closes tx for the handler once the claim finished
+	store    *Store
+	conn     *pgxpool.Conn // nil once finished
+	key      store.Key
+	scope    scope
+	fp       []byte
+	takeover bool // the key's row exists, expired; the record takes it over
+	tx       *guardedTx
+	closed   atomic.Bool // closes tx for the handler once the claim finished
 }
 
 type txKey struct{}
@@ -319,37 +349,60 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 		return errFinished
 	}
 	defer func() { _ = t.finish(ctx) }()
-	discard := out.Code != codes.OK
-	if discard && t.conn.Conn().PgConn().TxStatus() == 'E' {
-		// A failed statement aborted the transaction, and an aborted
-		// transaction cannot even prepare the batch's statements: go back
-		// to the savepoint on its own first.
-		if _, err := t.conn.Exec(ctx, rollbackSavepoint); err != nil {
-			return interpretError(err)
-		}
-		discard = false
+	if out.Code != codes.OK {
+		return interpretError(t.recordError(ctx, out))
 	}
-	b := &pgx.Batch{}
-	if discard {
-		b.Queue(rollbackSavepoint)
+	record := recordInsert
+	if t.takeover {
+		record = recordOver
 	}
-	b.Queue(record, t.scope.id, t.key.Tenant, t.key.Method, t.key.Key, t.fp,
-		int32(out.Code), out.Body, out.NotCached, t.ttl)
-	b.Queue("COMMIT")
-	br := t.conn.SendBatch(ctx, b)
-	err := readComplete(br, discard)
+	br := t.conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
+		{SQL: record, Arguments: t.recordArgs(out)},
+		{SQL: "COMMIT"},
+	}})
+	err := readComplete(br)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	return interpretError(err)
 }
 
-func readComplete(br pgx.BatchResults, discard bool) error {
-	if discard {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
+func (t *txn) recordArgs(out store.Outcome) []any {
+	return []any{t.scope.id, t.key.Tenant, t.key.Method, t.key.Key, t.fp,
+		int32(out.Code), out.Body, out.NotCached, t.store.ttl}
+}
+
+// recordError records a deterministic error without the handler's writes:
+// it rolls the claim's transaction back, and records the error in a
+// transaction of its own, under the key's lock taken again. Rolling back
+// first, rather than to a savepoint taken before the handler ran, saves
+// every claim a statement and the handler's writes a subtransaction; a
+// duplicate that takes the key in between runs the handler too, and of the
+// two, whichever records first stands: the other's record writes nothing
+// and fails, and its caller's retry replays.
+func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
+	if err := t.tx.Tx.Rollback(ctx); err != nil {
+		return err
 	}
+	br, _, err := t.store.sendBounded(ctx, t.conn.Conn(), true, []*pgx.QueuedQuery{
+		{SQL: lockKey, Arguments: []any{t.scope.id, lockClass, t.scope.lock, t.key.Tenant, t.key.Method, t.key.Key}},
+		{SQL: recordOver, Arguments: t.recordArgs(out)},
+		{SQL: "COMMIT"},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err = br.Exec(); err == nil { // lockKey
+		err = readComplete(br)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readComplete reads the results of a record and the COMMIT behind it.
+func readComplete(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
 		if pgErrorCode(err) == invalidTextRepresentation {
 			return fmt.Errorf("%w: %w", errNotRecorded, err)
