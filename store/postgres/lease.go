@@ -133,7 +133,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
 	}
-	if entry, err = scanEntry(br.QueryRow(), nil); err != nil {
+	if entry, err = scanEntry(br.QueryRow()); err != nil {
 		return nil, nil, err
 	}
 	tag, err := br.Exec()

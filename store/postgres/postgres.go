@@ -63,27 +63,11 @@ const (
 	// already.
 	lockTable = "LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE NOWAIT"
 
-	// claimKey reads the key's row and, unless the key is completed (and
-	// unexpired: its answer is settled, and its replays run side by side),
-	// tries to take the transaction-scoped advisory lock that serializes
-	// the claims of a key. It returns one row, of NULLs when the key has no
-	// row, whose last column says whether the row read is to be trusted:
-	// true when the key is completed or the lock was free; false when
-	// another claim holds the lock, and the claim must wait for it and read
-	// again (waitKey, selectEntry). Its snapshot predates the lock, so a
-	// claim that commits in between goes unseen; then the primary key
-	// refuses the record (see record): the lock is an optimization, never
-	// the guarantee. $1 is the scope's id, $2 and $3 the lock's keys, $4 to
-	// $6 the scope, which every read compares, so that two keys whose ids
-	// collide never see each other's row.
-	claimKey = `SELECT k.status, k.request_hash, k.response_code, k.response, k.response_not_cached, k.expires_at,
-    k.expires_at <= now(),
-    CASE WHEN k.status = 'in_progress' AND k.locked_until > now()
-        THEN extract(epoch FROM k.locked_until - now()) ELSE 0 END,
-    CASE WHEN k.status = 'completed' AND k.expires_at > now()
-        THEN true ELSE pg_try_advisory_xact_lock($2, $3) END
-FROM (VALUES (1)) one
-LEFT JOIN idempotency_keys k ON k.id = $1 AND k.tenant = $4 AND k.method = $5 AND k.key = $6`
+	// tryKey tries to take the transaction-scoped advisory lock that
+	// serializes the claims of a key, without waiting: when another claim
+	// of the key holds it, the claim waits for it in a round trip of its
+	// own (waitKey). $1 and $2 are the lock's keys.
+	tryKey = "SELECT pg_try_advisory_xact_lock($1, $2)"
 
 	// waitKey waits for the key's advisory lock, for at most the lock
 	// timeout ($3, in milliseconds), and then puts the session's
@@ -102,9 +86,11 @@ WHERE NOT EXISTS (
     WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
       AND status = 'completed' AND expires_at > now())`
 
-	// selectEntry reads the key's row, after the key's lock was taken: as
-	// a statement of its own, so that its snapshot (under READ COMMITTED)
-	// sees what the lock's previous holder committed.
+	// selectEntry reads the key's row, after the key's lock was tried or
+	// taken: as a statement of its own, so that its snapshot (under READ
+	// COMMITTED) sees what the lock's previous holder committed. $1 is the
+	// scope's id, $2 to $4 the scope, which every read compares, so that two
+	// keys whose ids collide never see each other's row.
 	selectEntry = `SELECT status, request_hash, response_code, response, response_not_cached, expires_at,
     expires_at <= now(),
     CASE WHEN status = 'in_progress' AND locked_until > now()
@@ -149,7 +135,7 @@ FROM recorded`
 )
 
 // Claim implements [store.Store]. A claim costs one round trip: BEGIN, the
-// table's lock, and the read of the key's row with a try of the key's lock
+// table's lock, a try of the key's lock and the read of the key's row
 // travel together, and the transaction stays open for the handler. A claim
 // that finds the key completed answers after that round trip, and rolls
 // its transaction back in the background before the connection returns to
@@ -208,27 +194,31 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	return conn, err
 }
 
-// claim sends the claim's batch on conn and, when the key's lock was taken,
-// waits for it; it leaves the transaction open. It returns the transaction
-// and the entry found (nil when the key has no row).
+// claim sends the claim's batch on conn and, when the key's lock was taken
+// and its answer is not settled, waits for it; it leaves the transaction
+// open. It returns the transaction and the entry found (nil when the key
+// has no row).
 func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, err error) {
 	br, tx, err := s.sendBounded(ctx, conn, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
-		{SQL: claimKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
+		{SQL: tryKey, Arguments: []any{lockClass, sc.lock}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := br.Exec(); err != nil { // lockTable
-		_ = br.Close()
-		return nil, nil, err
+	var locked bool
+	if _, err = br.Exec(); err == nil { // lockTable
+		if err = br.QueryRow().Scan(&locked); err == nil {
+			entry, err = scanEntry(br.QueryRow())
+		}
 	}
-	var trusted bool
-	entry, err = scanEntry(br.QueryRow(), &trusted)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil || trusted {
+	settled := entry != nil && entry.State == store.Completed && !entry.expired
+	if err != nil || locked || settled {
+		// A completed key needs no lock: its replays run side by side.
 		return tx, entry, err
 	}
 	// Another claim of the key holds its lock: wait, and read what it left.
@@ -244,7 +234,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 	if _, err := br.Exec(); err != nil { // waitKey
 		return nil, nil, err
 	}
-	if entry, err = scanEntry(br.QueryRow(), nil); err != nil {
+	if entry, err = scanEntry(br.QueryRow()); err != nil {
 		return nil, nil, err
 	}
 	return tx, entry, nil
@@ -255,42 +245,33 @@ type foundEntry struct {
 	expired bool
 }
 
-// scanEntry reads a row of claimKey, when trusted is not nil, or else of
-// selectEntry; it returns nil when the key has none.
-func scanEntry(row pgx.Row, trusted *bool) (*foundEntry, error) {
+// scanEntry reads the row of selectEntry; it returns nil when there is none.
+func scanEntry(row pgx.Row) (*foundEntry, error) {
 	var (
-		e         foundEntry
-		status    *string
-		code      *int32
-		notCached *bool
-		expiresAt *time.Time
-		expired   *bool
-		lease     *float64
-		dest      = []any{&status, &e.Fingerprint, &code, &e.Outcome.Body, &notCached, &expiresAt, &expired, &lease}
+		e      foundEntry
+		status string
+		code   *int32
+		lease  float64
 	)
-	if trusted != nil {
-		dest = append(dest, trusted)
-	}
-	err := row.Scan(dest...)
+	err := row.Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), err == nil && status == nil:
+	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
-	e.Outcome.NotCached, e.ExpiresAt, e.expired = *notCached, *expiresAt, *expired
-	switch *status {
+	switch status {
 	case "completed":
 		e.State = store.Completed
 	case "in_progress":
 		e.State = store.InProgress
 	default:
-		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", *status)
+		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
 	}
 	if code != nil {
 		e.Outcome.Code = codes.Code(*code)
 	}
-	e.LeaseRemaining = time.Duration(*lease * float64(time.Second))
+	e.LeaseRemaining = time.Duration(lease * float64(time.Second))
 	return &e, nil
 }
 

@@ -144,7 +144,10 @@ func (l *load) run(t *testing.T) {
 		for ; next < until; next++ {
 			ch <- l.ops[next]
 		}
-		time.Sleep(time.Duration(mrand.Int64N(int64(30 * time.Millisecond))))
+		// A random moment soon after, while the share's calls are on the
+		// wire: a call takes a few milliseconds, a share of ops a few calls
+		// of each client.
+		time.Sleep(time.Duration(mrand.Int64N(int64(4 * time.Millisecond))))
 		l.inflightAtFault = append(l.inflightAtFault, l.inflight.Load())
 		fault(i)
 	}
