@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
 	"sort"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -148,7 +150,38 @@ var scenarios = []*scenario{
 			return executed, claim.Txn.Complete(ctx, store.Outcome{Body: e.response})
 		},
 	},
+	{
+		name:      "sql-floor",
+		about:     "no gRPC: BEGIN, the payment insert, then one INSERT of a completed key row with COMMIT: what the key row alone costs, no claim",
+		reference: "sql-baseline",
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1)
+			req := request(i)
+			key := e.freshKey()
+			var id pgtype.UUID
+			rand.Read(id.Bytes[:]) // never fails
+			id.Valid = true
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if err := e.insert(ctx, tx, req, key); err != nil {
+				return "", err
+			}
+			b := &pgx.Batch{}
+			b.Queue(insertKeyRow, id, tenant, createPayment, key, e.fingerprint, e.response)
+			b.Queue("COMMIT")
+			return executed, tx.SendBatch(ctx, b).Close()
+		},
+	},
 }
+
+// insertKeyRow is the sql-floor scenario's write of a key row, in the
+// shape idem's record gives it.
+const insertKeyRow = `INSERT INTO idempotency_keys
+    (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'completed', 0, $6, now() + interval '24 hours')`
 
 // replayKeys is how many completed keys the replay scenario cycles through.
 const replayKeys = 1024
