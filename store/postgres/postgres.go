@@ -39,8 +39,8 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 		opt(&o)
 	}
 	return &Store{
-		pool:        pool,
-		ttl:         o.ttl.Seconds(),
+		pool:              pool,
+		ttl:               o.ttl.Seconds(),
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that

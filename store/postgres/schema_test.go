@@ -205,4 +205,3 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 		t.Fatalf("%d completed rows (%v), want 3", rows, err)
 	}
 }
-
