@@ -42,7 +42,7 @@ var big = strings.Repeat("x", 100)
 func TestOversizedResponseWithLoader(t *testing.T) {
 	var e *env
 	loader := &valueLoader{e: &e}
-	e = newEnv(t, setup{opts: []interceptor.Option{
+	e = newEnv(t, setup{opts: []interceptor.ServerOption{
 		interceptor.WithMaxStoredResponseBytes(64),
 		interceptor.WithLoader(maybeMethod, loader),
 	}})
@@ -75,7 +75,7 @@ func TestOversizedResponseWithLoader(t *testing.T) {
 }
 
 func TestOversizedResponseWithoutLoader(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.Option{interceptor.WithMaxStoredResponseBytes(64)}})
+	e := newEnv(t, setup{opts: []interceptor.ServerOption{interceptor.WithMaxStoredResponseBytes(64)}})
 	if _, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestOversizedResponseWithoutLoader(t *testing.T) {
 }
 
 func TestOversizedResponseRerun(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.Option{
+	e := newEnv(t, setup{opts: []interceptor.ServerOption{
 		interceptor.WithMaxStoredResponseBytes(64),
 		interceptor.WithRerunWhenNotCached(maybeMethod),
 	}})

@@ -24,14 +24,14 @@ import (
 // or [WithKeyedMethods] selects it; IDEMPOTENT and NO_SIDE_EFFECTS methods
 // never are. The key is, in order of precedence:
 //
-//  1. the key set with [WithKey], sent as it is (to optional-key methods
+//  1. the key set with [ContextWithKey], sent as it is (to optional-key methods
 //     too);
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
 //  3. inside a keyed handler (see [KeyFromContext]), the child key
 //     [DeriveKey](request, step) of the request's tenant, method and key,
-//     where step is the name set with [WithStep], else the full method
+//     where step is the name set with [ContextWithStep], else the full method
 //     name, "#" and the call's ordinal among this request's calls to that
 //     method ("#1" for the first, "#2" for the second);
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
@@ -44,14 +44,11 @@ import (
 //
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
-//
-// Of the options, only [WithKeyedMethods] applies to the client; the others
-// configure [UnaryServerInterceptor].
-func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
-	o := evaluateOptions(opts)
+func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
+	o := evaluateClientOptions(opts)
 	c := &client{
-		keyed:   o.client.keyed,
-		methods: newMethods(o),
+		keyed:   o.keyed,
+		methods: newMethods(nil),
 	}
 	return c.intercept
 }
@@ -103,7 +100,7 @@ func (c *client) keyFor(ctx context.Context, method string, md metadata.MD) (str
 	}
 	if k, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
 		if err := ValidateKey(k); err != nil {
-			return "", status.Errorf(codes.InvalidArgument, "idem: key set with WithKey: %v", err)
+			return "", status.Errorf(codes.InvalidArgument, "idem: key set with ContextWithKey: %v", err)
 		}
 		return k, nil
 	}
@@ -169,7 +166,7 @@ func withRequestKey(ctx context.Context, key store.Key) context.Context {
 
 type outgoingKeyCtxKey struct{}
 
-// WithKey returns a context whose calls through [UnaryClientInterceptor]
+// ContextWithKey returns a context whose calls through [UnaryClientInterceptor]
 // carry key, to keyed and optional-key methods alike (IDEMPOTENT and
 // NO_SIDE_EFFECTS methods still get none). Use it when the key comes from
 // elsewhere, such as an id the caller stored before a crash, so that the
@@ -177,14 +174,14 @@ type outgoingKeyCtxKey struct{}
 // call with INVALID_ARGUMENT before it is sent.
 //
 // The key is sent as it is, also inside a keyed handler; there, prefer
-// [WithStep], which derives a distinct key from the request's.
-func WithKey(ctx context.Context, key string) context.Context {
+// [ContextWithStep], which derives a distinct key from the request's.
+func ContextWithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, outgoingKeyCtxKey{}, key)
 }
 
 type stepCtxKey struct{}
 
-// WithStep names the step of a keyed request that the calls made with the
+// ContextWithStep names the step of a keyed request that the calls made with the
 // returned context perform. Inside a keyed handler their keys are
 // [ChildKey](ctx, step), derived from the request's tenant, method and key,
 // instead of being numbered per method. Name steps whenever the order of
@@ -195,11 +192,11 @@ type stepCtxKey struct{}
 // Calls made with the same step and method share a key, so the second is
 // answered with the first's response: give each distinct operation its own
 // step. An empty step removes the name.
-func WithStep(ctx context.Context, step string) context.Context {
+func ContextWithStep(ctx context.Context, step string) context.Context {
 	return context.WithValue(ctx, stepCtxKey{}, step)
 }
 
-// StepFromContext returns the step set with [WithStep]; it reports false
+// StepFromContext returns the step set with [ContextWithStep]; it reports false
 // when none is set.
 func StepFromContext(ctx context.Context) (string, bool) {
 	s, ok := ctx.Value(stepCtxKey{}).(string)

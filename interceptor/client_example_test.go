@@ -86,7 +86,7 @@ func ExampleUnaryClientInterceptor_forwardedMetadata() {
 	_ = handler
 }
 
-func ExampleWithStep() {
+func ExampleContextWithStep() {
 	// Inside a keyed handler, name the steps whose order may vary; here two
 	// charges run concurrently, so per-method ordinals would not be stable
 	// across a retry of the request. Each charge carries the request's
@@ -99,7 +99,7 @@ func ExampleWithStep() {
 			cents int64
 		}{{"charge-goods", 1250}, {"charge-shipping", 490}} {
 			go func() {
-				_, err := payments.CreatePayment(interceptor.WithStep(ctx, part.step),
+				_, err := payments.CreatePayment(interceptor.ContextWithStep(ctx, part.step),
 					&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
 				errs <- err
 			}()
@@ -109,11 +109,11 @@ func ExampleWithStep() {
 	_ = handler
 }
 
-func ExampleWithKey() {
+func ExampleContextWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
 	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
-	ctx := interceptor.WithKey(context.Background(), "invoice-2024-0042")
+	ctx := interceptor.ContextWithKey(context.Background(), "invoice-2024-0042")
 	_, _ = payments.CreatePayment(ctx, &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
 }
 

@@ -2,10 +2,17 @@ package interceptor
 
 import "context"
 
-// clientOptions are the options of [UnaryClientInterceptor]; they live in
-// one field of the shared options struct.
+// clientOptions are the options of [UnaryClientInterceptor].
 type clientOptions struct {
 	keyed Matcher
+}
+
+func evaluateClientOptions(opts []ClientOption) *clientOptions {
+	o := &clientOptions{}
+	for _, opt := range opts {
+		opt.applyClient(o)
+	}
+	return o
 }
 
 // Matcher selects RPCs by full method name ("/pkg.Service/Method").
@@ -24,7 +31,7 @@ func (f MatchFunc) Match(ctx context.Context, fullMethod string) bool { return f
 // for methods whose .proto files carry no idem options, or that are not in
 // the client's protobuf registry. Methods marked IDEMPOTENT or
 // NO_SIDE_EFFECTS never get a key. Default: only methods marked
-// key_required. It has no effect on [UnaryServerInterceptor].
-func WithKeyedMethods(m Matcher) Option {
-	return func(o *options) { o.client.keyed = m }
+// key_required.
+func WithKeyedMethods(m Matcher) ClientOption {
+	return clientOption(func(o *clientOptions) { o.keyed = m })
 }

@@ -90,12 +90,12 @@ func newEffectsPool(t *testing.T) *pgxpool.Pool {
 
 // serve starts srv with impl behind a recorder and idem's server
 // interceptor on pool, and returns the recorder and the address.
-func serve(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, opts ...interceptor.Option) (*recorder, string) {
+func serve(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, opts ...interceptor.ServerOption) (*recorder, string) {
 	t.Helper()
 	return serveWith(t, pool, impl, nil, opts...)
 }
 
-func serveWith(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, storeOpts []postgres.Option, opts ...interceptor.Option) (*recorder, string) {
+func serveWith(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, storeOpts []postgres.Option, opts ...interceptor.ServerOption) (*recorder, string) {
 	t.Helper()
 	rec := &recorder{}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
@@ -214,15 +214,15 @@ func TestClientKeepsTheCallersKey(t *testing.T) {
 	client := dial(t, addr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
 	ctx := deadline(t, 30*time.Second)
 
-	if _, err := client.Do(interceptor.WithKey(ctx, "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
+	if _, err := client.Do(interceptor.ContextWithKey(ctx, "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	md := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-2")
 	if _, err := client.Do(md, &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	// WithKey wins over metadata, and applies to optional-key methods.
-	if _, err := client.Maybe(interceptor.WithKey(md, "order-3"), &testv1.MaybeRequest{Value: "v"}); err != nil {
+	// ContextWithKey wins over metadata, and applies to optional-key methods.
+	if _, err := client.Maybe(interceptor.ContextWithKey(md, "order-3"), &testv1.MaybeRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	got := []string{onlyKey(t, rec.of(methodDo)[0]), onlyKey(t, rec.of(methodDo)[1]), onlyKey(t, rec.of(methodMaybe)[0])}
@@ -236,7 +236,7 @@ func TestClientKeepsTheCallersKey(t *testing.T) {
 	}
 
 	before := len(rec.all())
-	_, err := client.Do(interceptor.WithKey(ctx, "has space"), &testv1.DoRequest{Value: "v"})
+	_, err := client.Do(interceptor.ContextWithKey(ctx, "has space"), &testv1.DoRequest{Value: "v"})
 	wantCode(t, err, codes.InvalidArgument)
 	if after := len(rec.all()); after != before {
 		t.Fatalf("a call with an invalid key reached the server")
@@ -352,7 +352,7 @@ func TestBackoffRetryInfo(t *testing.T) {
 			retry.WithCodes(codes.Aborted),
 			retry.WithBackoff(interceptor.BackoffRetryInfo(retry.BackoffLinear(time.Millisecond)))),
 	))
-	ctx := interceptor.WithKey(deadline(t, 30*time.Second), "in-use")
+	ctx := interceptor.ContextWithKey(deadline(t, 30*time.Second), "in-use")
 
 	first := make(chan error, 1)
 	go func() {
@@ -447,7 +447,7 @@ func (r *relay) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoRespon
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "first"}); return err },
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "second"}); return err },
 		func() error {
-			_, err := r.down.Do(interceptor.WithStep(ctx, "named"), &testv1.DoRequest{Value: "named"})
+			_, err := r.down.Do(interceptor.ContextWithStep(ctx, "named"), &testv1.DoRequest{Value: "named"})
 			return err
 		},
 		func() error {
@@ -556,7 +556,7 @@ func (f *fanout) call(ctx context.Context, value string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := f.down.Do(interceptor.WithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
+	if _, err := f.down.Do(interceptor.ContextWithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
 		return 0, err
 	}
 	method, _ := grpc.Method(ctx)
@@ -702,7 +702,7 @@ func (p *propagator) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoR
 	if _, err := p.down.Do(out, &testv1.DoRequest{Value: "do"}); err != nil {
 		return nil, err
 	}
-	if _, err := p.down.Maybe(interceptor.WithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
+	if _, err := p.down.Maybe(interceptor.ContextWithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
 		return nil, err
 	}
 	return &testv1.DoResponse{Value: req.GetValue()}, nil
@@ -712,7 +712,7 @@ func (p *propagator) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoR
 // metadata to its outgoing calls sends its own key to none of them. A
 // method without side effects and an optional-key method that the client
 // does not select get no key at all; a keyed method gets the child key, and
-// a key set with WithKey is sent as it is.
+// a key set with ContextWithKey is sent as it is.
 func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 	downPool, upPool := newEffectsPool(t), newEffectsPool(t)
 	down := &testService{pool: downPool}
@@ -737,7 +737,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 		}
 	}
 	if k := onlyKey(t, maybes[1]); k != "refund-1" {
-		t.Errorf("Maybe with WithKey received %s, want refund-1", k)
+		t.Errorf("Maybe with ContextWithKey received %s, want refund-1", k)
 	}
 	child := onlyKey(t, downRec.of(methodDo)[0])
 	if want := interceptor.DeriveKey(store.Key{Method: methodDo, Key: parent}, methodDo+"#1"); child != want {

@@ -36,7 +36,7 @@ func DeriveKey(parent store.Key, step string) string {
 // ChildKey returns the idempotency key of the named step of the keyed
 // request handled in ctx: [DeriveKey] of the request's tenant, method and
 // key, and step. It reports false outside a keyed request. It is the key
-// that calls through [UnaryClientInterceptor] made with [WithStep](ctx,
+// that calls through [UnaryClientInterceptor] made with [ContextWithStep](ctx,
 // step) carry; use it for calls over other transports (HTTP, a provider's
 // SDK), giving each distinct operation its own step.
 func ChildKey(ctx context.Context, step string) (string, bool) {

@@ -149,10 +149,10 @@
 //
 // [UnaryClientInterceptor] attaches keys on the client side. Outside a
 // keyed handler it gives each call of a keyed method a new UUID, unless the
-// caller set one ([WithKey], or the metadata). Inside a keyed handler it
+// caller set one ([ContextWithKey], or the metadata). Inside a keyed handler it
 // derives a child key from the request's whole scope, its tenant, method and
 // key, and a step: [DeriveKey](request, step), where step is the name set
-// with [WithStep] or else the method name and the call's ordinal
+// with [ContextWithStep] or else the method name and the call's ordinal
 // ("/payments.v1.PaymentService/CreatePayment#2" for the second call to
 // it). A retried request therefore sends the same child keys in the same
 // order and the services it calls replay instead of repeating. Two calls

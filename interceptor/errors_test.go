@@ -263,7 +263,7 @@ func (failingLoader) Load(context.Context, []byte) (proto.Message, error) {
 }
 
 func TestLoaderErrorsStayInTheLog(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.Option{
+	e := newEnv(t, setup{opts: []interceptor.ServerOption{
 		interceptor.WithMaxStoredResponseBytes(8),
 		interceptor.WithLoader(maybeMethod, failingLoader{}),
 	}})

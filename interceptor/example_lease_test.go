@@ -26,7 +26,7 @@ func ExampleSaveRecoveryPoint() {
 		if step != "charge_sent" {
 			var err error
 			// The provider's call carries ChildKey(ctx, "charge").
-			if chargeID, err = charge(interceptor.WithStep(ctx, "charge")); err != nil {
+			if chargeID, err = charge(interceptor.ContextWithStep(ctx, "charge")); err != nil {
 				return err
 			}
 			if err := interceptor.SaveRecoveryPoint(ctx, "charge_sent", []byte(chargeID)); err != nil {
@@ -59,7 +59,7 @@ func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, err
 
 func ExampleWithLoader() {
 	var loader interceptor.Loader = paymentLoader{}
-	_ = []interceptor.Option{
+	_ = []interceptor.ServerOption{
 		interceptor.WithMaxStoredResponseBytes(64 << 10),
 		interceptor.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
 	}

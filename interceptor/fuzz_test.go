@@ -56,7 +56,7 @@ func FuzzValidateKey(f *testing.F) {
 // fields when no envelope vouches for it; or for raw replay exactly the
 // payload. The seed corpus is in testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
-	ms := newMethods(evaluateOptions(nil))
+	ms := newMethods(nil)
 	decoded := ms.lookup(testv1.PaymentService_CreatePayment_FullMethodName)
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 	if decoded.output == nil || decoded.raw || raw.output == nil || !raw.raw {

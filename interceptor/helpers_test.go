@@ -120,7 +120,7 @@ type setup struct {
 	// means postgres.New(pool, storeOpts...).
 	store     func(pool *pgxpool.Pool) store.Store
 	storeOpts []postgres.Option
-	opts      []interceptor.Option
+	opts      []interceptor.ServerOption
 	poolSize  int32
 	tracer    pgx.QueryTracer
 }
@@ -158,7 +158,7 @@ func newEnv(t *testing.T, s setup) *env {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
 		interceptor.UnaryServerInterceptor(st,
-			append([]interceptor.Option{interceptor.WithTenant(tenant), interceptor.WithLogger(log.logger())}, s.opts...)...),
+			append([]interceptor.ServerOption{interceptor.WithTenant(tenant), interceptor.WithLogger(log.logger())}, s.opts...)...),
 	))
 	testv1.RegisterTestServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

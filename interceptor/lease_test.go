@@ -28,8 +28,8 @@ import (
 
 const doMethod = testv1.TestService_Do_FullMethodName
 
-func leasedEnv(t *testing.T, lease time.Duration, opts ...interceptor.Option) *env {
-	return newEnv(t, setup{opts: append([]interceptor.Option{interceptor.WithLeased(lease, doMethod)}, opts...)})
+func leasedEnv(t *testing.T, lease time.Duration, opts ...interceptor.ServerOption) *env {
+	return newEnv(t, setup{opts: append([]interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)}, opts...)})
 }
 
 // wantRetryDelay returns the RetryInfo delay of an ABORTED answer.
@@ -380,7 +380,7 @@ func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, 
 func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
 			var calls, charges atomic.Int32
 			e.svc.setHook(func(ctx context.Context, _ string) error {
 				if calls.Add(1) == 1 {
@@ -425,7 +425,7 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(lease, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)}})
 			started, gone, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var finishOnce sync.Once
 			finishHandler := func() { finishOnce.Do(func() { close(finish) }) }
@@ -513,7 +513,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 			t.Run(st.name+"/"+outcome.name, func(t *testing.T) {
 				e := newEnv(t, setup{
 					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: st.new(pool)} },
-					opts:  []interceptor.Option{interceptor.WithLeased(lease, doMethod)},
+					opts:  []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
 				_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
@@ -565,7 +565,7 @@ func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
 	}
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.Option{interceptor.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
 			var (
 				mu    sync.Mutex
 				errs  = map[string]error{}

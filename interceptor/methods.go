@@ -43,13 +43,16 @@ type method struct {
 type methods struct {
 	files *protoregistry.Files
 	types *protoregistry.Types
-	opts  *options // per-method options, which override the descriptor
+	opts  *serverOptions // per-method options, which override the descriptor; nil on the client
 	cache sync.Map // string -> *method
 }
 
 // newMethods returns a cache of the policies of the methods in the global
-// protobuf registry, with the per-method options of o.
-func newMethods(o *options) *methods {
+// protobuf registry, with the per-method options of o (nil: none).
+func newMethods(o *serverOptions) *methods {
+	if o == nil {
+		o = &defaultServerOptions
+	}
 	return &methods{files: protoregistry.GlobalFiles, types: protoregistry.GlobalTypes, opts: o}
 }
 

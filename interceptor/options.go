@@ -24,7 +24,7 @@ const (
 	DefaultMaxStoredResponseBytes = 1 << 20
 )
 
-type options struct {
+type serverOptions struct {
 	tenant      TenantResolver
 	classifier  Classifier
 	retryDelay  time.Duration
@@ -37,29 +37,59 @@ type options struct {
 
 	logger  *slog.Logger // nil: slog.Default()
 	verbose bool
-
-	// client holds the options of UnaryClientInterceptor (client_options.go).
-	client clientOptions
 }
 
-var defaultOptions = options{
+var defaultServerOptions = serverOptions{
 	tenant:     TenantFunc(func(context.Context) (string, error) { return "", nil }),
 	classifier: DefaultClassifier,
 	retryDelay: DefaultRetryDelay,
 	maxStored:  DefaultMaxStoredResponseBytes,
 }
 
-// Option configures [UnaryServerInterceptor] or [UnaryClientInterceptor];
-// each option says which one it applies to, and the other ignores it.
-type Option func(*options)
+// ServerOption configures [UnaryServerInterceptor]. The With functions that
+// return one say what they set and its default.
+type ServerOption interface {
+	applyServer(*serverOptions)
+}
 
-func evaluateOptions(opts []Option) *options {
-	o := defaultOptions
+// ClientOption configures [UnaryClientInterceptor].
+type ClientOption interface {
+	applyClient(*clientOptions)
+}
+
+// Option configures the server and the client interceptors alike; it is
+// both a [ServerOption] and a [ClientOption].
+type Option interface {
+	ServerOption
+	ClientOption
+}
+
+// serverOption is a ServerOption that is a function.
+type serverOption func(*serverOptions)
+
+func (f serverOption) applyServer(o *serverOptions) { f(o) }
+
+// clientOption is a ClientOption that is a function.
+type clientOption func(*clientOptions)
+
+func (f clientOption) applyClient(o *clientOptions) { f(o) }
+
+// option is an Option: what it sets on each side.
+type option struct {
+	server serverOption
+	client clientOption
+}
+
+func (o option) applyServer(s *serverOptions) { o.server(s) }
+func (o option) applyClient(c *clientOptions) { o.client(c) }
+
+func evaluateServerOptions(opts []ServerOption) *serverOptions {
+	o := defaultServerOptions
 	o.leases = map[string]time.Duration{}
 	o.loaders = map[string]Loader{}
 	o.rerun = map[string]bool{}
 	for _, opt := range opts {
-		opt(&o)
+		opt.applyServer(&o)
 	}
 	return &o
 }
@@ -82,8 +112,8 @@ func (f TenantFunc) Tenant(ctx context.Context) (string, error) { return f(ctx) 
 // caller's authenticated identity (a verified token, a client certificate),
 // never only from a value the client can choose freely. Default: every
 // caller shares one scope, the empty tenant.
-func WithTenant(r TenantResolver) Option {
-	return func(o *options) { o.tenant = r }
+func WithTenant(r TenantResolver) ServerOption {
+	return serverOption(func(o *serverOptions) { o.tenant = r })
 }
 
 // WithLogger sets where the server interceptor logs what clients are not
@@ -91,8 +121,8 @@ func WithTenant(r TenantResolver) Option {
 // that cannot be replayed, leases lost to a retry. A healthy server logs
 // nothing per request. Default: [slog.Default], as it is when a line is
 // logged; nil selects the default.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.logger = l }
+func WithLogger(l *slog.Logger) ServerOption {
+	return serverOption(func(o *serverOptions) { o.logger = l })
 }
 
 // WithVerboseErrors makes the server interceptor put the text of internal
@@ -101,12 +131,12 @@ func WithLogger(l *slog.Logger) Option {
 // database hosts, users and tables. Either way the full error is logged
 // ([WithLogger]). Default: off; clients get a message that names only what
 // idem was doing.
-func WithVerboseErrors(on bool) Option {
-	return func(o *options) { o.verbose = on }
+func WithVerboseErrors(on bool) ServerOption {
+	return serverOption(func(o *serverOptions) { o.verbose = on })
 }
 
 // log returns the logger of o.
-func (o *options) log() *slog.Logger {
+func (o *serverOptions) log() *slog.Logger {
 	if o.logger == nil {
 		return slog.Default()
 	}
@@ -142,22 +172,22 @@ var DefaultClassifier Classifier = ClassifierFunc(func(s *status.Status) bool {
 
 // WithClassifier sets which handler errors are recorded and replayed.
 // Default: [DefaultClassifier].
-func WithClassifier(c Classifier) Option {
-	return func(o *options) { o.classifier = c }
+func WithClassifier(c Classifier) ServerOption {
+	return serverOption(func(o *serverOptions) { o.classifier = c })
 }
 
 // WithRetryDelay sets the delay suggested in google.rpc.RetryInfo when a
 // request's key is held by a request still in flight, and when the store
 // failed (UNAVAILABLE). Default: [DefaultRetryDelay] (1 s).
-func WithRetryDelay(d time.Duration) Option {
-	return func(o *options) { o.retryDelay = d }
+func WithRetryDelay(d time.Duration) ServerOption {
+	return serverOption(func(o *serverOptions) { o.retryDelay = d })
 }
 
 // WithFingerprintOptions configures the request fingerprint, for example to
 // exclude fields of messages that cannot be annotated with the
 // (idem.v1.field).fingerprint_exclude option. Default: none.
-func WithFingerprintOptions(opts ...fingerprint.Option) Option {
-	return func(o *options) { o.fingerprint = append(o.fingerprint, opts...) }
+func WithFingerprintOptions(opts ...fingerprint.Option) ServerOption {
+	return serverOption(func(o *serverOptions) { o.fingerprint = append(o.fingerprint, opts...) })
 }
 
 // WithLeased puts the named methods ("/pkg.Service/Method") in leased mode,
@@ -166,12 +196,12 @@ func WithFingerprintOptions(opts ...fingerprint.Option) Option {
 // .proto file with option (idem.v1.method).mode = MODE_LEASED. See the
 // package documentation for when to choose it. Default: every method is
 // atomic.
-func WithLeased(lease time.Duration, fullMethods ...string) Option {
-	return func(o *options) {
+func WithLeased(lease time.Duration, fullMethods ...string) ServerOption {
+	return serverOption(func(o *serverOptions) {
 		for _, m := range fullMethods {
 			o.leases[m] = max(lease, 0)
 		}
-	}
+	})
 }
 
 // WithMaxStoredResponseBytes caps the size of a response recorded for
@@ -181,13 +211,13 @@ func WithLeased(lease time.Duration, fullMethods ...string) Option {
 // declared safe to ([WithRerunWhenNotCached]), or else fails with
 // FAILED_PRECONDITION. Recorded errors are not capped. Default:
 // [DefaultMaxStoredResponseBytes] (1 MiB); n <= 0 selects the default.
-func WithMaxStoredResponseBytes(n int) Option {
-	return func(o *options) {
+func WithMaxStoredResponseBytes(n int) ServerOption {
+	return serverOption(func(o *serverOptions) {
 		if n <= 0 {
 			n = DefaultMaxStoredResponseBytes
 		}
 		o.maxStored = n
-	}
+	})
 }
 
 // Loader rebuilds, for a retry, a response that was too large to record
@@ -208,8 +238,8 @@ type Loader interface {
 
 // WithLoader sets the [Loader] of the method fullMethod
 // ("/pkg.Service/Method"). Default: none.
-func WithLoader(fullMethod string, l Loader) Option {
-	return func(o *options) { o.loaders[fullMethod] = l }
+func WithLoader(fullMethod string, l Loader) ServerOption {
+	return serverOption(func(o *serverOptions) { o.loaders[fullMethod] = l })
 }
 
 // WithRerunWhenNotCached declares the named methods safe to run twice: a
@@ -218,10 +248,10 @@ func WithLoader(fullMethod string, l Loader) Option {
 // the PostgreSQL store, no transaction is handed to it). The same is
 // declared in the .proto file with option
 // (idem.v1.method).rerun_when_not_cached = true. Default: none.
-func WithRerunWhenNotCached(fullMethods ...string) Option {
-	return func(o *options) {
+func WithRerunWhenNotCached(fullMethods ...string) ServerOption {
+	return serverOption(func(o *serverOptions) {
 		for _, m := range fullMethods {
 			o.rerun[m] = true
 		}
-	}
+	})
 }

@@ -13,7 +13,7 @@ import (
 )
 
 func TestDecode(t *testing.T) {
-	ms := newMethods(evaluateOptions(nil))
+	ms := newMethods(nil)
 	decoded := ms.lookup(testv1.PaymentService_CreatePayment_FullMethodName)
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 

@@ -32,7 +32,7 @@ func incompressible(n int) string {
 // a non-retriable INVALID_ARGUMENT that names the rule, and nothing runs or
 // is written.
 func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.Option{interceptor.WithLeased(time.Minute, maybeMethod)}})
+	e := newEnv(t, setup{opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, maybeMethod)}})
 	call := func(method, tenant, key string) error {
 		ctx := metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", tenant)
 		if method == maybeMethod {
@@ -87,7 +87,7 @@ func TestTenantBytesClientsCannotSend(t *testing.T) {
 	e := newEnv(t, setup{})
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	for _, leased := range []bool{false, true} {
-		opts := []interceptor.Option{interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))}
+		opts := []interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))}
 		if leased {
 			opts = append(opts, interceptor.WithLeased(time.Minute, info.FullMethod))
 		}

@@ -22,8 +22,8 @@ import (
 // UnaryServerInterceptor returns a server interceptor that runs each keyed
 // unary call once per key and replays its recorded outcome to retries. See
 // the package documentation for the flow and the status codes.
-func UnaryServerInterceptor(s store.Store, opts ...Option) grpc.UnaryServerInterceptor {
-	o := evaluateOptions(opts)
+func UnaryServerInterceptor(s store.Store, opts ...ServerOption) grpc.UnaryServerInterceptor {
+	o := evaluateServerOptions(opts)
 	i := &server{
 		store:   s,
 		opts:    o,
@@ -35,7 +35,7 @@ func UnaryServerInterceptor(s store.Store, opts ...Option) grpc.UnaryServerInter
 
 type server struct {
 	store   store.Store
-	opts    *options
+	opts    *serverOptions
 	hasher  *fingerprint.Hasher
 	methods *methods
 }

@@ -451,7 +451,7 @@ func TestExpiredKeyRunsAgain(t *testing.T) {
 func TestDuplicateInFlightGetsAbortedWithRetryInfo(t *testing.T) {
 	e := newEnv(t, setup{
 		storeOpts: []postgres.Option{postgres.WithLockTimeout(100 * time.Millisecond)},
-		opts:      []interceptor.Option{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+		opts:      []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
 	})
 	entered, release := make(chan struct{}), make(chan struct{})
 	e.svc.setHook(func(context.Context, string) error {

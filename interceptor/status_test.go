@@ -28,7 +28,7 @@ func TestStoreError(t *testing.T) {
 		{fmt.Errorf("%w: tenant is not valid UTF-8", store.ErrInvalidKey), codes.InvalidArgument, false},
 		{errors.New("connection refused"), codes.Unavailable, true},
 	} {
-		i := &server{opts: evaluateOptions([]Option{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}
+		i := &server{opts: evaluateServerOptions([]ServerOption{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}
 		st := status.Convert(i.storeError(context.Background(), store.Key{}, "claiming", c.err))
 		var hasRetry bool
 		for _, d := range st.Details() {

@@ -136,7 +136,7 @@ func New(pool *pgxpool.Pool, provider providerv1.ProviderServiceClient, opts ...
 // NewServer returns a gRPC server with svc registered behind panic recovery
 // and idem on svc's database. Checkout's proto options put it in leased
 // mode with a 2 s lease; opts may override them ([interceptor.WithLeased]).
-func NewServer(svc *Service, opts ...interceptor.Option) *grpc.Server {
+func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
@@ -272,7 +272,7 @@ func (s *Service) reserve(ctx context.Context, key string, req *checkoutv1.Check
 // provider rejects it as a reused key.
 func (s *Service) charge(ctx context.Context, req *checkoutv1.CheckoutRequest) (string, error) {
 	var header metadata.MD
-	resp, err := s.provider.Charge(interceptor.WithStep(ctx, ChargeStep), &providerv1.ChargeRequest{
+	resp, err := s.provider.Charge(interceptor.ContextWithStep(ctx, ChargeStep), &providerv1.ChargeRequest{
 		CustomerId:  req.GetCustomerId(),
 		AmountCents: int64(req.GetQuantity()) * req.GetUnitPriceCents(),
 		Currency:    req.GetCurrency(),

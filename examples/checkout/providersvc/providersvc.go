@@ -38,7 +38,7 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 
 // NewServer returns a gRPC server with stub registered behind, in chain
 // order, the stub's log of calls, panic recovery and idem on pool.
-func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.Option) *grpc.Server {
+func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.ServerOption) *grpc.Server {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		stub.logCall,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {

@@ -37,8 +37,8 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 // NewServer returns a gRPC server with the idem interceptor and stub
 // registered. Like the payments example, it reads the tenant from
 // paymentsvc.TenantHeader.
-func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.Option) *grpc.Server {
-	opts = append([]interceptor.Option{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
+func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.ServerOption) *grpc.Server {
+	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
 		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),

@@ -66,14 +66,14 @@ func ClientInterceptors() []grpc.UnaryClientInterceptor {
 // NewServer returns a gRPC server with the idem interceptor and the
 // OrderService registered. Its tenant, like the payments example's, comes
 // from paymentsvc.TenantHeader.
-func NewServer(svc *Service, opts ...interceptor.Option) *grpc.Server {
+func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
 	return grpc.NewServer(grpc.ChainUnaryInterceptor(ServerInterceptors(svc, opts...)...))
 }
 
 // ServerInterceptors returns the server chain of [NewServer]: recovery,
 // then idem on the service's database.
-func ServerInterceptors(svc *Service, opts ...interceptor.Option) []grpc.UnaryServerInterceptor {
-	opts = append([]interceptor.Option{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
+func ServerInterceptors(svc *Service, opts ...interceptor.ServerOption) []grpc.UnaryServerInterceptor {
+	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
 	return []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
@@ -124,7 +124,7 @@ func (s *Service) PlaceOrder(ctx context.Context, req *ordersv1.PlaceOrderReques
 		return nil, err
 	}
 
-	res, err := s.inventory.Reserve(interceptor.WithStep(out, ReserveStep),
+	res, err := s.inventory.Reserve(interceptor.ContextWithStep(out, ReserveStep),
 		&inventoryv1.ReserveRequest{Sku: req.GetSku(), Quantity: req.GetQuantity()})
 	if err != nil {
 		return nil, err

@@ -58,8 +58,8 @@ func Tenant(ctx context.Context) (string, error) {
 
 // NewServer returns a gRPC server with the idem interceptor, PaymentService,
 // health checking and server reflection registered.
-func NewServer(pool *pgxpool.Pool, opts ...interceptor.Option) *grpc.Server {
-	opts = append([]interceptor.Option{interceptor.WithTenant(interceptor.TenantFunc(Tenant))}, opts...)
+func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Server {
+	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(Tenant))}, opts...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		// A panic releases the idempotency key inside idem, then becomes
 		// INTERNAL here, without the stack trace the default handler sends.
