@@ -44,7 +44,7 @@ type methods struct {
 	files *protoregistry.Files
 	types *protoregistry.Types
 	opts  *serverOptions // per-method options, which override the descriptor; nil on the client
-	cache sync.Map // string -> *method
+	cache sync.Map       // string -> *method
 }
 
 // newMethods returns a cache of the policies of the methods in the global
