@@ -302,3 +302,33 @@ func TestHealthyCallsLogNothing(t *testing.T) {
 		t.Fatalf("healthy calls logged:\n%s", got)
 	}
 }
+
+// TestMissingSchemaIsNotRetriable covers a server started without
+// postgres.Migrate: clients must not be told to retry for ever
+// (UNAVAILABLE), nor see the database's error; the log says what to do.
+func TestMissingSchemaIsNotRetriable(t *testing.T) {
+	for _, leased := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
+			var s setup
+			if leased {
+				s.opts = []interceptor.ServerOption{interceptor.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName)}
+			}
+			e := newEnv(t, s)
+			if _, err := e.pool.Exec(context.Background(), `DROP TABLE idempotency_keys`); err != nil {
+				t.Fatal(err)
+			}
+			_, err := e.client.Do(asTenant("k"), &testv1.DoRequest{Value: "v"})
+			st := wantCode(t, err, codes.Internal)
+			wantNoStorageText(t, err)
+			if !strings.Contains(st.Message(), "not set up") {
+				t.Errorf("message %q does not say the store is not set up", st.Message())
+			}
+			if n := e.effects(t); n != 0 {
+				t.Errorf("%d effects, want 0: the handler must not run", n)
+			}
+			if log := e.log.String(); !strings.Contains(log, "postgres.Migrate") || !strings.Contains(log, "level=ERROR") {
+				t.Errorf("the log does not name postgres.Migrate at level ERROR:\n%s", log)
+			}
+		})
+	}
+}

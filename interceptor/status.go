@@ -106,6 +106,10 @@ func (i *server) storeError(ctx context.Context, key store.Key, doing string, er
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(0)})
 	case errors.Is(err, store.ErrInvalidKey):
 		return scopeInvalid(err)
+	case errors.Is(err, store.ErrNotReady):
+		// Not UNAVAILABLE: no retry helps until an operator sets the store
+		// up, and the log says how.
+		return i.internalError(ctx, key, codes.Internal, "the idempotency store is not set up", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}

@@ -26,6 +26,12 @@ var ErrConflict = errors.New("store: transaction conflict")
 // stands.
 var ErrLeaseLost = errors.New("store: lease lost to another request")
 
+// ErrNotReady reports a store that cannot claim keys until an operator
+// acts: for PostgreSQL, idem's schema is missing or older than the store
+// needs (apply it with postgres.Migrate). Nothing was changed, and retrying
+// does not help until the store is set up.
+var ErrNotReady = errors.New("store: not set up")
+
 // ErrInvalidKey reports that a [Key] breaks the rules of [Key.Validate], so
 // no store can hold it. Nothing was written; the same key fails the same way
 // again, so retrying does not help.

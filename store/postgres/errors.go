@@ -17,6 +17,12 @@ const (
 	deadlockDetected     = "40P01"
 
 	invalidTextRepresentation = "22P02"
+
+	// A schema older than the store's statements: a table, a column or the
+	// primary key an ON CONFLICT names is not there.
+	undefinedTable         = "42P01"
+	undefinedColumn        = "42703"
+	invalidColumnReference = "42P10"
 )
 
 // pgErrorCode returns the SQLSTATE of err, or "" if err is not from
@@ -51,6 +57,12 @@ func interpretError(err error) error {
 		if pgErr.ConstraintName == keyTablePrimaryKey {
 			return fmt.Errorf("%w: %w", store.ErrConflict, err)
 		}
+	case undefinedTable, undefinedColumn, invalidColumnReference:
+		return fmt.Errorf("%w: %w", errSchema, err)
 	}
 	return err
 }
+
+// errSchema is the store.ErrNotReady of a database whose schema is missing
+// or outdated.
+var errSchema = fmt.Errorf("%w: idem's tables are missing or outdated in this database; apply them with postgres.Migrate (see Store.Check)", store.ErrNotReady)

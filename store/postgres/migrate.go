@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/store"
 )
 
 // Beginner starts transactions; *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -109,4 +111,43 @@ func applyMigration(ctx context.Context, db Beginner, m migration) error {
 		_, err = tx.Exec(ctx, string(sql))
 		return err
 	})
+}
+
+// Check reports whether the store can claim keys: it reaches the database
+// through the store's pool and checks that every migration of package
+// github.com/idemkit/idem/migrations has been applied. A missing or
+// outdated schema fails with an error that wraps store.ErrNotReady and says
+// which migrations are missing; a database that cannot be reached fails
+// with the driver's error. Call it at start-up, after [Migrate] or in its
+// place where another tool applies the schema, so that a server that
+// cannot serve keyed calls says so before it takes traffic. A claim that
+// meets a missing or outdated schema fails the same way, and the
+// interceptor answers INTERNAL (never UNAVAILABLE, which clients retry
+// for ever).
+func (s *Store) Check(ctx context.Context) error {
+	files, err := upMigrations()
+	if err != nil {
+		return err
+	}
+	var applied []int
+	rows, err := s.pool.Query(ctx, `SELECT version FROM idem_schema_migrations`)
+	if err == nil {
+		applied, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	if err != nil {
+		if errors.Is(interpretError(err), store.ErrNotReady) {
+			return fmt.Errorf("%w (idem_schema_migrations: %w)", errSchema, err)
+		}
+		return fmt.Errorf("postgres: checking idem's schema: %w", err)
+	}
+	var missing []string
+	for _, f := range files {
+		if !slices.Contains(applied, f.version) {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w (not applied: %s)", errSchema, strings.Join(missing, ", "))
+	}
+	return nil
 }

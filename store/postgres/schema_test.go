@@ -205,3 +205,53 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 		t.Fatalf("%d completed rows (%v), want 3", rows, err)
 	}
 }
+
+// TestCheckAndClaimWithoutSchema covers a server whose database lacks idem's
+// schema, or has an outdated one: Check says so at start-up, and a claim
+// fails with store.ErrNotReady, not with an error a client would retry.
+func TestCheckAndClaimWithoutSchema(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check of a migrated database: %v", err)
+	}
+
+	down, err := fs.ReadFile(migrations.FS, "0004_narrow_key_index.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, string(down)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM idem_schema_migrations WHERE version = 4`); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Check(ctx)
+	if !errors.Is(err, store.ErrNotReady) || !strings.Contains(err.Error(), "0004_narrow_key_index") || !strings.Contains(err.Error(), "postgres.Migrate") {
+		t.Fatalf("Check of an outdated schema: %v; want ErrNotReady naming the migration and postgres.Migrate", err)
+	}
+	if _, err := s.Claim(ctx, key, []byte("fp")); !errors.Is(err, store.ErrNotReady) {
+		t.Fatalf("claim on an outdated schema: %v, want ErrNotReady", err)
+	}
+
+	if _, err := pool.Exec(ctx, `DROP TABLE idempotency_keys, idem_schema_migrations`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, store.ErrNotReady) {
+		t.Fatalf("Check without idem's tables: %v, want ErrNotReady", err)
+	}
+	if _, err := s.Claim(ctx, key, []byte("fp")); !errors.Is(err, store.ErrNotReady) {
+		t.Fatalf("claim without idem's tables: %v, want ErrNotReady", err)
+	}
+	if _, err := s.Lease(ctx, key, []byte("fp"), time.Minute); !errors.Is(err, store.ErrNotReady) {
+		t.Fatalf("lease without idem's tables: %v, want ErrNotReady", err)
+	}
+	// Once migrated, the same store serves.
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check after Migrate: %v", err)
+	}
+	claimAndComplete(t, s, key)
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
+	"github.com/idemkit/idem/store/postgres"
 )
 
 func main() {
@@ -54,6 +55,10 @@ func run(ctx context.Context, lis net.Listener, dbURL string) error {
 	cc := pool.Config().ConnConfig
 	log.Printf("payments server: creating its tables in database %q on %s (set -database-url to choose another)", cc.Database, cc.Host)
 	if err := paymentsvc.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	// Say now, not on the first call, if idem cannot serve.
+	if err := postgres.New(pool).Check(ctx); err != nil {
 		return err
 	}
 	srv := paymentsvc.NewServer(pool)
