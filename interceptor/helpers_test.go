@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -51,7 +52,10 @@ func (s *testService) execute(ctx context.Context, value string) (int64, error) 
 
 	key, _ := interceptor.KeyFromContext(ctx)
 	insert := `INSERT INTO effects (key, value) VALUES ($1, $2)`
-	if tx, ok := postgres.TxFromContext(ctx); ok {
+	if s.pool == nil {
+		// On store/memory there is no database: the effect is the
+		// execution, which nothing can undo.
+	} else if tx, ok := postgres.TxFromContext(ctx); ok {
 		if _, err := tx.Exec(ctx, insert, key, value); err != nil {
 			return 0, err
 		}
@@ -116,6 +120,10 @@ type env struct {
 }
 
 type setup struct {
+	// memory runs the interceptor on store/memory, with no database at
+	// all: the test runs under go test -short, and its effects are the
+	// handler's executions.
+	memory bool
 	// store builds the interceptor's store on the test's database; nil
 	// means postgres.New(pool, storeOpts...).
 	store     func(pool *pgxpool.Pool) store.Store
@@ -129,6 +137,9 @@ type setup struct {
 // on a fresh database, and a client connected to it.
 func newEnv(t *testing.T, s setup) *env {
 	t.Helper()
+	if s.memory {
+		return serveEnv(t, s, nil, memory.New())
+	}
 	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
@@ -148,12 +159,19 @@ func newEnv(t *testing.T, s setup) *env {
 		t.Fatal(err)
 	}
 
-	svc := &testService{pool: pool}
-	tenant := interceptor.TenantFunc(tenantFromMetadata)
 	var st store.Store = postgres.New(pool, s.storeOpts...)
 	if s.store != nil {
 		st = s.store(pool)
 	}
+	return serveEnv(t, s, pool, st)
+}
+
+// serveEnv is newEnv once the store is built: pool is the test's database,
+// nil on store/memory.
+func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
+	t.Helper()
+	svc := &testService{pool: pool}
+	tenant := interceptor.TenantFunc(tenantFromMetadata)
 	log := &logBuffer{}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
@@ -213,8 +231,13 @@ func withKey(key string) context.Context {
 	return metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, key)
 }
 
+// effects counts the handler's effects that stayed: rows of effects, or,
+// on store/memory, its executions.
 func (e *env) effects(t *testing.T) int {
 	t.Helper()
+	if e.pool == nil {
+		return int(e.svc.count())
+	}
 	return e.countRows(t, `SELECT count(*) FROM effects`)
 }
 
@@ -225,6 +248,9 @@ func (e *env) keys(t *testing.T) int {
 
 func (e *env) countRows(t *testing.T, sql string, args ...any) int {
 	t.Helper()
+	if e.pool == nil {
+		t.Fatal("counting rows needs the PostgreSQL store")
+	}
 	var n int
 	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
 		t.Fatal(err)

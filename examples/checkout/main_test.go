@@ -53,6 +53,9 @@ func newSystem(t *testing.T) (*system, context.Context) {
 // at the provider, one reservation (and the stock taken once), one order,
 // named by the answer, which a later retry gets replayed.
 func TestCrashAndResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	for _, tc := range []struct {
 		crashAt     string
 		resumeAfter string
@@ -112,6 +115,9 @@ func TestCrashAndResume(t *testing.T) {
 // TestDemo runs the whole demo: run fails unless every invariant it checks
 // held.
 func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer

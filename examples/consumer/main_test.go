@@ -17,6 +17,9 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 // every event shipped once (it fails too, saying what to start, when NATS
 // is not reachable).
 func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 // TestScenarios runs every scenario briefly and checks what the counters
 // say, not how fast anything was.
 func TestScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	dir := t.TempDir()
 	cfg := defaultConfig()
 	cfg.Duration = time.Second
@@ -158,6 +161,9 @@ func TestScenarios(t *testing.T) {
 // its round trips times that, the counts stay what they were, and the
 // report holds both.
 func TestRoundTripTimes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	const rtt = 2 * time.Millisecond
 	dir := t.TempDir()
 	cfg := defaultConfig()
@@ -293,6 +299,9 @@ func TestLookupScenario(t *testing.T) {
 // own TCP host, else the server's TCP listener, and says so clearly when
 // there is none.
 func TestPGTCPAddr(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if got, err := pgTCPAddr(ctx, "host=db.example port=6432 user=u", ""); err != nil || got != "db.example:6432" {

@@ -283,6 +283,7 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 		}()
 	}
 	if ctrs != nil {
+		quiesce(e.pool)
 		ctrs.reset()
 	}
 	cpu0 := sampleCPU()
@@ -297,6 +298,7 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 		}
 	}
 	if ctrs != nil {
+		quiesce(e.pool)
 		c := ctrs.snapshot()
 		r.Counts = &c
 	}
@@ -313,6 +315,16 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 		r.Tables = tableStats(ctx, dsn)
 	}
 	return r, nil
+}
+
+// quiesce waits, for at most a few seconds, until no connection of pool is
+// in use: a replay answers before its transaction is rolled back, and the
+// rollback of a request counted in one window must not be counted in the
+// next, nor missed.
+func quiesce(pool *pgxpool.Pool) {
+	for deadline := time.Now().Add(5 * time.Second); pool.Stat().AcquiredConns() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // tableStat is what pg_stat_user_tables says about one table after a

@@ -234,7 +234,7 @@ var claimCases = []testCase{
 		}
 	}},
 
-	{name: "ExpiredKeyIsFree", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsFree", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
@@ -249,7 +249,7 @@ var claimCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
-	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", long: true, cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)

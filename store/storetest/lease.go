@@ -129,7 +129,7 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "StaleOwnerIsFenced", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StaleOwnerIsFenced", long: true, run: func(t *testing.T, s store.Store, _ Config) {
 		for _, tc := range []struct {
 			name  string
 			write func(ctx context.Context, l store.Lease) error
@@ -343,7 +343,7 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "ExpiredKeyIsLeasedAfresh", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsLeasedAfresh", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// The lease outlives the key: expiry wins.
 		stale := takeLease(t, s, key, fp, longLease)
 		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
@@ -361,7 +361,7 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
 	}},
 
-	{name: "ExpiredLeaseWritesNothing", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredLeaseWritesNothing", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// Nobody took the expired key over, but it counts as absent: its
 		// holder can neither extend, save, record nor release it.
 		l := takeLease(t, s, key, fp, longLease)

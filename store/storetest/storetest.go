@@ -46,6 +46,9 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
 				t.Run(c.name, func(t *testing.T) {
+					if c.long && testing.Short() {
+						t.Skip("waits for keys to expire: runs without -short")
+					}
 					t.Parallel()
 					cfg := defaultConfig
 					if c.cfg != (Config{}) {
@@ -61,6 +64,9 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 
 type testCase struct {
 	name string
+	// long cases wait a second or more for keys or leases to run out by
+	// the store's clock; they are left out under go test -short.
+	long bool
 	cfg  Config // zero: defaultConfig
 	run  func(t *testing.T, s store.Store, cfg Config)
 }

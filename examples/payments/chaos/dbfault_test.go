@@ -73,6 +73,9 @@ func TestTerminateBackends(t *testing.T) {
 // recovered from the write-ahead log, and the server reconnects without a
 // restart of its own.
 func TestPostgresRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	const (
 		numOps      = 200
 		numClients  = 16

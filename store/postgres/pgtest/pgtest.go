@@ -88,9 +88,14 @@ func Run(m *testing.M) int {
 //
 // The server is found on first use in the process (see the package
 // documentation). When no PostgreSQL can be had, NewDatabase fails tb with a
-// message that says how to get it; it never skips.
+// message that says how to get it; it never skips for that. Under go test
+// -short it skips tb, so that the quick run leaves out every test that
+// needs a database.
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("pgtest: needs PostgreSQL, so it runs without -short")
+	}
 	srv, found, err := sharedServer()
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)

@@ -120,6 +120,9 @@ func TestNewDatabaseIsolated(t *testing.T) {
 }
 
 func TestNewDatabaseDroppedAfterTest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	admin := adminConn(t)
 	var name string
 	t.Run("sub", func(t *testing.T) {
@@ -147,6 +150,9 @@ func TestNewDatabaseDroppedAfterTest(t *testing.T) {
 }
 
 func TestNewDatabaseParallel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
 	const n = 8
 	names := make(chan string, n)
 	t.Run("group", func(t *testing.T) {
@@ -176,6 +182,9 @@ func TestNewDatabaseParallel(t *testing.T) {
 }
 
 func TestCreateDatabaseConcurrent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL: runs without -short")
+	}
 	srv, _, err := sharedServer()
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +234,9 @@ func TestCreateDatabaseConcurrent(t *testing.T) {
 // TestTemplateRace has several Servers, as several test processes would,
 // create one new template at the same time.
 func TestTemplateRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL: runs without -short")
+	}
 	shared, _, err := sharedServer()
 	if err != nil {
 		t.Fatal(err)
@@ -430,6 +442,9 @@ func TestStartNoPostgres(t *testing.T) {
 // TestThrowawayCluster starts a real cluster, as on a machine whose only
 // PostgreSQL is the server package. It runs initdb and takes some seconds.
 func TestThrowawayCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL: runs without -short")
+	}
 	vars := deadDefaults(t)
 	vars["PATH"] = os.Getenv("PATH")
 	ctx := context.Background()
@@ -563,6 +578,9 @@ func TestVersionLess(t *testing.T) {
 // transaction and checks that committed rows survive, the uncommitted one
 // is gone and a pool reconnects by itself.
 func TestRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL: runs without -short")
+	}
 	ctx := context.Background()
 	srv, err := StartCluster(ctx)
 	if err != nil {
