@@ -1,6 +1,17 @@
-// Package pgtest provides PostgreSQL for idem's tests and demos: it finds a
+// Package pgtest provides PostgreSQL for tests and demos: it finds a
 // server, or starts a throwaway one, and hands out isolated databases with
-// idem's schema already applied.
+// idem's schema already applied. Use it to test your handlers as they run in
+// production, through the interceptor on a real transaction (see the
+// example): store/memory has no transaction to hand them.
+//
+// # Stability
+//
+// [NewDatabase], [NewPool], [Run], [Start], [Server.CreateDatabase],
+// [Server.ConnString], [Server.Close] and [KeyIDSQL] are supported and follow
+// the module's versioning. The helpers that own and break servers,
+// [StartCluster], [Server.Restart] and those for poolers and standbys, exist
+// for idem's own fault tests; they are documented, but outside the
+// compatibility promise, and may change in any minor release.
 //
 // # Finding a server
 //

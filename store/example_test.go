@@ -1,0 +1,35 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Every store refuses a key it cannot hold with ErrInvalidKey before it
+// touches its storage; Validate tells the same in advance.
+func ExampleKey_Validate() {
+	ok := store.Key{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1"}
+	fmt.Println(ok.Validate())
+
+	long := ok
+	long.Tenant = strings.Repeat("t", store.MaxTenantLength+1)
+	err := long.Validate()
+	fmt.Println(errors.Is(err, store.ErrInvalidKey))
+	// Output:
+	// <nil>
+	// true
+}
+
+// A leased handler's recovery points are validated the same way by every
+// store.
+func ExampleRecoveryPoint_Validate() {
+	fmt.Println(store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}.Validate())
+	err := store.RecoveryPoint{Step: "bad\x00step"}.Validate()
+	fmt.Println(errors.Is(err, store.ErrInvalidRecoveryPoint))
+	// Output:
+	// <nil>
+	// true
+}
