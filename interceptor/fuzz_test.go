@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
@@ -11,7 +10,6 @@ import (
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protopath"
@@ -37,10 +35,9 @@ func FuzzValidateKey(f *testing.F) {
 		if want := validKey.MatchString(key); (err == nil) != want {
 			t.Fatalf("ValidateKey(%q) = %v, want valid %v", key, err, want)
 		}
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.MD{KeyHeader: {key}})
-		got, ok, mdErr := keyFromMetadata(ctx)
-		if !ok || got != key || (mdErr == nil) != (err == nil) {
-			t.Fatalf("keyFromMetadata with %q: %q, %v, %v; ValidateKey: %v", key, got, ok, mdErr, err)
+		got, ok, callErr := keyFrom([]string{key})
+		if !ok || got != key || (callErr == nil) != (err == nil) {
+			t.Fatalf("keyFrom(%q): %q, %v, %v; ValidateKey: %v", key, got, ok, callErr, err)
 		}
 	})
 }
@@ -83,9 +80,12 @@ func FuzzDecode(f *testing.F) {
 				}
 			}
 			for _, m := range []*method{decoded, raw} {
-				msg, err := decode(m, out)
+				msg, sent, err := decode(m, out)
 				if err != nil {
 					continue
+				}
+				if !bytes.Equal(sent, payload) {
+					t.Fatalf("decode(code %d, %x) replays %x, recorded %x", code, out.Body, sent, payload)
 				}
 				if code > 16 || !sound {
 					t.Fatalf("decode(code %d, %x) accepted a row it cannot vouch for: %v", code, out.Body, msg)
@@ -101,9 +101,9 @@ func FuzzDecode(f *testing.F) {
 					t.Fatalf("decode gave a %T, want %v", msg, m.output.Descriptor().FullName())
 				}
 				if m.raw {
-					sent, err := proto.Marshal(msg)
-					if err != nil || !bytes.Equal(sent, payload) {
-						t.Fatalf("raw replay sends %x (%v), recorded %x", sent, err, payload)
+					wire, err := proto.Marshal(rawMessage(m, sent))
+					if err != nil || !bytes.Equal(wire, payload) {
+						t.Fatalf("raw replay sends %x (%v), recorded %x", wire, err, payload)
 					}
 					continue
 				}

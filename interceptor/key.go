@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/metadata"
-
 	"github.com/idemkit/idem/store"
 )
 
@@ -22,20 +20,6 @@ const (
 
 // MaxKeyLength is the longest key accepted, in bytes.
 const MaxKeyLength = 255
-
-// keyFromMetadata returns the request's key and whether it sent one. A key
-// that is present but invalid is an error naming the rule it breaks.
-func keyFromMetadata(ctx context.Context) (key string, ok bool, err error) {
-	vals := metadata.ValueFromIncomingContext(ctx, KeyHeader)
-	switch len(vals) {
-	case 0:
-		return "", false, nil
-	case 1:
-	default:
-		return "", true, fmt.Errorf("must have exactly one value, got %d", len(vals))
-	}
-	return vals[0], true, ValidateKey(vals[0])
-}
 
 // ValidateKey reports whether key is an acceptable idempotency key: 1 to
 // [MaxKeyLength] bytes, each visible ASCII (0x21 to 0x7E).

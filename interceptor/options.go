@@ -37,6 +37,8 @@ type serverOptions struct {
 
 	logger  *slog.Logger // nil: slog.Default()
 	verbose bool
+
+	hook func(context.Context, Outcome)
 }
 
 var defaultServerOptions = serverOptions{

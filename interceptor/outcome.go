@@ -74,38 +74,34 @@ func encodeOutcome(code codes.Code, msg proto.Message) (body, payload []byte, er
 // type) is not replayed as one. Responses replayed as their raw bytes
 // (types with maps or extensions) are exempt, as their bytes may carry
 // extensions this process does not know; they are only checked to parse.
-func decode(m *method, out store.Outcome) (proto.Message, error) {
+//
+// It also returns the payload, the recorded bytes every reply sends.
+func decode(m *method, out store.Outcome) (msg proto.Message, payload []byte, err error) {
 	if out.Code > maxCode {
-		return nil, fmt.Errorf("recorded status code %d is not a gRPC code", out.Code)
+		return nil, nil, fmt.Errorf("recorded status code %d is not a gRPC code", out.Code)
 	}
 	payload, enveloped, err := openEnvelope(out)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if out.Code != codes.OK {
 		st := new(spb.Status)
 		if err := proto.Unmarshal(payload, st); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if codes.Code(st.GetCode()) != out.Code {
-			return nil, errors.New("recorded status code does not match its row")
+			return nil, nil, errors.New("recorded status code does not match its row")
 		}
-		return st, nil
-	}
-	if m.raw && enveloped {
-		return rawMessage(m, payload), nil
+		return st, payload, nil
 	}
 	resp := m.output.New().Interface()
 	if err := proto.Unmarshal(payload, resp); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if m.raw {
-		return rawMessage(m, payload), nil
+	if !m.raw && !enveloped && hasUnknown(resp.ProtoReflect()) {
+		return nil, nil, fmt.Errorf("recorded response has fields unknown to %s", m.output.Descriptor().FullName())
 	}
-	if !enveloped && hasUnknown(resp.ProtoReflect()) {
-		return nil, fmt.Errorf("recorded response has fields unknown to %s", m.output.Descriptor().FullName())
-	}
-	return resp, nil
+	return resp, payload, nil
 }
 
 // openEnvelope returns the payload of out's body and whether it was

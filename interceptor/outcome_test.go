@@ -18,7 +18,7 @@ func TestDecode(t *testing.T) {
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 
 	resp := &testv1.CreatePaymentResponse{Payment: &testv1.Payment{Id: "p1", AmountCents: 1250}}
-	respBody, respPayload, err := encodeOutcome(codes.OK, resp)
+	respBody, _, err := encodeOutcome(codes.OK, resp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,6 +35,11 @@ func TestDecode(t *testing.T) {
 	legacyResp, _ := proto.Marshal(resp)
 	legacyStatus, _ := proto.Marshal(st)
 	legacyWithUnknown := append(bytes.Clone(legacyResp), 0xf8, 0x07, 0x01) // field 127, varint 1
+	do := &testv1.DoResponse{Value: "v", Labels: map[string]string{"a": "1", "b": "2", "c": "3"}}
+	doBody, doPayload, err := encodeOutcome(codes.OK, do)
+	if err != nil {
+		t.Fatal(err)
+	}
 	legacyDo, _ := proto.Marshal(&testv1.DoResponse{Value: "v", Labels: map[string]string{"a": "1"}})
 	legacyDoWithUnknown := append(legacyDo, 0xf8, 0x07, 0x01)
 
@@ -45,7 +50,8 @@ func TestDecode(t *testing.T) {
 		ok   bool
 	}{
 		{"response", decoded, store.Outcome{Code: codes.OK, Body: respBody}, true},
-		{"raw response", raw, store.Outcome{Code: codes.OK, Body: respBody}, true},
+		{"raw response", raw, store.Outcome{Code: codes.OK, Body: doBody}, true},
+		{"raw response of another type", raw, store.Outcome{Code: codes.OK, Body: respBody}, false},
 		{"error", decoded, store.Outcome{Code: codes.InvalidArgument, Body: errBody}, true},
 		{"error relabelled OK", decoded, store.Outcome{Code: codes.OK, Body: errBody}, false},
 		{"error relabelled OK, raw", raw, store.Outcome{Code: codes.OK, Body: errBody}, false},
@@ -56,7 +62,7 @@ func TestDecode(t *testing.T) {
 		{"flipped code", decoded, store.Outcome{Code: codes.OK, Body: flip(respBody, 1)}, false},
 		{"flipped checksum", decoded, store.Outcome{Code: codes.OK, Body: flip(respBody, 3)}, false},
 		{"flipped payload", decoded, store.Outcome{Code: codes.OK, Body: flip(respBody, len(respBody)-1)}, false},
-		{"flipped payload, raw", raw, store.Outcome{Code: codes.OK, Body: flip(respBody, len(respBody)-1)}, false},
+		{"flipped payload, raw", raw, store.Outcome{Code: codes.OK, Body: flip(doBody, len(doBody)-1)}, false},
 		{"truncated envelope", decoded, store.Outcome{Code: codes.OK, Body: respBody[:5]}, false},
 		{"truncated payload", decoded, store.Outcome{Code: codes.OK, Body: respBody[:len(respBody)-1]}, false},
 
@@ -69,7 +75,7 @@ func TestDecode(t *testing.T) {
 		{"earlier error with code 99", decoded, store.Outcome{Code: 99, Body: legacyStatus}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			msg, err := decode(c.m, c.out)
+			msg, _, err := decode(c.m, c.out)
 			if (err == nil) != c.ok {
 				t.Fatalf("decode = %v, %v; want accepted %v", msg, err, c.ok)
 			}
@@ -77,11 +83,11 @@ func TestDecode(t *testing.T) {
 	}
 
 	// Replies carry exactly the payload.
-	msg, err := decode(raw, store.Outcome{Code: codes.OK, Body: respBody})
-	if sent, _ := proto.Marshal(msg); err != nil || !bytes.Equal(sent, respPayload) {
-		t.Fatalf("raw replay sends %x (%v), want %x", sent, err, respPayload)
+	_, payload, err := decode(raw, store.Outcome{Code: codes.OK, Body: doBody})
+	if sent, _ := proto.Marshal(rawMessage(raw, payload)); err != nil || !bytes.Equal(sent, doPayload) {
+		t.Fatalf("raw replay sends %x (%v), want %x", sent, err, doPayload)
 	}
-	msg, err = decode(decoded, store.Outcome{Code: codes.InvalidArgument, Body: errBody})
+	msg, _, err := decode(decoded, store.Outcome{Code: codes.InvalidArgument, Body: errBody})
 	if got, _ := proto.Marshal(msg); err != nil || !bytes.Equal(got, errPayload) {
 		t.Fatalf("error replay %x (%v), want %x", got, err, errPayload)
 	}

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -97,51 +98,57 @@ func scopeInvalid(err error) error {
 // storeError maps an error of the store, met while doing something for key
 // (claiming, leasing, recording), to the status the client sees. A failure
 // of the store left nothing behind, so each of them may be retried.
-func (i *server) storeError(ctx context.Context, key store.Key, doing string, err error) error {
+func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err error) error {
+	key := c.key
 	switch {
 	case errors.Is(err, store.ErrInUse):
-		return keyInUse(i.opts.retryDelay)
+		c.settle(ResultInUse)
+		return keyInUse(e.opts.retryDelay)
+	case errors.Is(err, store.ErrInvalidKey):
+		c.settle(ResultInvalidKey)
+		return scopeInvalid(err)
+	}
+	c.settle(ResultStoreError)
+	switch {
 	case errors.Is(err, store.ErrConflict):
 		return withDetails(codes.Aborted, "idem: transaction conflict; retry",
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(0)})
-	case errors.Is(err, store.ErrInvalidKey):
-		return scopeInvalid(err)
 	case errors.Is(err, store.ErrNotReady):
 		// Not UNAVAILABLE: no retry helps until an operator sets the store
 		// up, and the log says how.
-		return i.internalError(ctx, key, codes.Internal, "the idempotency store is not set up", err)
+		return e.internalError(ctx, key, codes.Internal, "the idempotency store is not set up", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
-	return i.internalError(ctx, key, codes.Unavailable, "storage failed while "+doing, err)
+	return e.internalError(ctx, key, codes.Unavailable, "storage failed while "+doing, err)
 }
 
 // internalError logs err, which happened to the call for key, and returns
 // the status of code c the client gets: a message that says what failed,
 // with err's text only under WithVerboseErrors, since it may name hosts,
 // users and databases. UNAVAILABLE carries a RetryInfo.
-func (i *server) internalError(ctx context.Context, key store.Key, c codes.Code, what string, err error) error {
-	i.log(ctx, slog.LevelError, "idem: "+what, key, err)
-	msg := "idem: " + what + i.detail(err)
+func (e *Engine) internalError(ctx context.Context, key store.Key, c codes.Code, what string, err error) error {
+	e.log(ctx, slog.LevelError, "idem: "+what, key, err)
+	msg := "idem: " + what + e.detail(err)
 	if c != codes.Unavailable {
 		return status.Error(c, msg)
 	}
 	return withDetails(c, msg+"; retry",
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(i.opts.retryDelay)})
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(e.opts.retryDelay)})
 }
 
 // detail is what the client's message says of err: its text under
 // WithVerboseErrors, else nothing.
-func (i *server) detail(err error) string {
-	if !i.opts.verbose {
+func (e *Engine) detail(err error) string {
+	if !e.opts.verbose {
 		return ""
 	}
 	return ": " + err.Error()
 }
 
 // log logs msg at level with the scope of the call and err, if not nil.
-func (i *server) log(ctx context.Context, level slog.Level, msg string, key store.Key, err error) {
-	l := i.opts.log()
+func (e *Engine) log(ctx context.Context, level slog.Level, msg string, key store.Key, err error) {
+	l := e.opts.log()
 	if !l.Enabled(ctx, level) {
 		return
 	}
@@ -154,4 +161,9 @@ func (i *server) log(ctx context.Context, level slog.Level, msg string, key stor
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
 	l.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// errTooManyKeys is the error of a call that carried n values of its key.
+func errTooManyKeys(n int) error {
+	return fmt.Errorf("must have exactly one value, got %d", n)
 }

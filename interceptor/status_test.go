@@ -28,8 +28,8 @@ func TestStoreError(t *testing.T) {
 		{fmt.Errorf("%w: tenant is not valid UTF-8", store.ErrInvalidKey), codes.InvalidArgument, false},
 		{errors.New("connection refused"), codes.Unavailable, true},
 	} {
-		i := &server{opts: evaluateServerOptions([]ServerOption{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}
-		st := status.Convert(i.storeError(context.Background(), store.Key{}, "claiming", c.err))
+		e := &Engine{opts: evaluateServerOptions([]ServerOption{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}
+		st := status.Convert(e.storeError(context.Background(), &callState{}, "claiming", c.err))
 		var hasRetry bool
 		for _, d := range st.Details() {
 			_, ok := d.(*errdetails.RetryInfo)

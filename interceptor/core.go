@@ -1,0 +1,501 @@
+package interceptor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idem/fingerprint"
+	"github.com/idemkit/idem/store"
+)
+
+// Engine runs keyed unary calls for a transport: it checks the key, claims
+// it in the store, runs the handler, records its outcome and replays it.
+// [UnaryServerInterceptor] is an Engine behind grpc-go's interceptor API;
+// the adapters for other transports (connect-go, grpc-gateway) use one
+// too, so that every transport serves one contract, with one store, one
+// fingerprint and one scope: a gRPC call and its retry over HTTP are the
+// same operation.
+//
+// Most programs need not use an Engine directly. It is safe for concurrent
+// use.
+type Engine struct {
+	store   store.Store
+	opts    *serverOptions
+	hasher  *fingerprint.Hasher
+	methods *methods
+}
+
+// NewEngine returns an Engine on s, configured as [UnaryServerInterceptor]
+// is.
+func NewEngine(s store.Store, opts ...ServerOption) *Engine {
+	o := evaluateServerOptions(opts)
+	return &Engine{
+		store:   s,
+		opts:    o,
+		hasher:  fingerprint.NewHasher(o.fingerprint...),
+		methods: newMethods(o),
+	}
+}
+
+// Call is one unary call as its transport received it.
+type Call struct {
+	// Method is the full method name, "/pkg.Service/Method".
+	Method string
+	// Keys are the values of the call's idempotency key as the transport
+	// carried them, decoded from its syntax (gRPC metadata [KeyHeader], an
+	// HTTP Idempotency-Key header): none when it carried none. More than one
+	// value is refused.
+	Keys []string
+	// Request is the request message.
+	Request proto.Message
+}
+
+// Reply is what a handler answered: its message (nil with an error) and
+// the response metadata it set, which is recorded with the outcome and
+// replayed with it.
+type Reply struct {
+	Message         proto.Message
+	Header, Trailer metadata.MD
+}
+
+// Handler runs the handler of a call with ctx, which carries what idem
+// hands the handler (the key's transaction, its lease, its scope for
+// outbound calls). Its error, if any, is the handler's: a status error, or
+// any other, which counts as UNKNOWN.
+type Handler func(ctx context.Context) (Reply, error)
+
+// Answer is what the transport sends back for a call, besides the error
+// Handle returns.
+type Answer struct {
+	// Message is the response, decoded (nil with an error).
+	Message proto.Message
+	// Header and Trailer are the response metadata idem adds to what the
+	// handler set itself: the replay marker ([ReplayedHeader]) and, on a
+	// replay, the metadata the handler had set. Send them.
+	Header, Trailer metadata.MD
+
+	// wire is Message as a binary protobuf codec must send it, when that
+	// differs from Message: see WireMessage.
+	wire proto.Message
+}
+
+// WireMessage returns the response to hand to a binary protobuf codec: the
+// recorded bytes, exactly, for response types whose encoding is not
+// canonical (maps, extensions), carried as the unknown fields of an empty
+// message; Message otherwise. A transport that encodes differently (JSON)
+// sends Message.
+func (a Answer) WireMessage() proto.Message {
+	if a.wire != nil {
+		return a.wire
+	}
+	return a.Message
+}
+
+// Handle runs call: the handler once per key, its recorded outcome to every
+// retry. It returns the answer and the call's error as a status error (see
+// the package documentation for the codes), and reports the call's
+// outcome to the hook ([WithOutcomeHook]).
+func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, error) {
+	c := &callState{engine: e, method: call.Method, started: time.Now()}
+	ans, err := e.handle(ctx, c, call, h)
+	e.report(ctx, c)
+	return ans, err
+}
+
+// callState follows one call to its outcome.
+type callState struct {
+	engine        *Engine
+	method        string
+	mode          Mode
+	result        Result
+	replayed      bool
+	started       time.Time
+	claim, record time.Duration
+	key           store.Key
+	m             *method
+}
+
+// settle sets the call's result.
+func (c *callState) settle(r Result) {
+	c.result = r
+}
+
+func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler) (Answer, error) {
+	m := e.methods.lookup(call.Method)
+	c.m = m
+	c.mode = ModeAtomic
+	if m.leased {
+		c.mode = ModeLeased
+	}
+	if m.exempt {
+		c.settle(ResultPassthrough)
+		return e.passThrough(ctx, h)
+	}
+	key, ok, err := keyFrom(call.Keys)
+	if err != nil {
+		c.settle(ResultInvalidKey)
+		return Answer{}, invalidKey(err.Error())
+	}
+	if !ok {
+		if m.required {
+			c.settle(ResultMissingKey)
+			return Answer{}, invalidKey("required by " + call.Method)
+		}
+		c.settle(ResultPassthrough)
+		return e.passThrough(ctx, h)
+	}
+	if m.output == nil {
+		c.settle(ResultStoreError)
+		return Answer{}, status.Errorf(codes.Internal, "idem: %s is not in the protobuf registry, so its responses cannot be replayed", call.Method)
+	}
+	if call.Request == nil {
+		c.settle(ResultStoreError)
+		return Answer{}, status.Errorf(codes.Internal, "idem: %s has no request message", call.Method)
+	}
+	tenant, err := e.opts.tenant.Tenant(ctx)
+	if err != nil {
+		c.settle(ResultInvalidKey)
+		if _, ok := status.FromError(err); ok {
+			return Answer{}, err
+		}
+		return Answer{}, status.Error(codes.Unauthenticated, err.Error())
+	}
+	skey := store.Key{Tenant: tenant, Method: call.Method, Key: key}
+	c.key = skey
+	if err := skey.Validate(); err != nil {
+		c.settle(ResultInvalidKey)
+		return Answer{}, scopeInvalid(err)
+	}
+	fp, err := e.hasher.Sum(call.Request)
+	if err != nil {
+		c.settle(ResultInvalidKey)
+		return Answer{}, status.Error(codes.InvalidArgument, "idem: "+err.Error())
+	}
+
+	ctx = withRequestKey(ctx, skey)
+	if m.leased {
+		return e.lease(ctx, c, fp, call, h)
+	}
+	claimStart := time.Now()
+	claim, err := e.store.Claim(ctx, skey, fp)
+	c.claim = time.Since(claimStart)
+	if err != nil {
+		return Answer{}, e.storeError(ctx, c, "claiming the idempotency key", err)
+	}
+	if claim.Entry != nil {
+		return e.replay(ctx, c, call, h, fp, claim.Entry)
+	}
+	defer func() { _ = claim.Txn.Release(ctx) }()
+	return e.execute(claim.Txn.Context(ctx), c, h, claim.Txn)
+}
+
+// keyFrom returns the call's key and whether it carried one. A key that is
+// present but invalid is an error naming the rule it breaks.
+func keyFrom(keys []string) (key string, ok bool, err error) {
+	switch len(keys) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return keys[0], true, ValidateKey(keys[0])
+	}
+	return "", true, errTooManyKeys(len(keys))
+}
+
+// passThrough runs a call idem stands aside from.
+func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
+	r, err := h(ctx)
+	return Answer{Message: r.Message}, err
+}
+
+// lease runs a call in leased mode: the claim is committed before the
+// handler runs, a heartbeat extends it while the handler runs, and the
+// outcome is recorded only while the claim is still this call's.
+//
+// The claim's bookkeeping (the heartbeat, recording the outcome, releasing
+// the claim) runs on a context detached from the caller's, each store call
+// with a bound of its own (see extendTimeout and leaseRecordTimeout): it
+// lasts as long as the handler, which may well finish its side effect after
+// its client has gone. Only a transient error or a panic of the handler
+// releases the claim. When recording the outcome of a handler that
+// succeeded or failed deterministically fails, the claim stays in progress
+// and its lease runs out on its own, so that a retry takes the call over
+// (resuming from its recovery point) rather than running it afresh.
+func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
+	m, key := c.m, c.key
+	claimStart := time.Now()
+	lc, err := e.store.Lease(ctx, key, fp, m.lease)
+	c.claim = time.Since(claimStart)
+	if err != nil {
+		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
+	}
+	if lc.Entry != nil {
+		return e.replay(ctx, c, call, h, fp, lc.Entry)
+	}
+	l := lc.Lease
+	bctx := context.WithoutCancel(ctx)
+	release := true // until the handler returns an outcome to record
+	defer func() {
+		if release {
+			rctx, cancel := context.WithTimeout(bctx, leaseRecordTimeout)
+			defer cancel()
+			_ = l.Release(rctx)
+		}
+	}()
+
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
+	defer cancel(nil)
+	stop := e.heartbeat(bctx, key, l, m.lease, cancel)
+	defer stop() // when the handler panics
+	rec := &leaseRecorder{lease: l, stop: stop}
+	ans, err := e.execute(hctx, c, func(ctx context.Context) (Reply, error) {
+		r, err := h(ctx)
+		release = err != nil && !e.opts.classifier.Deterministic(status.Convert(err))
+		return r, err
+	}, rec)
+	stop()
+	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
+		c.settle(ResultLeaseLost)
+		e.log(ctx, slog.LevelWarn, "idem: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key, nil)
+		return Answer{}, leaseLost(e.opts.retryDelay)
+	}
+	if rec.err != nil {
+		c.settle(ResultStoreError)
+		e.log(ctx, slog.LevelError, "idem: storage failed while recording the outcome of a leased call; its claim stays in progress until the lease runs out", key, rec.err)
+		return Answer{}, notRecorded(min(m.lease, maxLeaseRetryDelay), e.detail(rec.err))
+	}
+	return ans, err
+}
+
+// Bounds of the store calls that keep a leased claim, which run on a context
+// detached from the caller's.
+const (
+	// leaseRecordTimeout bounds recording a leased call's outcome and
+	// releasing its claim.
+	leaseRecordTimeout = 5 * time.Second
+	// maxExtendTimeout caps the bound of one Extend of the heartbeat.
+	maxExtendTimeout = 5 * time.Second
+)
+
+// extendTimeout bounds one Extend of a lease of length d: a third of d, so
+// that a beat that hangs gives up while the lease still runs for the next
+// beat to extend it, and at most maxExtendTimeout.
+func extendTimeout(d time.Duration) time.Duration {
+	return min(max(d/3, time.Millisecond), maxExtendTimeout)
+}
+
+// recorder is the owned claim execute records into: a store.Txn or a
+// leaseRecorder.
+type recorder interface {
+	Complete(ctx context.Context, out store.Outcome) error
+}
+
+// execute runs the handler and records its outcome in rec. On an error it
+// records nothing and leaves the claim to the caller's deferred release.
+func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recorder) (Answer, error) {
+	m, key := c.m, c.key
+	r, herr := h(ctx)
+	if herr != nil {
+		st := status.Convert(herr)
+		if !e.opts.classifier.Deterministic(st) {
+			c.settle(ResultTransient)
+			return Answer{}, herr // the deferred release discards the claim
+		}
+		body, _, err := encodeOutcome(st.Code(), st.Proto())
+		if err != nil {
+			c.settle(ResultStoreError)
+			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the error failed", err)
+		}
+		if err := e.complete(ctx, c, rec, store.Outcome{Code: st.Code(), Body: body}); err != nil {
+			return Answer{}, err
+		}
+		c.settle(ResultExecuted)
+		return Answer{}, st.Err()
+	}
+	if r.Message == nil {
+		c.settle(ResultStoreError)
+		return Answer{}, status.Error(codes.Internal, "idem: the handler returned no response message")
+	}
+	body, payload, err := encodeOutcome(codes.OK, r.Message)
+	if err != nil {
+		c.settle(ResultStoreError)
+		return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the response failed", err)
+	}
+	out := store.Outcome{Code: codes.OK, Body: body}
+	if len(payload) > e.opts.maxStored {
+		// Too large to keep: record a reference, or nothing, instead.
+		out = store.Outcome{Code: codes.OK, NotCached: true}
+		if m.loader != nil {
+			if out.Body, err = m.loader.Reference(ctx, r.Message); err != nil {
+				c.settle(ResultTransient)
+				return Answer{}, err
+			}
+		}
+	}
+	if err := e.complete(ctx, c, rec, out); err != nil {
+		return Answer{}, err
+	}
+	c.settle(ResultExecuted)
+	ans := Answer{Message: r.Message}
+	if m.raw {
+		ans.wire = rawMessage(m, payload)
+	}
+	return ans, nil
+}
+
+// complete records out in rec, timing it. A failure is returned as the
+// status the client gets, except a leased call's, which is passed on as it
+// is, for lease to report (and log).
+func (e *Engine) complete(ctx context.Context, c *callState, rec recorder, out store.Outcome) error {
+	start := time.Now()
+	err := rec.Complete(ctx, out)
+	c.record = time.Since(start)
+	if err == nil {
+		return nil
+	}
+	if _, leased := rec.(*leaseRecorder); leased || errors.Is(err, store.ErrLeaseLost) {
+		return err
+	}
+	return e.storeError(ctx, c, "recording the outcome", err)
+}
+
+// leaseRecorder records the outcome of a leased call. It stops the
+// heartbeat first, so that the heartbeat never mistakes the completed claim
+// for a lost lease, and records on a context detached from the caller's
+// (bounded by leaseRecordTimeout), so that an outcome reached after the
+// caller has gone is still kept. It keeps the error of the record.
+type leaseRecorder struct {
+	lease store.Lease
+	stop  func()
+	err   error
+}
+
+func (r *leaseRecorder) Complete(ctx context.Context, out store.Outcome) error {
+	r.stop()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseRecordTimeout)
+	defer cancel()
+	r.err = r.lease.Complete(ctx, out)
+	return r.err
+}
+
+// heartbeat extends l, the lease of key, every third of d until stop is
+// called (stop may be called more than once), each Extend bounded by
+// extendTimeout(d). ctx should be detached from the caller's: the lease is
+// kept while the handler runs, whether or not its caller still waits. When
+// the lease turns out to be lost it cancels the handler's context with
+// store.ErrLeaseLost and stops; other failures are logged and retried at
+// the next beat, while the lease may still run.
+func (e *Engine) heartbeat(ctx context.Context, key store.Key, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(max(d/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			ectx, cancelExtend := context.WithTimeout(ctx, extendTimeout(d))
+			err := l.Extend(ectx, d)
+			cancelExtend()
+			switch {
+			case errors.Is(err, store.ErrLeaseLost):
+				cancel(store.ErrLeaseLost)
+				return
+			case err != nil && ctx.Err() == nil:
+				e.log(ctx, slog.LevelWarn, "idem: extending a lease failed", key, err)
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+}
+
+// replay answers a call whose key another request took.
+func (e *Engine) replay(ctx context.Context, c *callState, call Call, h Handler, fp []byte, en *store.Entry) (Answer, error) {
+	m, key := c.m, c.key
+	if !bytes.Equal(en.Fingerprint, fp) {
+		c.settle(ResultReused)
+		return Answer{}, keyReused()
+	}
+	if en.State != store.Completed {
+		c.settle(ResultInUse)
+		delay := e.opts.retryDelay
+		if en.LeaseRemaining > 0 {
+			delay = min(en.LeaseRemaining, maxLeaseRetryDelay)
+		}
+		return Answer{}, keyInUse(delay)
+	}
+	if en.Outcome.NotCached {
+		return e.rebuild(ctx, c, h, en.Outcome.Body)
+	}
+	msg, payload, err := decode(m, en.Outcome)
+	if err != nil {
+		c.settle(ResultStoreError)
+		e.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
+		return Answer{}, status.Error(codes.Internal, "idem: the recorded outcome of this request is unreadable")
+	}
+	c.settle(ResultReplayed)
+	c.replayed = true
+	ans := Answer{Header: metadata.Pairs(ReplayedHeader, "true")}
+	if en.Outcome.Code != codes.OK {
+		return ans, status.ErrorProto(msg.(*spb.Status))
+	}
+	ans.Message = msg
+	if m.raw {
+		ans.wire = rawMessage(m, payload)
+	}
+	return ans, nil
+}
+
+// maxLeaseRetryDelay caps the retry delay suggested while a lease runs.
+const maxLeaseRetryDelay = 30 * time.Second
+
+// rebuild answers a retry of a call whose response was too large to record.
+func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, ref []byte) (Answer, error) {
+	m, key := c.m, c.key
+	switch {
+	case m.loader != nil:
+		resp, err := m.loader.Load(ctx, ref)
+		if err != nil {
+			c.settle(ResultStoreError)
+			if _, ok := status.FromError(err); ok {
+				return Answer{}, err
+			}
+			return Answer{}, e.internalError(ctx, key, codes.Unavailable, "rebuilding the response failed", err)
+		}
+		c.settle(ResultRebuilt)
+		c.replayed = true
+		return Answer{Message: resp, Header: metadata.Pairs(ReplayedHeader, "true")}, nil
+	case m.rerun:
+		c.settle(ResultRerun)
+		r, err := h(ctx)
+		return Answer{Message: r.Message}, err
+	}
+	c.settle(ResultNotCached)
+	return Answer{}, notCached()
+}
+
+// rawMessage returns an empty response whose unknown fields are body, so that
+// a binary protobuf codec sends body as it is.
+func rawMessage(m *method, body []byte) proto.Message {
+	r := m.output.New()
+	r.SetUnknown(body)
+	return r.Interface()
+}
