@@ -31,7 +31,9 @@ id or a client timestamp, are excluded in the .proto file:
 A marked field is excluded wherever its message appears in the request: at
 the top level, in a nested message, in a list element or in a map value. For
 messages whose .proto file cannot be annotated, name the fields with
-WithExcludedFields. By default, only the marked fields are excluded.
+WithExcludedFields. A field that carries the call's idempotency key,
+marked (idem.v1.field).key = true, is excluded too: it names the request,
+it is not part of it. By default, only the marked fields are excluded.
 
 Excluding costs nothing for message types that cannot hold an excluded
 field, nor for requests in which no excluded field is set. Otherwise the

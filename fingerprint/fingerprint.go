@@ -388,7 +388,9 @@ func (h *Hasher) excludes(fd protoreflect.FieldDescriptor) bool {
 		return true
 	}
 	policy, _ := proto.GetExtension(fd.Options(), idemv1.E_Field).(*idemv1.FieldPolicy)
-	return policy.GetFingerprintExclude()
+	// A field that carries the call's idempotency key is not part of the
+	// request the key names.
+	return policy.GetFingerprintExclude() || policy.GetKey()
 }
 
 // elemKind returns the kind of fd, of its list elements or of its map

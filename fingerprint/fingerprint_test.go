@@ -810,3 +810,23 @@ func TestProto2(t *testing.T) {
 		t.Error("missing nested required field: no error")
 	}
 }
+
+// A field that carries the call's idempotency key ((idem.v1.field).key)
+// names the request and is not part of its fingerprint.
+func TestKeyFieldIsExcluded(t *testing.T) {
+	a, err := fingerprint.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 100, RequestId: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := fingerprint.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 100, RequestId: "req-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := fingerprint.Sum(&testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 200, RequestId: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) || bytes.Equal(a, c) {
+		t.Errorf("fingerprints %x, %x, %x; want the first two equal and the third apart", a, b, c)
+	}
+}

@@ -43,7 +43,7 @@ func isExcluded(fd protoreflect.FieldDescriptor, names []protoreflect.FullName) 
 		return true
 	}
 	policy, _ := proto.GetExtension(fd.Options(), idemv1.E_Field).(*idemv1.FieldPolicy)
-	return policy.GetFingerprintExclude()
+	return policy.GetFingerprintExclude() || policy.GetKey()
 }
 
 func clearExcluded(m protoreflect.Message, names []protoreflect.FullName) {

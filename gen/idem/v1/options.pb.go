@@ -112,8 +112,20 @@ type MethodPolicy struct {
 	// instead of failing. Leave it unset unless a second run cannot repeat a
 	// side effect.
 	RerunWhenNotCached bool `protobuf:"varint,4,opt,name=rerun_when_not_cached,json=rerunWhenNotCached,proto3" json:"rerun_when_not_cached,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// ttl is how long the method's keys are kept, overriding the store's
+	// default (24 h for idem's stores). Make it longer than any client's
+	// retry window. Unset means the store's default.
+	Ttl *durationpb.Duration `protobuf:"bytes,5,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// scope names the method's keys instead of its full name: keys are kept
+	// under (tenant, scope, key), and child keys derive from it. Give it
+	// before renaming a package, service or method, so that the keys of calls
+	// in flight survive the rename: set scope to the old full name (for
+	// example "/payments.v1.PaymentService/CreatePayment") on the renamed
+	// method, and keep it. Two methods must never share a scope. Unset means
+	// the full method name.
+	Scope         string `protobuf:"bytes,6,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MethodPolicy) Reset() {
@@ -174,6 +186,20 @@ func (x *MethodPolicy) GetRerunWhenNotCached() bool {
 	return false
 }
 
+func (x *MethodPolicy) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *MethodPolicy) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
 // FieldPolicy is the per-field policy, set with
 //
 //	string trace_id = 5 [(idem.v1.field).fingerprint_exclude = true];
@@ -183,8 +209,14 @@ type FieldPolicy struct {
 	// a retry that changes only this field (a trace id, a client timestamp)
 	// still counts as the same request.
 	FingerprintExclude bool `protobuf:"varint,1,opt,name=fingerprint_exclude,json=fingerprintExclude,proto3" json:"fingerprint_exclude,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// key makes this string field of the request the call's idempotency key
+	// when the call's metadata carries none, as Google's APIs carry a
+	// request_id (AIP-155). The field is left out of the fingerprint. A key
+	// in both the metadata and the field must be the same, or the call is
+	// refused with INVALID_ARGUMENT. Mark at most one top-level field.
+	Key           bool `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FieldPolicy) Reset() {
@@ -220,6 +252,13 @@ func (*FieldPolicy) Descriptor() ([]byte, []int) {
 func (x *FieldPolicy) GetFingerprintExclude() bool {
 	if x != nil {
 		return x.FingerprintExclude
+	}
+	return false
+}
+
+func (x *FieldPolicy) GetKey() bool {
+	if x != nil {
+		return x.Key
 	}
 	return false
 }
@@ -263,14 +302,17 @@ var File_idem_v1_options_proto protoreflect.FileDescriptor
 
 const file_idem_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x01\n" +
+	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xfb\x01\n" +
 	"\fMethodPolicy\x12!\n" +
 	"\fkey_required\x18\x01 \x01(\bR\vkeyRequired\x12!\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\r.idem.v1.ModeR\x04mode\x12/\n" +
 	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x121\n" +
-	"\x15rerun_when_not_cached\x18\x04 \x01(\bR\x12rerunWhenNotCached\">\n" +
+	"\x15rerun_when_not_cached\x18\x04 \x01(\bR\x12rerunWhenNotCached\x12+\n" +
+	"\x03ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
+	"\x05scope\x18\x06 \x01(\tR\x05scope\"P\n" +
 	"\vFieldPolicy\x12/\n" +
-	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude*>\n" +
+	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\bR\x03key*>\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_ATOMIC\x10\x01\x12\x0f\n" +
@@ -303,15 +345,16 @@ var file_idem_v1_options_proto_goTypes = []any{
 var file_idem_v1_options_proto_depIdxs = []int32{
 	0, // 0: idem.v1.MethodPolicy.mode:type_name -> idem.v1.Mode
 	3, // 1: idem.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
-	4, // 2: idem.v1.method:extendee -> google.protobuf.MethodOptions
-	5, // 3: idem.v1.field:extendee -> google.protobuf.FieldOptions
-	1, // 4: idem.v1.method:type_name -> idem.v1.MethodPolicy
-	2, // 5: idem.v1.field:type_name -> idem.v1.FieldPolicy
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	4, // [4:6] is the sub-list for extension type_name
-	2, // [2:4] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 2: idem.v1.MethodPolicy.ttl:type_name -> google.protobuf.Duration
+	4, // 3: idem.v1.method:extendee -> google.protobuf.MethodOptions
+	5, // 4: idem.v1.field:extendee -> google.protobuf.FieldOptions
+	1, // 5: idem.v1.method:type_name -> idem.v1.MethodPolicy
+	2, // 6: idem.v1.field:type_name -> idem.v1.FieldPolicy
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	5, // [5:7] is the sub-list for extension type_name
+	3, // [3:5] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_idem_v1_options_proto_init() }

@@ -41,7 +41,10 @@ type CreatePaymentRequest struct {
 	Note string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
 	// trace_id is for the caller's tracing and may change between retries, so
 	// it is not part of the request fingerprint.
-	TraceId       string `protobuf:"bytes,5,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	TraceId string `protobuf:"bytes,5,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// request_id is the call's idempotency key when its metadata carries
+	// none, as Google's APIs carry one (AIP-155).
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -107,6 +110,13 @@ func (x *CreatePaymentRequest) GetNote() string {
 func (x *CreatePaymentRequest) GetTraceId() string {
 	if x != nil {
 		return x.TraceId
+	}
+	return ""
+}
+
+func (x *CreatePaymentRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -335,14 +345,16 @@ var File_idem_test_v1_payments_proto protoreflect.FileDescriptor
 
 const file_idem_test_v1_payments_proto_rawDesc = "" +
 	"\n" +
-	"\x1bidem/test/v1/payments.proto\x12\fidem.test.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15idem/v1/options.proto\"\xad\x01\n" +
+	"\x1bidem/test/v1/payments.proto\x12\fidem.test.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15idem/v1/options.proto\"\xd4\x01\n" +
 	"\x14CreatePaymentRequest\x12\x1f\n" +
 	"\vcustomer_id\x18\x01 \x01(\tR\n" +
 	"customerId\x12!\n" +
 	"\famount_cents\x18\x02 \x01(\x03R\vamountCents\x12\x1a\n" +
 	"\bcurrency\x18\x03 \x01(\tR\bcurrency\x12\x12\n" +
 	"\x04note\x18\x04 \x01(\tR\x04note\x12!\n" +
-	"\btrace_id\x18\x05 \x01(\tB\x06\xe2\x9c\x1e\x02\b\x01R\atraceId\"H\n" +
+	"\btrace_id\x18\x05 \x01(\tB\x06\xe2\x9c\x1e\x02\b\x01R\atraceId\x12%\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tB\x06\xe2\x9c\x1e\x02\x10\x01R\trequestId\"H\n" +
 	"\x15CreatePaymentResponse\x12/\n" +
 	"\apayment\x18\x01 \x01(\v2\x15.idem.test.v1.PaymentR\apayment\"#\n" +
 	"\x11GetPaymentRequest\x12\x0e\n" +
