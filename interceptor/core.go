@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -123,6 +124,7 @@ type callState struct {
 	claim, record time.Duration
 	key           store.Key
 	m             *method
+	expires       time.Time // when the key this call claimed stops counting
 }
 
 // settle sets the call's result.
@@ -141,7 +143,12 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 		c.settle(ResultPassthrough)
 		return e.passThrough(ctx, h)
 	}
-	key, ok, err := keyFrom(call.Keys)
+	keys, err := requestKeys(m, call)
+	if err != nil {
+		c.settle(ResultInvalidKey)
+		return Answer{}, invalidKey(err.Error())
+	}
+	key, ok, err := keyFrom(keys)
 	if err != nil {
 		c.settle(ResultInvalidKey)
 		return Answer{}, invalidKey(err.Error())
@@ -170,7 +177,11 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 		}
 		return Answer{}, status.Error(codes.Unauthenticated, err.Error())
 	}
-	skey := store.Key{Tenant: tenant, Method: call.Method, Key: key}
+	scope := call.Method
+	if m.scope != "" {
+		scope = m.scope
+	}
+	skey := store.Key{Tenant: tenant, Method: scope, Key: key}
 	c.key = skey
 	if err := skey.Validate(); err != nil {
 		c.settle(ResultInvalidKey)
@@ -187,8 +198,9 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 		return e.lease(ctx, c, fp, call, h)
 	}
 	claimStart := time.Now()
-	claim, err := e.store.Claim(ctx, skey, fp)
+	claim, err := e.store.Claim(ctx, skey, store.Request{Fingerprint: fp, TTL: m.ttl})
 	c.claim = time.Since(claimStart)
+	c.expires = claim.ExpiresAt
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "claiming the idempotency key", err)
 	}
@@ -209,6 +221,26 @@ func keyFrom(keys []string) (key string, ok bool, err error) {
 		return keys[0], true, ValidateKey(keys[0])
 	}
 	return "", true, errTooManyKeys(len(keys))
+}
+
+// requestKeys returns the values of the call's key: the transport's, or
+// else the one its request carries in the field marked
+// (idem.v1.field).key. A request field and a transport key that differ are
+// an error.
+func requestKeys(m *method, call Call) ([]string, error) {
+	if m.keyField == nil || call.Request == nil {
+		return call.Keys, nil
+	}
+	v := call.Request.ProtoReflect().Get(m.keyField).String()
+	switch {
+	case v == "":
+		return call.Keys, nil
+	case len(call.Keys) == 0:
+		return []string{v}, nil
+	case len(call.Keys) == 1 && call.Keys[0] == v:
+		return call.Keys, nil
+	}
+	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", m.keyField.Name())
 }
 
 // passThrough runs a call idem stands aside from.
@@ -233,8 +265,9 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
 	m, key := c.m, c.key
 	claimStart := time.Now()
-	lc, err := e.store.Lease(ctx, key, fp, m.lease)
+	lc, err := e.store.Lease(ctx, key, store.Request{Fingerprint: fp, TTL: m.ttl}, m.lease)
 	c.claim = time.Since(claimStart)
+	c.expires = lc.ExpiresAt
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
 	}
@@ -310,7 +343,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 			c.settle(ResultTransient)
 			return Answer{}, herr // the deferred release discards the claim
 		}
-		body, _, err := encodeOutcome(st.Code(), st.Proto())
+		body, _, err := encodeOutcome(st.Code(), st.Proto(), r.Header, r.Trailer)
 		if err != nil {
 			c.settle(ResultStoreError)
 			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the error failed", err)
@@ -319,13 +352,13 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 			return Answer{}, err
 		}
 		c.settle(ResultExecuted)
-		return Answer{}, st.Err()
+		return Answer{Header: expiresHeader(c.expires)}, st.Err()
 	}
 	if r.Message == nil {
 		c.settle(ResultStoreError)
 		return Answer{}, status.Error(codes.Internal, "idem: the handler returned no response message")
 	}
-	body, payload, err := encodeOutcome(codes.OK, r.Message)
+	body, payload, err := encodeOutcome(codes.OK, r.Message, r.Header, r.Trailer)
 	if err != nil {
 		c.settle(ResultStoreError)
 		return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the response failed", err)
@@ -345,7 +378,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 		return Answer{}, err
 	}
 	c.settle(ResultExecuted)
-	ans := Answer{Message: r.Message}
+	ans := Answer{Message: r.Message, Header: expiresHeader(c.expires)}
 	if m.raw {
 		ans.wire = rawMessage(m, payload)
 	}
@@ -443,9 +476,9 @@ func (e *Engine) replay(ctx context.Context, c *callState, call Call, h Handler,
 		return Answer{}, keyInUse(delay)
 	}
 	if en.Outcome.NotCached {
-		return e.rebuild(ctx, c, h, en.Outcome.Body)
+		return e.rebuild(ctx, c, h, en)
 	}
-	msg, payload, err := decode(m, en.Outcome)
+	rec, err := decode(m, en.Outcome)
 	if err != nil {
 		c.settle(ResultStoreError)
 		e.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
@@ -453,13 +486,13 @@ func (e *Engine) replay(ctx context.Context, c *callState, call Call, h Handler,
 	}
 	c.settle(ResultReplayed)
 	c.replayed = true
-	ans := Answer{Header: metadata.Pairs(ReplayedHeader, "true")}
+	ans := Answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer}
 	if en.Outcome.Code != codes.OK {
-		return ans, status.ErrorProto(msg.(*spb.Status))
+		return ans, status.ErrorProto(rec.msg.(*spb.Status))
 	}
-	ans.Message = msg
+	ans.Message = rec.msg
 	if m.raw {
-		ans.wire = rawMessage(m, payload)
+		ans.wire = rawMessage(m, rec.payload)
 	}
 	return ans, nil
 }
@@ -468,11 +501,11 @@ func (e *Engine) replay(ctx context.Context, c *callState, call Call, h Handler,
 const maxLeaseRetryDelay = 30 * time.Second
 
 // rebuild answers a retry of a call whose response was too large to record.
-func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, ref []byte) (Answer, error) {
+func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, en *store.Entry) (Answer, error) {
 	m, key := c.m, c.key
 	switch {
 	case m.loader != nil:
-		resp, err := m.loader.Load(ctx, ref)
+		resp, err := m.loader.Load(ctx, en.Outcome.Body)
 		if err != nil {
 			c.settle(ResultStoreError)
 			if _, ok := status.FromError(err); ok {
@@ -482,7 +515,7 @@ func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, ref []byt
 		}
 		c.settle(ResultRebuilt)
 		c.replayed = true
-		return Answer{Message: resp, Header: metadata.Pairs(ReplayedHeader, "true")}, nil
+		return Answer{Message: resp, Header: replayHeader(nil, en.ExpiresAt)}, nil
 	case m.rerun:
 		c.settle(ResultRerun)
 		r, err := h(ctx)
@@ -490,6 +523,21 @@ func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, ref []byt
 	}
 	c.settle(ResultNotCached)
 	return Answer{}, notCached()
+}
+
+// expiresHeader is the header that tells the client when its key stops
+// counting; none when the time is unknown.
+func expiresHeader(t time.Time) metadata.MD {
+	if t.IsZero() {
+		return nil
+	}
+	return metadata.Pairs(ExpiresHeader, t.UTC().Format(time.RFC3339))
+}
+
+// replayHeader is the header of a replay: the recorded one, the replay
+// marker and the key's expiry.
+func replayHeader(recorded metadata.MD, expires time.Time) metadata.MD {
+	return metadata.Join(recorded, metadata.Pairs(ReplayedHeader, "true"), expiresHeader(expires))
 }
 
 // rawMessage returns an empty response whose unknown fields are body, so that

@@ -11,6 +11,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protopath"
 	"google.golang.org/protobuf/reflect/protorange"
@@ -61,7 +62,7 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(uint32(codes.OK), []byte{})
 	f.Add(uint32(codes.InvalidArgument), []byte{0x08, 0x03})
-	if body, _, err := encodeOutcome(codes.InvalidArgument, status.New(codes.InvalidArgument, "no").Proto()); err == nil {
+	if body, _, err := encodeOutcome(codes.InvalidArgument, status.New(codes.InvalidArgument, "no").Proto(), nil, nil); err == nil {
 		f.Add(uint32(codes.InvalidArgument), body)
 	}
 	f.Fuzz(func(t *testing.T, code uint32, body []byte) {
@@ -71,19 +72,25 @@ func FuzzDecode(f *testing.F) {
 		}
 		for _, out := range inputs {
 			payload, enveloped, sound := out.Body, false, true
-			if len(out.Body) > 0 && out.Body[0] == 0 {
+			if len(out.Body) > 0 && out.Body[0] <= 1 { // an envelope, with metadata when 1
 				enveloped = true
 				sound = len(out.Body) >= 6 && uint32(out.Body[1]) == code &&
 					binary.BigEndian.Uint32(out.Body[2:6]) == crc32.Update(crc32.Checksum(out.Body[1:2], crc32c), crc32c, out.Body[6:])
 				if sound {
 					payload = out.Body[6:]
+					if out.Body[0] == 1 {
+						_, n := protowire.ConsumeBytes(payload)
+						sound = n >= 0
+						payload = payload[max(n, 0):]
+					}
 				}
 			}
 			for _, m := range []*method{decoded, raw} {
-				msg, sent, err := decode(m, out)
+				rec, err := decode(m, out)
 				if err != nil {
 					continue
 				}
+				msg, sent := rec.msg, rec.payload
 				if !bytes.Equal(sent, payload) {
 					t.Fatalf("decode(code %d, %x) replays %x, recorded %x", code, out.Body, sent, payload)
 				}

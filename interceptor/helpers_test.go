@@ -99,6 +99,16 @@ func (s *testService) Read(ctx context.Context, req *testv1.ReadRequest) (*testv
 	return &testv1.ReadResponse{Value: req.GetValue(), Execution: n}, nil
 }
 
+// Renamed is Do under a scope and a TTL of its own.
+func (s *testService) Renamed(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	return s.Do(ctx, req)
+}
+
+// Watch streams one response.
+func (s *testService) Watch(req *testv1.DoRequest, stream grpc.ServerStreamingServer[testv1.DoResponse]) error {
+	return stream.Send(&testv1.DoResponse{Value: req.GetValue()})
+}
+
 func (s *testService) setHook(h func(ctx context.Context, value string) error) {
 	s.mu.Lock()
 	s.hook = h
@@ -177,7 +187,7 @@ func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 		recovery.UnaryServerInterceptor(),
 		interceptor.UnaryServerInterceptor(st,
 			append([]interceptor.ServerOption{interceptor.WithTenant(tenant), interceptor.WithLogger(log.logger())}, s.opts...)...),
-	))
+	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
 	testv1.RegisterTestServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

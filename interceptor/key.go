@@ -16,6 +16,10 @@ const (
 	// ReplayedHeader is the response header set to "true" when the response
 	// is a replay of a recorded one.
 	ReplayedHeader = "idempotent-replayed"
+	// ExpiresHeader is the response header that says, on the first answer
+	// and every replay, when the key stops counting: RFC 3339, UTC (for
+	// example 2026-12-01T20:15:04Z). A retry after it runs the call again.
+	ExpiresHeader = "idempotency-key-expires"
 )
 
 // MaxKeyLength is the longest key accepted, in bytes.

@@ -478,8 +478,8 @@ type failingComplete struct {
 	failed atomic.Bool
 }
 
-func (s *failingComplete) Lease(ctx context.Context, key store.Key, fp []byte, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, key, fp, d)
+func (s *failingComplete) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
+	c, err := s.Store.Lease(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
 	}

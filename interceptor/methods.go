@@ -37,6 +37,16 @@ type method struct {
 	// the handler again instead.
 	loader Loader
 	rerun  bool
+
+	// ttl is how long the method's keys are kept; zero is the store's
+	// default. scope names its keys; empty is the full method name.
+	ttl   time.Duration
+	scope string
+	// keyField is the string field of the request that carries the call's
+	// key when the metadata does not; nil when none is marked.
+	keyField protoreflect.FieldDescriptor
+	// streaming methods are refused keys.
+	streaming bool
 }
 
 // methods caches policies by full method name.
@@ -99,6 +109,18 @@ func (ms *methods) resolve(fullMethod string) *method {
 			m.leased = p.GetMode() == idemv1.Mode_MODE_LEASED
 			m.lease = p.GetLease().AsDuration()
 			m.rerun = p.GetRerunWhenNotCached()
+			m.ttl = p.GetTtl().AsDuration()
+			m.scope = p.GetScope()
+		}
+	}
+	m.streaming = md.IsStreamingClient() || md.IsStreamingServer()
+	fields := md.Input().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if p, ok := proto.GetExtension(fd.Options(), idemv1.E_Field).(*idemv1.FieldPolicy); ok && p.GetKey() &&
+			fd.Kind() == protoreflect.StringKind && fd.Cardinality() != protoreflect.Repeated {
+			m.keyField = fd
+			break
 		}
 	}
 	if mt, err := ms.types.FindMessageByName(md.Output().FullName()); err == nil {

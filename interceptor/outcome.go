@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
+	"strings"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -20,14 +24,20 @@ import (
 //	0x00 | code (1 byte) | CRC-32C of code and payload (4 bytes, big-endian) | payload
 //
 // where payload is the deterministic encoding of the response (code OK) or
-// of the error's google.rpc.Status. No protobuf encoding starts with 0x00
-// (field number 0 is invalid), so the bodies recorded before the envelope
-// existed, which are bare payloads, stay recognisable and are still
-// replayed. Bodies of responses not cached hold a Loader's reference and
-// are not enveloped.
+// of the error's google.rpc.Status. An outcome whose handler set response
+// metadata records it too:
+//
+//	0x01 | code | CRC-32C of code and what follows it | uvarint length of meta | meta | payload
+//
+// where meta holds the header and trailer entries (see appendMetadata). No
+// protobuf encoding starts with 0x00 or 0x01 (field number 0 is invalid),
+// so the bodies recorded before the envelope existed, which are bare
+// payloads, stay recognisable and are still replayed. Bodies of responses
+// not cached hold a Loader's reference and are not enveloped.
 const (
-	envelopeMark   = 0x00
-	envelopeHeader = 6
+	envelopeMark     = 0x00
+	envelopeMetaMark = 0x01
+	envelopeHeader   = 6
 )
 
 // maxCode is the largest gRPC status code.
@@ -42,24 +52,121 @@ func envelopeSum(code, payload []byte) uint32 {
 	return crc32.Update(crc32.Update(0, castagnoli, code), castagnoli, payload)
 }
 
-// encodeOutcome returns the envelope of msg recorded with code, in one
+// encodeOutcome returns the envelope of msg recorded with code and the
+// response metadata of r worth recording (see recordable), in one
 // allocation, and the payload within it: the bytes every reply sends.
-func encodeOutcome(code codes.Code, msg proto.Message) (body, payload []byte, err error) {
+func encodeOutcome(code codes.Code, msg proto.Message, header, trailer metadata.MD) (body, payload []byte, err error) {
 	if code > maxCode {
 		return nil, nil, fmt.Errorf("status code %d is not a gRPC code", code)
+	}
+	meta := appendMetadata(appendMetadata(nil, metaHeader, header), metaTrailer, trailer)
+	head := envelopeHeader
+	if len(meta) > 0 {
+		head += protowire.SizeVarint(uint64(len(meta))) + len(meta)
 	}
 	opts := proto.MarshalOptions{Deterministic: true}
 	n := opts.Size(msg)
 	opts.UseCachedSize = true // sized just above, and unchanged since
-	body, err = opts.MarshalAppend(make([]byte, envelopeHeader, envelopeHeader+n), msg)
+	body = make([]byte, envelopeHeader, head+n)
+	body[0] = envelopeMark
+	if len(meta) > 0 {
+		body[0] = envelopeMetaMark
+		body = protowire.AppendVarint(body, uint64(len(meta)))
+		body = append(body, meta...)
+	}
+	body, err = opts.MarshalAppend(body, msg)
 	if err != nil {
 		return nil, nil, err
 	}
-	payload = body[envelopeHeader:]
-	body[0] = envelopeMark
+	payload = body[head:]
 	body[1] = byte(code)
-	binary.BigEndian.PutUint32(body[2:envelopeHeader], envelopeSum(body[1:2], payload))
+	binary.BigEndian.PutUint32(body[2:envelopeHeader], envelopeSum(body[1:2], body[envelopeHeader:]))
 	return body, payload, nil
+}
+
+// The fields of an envelope's meta: each entry is a message of a key (1)
+// and a value (2).
+const (
+	metaHeader  protowire.Number = 1
+	metaTrailer protowire.Number = 2
+)
+
+// appendMetadata appends to b the entries of md worth recording, as field
+// num, keys sorted so that a response's record does not depend on map
+// order.
+func appendMetadata(b []byte, num protowire.Number, md metadata.MD) []byte {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		if recordable(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range md[k] {
+			var e []byte
+			e = protowire.AppendTag(e, 1, protowire.BytesType)
+			e = protowire.AppendString(e, k)
+			e = protowire.AppendTag(e, 2, protowire.BytesType)
+			e = protowire.AppendString(e, v)
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendBytes(b, e)
+		}
+	}
+	return b
+}
+
+// parseMetadata reads the entries appendMetadata wrote.
+func parseMetadata(b []byte) (header, trailer metadata.MD, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType || (num != metaHeader && num != metaTrailer) {
+			return nil, nil, errors.New("recorded metadata is malformed")
+		}
+		b = b[n:]
+		e, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, nil, errors.New("recorded metadata is malformed")
+		}
+		b = b[n:]
+		var kv [2]string
+		for i := range kv {
+			f, t, m := protowire.ConsumeTag(e)
+			if m < 0 || t != protowire.BytesType || f != protowire.Number(i+1) {
+				return nil, nil, errors.New("recorded metadata entry is malformed")
+			}
+			v, m2 := protowire.ConsumeString(e[m:])
+			if m2 < 0 {
+				return nil, nil, errors.New("recorded metadata entry is malformed")
+			}
+			kv[i], e = v, e[m+m2:]
+		}
+		md := &header
+		if num == metaTrailer {
+			md = &trailer
+		}
+		if *md == nil {
+			*md = metadata.MD{}
+		}
+		md.Append(kv[0], kv[1])
+	}
+	return header, trailer, nil
+}
+
+// recordable reports whether response metadata named key is recorded with
+// an outcome and replayed: what the handler set of its own, not what
+// transports or idem set (grpc- names, pseudo-headers, the content type,
+// idem's own headers).
+func recordable(key string) bool {
+	switch {
+	case strings.HasPrefix(key, "grpc-"), strings.HasPrefix(key, ":"):
+		return false
+	}
+	switch key {
+	case "content-type", "te", "user-agent", ReplayedHeader, ExpiresHeader, KeyHeader:
+		return false
+	}
+	return true
 }
 
 // decode checks a recorded outcome and returns the message to hand back:
@@ -75,51 +182,77 @@ func encodeOutcome(code codes.Code, msg proto.Message) (body, payload []byte, er
 // (types with maps or extensions) are exempt, as their bytes may carry
 // extensions this process does not know; they are only checked to parse.
 //
-// It also returns the payload, the recorded bytes every reply sends.
-func decode(m *method, out store.Outcome) (msg proto.Message, payload []byte, err error) {
+// It also returns the payload, the recorded bytes every reply sends, and
+// the response metadata recorded with them.
+func decode(m *method, out store.Outcome) (recorded, error) {
 	if out.Code > maxCode {
-		return nil, nil, fmt.Errorf("recorded status code %d is not a gRPC code", out.Code)
+		return recorded{}, fmt.Errorf("recorded status code %d is not a gRPC code", out.Code)
 	}
-	payload, enveloped, err := openEnvelope(out)
+	r, enveloped, err := openEnvelope(out)
 	if err != nil {
-		return nil, nil, err
+		return recorded{}, err
 	}
 	if out.Code != codes.OK {
 		st := new(spb.Status)
-		if err := proto.Unmarshal(payload, st); err != nil {
-			return nil, nil, err
+		if err := proto.Unmarshal(r.payload, st); err != nil {
+			return recorded{}, err
 		}
 		if codes.Code(st.GetCode()) != out.Code {
-			return nil, nil, errors.New("recorded status code does not match its row")
+			return recorded{}, errors.New("recorded status code does not match its row")
 		}
-		return st, payload, nil
+		r.msg = st
+		return r, nil
 	}
 	resp := m.output.New().Interface()
-	if err := proto.Unmarshal(payload, resp); err != nil {
-		return nil, nil, err
+	if err := proto.Unmarshal(r.payload, resp); err != nil {
+		return recorded{}, err
 	}
 	if !m.raw && !enveloped && hasUnknown(resp.ProtoReflect()) {
-		return nil, nil, fmt.Errorf("recorded response has fields unknown to %s", m.output.Descriptor().FullName())
+		return recorded{}, fmt.Errorf("recorded response has fields unknown to %s", m.output.Descriptor().FullName())
 	}
-	return resp, payload, nil
+	r.msg = resp
+	return r, nil
 }
 
-// openEnvelope returns the payload of out's body and whether it was
-// enveloped, or an error when the envelope does not vouch for it.
-func openEnvelope(out store.Outcome) (payload []byte, enveloped bool, err error) {
+// recorded is a decoded outcome.
+type recorded struct {
+	// msg is the response, or the google.rpc.Status of an error.
+	msg proto.Message
+	// payload is msg's recorded encoding, which replies send.
+	payload []byte
+	// header and trailer are the response metadata recorded with it.
+	header, trailer metadata.MD
+}
+
+// openEnvelope returns the payload of out's body, with its metadata, and
+// whether it was enveloped, or an error when the envelope does not vouch
+// for it.
+func openEnvelope(out store.Outcome) (r recorded, enveloped bool, err error) {
 	b := out.Body
-	if len(b) == 0 || b[0] != envelopeMark {
-		return b, false, nil
+	if len(b) == 0 || (b[0] != envelopeMark && b[0] != envelopeMetaMark) {
+		return recorded{payload: b}, false, nil
 	}
 	switch {
 	case len(b) < envelopeHeader:
-		return nil, true, errors.New("recorded outcome is shorter than its envelope")
+		return recorded{}, true, errors.New("recorded outcome is shorter than its envelope")
 	case codes.Code(b[1]) != out.Code:
-		return nil, true, fmt.Errorf("recorded outcome has code %d, its row %d", b[1], out.Code)
+		return recorded{}, true, fmt.Errorf("recorded outcome has code %d, its row %d", b[1], out.Code)
 	case binary.BigEndian.Uint32(b[2:envelopeHeader]) != envelopeSum(b[1:2], b[envelopeHeader:]):
-		return nil, true, errors.New("recorded outcome fails its checksum")
+		return recorded{}, true, errors.New("recorded outcome fails its checksum")
 	}
-	return b[envelopeHeader:], true, nil
+	rest := b[envelopeHeader:]
+	if b[0] == envelopeMetaMark {
+		meta, n := protowire.ConsumeBytes(rest)
+		if n < 0 {
+			return recorded{}, true, errors.New("recorded outcome's metadata is truncated")
+		}
+		if r.header, r.trailer, err = parseMetadata(meta); err != nil {
+			return recorded{}, true, err
+		}
+		rest = rest[n:]
+	}
+	r.payload = rest
+	return r, true, nil
 }
 
 // hasUnknown reports whether m, or a message within it, has unknown fields.

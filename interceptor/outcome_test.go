@@ -18,12 +18,12 @@ func TestDecode(t *testing.T) {
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 
 	resp := &testv1.CreatePaymentResponse{Payment: &testv1.Payment{Id: "p1", AmountCents: 1250}}
-	respBody, _, err := encodeOutcome(codes.OK, resp)
+	respBody, _, err := encodeOutcome(codes.OK, resp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := status.New(codes.InvalidArgument, "invalid payment").Proto()
-	errBody, errPayload, err := encodeOutcome(codes.InvalidArgument, st)
+	errBody, errPayload, err := encodeOutcome(codes.InvalidArgument, st, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestDecode(t *testing.T) {
 	legacyStatus, _ := proto.Marshal(st)
 	legacyWithUnknown := append(bytes.Clone(legacyResp), 0xf8, 0x07, 0x01) // field 127, varint 1
 	do := &testv1.DoResponse{Value: "v", Labels: map[string]string{"a": "1", "b": "2", "c": "3"}}
-	doBody, doPayload, err := encodeOutcome(codes.OK, do)
+	doBody, doPayload, err := encodeOutcome(codes.OK, do, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,23 +75,23 @@ func TestDecode(t *testing.T) {
 		{"earlier error with code 99", decoded, store.Outcome{Code: 99, Body: legacyStatus}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			msg, _, err := decode(c.m, c.out)
+			rec, err := decode(c.m, c.out)
 			if (err == nil) != c.ok {
-				t.Fatalf("decode = %v, %v; want accepted %v", msg, err, c.ok)
+				t.Fatalf("decode = %v, %v; want accepted %v", rec.msg, err, c.ok)
 			}
 		})
 	}
 
 	// Replies carry exactly the payload.
-	_, payload, err := decode(raw, store.Outcome{Code: codes.OK, Body: doBody})
-	if sent, _ := proto.Marshal(rawMessage(raw, payload)); err != nil || !bytes.Equal(sent, doPayload) {
+	rec, err := decode(raw, store.Outcome{Code: codes.OK, Body: doBody})
+	if sent, _ := proto.Marshal(rawMessage(raw, rec.payload)); err != nil || !bytes.Equal(sent, doPayload) {
 		t.Fatalf("raw replay sends %x (%v), want %x", sent, err, doPayload)
 	}
-	msg, _, err := decode(decoded, store.Outcome{Code: codes.InvalidArgument, Body: errBody})
-	if got, _ := proto.Marshal(msg); err != nil || !bytes.Equal(got, errPayload) {
+	rec, err = decode(decoded, store.Outcome{Code: codes.InvalidArgument, Body: errBody})
+	if got, _ := proto.Marshal(rec.msg); err != nil || !bytes.Equal(got, errPayload) {
 		t.Fatalf("error replay %x (%v), want %x", got, err, errPayload)
 	}
-	if _, _, err := encodeOutcome(99, st); err == nil {
+	if _, _, err := encodeOutcome(99, st, nil, nil); err == nil {
 		t.Fatal("encodeOutcome recorded code 99")
 	}
 }
@@ -101,7 +101,7 @@ func BenchmarkEncodeOutcome(b *testing.B) {
 	b.Run("envelope", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := encodeOutcome(codes.OK, resp); err != nil {
+			if _, _, err := encodeOutcome(codes.OK, resp, nil, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

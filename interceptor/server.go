@@ -85,3 +85,17 @@ func (s *capturingStream) SetTrailer(md metadata.MD) error {
 	s.mu.Unlock()
 	return s.ServerTransportStream.SetTrailer(md)
 }
+
+// StreamServerInterceptor returns a stream server interceptor that refuses
+// a streaming call that carries an idempotency key ([KeyHeader]) with
+// INVALID_ARGUMENT: idem makes unary calls safe to retry, and a key sent to
+// a stream would otherwise be ignored without a word. Streams without a
+// key pass through untouched.
+func StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if len(metadata.ValueFromIncomingContext(ss.Context(), KeyHeader)) > 0 {
+			return invalidKey("idempotency keys apply to unary methods, and " + info.FullMethod + " streams")
+		}
+		return handler(srv, ss)
+	}
+}

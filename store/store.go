@@ -126,33 +126,46 @@ type Outcome struct {
 	NotCached bool
 }
 
+// Request is what a claim keeps of the call besides its key.
+type Request struct {
+	// Fingerprint is the request's fingerprint: a retry must come with the
+	// same one to be answered with the key's outcome.
+	Fingerprint []byte
+	// TTL is how long the key is kept once claimed: past it the key counts
+	// as absent. Zero selects the store's default.
+	TTL time.Duration
+}
+
 // Claim is the result of [Store.Claim]: exactly one of Txn and Entry is set.
 type Claim struct {
 	// Txn is set when the caller now owns the key.
 	Txn Txn
+	// ExpiresAt is, with Txn, when the key will stop counting (by the
+	// store's clock): its claim time plus the TTL.
+	ExpiresAt time.Time
 	// Entry is set when the key was already taken by another request.
 	Entry *Entry
 }
 
 // Store claims idempotency keys and records outcomes.
 type Store interface {
-	// Claim takes key for a request with the given fingerprint, or reports
-	// who has it. It returns a Claim with Txn set when the key was free (or
-	// its entry had expired), a Claim with Entry set when another request
-	// completed it or is running it, and ErrInUse when the wait for a
-	// concurrent owner ran out.
-	Claim(ctx context.Context, key Key, fingerprint []byte) (Claim, error)
+	// Claim takes key for the request r, or reports who has it. It returns
+	// a Claim with Txn set when the key was free (or its entry had
+	// expired), a Claim with Entry set when another request completed it or
+	// is running it, and ErrInUse when the wait for a concurrent owner ran
+	// out. The key is kept for r.TTL, or the store's default.
+	Claim(ctx context.Context, key Key, r Request) (Claim, error)
 
-	// Lease takes key for a request in leased mode: the claim is durable
-	// at once and held for lease, and the handler's side effects are its
-	// own. It returns a LeaseClaim with Lease set when the key was free,
+	// Lease takes key for the request r in leased mode: the claim is
+	// durable at once and held for lease, and the handler's side effects
+	// are its own. It returns a LeaseClaim with Lease set when the key was free,
 	// had expired, or was held by a request with the same fingerprint whose
 	// lease ran out (a takeover, which keeps the last recovery point and
 	// invalidates the earlier owner's Lease). Otherwise it returns a
 	// LeaseClaim with Entry set: completed, or in progress with its
 	// LeaseRemaining (zero when an atomic claim holds it). It returns
 	// ErrInUse when the wait for a concurrent atomic claim ran out.
-	Lease(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (LeaseClaim, error)
+	Lease(ctx context.Context, key Key, r Request, lease time.Duration) (LeaseClaim, error)
 }
 
 // Txn is an owned claim. Exactly one of Complete and Release takes effect;
@@ -180,6 +193,9 @@ type Txn interface {
 type LeaseClaim struct {
 	// Lease is set when the caller now holds the key.
 	Lease Lease
+	// ExpiresAt is, with Lease, when the key will stop counting (by the
+	// store's clock). A takeover keeps the key's expiry.
+	ExpiresAt time.Time
 	// Entry is set when the key was taken by another request.
 	Entry *Entry
 }

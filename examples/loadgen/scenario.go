@@ -135,7 +135,7 @@ var scenarios = []*scenario{
 			i := e.seq.Add(1)
 			req := request(i)
 			key := e.freshKey()
-			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, e.fingerprint)
+			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint})
 			if err != nil {
 				return "", err
 			}

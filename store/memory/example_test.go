@@ -18,7 +18,7 @@ func Example() {
 	fingerprint := []byte("request hash")
 
 	// The first request claims the key, runs and records its response.
-	c, err := s.Claim(ctx, key, fingerprint)
+	c, err := s.Claim(ctx, key, store.Request{Fingerprint: fingerprint})
 	if err != nil {
 		panic(err)
 	}
@@ -29,7 +29,7 @@ func Example() {
 	}
 
 	// A retry finds the recorded outcome and replays it.
-	retry, err := s.Claim(ctx, key, fingerprint)
+	retry, err := s.Claim(ctx, key, store.Request{Fingerprint: fingerprint})
 	if err != nil {
 		panic(err)
 	}
@@ -51,11 +51,11 @@ func ExampleWithClock() {
 	)
 	key := store.Key{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
 
-	c, _ := s.Claim(ctx, key, []byte("fp"))
+	c, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 	_ = c.Txn.Complete(ctx, store.Outcome{Code: codes.OK})
 
 	now = now.Add(25 * time.Hour) // past the TTL: the key counts as absent
-	again, _ := s.Claim(ctx, key, []byte("fp"))
+	again, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 	fmt.Println("runs again after expiry:", again.Txn != nil)
 	// Output:
 	// runs again after expiry: true

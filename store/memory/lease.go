@@ -14,7 +14,7 @@ import (
 // running atomic claim of the key to finish, for at most the lock timeout.
 // A takeover keeps the key's expiry and its last recovery point; a key that
 // expired is leased afresh, without one.
-func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
 	}
@@ -26,18 +26,19 @@ func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, le
 	switch {
 	case e == nil || e.expired(now):
 		s.tokens++
-		s.entries[key] = &entry{
-			fp:          bytes.Clone(fingerprint),
-			expiresAt:   now.Add(s.ttl),
+		e = &entry{
+			fp:          bytes.Clone(r.Fingerprint),
+			expiresAt:   now.Add(s.ttlOf(r)),
 			token:       s.tokens,
 			lockedUntil: now.Add(lease),
 		}
-		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens}}, nil
-	case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, fingerprint):
+		s.entries[key] = e
+		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens}, ExpiresAt: e.expiresAt}, nil
+	case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, r.Fingerprint):
 		s.tokens++
 		e.token = s.tokens
 		e.lockedUntil = now.Add(lease)
-		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}}, nil
+		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}, ExpiresAt: e.expiresAt}, nil
 	}
 	return store.LeaseClaim{Entry: e.snapshot(now)}, nil
 }

@@ -88,6 +88,14 @@ func cloneOutcome(out store.Outcome) store.Outcome {
 	return out
 }
 
+// ttlOf is how long the key of r is kept.
+func (s *Store) ttlOf(r store.Request) time.Duration {
+	if r.TTL > 0 {
+		return r.TTL
+	}
+	return s.ttl
+}
+
 // sweepLocked deletes every expired entry, at most once per TTL, so that
 // keys nobody claims again do not stay forever.
 func (s *Store) sweepLocked(now time.Time) {
@@ -107,7 +115,7 @@ func (s *Store) sweepLocked(now time.Time) {
 // although a map could hold it. A claim of a key whose atomic owner is
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
-func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -120,13 +128,13 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		return store.Claim{Entry: e.snapshot(now)}, nil
 	}
 	e = &entry{
-		fp:        bytes.Clone(fingerprint),
-		expiresAt: now.Add(s.ttl),
+		fp:        bytes.Clone(r.Fingerprint),
+		expiresAt: now.Add(s.ttlOf(r)),
 		pending:   true,
 		done:      make(chan struct{}),
 	}
 	s.entries[key] = e
-	return store.Claim{Txn: &txn{store: s, key: key, e: e}}, nil
+	return store.Claim{Txn: &txn{store: s, key: key, e: e}, ExpiresAt: e.expiresAt}, nil
 }
 
 // lockSettled locks s and returns the entry of key (nil if none) once no

@@ -40,7 +40,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data`
+RETURNING recovery_point, recovery_data, expires_at`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -71,18 +71,18 @@ const maxLeaseRounds = 3
 // key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
 // connection of the pool.
-func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, lease time.Duration) (store.LeaseClaim, error) {
+func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
 	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
-		l, entry, err := s.lease(ctx, sc, key, fingerprint, lease)
+		l, expiresAt, entry, err := s.lease(ctx, sc, key, r, lease)
 		switch {
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
 		case l != nil:
-			return store.LeaseClaim{Lease: l}, nil
+			return store.LeaseClaim{Lease: l, ExpiresAt: expiresAt}, nil
 		case entry != nil && !entry.expired:
 			return store.LeaseClaim{Entry: &entry.Entry}, nil
 		}
@@ -92,23 +92,23 @@ func (s *Store) Lease(ctx context.Context, key store.Key, fingerprint []byte, le
 	return store.LeaseClaim{}, store.ErrInUse
 }
 
-func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d time.Duration) (l *lease, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	}
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
 	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: leaseClaim, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, fp, s.ttl, d.Seconds(), token}},
+		{SQL: leaseClaim, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token}},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
@@ -116,17 +116,17 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 		}
 	}()
 	if _, err := br.Exec(); err != nil { // lockKey
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	}
 	var (
 		step *string
 		data []byte
 	)
-	err = br.QueryRow().Scan(&step, &data)
+	err = br.QueryRow().Scan(&step, &data, &expiresAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	default:
 		l = &lease{store: s, id: sc.id, token: token}
 		if step != nil {
@@ -134,19 +134,19 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, fp []byte, d
 		}
 	}
 	if entry, err = scanEntry(br.QueryRow()); err != nil {
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return nil, nil, err
+		return nil, expiresAt, nil, err
 	}
 	if tag.String() != "COMMIT" {
-		return nil, nil, errors.New("postgres: lease claim was rolled back")
+		return nil, expiresAt, nil, errors.New("postgres: lease claim was rolled back")
 	}
 	if l != nil {
-		return l, nil, nil
+		return l, expiresAt, nil, nil
 	}
-	return nil, entry, nil
+	return nil, expiresAt, entry, nil
 }
 
 // lease is a held leased claim.

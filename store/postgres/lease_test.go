@@ -15,7 +15,7 @@ import (
 func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	first, err := s.Lease(ctx, key, []byte("fp"), 300*time.Millisecond)
+	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
@@ -24,7 +24,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	}
 
 	// Live lease: no takeover, and the entry says how long it still runs.
-	live, err := s.Lease(ctx, key, []byte("fp"), time.Minute)
+	live, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || live.Entry == nil || live.Entry.State != store.InProgress {
 		t.Fatalf("claim during a live lease: %+v, %v", live, err)
 	}
@@ -34,11 +34,11 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 
 	time.Sleep(400 * time.Millisecond)
 	// Run out, but another fingerprint: never taken over.
-	other, err := s.Lease(ctx, key, []byte("other"), time.Minute)
+	other, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || other.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v", other, err)
 	}
-	second, err := s.Lease(ctx, key, []byte("fp"), time.Minute)
+	second, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}

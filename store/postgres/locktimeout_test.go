@@ -88,10 +88,10 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 			cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
 			defer cancel()
 			for i := range 2 {
-				if _, err := s.Claim(cctx, key, []byte("fp")); !errors.Is(err, store.ErrInUse) {
+				if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 					t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
 				}
-				if _, err := s.Lease(cctx, key, []byte("fp"), time.Minute); !errors.Is(err, store.ErrInUse) {
+				if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
 					t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 				}
 			}
@@ -112,7 +112,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := s.Claim(cctx, k, []byte("fp"))
+	c, err := s.Claim(cctx, k, store.Request{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
@@ -120,7 +120,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
-	l, err := s.Lease(cctx, k, []byte("fp"), time.Minute)
+	l, err := s.Lease(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
@@ -172,7 +172,7 @@ func TestClaimRoundTrips(t *testing.T) {
 			for i := range 3 {
 				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
 				before := trips.Load()
-				c, err := s.Claim(ctx, k, []byte("fp"))
+				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
 				if err != nil || c.Txn == nil {
 					t.Fatalf("claim: %+v, %v", c, err)
 				}
@@ -181,7 +181,7 @@ func TestClaimRoundTrips(t *testing.T) {
 					t.Fatal(err)
 				}
 				before = trips.Load()
-				l, err := s.Lease(ctx, k, []byte("fp"), time.Minute)
+				l, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 				if err != nil || l.Lease == nil {
 					t.Fatalf("lease: %+v, %v", l, err)
 				}

@@ -20,7 +20,7 @@ import (
 // handler's writes. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
-	ttl  float64 // seconds
+	ttl  time.Duration
 
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
@@ -40,7 +40,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	}
 	return &Store{
 		pool:              pool,
-		ttl:               o.ttl.Seconds(),
+		ttl:               o.ttl,
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
@@ -67,7 +67,9 @@ const (
 	// serializes the claims of a key, without waiting: when another claim
 	// of the key holds it, the claim waits for it in a round trip of its
 	// own (waitKey). $1 and $2 are the lock's keys.
-	tryKey = "SELECT pg_try_advisory_xact_lock($1, $2)"
+	// It also returns now(), the transaction's time, by which the record
+	// computes the key's expiry.
+	tryKey = "SELECT pg_try_advisory_xact_lock($1, $2), now()"
 
 	// waitKey waits for the key's advisory lock, for at most the lock
 	// timeout ($3, in milliseconds), and then puts the session's
@@ -153,7 +155,7 @@ FROM recorded`
 // A key that breaks the rules of [store.Key.Validate] fails with
 // [store.ErrInvalidKey] before any statement is sent: the rules keep every
 // key within what the table's text columns can hold.
-func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -162,7 +164,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 	if err != nil {
 		return store.Claim{}, err
 	}
-	tx, entry, err := s.claim(ctx, conn.Conn(), sc, key)
+	tx, entry, now, err := s.claim(ctx, conn.Conn(), sc, key)
 	switch {
 	case err != nil:
 		_ = abandon(ctx, conn)
@@ -172,9 +174,18 @@ func (s *Store) Claim(ctx context.Context, key store.Key, fingerprint []byte) (s
 		go func() { _ = abandon(ctx, conn) }()
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
-	t := &txn{store: s, conn: conn, key: key, scope: sc, fp: fingerprint, takeover: entry != nil}
+	ttl := s.ttlOf(r)
+	t := &txn{store: s, conn: conn, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
-	return store.Claim{Txn: t}, nil
+	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
+}
+
+// ttlOf is how long the key of r is kept.
+func (s *Store) ttlOf(r store.Request) time.Duration {
+	if r.TTL > 0 {
+		return r.TTL
+	}
+	return s.ttl
 }
 
 // errPoolBusy reports that no connection came free within the lock timeout.
@@ -198,18 +209,18 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 // and its answer is not settled, waits for it; it leaves the transaction
 // open. It returns the transaction and the entry found (nil when the key
 // has no row).
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, err error) {
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
 	br, tx, err := s.sendBounded(ctx, conn, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
 		{SQL: tryKey, Arguments: []any{lockClass, sc.lock}},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, now, err
 	}
 	var locked bool
 	if _, err = br.Exec(); err == nil { // lockTable
-		if err = br.QueryRow().Scan(&locked); err == nil {
+		if err = br.QueryRow().Scan(&locked, &now); err == nil {
 			entry, err = scanEntry(br.QueryRow())
 		}
 	}
@@ -219,7 +230,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 	settled := entry != nil && entry.State == store.Completed && !entry.expired
 	if err != nil || locked || settled {
 		// A completed key needs no lock: its replays run side by side.
-		return tx, entry, err
+		return tx, entry, now, err
 	}
 	// Another claim of the key holds its lock: wait, and read what it left.
 	br = conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
@@ -232,12 +243,12 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 		}
 	}()
 	if _, err := br.Exec(); err != nil { // waitKey
-		return nil, nil, err
+		return nil, nil, now, err
 	}
 	if entry, err = scanEntry(br.QueryRow()); err != nil {
-		return nil, nil, err
+		return nil, nil, now, err
 	}
-	return tx, entry, nil
+	return tx, entry, now, nil
 }
 
 type foundEntry struct {
@@ -299,7 +310,8 @@ type txn struct {
 	key      store.Key
 	scope    scope
 	fp       []byte
-	takeover bool // the key's row exists, expired; the record takes it over
+	ttl      float64 // seconds
+	takeover bool    // the key's row exists, expired; the record takes it over
 	tx       *guardedTx
 	closed   atomic.Bool // closes tx for the handler once the claim finished
 }
@@ -350,7 +362,7 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 
 func (t *txn) recordArgs(out store.Outcome) []any {
 	return []any{t.scope.id, t.key.Tenant, t.key.Method, t.key.Key, t.fp,
-		int32(out.Code), out.Body, out.NotCached, t.store.ttl}
+		int32(out.Code), out.Body, out.NotCached, t.ttl}
 }
 
 // recordError records a deterministic error without the handler's writes:

@@ -76,7 +76,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				}
 			}
 
-			first, err := s.Claim(ctx, key, []byte("fp"))
+			first, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 			if err != nil || first.Txn == nil {
 				t.Fatalf("first claim: %+v, %v", first, err)
 			}
@@ -85,7 +85,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				second store.Claim
 				err2   error
 			)
-			wg.Go(func() { second, err2 = s.Claim(ctx, key, []byte("fp")) })
+			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}) })
 			waitForAdvisoryLockWaiter(t, pool)
 			write(first, "first")
 			if err := first.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("first")}); err != nil {
@@ -107,7 +107,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 			if writes != 1 || keys != 1 {
 				t.Fatalf("%d writes and %d keys, want 1 and 1", writes, keys)
 			}
-			retry, err := s.Claim(ctx, key, []byte("fp"))
+			retry, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 			if err != nil || retry.Entry == nil || string(retry.Entry.Outcome.Body) != "first" {
 				t.Fatalf("retry: %+v, %v; want the first outcome replayed", retry, err)
 			}
@@ -179,18 +179,18 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 
 	s := postgres.New(pool)
 	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
-	done, err := s.Claim(ctx, k("done"), []byte("fp"))
+	done, err := s.Claim(ctx, k("done"), store.Request{Fingerprint: []byte("fp")})
 	if err != nil || done.Entry == nil || string(done.Entry.Outcome.Body) != "recorded" {
 		t.Fatalf("completed key after the migration: %+v, %v; want its replay", done, err)
 	}
-	old, err := s.Claim(ctx, k("old"), []byte("fp"))
+	old, err := s.Claim(ctx, k("old"), store.Request{Fingerprint: []byte("fp")})
 	if err != nil || old.Txn == nil {
 		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
 	}
 	if err := old.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("new")}); err != nil {
 		t.Fatal(err)
 	}
-	leased, err := s.Lease(ctx, k("leased"), []byte("fp"), time.Minute)
+	leased, err := s.Lease(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || leased.Lease == nil {
 		t.Fatalf("abandoned lease after the migration: %+v, %v; want a takeover", leased, err)
 	}
@@ -230,7 +230,7 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if !errors.Is(err, store.ErrNotReady) || !strings.Contains(err.Error(), "0004_narrow_key_index") || !strings.Contains(err.Error(), "postgres.Migrate") {
 		t.Fatalf("Check of an outdated schema: %v; want ErrNotReady naming the migration and postgres.Migrate", err)
 	}
-	if _, err := s.Claim(ctx, key, []byte("fp")); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim on an outdated schema: %v, want ErrNotReady", err)
 	}
 
@@ -240,10 +240,10 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if err := s.Check(ctx); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("Check without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.Claim(ctx, key, []byte("fp")); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.Lease(ctx, key, []byte("fp"), time.Minute); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("lease without idem's tables: %v, want ErrNotReady", err)
 	}
 	// Once migrated, the same store serves.

@@ -138,7 +138,7 @@ var claimCases = []testCase{
 		const n = 50
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Claim(t.Context(), key, fp)
+			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -163,7 +163,7 @@ var claimCases = []testCase{
 	{name: "WaitForOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
 		owner := claimTxn(t, s, key, fp)
 		start := time.Now()
-		c, err := s.Claim(t.Context(), key, fp)
+		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		waited := time.Since(start)
 		if !isInUse(err) {
 			if c.Txn != nil {
@@ -186,7 +186,7 @@ var claimCases = []testCase{
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		c, err := s.Claim(ctx, key, fp)
+		c, err := s.Claim(ctx, key, store.Request{Fingerprint: fp})
 		waited := time.Since(start)
 		if err == nil {
 			if c.Txn != nil {
@@ -209,7 +209,7 @@ var claimCases = []testCase{
 			released <- first.Release(context.Background())
 		}()
 		concurrently(n, func(int) {
-			c, err := s.Claim(t.Context(), key, fp)
+			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -249,6 +249,54 @@ var claimCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
+	{name: "ExpiryIsClaimTimePlusTTL", run: func(t *testing.T, s store.Store, cfg Config) {
+		before := time.Now()
+		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+		if err != nil || c.Txn == nil {
+			t.Fatalf("claim: %s, %v", describeClaim(c), err)
+		}
+		defer func() { _ = c.Txn.Release(context.Background()) }()
+		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(cfg.TTL))
+		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		e := claimEntry(t, s, key, fp)
+		if d := e.ExpiresAt.Sub(c.ExpiresAt).Abs(); d > 10*time.Millisecond {
+			t.Errorf("the entry expires at %v, %v from the claim's %v", e.ExpiresAt, d, c.ExpiresAt)
+		}
+
+		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
+		if err != nil || l.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+		}
+		defer func() { _ = l.Lease.Release(context.Background()) }()
+		wantAbout(t, "the lease's expiry", l.ExpiresAt, before.Add(cfg.TTL))
+	}},
+
+	{name: "RequestTTLOverridesTheStores", long: true, run: func(t *testing.T, s store.Store, cfg Config) {
+		const ttl = time.Second // the store's is an hour
+		before := time.Now()
+		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp, TTL: ttl})
+		if err != nil || c.Txn == nil {
+			t.Fatalf("claim: %s, %v", describeClaim(c), err)
+		}
+		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(ttl))
+		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
+		if err != nil || l.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+		}
+		if err := l.Lease.Complete(t.Context(), okOutcome("leased")); err != nil {
+			t.Fatal(err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		time.Sleep(ttl + 300*time.Millisecond)
+		claimTxn(t, s, key, fp)
+		_ = takeLease(t, s, leaseKey, fp, time.Minute)
+	}},
+
 	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", long: true, cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
@@ -258,7 +306,7 @@ var claimCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Claim(t.Context(), key, fp)
+			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -317,7 +365,7 @@ var claimCases = []testCase{
 	{name: "LiveLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, time.Minute)
 		for _, f := range [][]byte{fp, other} {
-			c, err := s.Claim(t.Context(), key, f)
+			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: f})
 			switch {
 			case isInUse(err):
 			case err != nil:
@@ -342,7 +390,7 @@ var claimCases = []testCase{
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
 		time.Sleep(400 * time.Millisecond)
 		// Only Lease takes a run-out lease over; an atomic claim does not.
-		c, err := s.Claim(t.Context(), key, fp)
+		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		switch {
 		case isInUse(err):
 		case err != nil:

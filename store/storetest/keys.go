@@ -42,7 +42,7 @@ var keyCases = []testCase{
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		for _, k := range invalidKeys() {
 			t.Run(k.name, func(t *testing.T) {
-				c, err := s.Claim(t.Context(), k.key, fp)
+				c, err := s.Claim(t.Context(), k.key, store.Request{Fingerprint: fp})
 				if c.Txn != nil {
 					_ = c.Txn.Release(context.Background())
 				}
@@ -50,7 +50,7 @@ var keyCases = []testCase{
 				if c.Txn != nil || c.Entry != nil {
 					t.Errorf("Claim of an invalid key = %s, want neither", describeClaim(c))
 				}
-				lc, err := s.Lease(t.Context(), k.key, fp, time.Minute)
+				lc, err := s.Lease(t.Context(), k.key, store.Request{Fingerprint: fp}, time.Minute)
 				if lc.Lease != nil {
 					_ = lc.Lease.Release(context.Background())
 				}

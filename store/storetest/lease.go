@@ -50,7 +50,7 @@ var leaseCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Lease(t.Context(), key, fp, longLease)
+			c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 			switch {
 			case err != nil:
 				r.err(err)
@@ -315,7 +315,7 @@ var leaseCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Lease(t.Context(), key, fp, longLease)
+			c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 			switch {
 			case err != nil:
 				r.err(err)
@@ -415,7 +415,7 @@ var leaseCases = []testCase{
 					time.Sleep(300 * time.Millisecond)
 					errc <- tc.finish(txn)
 				}()
-				c, err := s.Lease(t.Context(), k, fp, longLease)
+				c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
 				if ferr := <-errc; ferr != nil {
 					t.Fatalf("the atomic owner's %s: %v", tc.name, ferr)
 				}
@@ -433,7 +433,7 @@ var leaseCases = []testCase{
 	{name: "LeaseWaitForAtomicOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
 		_ = claimTxn(t, s, key, fp)
 		start := time.Now()
-		c, err := s.Lease(t.Context(), key, fp, longLease)
+		c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 		waited := time.Since(start)
 		if !isInUse(err) {
 			if c.Lease != nil {

@@ -78,6 +78,19 @@ var (
 	other = []byte("\x01fingerprint-two")
 )
 
+// leaseKey is a key of its own for cases that lease beside an atomic
+// claim of key.
+var leaseKey = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
+
+// wantAbout fails the test unless got is within a few seconds of want:
+// times of the store's clock, which may run apart from the test's.
+func wantAbout(t *testing.T, what string, got, want time.Time) {
+	t.Helper()
+	if d := got.Sub(want).Abs(); d > 5*time.Second {
+		t.Errorf("%s is %v, %v from %v", what, got, d, want)
+	}
+}
+
 // okOutcome returns an OK outcome whose body names what recorded it.
 func okOutcome(body string) store.Outcome {
 	return store.Outcome{Code: codes.OK, Body: []byte(body)}
@@ -96,7 +109,7 @@ func errorOutcome() store.Outcome {
 // released when the test ends, which does nothing once it has finished.
 func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) store.Txn {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, fingerprint)
+	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want a Txn", k, err)
 	}
@@ -110,7 +123,7 @@ func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) stor
 // claimEntry claims k and fails the test unless it gets an Entry.
 func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *store.Entry {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, fingerprint)
+	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want an Entry", k, err)
 	}
@@ -127,7 +140,7 @@ func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *s
 // released when the test ends, which does nothing once it has finished.
 func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
 	t.Helper()
-	c, err := s.Lease(t.Context(), k, fingerprint, d)
+	c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
 	}
@@ -141,7 +154,7 @@ func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d t
 // leaseEntry leases k and fails the test unless it gets an Entry.
 func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) *store.Entry {
 	t.Helper()
-	c, err := s.Lease(t.Context(), k, fingerprint, d)
+	c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want an Entry", k, err)
 	}

@@ -67,7 +67,7 @@ func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Serve
 			return status.Error(codes.Internal, "internal error")
 		})),
 		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),
-	))
+	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
 	paymentsv1.RegisterPaymentServiceServer(srv, New(pool))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)

@@ -288,7 +288,9 @@ type DoRequest struct {
 	// value is echoed back.
 	Value string `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
 	// trace_id is excluded from the fingerprint.
-	TraceId       string `protobuf:"bytes,2,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	TraceId string `protobuf:"bytes,2,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// request_id carries the call's key when the metadata does not.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -333,6 +335,13 @@ func (x *DoRequest) GetValue() string {
 func (x *DoRequest) GetTraceId() string {
 	if x != nil {
 		return x.TraceId
+	}
+	return ""
+}
+
+func (x *DoRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -708,10 +717,12 @@ const file_idem_test_v1_test_proto_rawDesc = "" +
 	"\n" +
 	"COLOR_BLUE\x10\x02B\b\n" +
 	"\x06choiceB\b\n" +
-	"\x06_maybe\"D\n" +
+	"\x06_maybe\"k\n" +
 	"\tDoRequest\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12!\n" +
-	"\btrace_id\x18\x02 \x01(\tB\x06\xe2\x9c\x1e\x02\b\x01R\atraceId\"\xb9\x01\n" +
+	"\btrace_id\x18\x02 \x01(\tB\x06\xe2\x9c\x1e\x02\b\x01R\atraceId\x12%\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tB\x06\xe2\x9c\x1e\x02\x10\x01R\trequestId\"\xb9\x01\n" +
 	"\n" +
 	"DoResponse\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1c\n" +
@@ -729,11 +740,13 @@ const file_idem_test_v1_test_proto_rawDesc = "" +
 	"\x05value\x18\x01 \x01(\tR\x05value\"B\n" +
 	"\fReadResponse\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1c\n" +
-	"\texecution\x18\x02 \x01(\x03R\texecution2\xd4\x01\n" +
+	"\texecution\x18\x02 \x01(\x03R\texecution2\xea\x02\n" +
 	"\vTestService\x12?\n" +
 	"\x02Do\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\x06\xe2\x9c\x1e\x02\b\x01\x12@\n" +
 	"\x05Maybe\x12\x1a.idem.test.v1.MaybeRequest\x1a\x1b.idem.test.v1.MaybeResponse\x12B\n" +
-	"\x04Read\x12\x19.idem.test.v1.ReadRequest\x1a\x1a.idem.test.v1.ReadResponse\"\x03\x90\x02\x01B:Z8github.com/idemkit/idem/internal/gen/idem/test/v1;testv1b\x06proto3"
+	"\x04Read\x12\x19.idem.test.v1.ReadRequest\x1a\x1a.idem.test.v1.ReadResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\aRenamed\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\x18\xe2\x9c\x1e\x14\b\x01*\x02\b\x012\fidem.test.Do\x12<\n" +
+	"\x05Watch\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse0\x01B:Z8github.com/idemkit/idem/internal/gen/idem/test/v1;testv1b\x06proto3"
 
 var (
 	file_idem_test_v1_test_proto_rawDescOnce sync.Once
@@ -774,11 +787,15 @@ var file_idem_test_v1_test_proto_depIdxs = []int32{
 	2,  // 7: idem.test.v1.TestService.Do:input_type -> idem.test.v1.DoRequest
 	4,  // 8: idem.test.v1.TestService.Maybe:input_type -> idem.test.v1.MaybeRequest
 	6,  // 9: idem.test.v1.TestService.Read:input_type -> idem.test.v1.ReadRequest
-	3,  // 10: idem.test.v1.TestService.Do:output_type -> idem.test.v1.DoResponse
-	5,  // 11: idem.test.v1.TestService.Maybe:output_type -> idem.test.v1.MaybeResponse
-	7,  // 12: idem.test.v1.TestService.Read:output_type -> idem.test.v1.ReadResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
+	2,  // 10: idem.test.v1.TestService.Renamed:input_type -> idem.test.v1.DoRequest
+	2,  // 11: idem.test.v1.TestService.Watch:input_type -> idem.test.v1.DoRequest
+	3,  // 12: idem.test.v1.TestService.Do:output_type -> idem.test.v1.DoResponse
+	5,  // 13: idem.test.v1.TestService.Maybe:output_type -> idem.test.v1.MaybeResponse
+	7,  // 14: idem.test.v1.TestService.Read:output_type -> idem.test.v1.ReadResponse
+	3,  // 15: idem.test.v1.TestService.Renamed:output_type -> idem.test.v1.DoResponse
+	3,  // 16: idem.test.v1.TestService.Watch:output_type -> idem.test.v1.DoResponse
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name

@@ -22,9 +22,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TestService_Do_FullMethodName    = "/idem.test.v1.TestService/Do"
-	TestService_Maybe_FullMethodName = "/idem.test.v1.TestService/Maybe"
-	TestService_Read_FullMethodName  = "/idem.test.v1.TestService/Read"
+	TestService_Do_FullMethodName      = "/idem.test.v1.TestService/Do"
+	TestService_Maybe_FullMethodName   = "/idem.test.v1.TestService/Maybe"
+	TestService_Read_FullMethodName    = "/idem.test.v1.TestService/Read"
+	TestService_Renamed_FullMethodName = "/idem.test.v1.TestService/Renamed"
+	TestService_Watch_FullMethodName   = "/idem.test.v1.TestService/Watch"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -40,6 +42,11 @@ type TestServiceClient interface {
 	Maybe(ctx context.Context, in *MaybeRequest, opts ...grpc.CallOption) (*MaybeResponse, error)
 	// Read has no side effects and is never keyed.
 	Read(ctx context.Context, in *ReadRequest, opts ...grpc.CallOption) (*ReadResponse, error)
+	// Renamed is Do under a scope and a TTL of its own: its keys are kept
+	// under the scope "idem.test.Do", for a second.
+	Renamed(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
+	// Watch streams; keys do not apply to it.
+	Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error)
 }
 
 type testServiceClient struct {
@@ -80,6 +87,35 @@ func (c *testServiceClient) Read(ctx context.Context, in *ReadRequest, opts ...g
 	return out, nil
 }
 
+func (c *testServiceClient) Renamed(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DoResponse)
+	err := c.cc.Invoke(ctx, TestService_Renamed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DoRequest, DoResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_WatchClient = grpc.ServerStreamingClient[DoResponse]
+
 // TestServiceServer is the server API for TestService service.
 // All implementations must embed UnimplementedTestServiceServer
 // for forward compatibility.
@@ -93,6 +129,11 @@ type TestServiceServer interface {
 	Maybe(context.Context, *MaybeRequest) (*MaybeResponse, error)
 	// Read has no side effects and is never keyed.
 	Read(context.Context, *ReadRequest) (*ReadResponse, error)
+	// Renamed is Do under a scope and a TTL of its own: its keys are kept
+	// under the scope "idem.test.Do", for a second.
+	Renamed(context.Context, *DoRequest) (*DoResponse, error)
+	// Watch streams; keys do not apply to it.
+	Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error
 	mustEmbedUnimplementedTestServiceServer()
 }
 
@@ -111,6 +152,12 @@ func (UnimplementedTestServiceServer) Maybe(context.Context, *MaybeRequest) (*Ma
 }
 func (UnimplementedTestServiceServer) Read(context.Context, *ReadRequest) (*ReadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Read not implemented")
+}
+func (UnimplementedTestServiceServer) Renamed(context.Context, *DoRequest) (*DoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renamed not implemented")
+}
+func (UnimplementedTestServiceServer) Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedTestServiceServer) mustEmbedUnimplementedTestServiceServer() {}
 func (UnimplementedTestServiceServer) testEmbeddedByValue()                     {}
@@ -187,6 +234,35 @@ func _TestService_Read_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_Renamed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).Renamed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_Renamed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).Renamed(ctx, req.(*DoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DoRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TestServiceServer).Watch(m, &grpc.GenericServerStream[DoRequest, DoResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_WatchServer = grpc.ServerStreamingServer[DoResponse]
+
 // TestService_ServiceDesc is the grpc.ServiceDesc for TestService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -206,7 +282,17 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Read",
 			Handler:    _TestService_Read_Handler,
 		},
+		{
+			MethodName: "Renamed",
+			Handler:    _TestService_Renamed_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _TestService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "idem/test/v1/test.proto",
 }
