@@ -125,6 +125,7 @@ type callState struct {
 	key           store.Key
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
+	completion    bool      // the call is run by a Completer
 }
 
 // settle sets the call's result.
@@ -169,7 +170,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 		c.settle(ResultStoreError)
 		return Answer{}, status.Errorf(codes.Internal, "idem: %s has no request message", call.Method)
 	}
-	tenant, err := e.opts.tenant.Tenant(ctx)
+	tenant, err := e.tenant(ctx, c)
 	if err != nil {
 		c.settle(ResultInvalidKey)
 		if _, ok := status.FromError(err); ok {
@@ -223,6 +224,33 @@ func keyFrom(keys []string) (key string, ok bool, err error) {
 	return "", true, errTooManyKeys(len(keys))
 }
 
+// tenant returns the call's tenant: the one a Completer kept with the
+// call, or the resolver's.
+func (e *Engine) tenant(ctx context.Context, c *callState) (string, error) {
+	if t, ok := ctx.Value(completionCtxKey{}).(completionRun); ok {
+		c.completion = true
+		return t.tenant, nil
+	}
+	return e.opts.tenant.Tenant(ctx)
+}
+
+// completion returns what a Completer needs to run call again: its method,
+// its request in deterministic encoding, and the allowlisted metadata.
+func (e *Engine) completion(ctx context.Context, call Call) (*store.Completion, error) {
+	req, err := proto.MarshalOptions{Deterministic: true}.Marshal(call.Request)
+	if err != nil {
+		return nil, err
+	}
+	c := &store.Completion{Method: call.Method, Request: req, Metadata: map[string][]string{}}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, k := range e.opts.completeMetadata {
+		if v := md.Get(k); len(v) > 0 {
+			c.Metadata[k] = v
+		}
+	}
+	return c, nil
+}
+
 // requestKeys returns the values of the call's key: the transport's, or
 // else the one its request carries in the field marked
 // (idem.v1.field).key. A request field and a transport key that differ are
@@ -265,7 +293,15 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
 	m, key := c.m, c.key
 	claimStart := time.Now()
-	lc, err := e.store.Lease(ctx, key, store.Request{Fingerprint: fp, TTL: m.ttl}, m.lease)
+	r := store.Request{Fingerprint: fp, TTL: m.ttl}
+	if m.complete {
+		var err error
+		if r.Completion, err = e.completion(ctx, call); err != nil {
+			c.settle(ResultStoreError)
+			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the request for completion failed", err)
+		}
+	}
+	lc, err := e.store.Lease(ctx, key, r, m.lease)
 	c.claim = time.Since(claimStart)
 	c.expires = lc.ExpiresAt
 	if err != nil {

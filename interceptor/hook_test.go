@@ -47,7 +47,10 @@ func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
 			{"other request", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "w"}); return err }, interceptor.ResultReused, false},
 			{"no key", func() error { _, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultMissingKey, false},
 			{"bad key", func() error { _, err := e.client.Do(withKey("a b"), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultInvalidKey, false},
-			{"optional key absent", func() error { _, err := e.client.Maybe(context.Background(), &testv1.MaybeRequest{Value: "v"}); return err }, interceptor.ResultPassthrough, false},
+			{"optional key absent", func() error {
+				_, err := e.client.Maybe(context.Background(), &testv1.MaybeRequest{Value: "v"})
+				return err
+			}, interceptor.ResultPassthrough, false},
 			{"no side effects", func() error { _, err := e.client.Read(withKey("r"), &testv1.ReadRequest{Value: "v"}); return err }, interceptor.ResultPassthrough, false},
 		} {
 			_ = c.call()

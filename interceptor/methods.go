@@ -47,6 +47,8 @@ type method struct {
 	keyField protoreflect.FieldDescriptor
 	// streaming methods are refused keys.
 	streaming bool
+	// complete keeps a leased call's request for a Completer.
+	complete bool
 }
 
 // methods caches policies by full method name.
@@ -82,6 +84,7 @@ func (ms *methods) lookup(fullMethod string) *method {
 	}
 	m.loader = ms.opts.loaders[fullMethod]
 	m.rerun = m.rerun || ms.opts.rerun[fullMethod]
+	m.complete = m.complete || ms.opts.complete[fullMethod]
 	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
 	return actual.(*method)
 }
@@ -111,6 +114,7 @@ func (ms *methods) resolve(fullMethod string) *method {
 			m.rerun = p.GetRerunWhenNotCached()
 			m.ttl = p.GetTtl().AsDuration()
 			m.scope = p.GetScope()
+			m.complete = p.GetComplete()
 		}
 	}
 	m.streaming = md.IsStreamingClient() || md.IsStreamingServer()

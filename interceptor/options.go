@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -39,6 +40,9 @@ type serverOptions struct {
 	verbose bool
 
 	hook func(context.Context, Outcome)
+
+	complete         map[string]bool // methods whose leased calls a Completer may finish
+	completeMetadata []string        // request metadata kept for it
 }
 
 var defaultServerOptions = serverOptions{
@@ -90,6 +94,7 @@ func evaluateServerOptions(opts []ServerOption) *serverOptions {
 	o.leases = map[string]time.Duration{}
 	o.loaders = map[string]Loader{}
 	o.rerun = map[string]bool{}
+	o.complete = map[string]bool{}
 	for _, opt := range opts {
 		opt.applyServer(&o)
 	}
@@ -254,6 +259,34 @@ func WithRerunWhenNotCached(fullMethods ...string) ServerOption {
 	return serverOption(func(o *serverOptions) {
 		for _, m := range fullMethods {
 			o.rerun[m] = true
+		}
+	})
+}
+
+// WithCompletion lets a [Completer] finish the leased calls of the named
+// methods ("/pkg.Service/Method") when their callers are gone: the claim
+// also keeps the request, and the request metadata named with
+// [WithCompletionMetadata], until the outcome is recorded. The same is
+// declared in the .proto file with option (idem.v1.method).complete = true.
+// It has no effect on methods in atomic mode, whose calls are never left
+// half done. The request can hold personal data: it is kept only for these
+// methods, and dropped once the outcome is recorded. Default: none.
+func WithCompletion(fullMethods ...string) ServerOption {
+	return serverOption(func(o *serverOptions) {
+		for _, m := range fullMethods {
+			o.complete[m] = true
+		}
+	})
+}
+
+// WithCompletionMetadata names the request metadata (lower-case keys, such
+// as "x-user-id") kept with a completable call, for its handler to read when
+// a [Completer] runs it: what identifies the caller, say. The tenant is
+// always kept. Default: none.
+func WithCompletionMetadata(keys ...string) ServerOption {
+	return serverOption(func(o *serverOptions) {
+		for _, k := range keys {
+			o.completeMetadata = append(o.completeMetadata, strings.ToLower(k))
 		}
 	})
 }

@@ -49,6 +49,10 @@ const (
 	// ResultTransient: the handler failed with an error that is not
 	// deterministic, and the key was released for a retry.
 	ResultTransient Result = "transient"
+	// ResultNotCompleted: a Completer gave up on an abandoned call and
+	// recorded it as failed (FAILED_PRECONDITION, reason
+	// IDEMPOTENCY_NOT_COMPLETED).
+	ResultNotCompleted Result = "not_completed"
 )
 
 // Mode is how a method's key is held while its handler runs.
@@ -83,6 +87,8 @@ type Outcome struct {
 	Record time.Duration
 	// Duration is how long the whole call took in idem, handler included.
 	Duration time.Duration
+	// Completion reports that a [Completer] ran the call, its caller gone.
+	Completion bool
 }
 
 // WithOutcomeHook sets a function called once per call the server
@@ -95,20 +101,25 @@ func WithOutcomeHook(hook func(ctx context.Context, o Outcome)) ServerOption {
 	return serverOption(func(o *serverOptions) { o.hook = hook })
 }
 
-// report hands the outcome of c to the hook.
+// report hands the outcome of c to the hook, and to a Completer that runs
+// the call.
 func (e *Engine) report(ctx context.Context, c *callState) {
+	if p, ok := ctx.Value(outcomeCtxKey{}).(*Result); ok {
+		*p = c.result
+	}
 	hook := e.opts.hook
 	if hook == nil {
 		return
 	}
 	o := Outcome{
-		Method:   c.method,
-		Mode:     c.mode,
-		Result:   c.result,
-		Replayed: c.replayed,
-		Claim:    c.claim,
-		Record:   c.record,
-		Duration: time.Since(c.started),
+		Method:     c.method,
+		Mode:       c.mode,
+		Result:     c.result,
+		Replayed:   c.replayed,
+		Claim:      c.claim,
+		Record:     c.record,
+		Duration:   time.Since(c.started),
+		Completion: c.completion,
 	}
 	defer func() {
 		if p := recover(); p != nil {

@@ -21,7 +21,9 @@ type leaseCtxKey struct{}
 // of starting again.
 //
 // Name steps in the order the handler reaches them, e.g. "created",
-// "charge_sent", "charge_confirmed"; only the last one is kept. A step name
+// "charge_sent", "charge_confirmed"; [LastRecoveryPoint] returns the last
+// one, and every step is kept among the call's steps (see [Step], which
+// runs and saves a step in one go). A step name
 // is 1 to store.MaxStepLength (255) bytes of valid UTF-8 without control
 // characters, and data at most store.MaxRecoveryDataBytes (64 KiB).
 //
@@ -53,4 +55,52 @@ func LastRecoveryPoint(ctx context.Context) (step string, data []byte, ok bool) 
 	}
 	p, ok := l.RecoveryPoint()
 	return p.Step, p.Data, ok
+}
+
+// Step runs fn as the step called name of the leased call handled in ctx,
+// once for the call however often it is taken over. On the call's first
+// run it runs fn, with a context whose outbound calls carry the step's
+// child key ([ContextWithStep], so that a provider deduplicates a step that
+// ran but whose result was lost), saves fn's result as the recovery point
+// name, among the call's steps ([store.Lease.Steps]), and returns it. When
+// the call was taken over after an earlier attempt saved the step, a retry
+// or a [Completer], it returns the saved result without running fn. Every
+// step's result is kept, not only the last one:
+//
+//	chargeID, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+//		resp, err := provider.Charge(ctx, req) // carries the step's child key
+//		return []byte(resp.GetChargeId()), err
+//	})
+//
+// The result is saved on a context detached from the caller's, so that a
+// step that ran is kept even after its caller has gone. Names and results
+// follow the rules of [SaveRecoveryPoint], and a call keeps at most
+// store.MaxSteps steps of store.MaxStepsBytes in all: a name or a result
+// that breaks them is refused with an error wrapping
+// store.ErrInvalidRecoveryPoint (for a name, before fn runs). fn's error is
+// returned as it is, and nothing is saved. Outside a leased call Step
+// returns [ErrNotLeased]; when a retry took the key over, store.ErrLeaseLost.
+func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	l, ok := ctx.Value(leaseCtxKey{}).(store.Lease)
+	if !ok {
+		return nil, ErrNotLeased
+	}
+	if err := (store.RecoveryPoint{Step: name}).Validate(); err != nil {
+		return nil, err
+	}
+	for _, p := range l.Steps() {
+		if p.Step == name {
+			return p.Data, nil
+		}
+	}
+	data, err := fn(ContextWithStep(ctx, name))
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseRecordTimeout)
+	defer cancel()
+	if err := l.SaveRecoveryPoint(sctx, store.RecoveryPoint{Step: name, Data: data}); err != nil {
+		return nil, err
+	}
+	return data, nil
 }

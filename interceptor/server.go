@@ -18,7 +18,11 @@ import (
 // the package documentation for the flow and the status codes. It is an
 // [Engine] behind grpc-go's interceptor API.
 func UnaryServerInterceptor(s store.Store, opts ...ServerOption) grpc.UnaryServerInterceptor {
-	e := NewEngine(s, opts...)
+	return NewEngine(s, opts...).unary()
+}
+
+// unary is the gRPC adapter of e.
+func (e *Engine) unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		msg, _ := req.(proto.Message)
 		call := Call{

@@ -134,6 +134,54 @@ type Request struct {
 	// TTL is how long the key is kept once claimed: past it the key counts
 	// as absent. Zero selects the store's default.
 	TTL time.Duration
+
+	// Completion is, for a leased claim of a method that opted in to
+	// completion, what a completer needs to run the call again when its
+	// caller is gone; nil keeps nothing. Stores that implement [Completions]
+	// keep it with the claim until the outcome is recorded, and drop it
+	// then. Claim ignores it.
+	Completion *Completion
+}
+
+// Completion is what a completer needs to run a leased call again: the
+// request and the metadata its handler reads.
+type Completion struct {
+	// Method is the call's full method name ("/pkg.Service/Method"): the
+	// key's scope may differ from it.
+	Method string
+	// Request is the request, in its deterministic protobuf encoding. It
+	// can hold personal data: it is kept only while the call is in
+	// progress.
+	Request []byte
+	// Metadata is the request metadata the handler needs, as an allowlist
+	// chose it.
+	Metadata map[string][]string
+}
+
+// Abandoned is a leased call whose lease ran out and which nobody took
+// over, as [Completions.Abandoned] finds it.
+type Abandoned struct {
+	// Key is the call's key.
+	Key Key
+	// Fingerprint is the fingerprint of its request.
+	Fingerprint []byte
+	// Completion is what was kept to run it again.
+	Completion Completion
+	// Takeovers counts how often the key was taken over since it was
+	// first claimed.
+	Takeovers int
+}
+
+// Completions is implemented by stores that keep, for leased calls that
+// opted in, what a completer needs to finish them when their callers are
+// gone (see interceptor.Completer).
+type Completions interface {
+	// Abandoned returns up to limit leased calls, kept with a Completion,
+	// whose lease ran out more than grace × 2^Takeovers ago (so that each
+	// failed attempt waits twice as long as the one before), and which
+	// have not expired. A completer takes one over with Lease, with the
+	// same fingerprint and completion, as a retry would.
+	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]Abandoned, error)
 }
 
 // Claim is the result of [Store.Claim]: exactly one of Txn and Entry is set.
@@ -247,6 +295,45 @@ func (p RecoveryPoint) Validate() error {
 	return nil
 }
 
+// Bounds of the steps kept under one key.
+const (
+	// MaxSteps is the most steps a key keeps.
+	MaxSteps = 64
+	// MaxStepsBytes bounds the names and data of a key's steps, together.
+	MaxStepsBytes = 256 << 10
+)
+
+// SaveStep returns steps with p saved among them, for stores that implement
+// [Lease]: in place of the step of the same name, or else appended. It
+// refuses, with an error wrapping ErrInvalidRecoveryPoint, a point that
+// fails Validate and one that would make the steps more than [MaxSteps] or
+// [MaxStepsBytes]. steps is not modified.
+func SaveStep(steps []RecoveryPoint, p RecoveryPoint) ([]RecoveryPoint, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	out := make([]RecoveryPoint, 0, len(steps)+1)
+	size, found := 0, false
+	for _, q := range steps {
+		if q.Step == p.Step {
+			q, found = p, true
+		}
+		size += len(q.Step) + len(q.Data)
+		out = append(out, q)
+	}
+	if !found {
+		out = append(out, p)
+		size += len(p.Step) + len(p.Data)
+	}
+	switch {
+	case len(out) > MaxSteps:
+		return nil, fmt.Errorf("%w: a key keeps at most %d steps", ErrInvalidRecoveryPoint, MaxSteps)
+	case size > MaxStepsBytes:
+		return nil, fmt.Errorf("%w: the steps of a key hold at most %d bytes, this one would make them %d", ErrInvalidRecoveryPoint, MaxStepsBytes, size)
+	}
+	return out, nil
+}
+
 // Lease is a leased claim, guarded by a fencing token: each takeover of the
 // key issues a new token, and every write below succeeds only while the
 // token is still the key's; otherwise it returns ErrLeaseLost and changes
@@ -268,9 +355,15 @@ type Lease interface {
 	// by an earlier owner when the key was taken over, or by this one.
 	RecoveryPoint() (RecoveryPoint, bool)
 
-	// SaveRecoveryPoint makes p durable at once, so that a request that
-	// takes the key over resumes from it. A point that fails
-	// [RecoveryPoint.Validate] is refused with its error, which wraps
+	// Steps returns every recovery point saved under the key, in the order
+	// their steps were first saved: a step saved again keeps its place
+	// with its new data.
+	Steps() []RecoveryPoint
+
+	// SaveRecoveryPoint makes p durable at once, as the key's last
+	// recovery point and among its steps, so that a request that takes the
+	// key over resumes from it. A point that fails [RecoveryPoint.Validate],
+	// or that [SaveStep] refuses, is refused with its error, which wraps
 	// ErrInvalidRecoveryPoint, and nothing is saved.
 	SaveRecoveryPoint(ctx context.Context, p RecoveryPoint) error
 

@@ -31,6 +31,7 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 			expiresAt:   now.Add(s.ttlOf(r)),
 			token:       s.tokens,
 			lockedUntil: now.Add(lease),
+			completion:  cloneCompletion(r.Completion),
 		}
 		s.entries[key] = e
 		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens}, ExpiresAt: e.expiresAt}, nil
@@ -38,9 +39,33 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 		s.tokens++
 		e.token = s.tokens
 		e.lockedUntil = now.Add(lease)
-		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point)}, ExpiresAt: e.expiresAt}, nil
+		e.takeovers++
+		if r.Completion != nil {
+			e.completion = cloneCompletion(r.Completion)
+		}
+		l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point), steps: cloneSteps(e.steps)}
+		return store.LeaseClaim{Lease: l, ExpiresAt: e.expiresAt}, nil
 	}
 	return store.LeaseClaim{Entry: e.snapshot(now)}, nil
+}
+
+func cloneSteps(steps []store.RecoveryPoint) []store.RecoveryPoint {
+	out := make([]store.RecoveryPoint, len(steps))
+	for i, p := range steps {
+		out[i] = store.RecoveryPoint{Step: p.Step, Data: bytes.Clone(p.Data)}
+	}
+	return out
+}
+
+func cloneCompletion(c *store.Completion) *store.Completion {
+	if c == nil {
+		return nil
+	}
+	md := make(map[string][]string, len(c.Metadata))
+	for k, v := range c.Metadata {
+		md[k] = append([]string(nil), v...)
+	}
+	return &store.Completion{Method: c.Method, Request: bytes.Clone(c.Request), Metadata: md}
 }
 
 func clonePoint(p *store.RecoveryPoint) *store.RecoveryPoint {
@@ -58,6 +83,7 @@ type leased struct {
 
 	mu       sync.Mutex
 	point    *store.RecoveryPoint
+	steps    []store.RecoveryPoint
 	finished bool
 }
 
@@ -81,6 +107,12 @@ func (l *leased) RecoveryPoint() (store.RecoveryPoint, bool) {
 	return *clonePoint(l.point), true
 }
 
+func (l *leased) Steps() []store.RecoveryPoint {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return cloneSteps(l.steps)
+}
+
 func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
 	if err := p.Validate(); err != nil {
 		return err
@@ -97,8 +129,12 @@ func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) e
 	if err != nil {
 		return err
 	}
-	e.point = clonePoint(&p)
-	l.point = clonePoint(&p)
+	steps, err := store.SaveStep(e.steps, *clonePoint(&p))
+	if err != nil {
+		return err
+	}
+	e.point, e.steps = clonePoint(&p), steps
+	l.point, l.steps = clonePoint(&p), cloneSteps(steps)
 	return nil
 }
 
@@ -137,7 +173,38 @@ func (l *leased) Complete(ctx context.Context, out store.Outcome) error {
 	e.completed = true
 	e.out = cloneOutcome(out)
 	e.lockedUntil = time.Time{}
+	e.completion = nil // the request is not kept past its outcome
 	return nil
+}
+
+// Abandoned implements [store.Completions].
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []store.Abandoned
+	for k, e := range s.entries {
+		if len(out) >= limit {
+			break
+		}
+		if e.completion == nil || e.completed || e.pending || e.expired(now) {
+			continue
+		}
+		wait := grace << min(e.takeovers, 16)
+		if now.Before(e.lockedUntil.Add(wait)) {
+			continue
+		}
+		out = append(out, store.Abandoned{
+			Key:         k,
+			Fingerprint: bytes.Clone(e.fp),
+			Completion:  *cloneCompletion(e.completion),
+			Takeovers:   e.takeovers,
+		})
+	}
+	return out, nil
 }
 
 // Release ignores ctx: it works after the request's context has ended.

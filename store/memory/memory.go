@@ -23,7 +23,10 @@ type Store struct {
 	lastSweep time.Time // by s.now
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store       = (*Store)(nil)
+	_ store.Completions = (*Store)(nil)
+)
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
@@ -58,6 +61,12 @@ type entry struct {
 	token       uint64
 	lockedUntil time.Time
 	point       *store.RecoveryPoint
+	// steps are every recovery point saved under the key; completion is
+	// what a completer needs, kept while the call is in progress; takeovers
+	// counts the lease's takeovers.
+	steps      []store.RecoveryPoint
+	completion *store.Completion
+	takeovers  int
 }
 
 // expired reports whether e counts as absent at now. An entry whose atomic

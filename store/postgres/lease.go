@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,8 +25,9 @@ const (
 	// and inserted again. It runs after lockKey, so it never meets an
 	// atomic claim of the key still running.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
-    (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token)
-VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8)
+    (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
+     request_method, request_payload, request_metadata)
+VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8, $9, $10, $11)
 ON CONFLICT (id) DO UPDATE
 SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     request_hash = excluded.request_hash, status = 'in_progress',
@@ -36,21 +38,29 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
     expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END,
     recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
-    recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END
+    recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END,
+    recovery_steps = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_steps END,
+    takeovers = CASE WHEN k.expires_at <= now() THEN 0 ELSE k.takeovers + 1 END,
+    request_method = coalesce(excluded.request_method, k.request_method),
+    request_payload = coalesce(excluded.request_payload, k.request_payload),
+    request_metadata = coalesce(excluded.request_metadata, k.request_metadata)
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, expires_at`
+RETURNING recovery_point, recovery_data, recovery_steps, expires_at`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2
     AND status = 'in_progress' AND expires_at > now()`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $3 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $3, recovery_data = $4, updated_at = now()` + leaseWhere
+	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $3, recovery_data = $4, recovery_steps = $5, updated_at = now()` + leaseWhere
+	// leaseRecord also drops what was kept for a completer: the request
+	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
 SET status = 'completed', response_code = $3, response = $4, response_not_cached = $5,
-    locked_until = NULL, updated_at = now()` + leaseWhere
+    locked_until = NULL, updated_at = now(),
+    request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has a recovery point, instead
 	// of deleting it, so that a retry takes over and resumes.
@@ -103,7 +113,8 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 	defer conn.Release()
 	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: leaseClaim, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token}},
+		{SQL: leaseClaim, Arguments: append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
+			completionArgs(r.Completion)...)},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
 		{SQL: "COMMIT"},
 	})
@@ -119,10 +130,11 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 		return nil, expiresAt, nil, err
 	}
 	var (
-		step *string
-		data []byte
+		step  *string
+		data  []byte
+		steps []byte
 	)
-	err = br.QueryRow().Scan(&step, &data, &expiresAt)
+	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -131,6 +143,9 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 		l = &lease{store: s, id: sc.id, token: token}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
+		}
+		if l.steps, err = decodeSteps(steps); err != nil {
+			return nil, expiresAt, nil, err
 		}
 	}
 	if entry, err = scanEntry(br.QueryRow()); err != nil {
@@ -157,6 +172,7 @@ type lease struct {
 
 	mu       sync.Mutex
 	point    *store.RecoveryPoint
+	steps    []store.RecoveryPoint
 	finished bool
 }
 
@@ -176,13 +192,76 @@ func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) er
 		return err
 	}
 	p.Data = append([]byte(nil), p.Data...)
-	if err := l.exec(ctx, leaseSave, p.Step, p.Data); err != nil {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	steps, err := store.SaveStep(l.steps, p)
+	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.point = &p
-	l.mu.Unlock()
+	if err := l.exec(ctx, leaseSave, p.Step, p.Data, encodeSteps(steps)); err != nil {
+		return err
+	}
+	l.point, l.steps = &p, steps
 	return nil
+}
+
+func (l *lease) Steps() []store.RecoveryPoint {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]store.RecoveryPoint, len(l.steps))
+	for i, p := range l.steps {
+		out[i] = store.RecoveryPoint{Step: p.Step, Data: slices.Clone(p.Data)}
+	}
+	return out
+}
+
+// completionArgs are the arguments of leaseClaim that keep c: NULLs for
+// none, which a takeover leaves as they are.
+func completionArgs(c *store.Completion) []any {
+	if c == nil {
+		return []any{nil, nil, nil}
+	}
+	return []any{c.Method, c.Request, encodeMetadata(c.Metadata)}
+}
+
+// abandoned finds leased calls kept with a completion whose lease ran out
+// more than $1 × 2^takeovers seconds ago (at most 2^16), and which have not
+// expired; those another transaction holds are skipped.
+const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload, request_metadata, takeovers
+FROM idempotency_keys
+WHERE status = 'in_progress' AND request_payload IS NOT NULL
+  AND locked_until <= now() - $1 * power(2, least(takeovers, 16)) * interval '1 second'
+  AND expires_at > now()
+ORDER BY locked_until
+LIMIT $2`
+
+// Abandoned implements [store.Completions].
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	rows, err := s.pool.Query(ctx, abandoned, grace.Seconds(), limit)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	var out []store.Abandoned
+	for rows.Next() {
+		var (
+			a  store.Abandoned
+			md []byte
+		)
+		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
+			&a.Completion.Method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if a.Completion.Metadata, err = decodeMetadata(md); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError(err)
+	}
+	return out, nil
 }
 
 func (l *lease) Extend(ctx context.Context, d time.Duration) error {

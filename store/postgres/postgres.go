@@ -27,7 +27,10 @@ type Store struct {
 	setLockTimeout    string
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store       = (*Store)(nil)
+	_ store.Completions = (*Store)(nil)
+)
 
 // New returns a Store on pool. The claim always runs on pool, so point it at
 // the primary, never a read replica. The pool's QueryExecMode is honoured,

@@ -42,6 +42,8 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Claim", claimCases},
 		{"Lease", leaseCases},
 		{"Key", keyCases},
+		{"Steps", stepCases},
+		{"Completions", completionCases},
 	} {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {

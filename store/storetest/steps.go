@@ -1,0 +1,180 @@
+package storetest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+// wantSteps fails the test unless l's steps are want, in order.
+func wantSteps(t *testing.T, l store.Lease, want ...store.RecoveryPoint) {
+	t.Helper()
+	got := l.Steps()
+	if !slices.EqualFunc(got, want, func(a, b store.RecoveryPoint) bool {
+		return a.Step == b.Step && bytes.Equal(a.Data, b.Data)
+	}) {
+		t.Errorf("Steps() = %v, want %v", got, want)
+	}
+}
+
+func point(step, data string) store.RecoveryPoint {
+	return store.RecoveryPoint{Step: step, Data: []byte(data)}
+}
+
+var stepCases = []testCase{
+	{name: "EveryStepIsKeptInOrder", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, time.Minute)
+		wantSteps(t, l)
+		for _, p := range []store.RecoveryPoint{point("reserve", "r1"), point("charge", "ch_1"), point("reserve", "r2")} {
+			if err := l.SaveRecoveryPoint(t.Context(), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Saving a step again keeps its place, with its new data.
+		wantSteps(t, l, point("reserve", "r2"), point("charge", "ch_1"))
+		wantPoint(t, l, point("reserve", "r2"))
+	}},
+
+	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, _ Config) {
+		first := takeLease(t, s, key, fp, 200*time.Millisecond)
+		for _, p := range []store.RecoveryPoint{point("reserve", "r1"), point("charge", "ch_1")} {
+			if err := first.SaveRecoveryPoint(t.Context(), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+		second := takeLease(t, s, key, fp, time.Minute)
+		wantSteps(t, second, point("reserve", "r1"), point("charge", "ch_1"))
+		wantPoint(t, second, point("charge", "ch_1"))
+	}},
+
+	{name: "StepsAreBounded", run: func(t *testing.T, s store.Store, _ Config) {
+		l := takeLease(t, s, key, fp, time.Minute)
+		for i := range store.MaxSteps {
+			if err := l.SaveRecoveryPoint(t.Context(), point(fmt.Sprint("s", i), "x")); err != nil {
+				t.Fatalf("step %d of %d: %v", i+1, store.MaxSteps, err)
+			}
+		}
+		err := l.SaveRecoveryPoint(t.Context(), point("one-too-many", "x"))
+		if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
+			t.Fatalf("step %d: %v, want ErrInvalidRecoveryPoint", store.MaxSteps+1, err)
+		}
+		if n := len(l.Steps()); n != store.MaxSteps {
+			t.Errorf("%d steps after a refused one, want %d", n, store.MaxSteps)
+		}
+
+		big := takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "big"}, fp, time.Minute)
+		data := bytes.Repeat([]byte{7}, store.MaxRecoveryDataBytes)
+		var err2 error
+		saved := 0
+		for i := range store.MaxStepsBytes/len(data) + 1 {
+			if err2 = big.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: fmt.Sprint("b", i), Data: data}); err2 != nil {
+				break
+			}
+			saved++
+		}
+		if !errors.Is(err2, store.ErrInvalidRecoveryPoint) || saved*len(data) > store.MaxStepsBytes {
+			t.Fatalf("after %d steps of %d bytes: %v; want ErrInvalidRecoveryPoint before %d bytes", saved, len(data), err2, store.MaxStepsBytes)
+		}
+	}},
+}
+
+// completions returns s as store.Completions, or fails the test when s
+// does not keep completions.
+func completions(t *testing.T, s store.Store) store.Completions {
+	t.Helper()
+	c, ok := s.(store.Completions)
+	if !ok {
+		t.Skip("the store does not implement store.Completions")
+	}
+	return c
+}
+
+var completion = &store.Completion{
+	Method:   "/idem.test.v1.Test/Do",
+	Request:  []byte("request bytes"),
+	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}},
+}
+
+// abandonedKeys returns the keys Abandoned lists.
+func abandonedKeys(t *testing.T, c store.Completions, grace time.Duration) []store.Abandoned {
+	t.Helper()
+	list, err := c.Abandoned(t.Context(), grace, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
+var completionCases = []testCase{
+	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, _ Config) {
+		c := completions(t, s)
+		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+		}
+		// Without a completion, or still leased: not listed.
+		_ = takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "plain"}, fp, 100*time.Millisecond)
+		if got := abandonedKeys(t, c, 0); len(got) != 0 {
+			t.Fatalf("Abandoned during the lease: %v", got)
+		}
+		time.Sleep(250 * time.Millisecond)
+		if got := abandonedKeys(t, c, time.Hour); len(got) != 0 {
+			t.Fatalf("Abandoned within the grace period: %v", got)
+		}
+		got := abandonedKeys(t, c, 50*time.Millisecond)
+		if len(got) != 1 {
+			t.Fatalf("Abandoned = %v, want the one key", got)
+		}
+		a := got[0]
+		if a.Key != key || !bytes.Equal(a.Fingerprint, fp) || a.Takeovers != 0 ||
+			a.Completion.Method != completion.Method || !bytes.Equal(a.Completion.Request, completion.Request) ||
+			!slices.Equal(a.Completion.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(a.Completion.Metadata["x-user"], []string{"u1"}) {
+			t.Fatalf("Abandoned = %+v", a)
+		}
+
+		// Taken over as a retry would: counted, and spaced further.
+		taker := takeLease(t, s, key, fp, 100*time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
+		if got := abandonedKeys(t, c, 100*time.Millisecond); len(got) != 0 {
+			t.Fatalf("Abandoned after a takeover, before twice the grace: %v", got)
+		}
+		if got := abandonedKeys(t, c, 50*time.Millisecond); len(got) != 1 || got[0].Takeovers != 1 {
+			t.Fatalf("Abandoned after a takeover = %v, want the key with 1 takeover", got)
+		}
+		_ = taker
+	}},
+
+	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, _ Config) {
+		c := completions(t, s)
+		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+		}
+		if err := lc.Lease.Complete(t.Context(), okOutcome("done")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+		if got := abandonedKeys(t, c, 0); len(got) != 0 {
+			t.Fatalf("Abandoned lists a completed call: %v", got)
+		}
+	}},
+
+	{name: "ExpiredCallIsNotListed", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+		c := completions(t, s)
+		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+		}
+		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		if got := abandonedKeys(t, c, 0); len(got) != 0 {
+			t.Fatalf("Abandoned lists an expired call: %v", got)
+		}
+	}},
+}
+
