@@ -134,6 +134,9 @@ type setup struct {
 	// all: the test runs under go test -short, and its effects are the
 	// handler's executions.
 	memory bool
+	// memoryStore is the store/memory store of a memory setup; nil means a
+	// new one.
+	memoryStore store.Store
 	// store builds the interceptor's store on the test's database; nil
 	// means postgres.New(pool, storeOpts...).
 	store     func(pool *pgxpool.Pool) store.Store
@@ -148,7 +151,11 @@ type setup struct {
 func newEnv(t *testing.T, s setup) *env {
 	t.Helper()
 	if s.memory {
-		return serveEnv(t, s, nil, memory.New())
+		st := s.memoryStore
+		if st == nil {
+			st = memory.New()
+		}
+		return serveEnv(t, s, nil, st)
 	}
 	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
 	if err != nil {

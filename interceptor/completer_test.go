@@ -1,0 +1,298 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+// provider stands for a payment provider that deduplicates charges by the
+// key each charge carries, as real ones do.
+type provider struct {
+	mu      sync.Mutex
+	charges map[string]int // by key: calls received
+}
+
+func (p *provider) charge(ctx context.Context) string {
+	step, _ := interceptor.StepFromContext(ctx) // set by Step
+	key, _ := interceptor.ChildKey(ctx, step)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.charges == nil {
+		p.charges = map[string]int{}
+	}
+	p.charges[key]++
+	return "ch_" + key[:8]
+}
+
+// distinct returns how many distinct charges the provider made.
+func (p *provider) distinct() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charges)
+}
+
+// completable is a leased, completable Do on a store of each kind, with a
+// completer on the same engine.
+type completable struct {
+	*env
+	completer *interceptor.Completer
+	engine    *interceptor.Engine
+}
+
+func eachCompletableStore(t *testing.T, f func(t *testing.T, c *completable)) {
+	t.Helper()
+	opts := []interceptor.ServerOption{
+		interceptor.WithLeased(time.Minute, doMethod),
+		interceptor.WithCompletion(doMethod),
+		interceptor.WithCompletionMetadata("x-user"),
+		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+	}
+	for _, mem := range []bool{false, true} {
+		name := "postgres"
+		if mem {
+			name = "memory"
+		}
+		t.Run(name, func(t *testing.T) {
+			var st store.Store
+			s := setup{memory: mem, opts: opts}
+			s.store = func(pool *pgxpool.Pool) store.Store {
+				st = postgres.New(pool)
+				return st
+			}
+			if mem {
+				st = memory.New()
+				s.memoryStore = st
+			}
+			e := newEnv(t, s)
+			engine := interceptor.NewEngine(st, opts...)
+			c, err := interceptor.NewCompleter(engine, interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3))
+			if err != nil {
+				t.Fatal(err)
+			}
+			testv1.RegisterTestServiceServer(c, e.svc)
+			f(t, &completable{env: e, completer: c, engine: engine})
+		})
+	}
+}
+
+// abandon makes a call whose handler passes the charge step and then dies,
+// as a crashed worker's would: the call's claim is left with its lease run
+// out, and the client gets an error.
+func abandon(t *testing.T, c *completable, key string) {
+	t.Helper()
+	ctx := metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", "acme", "x-user", "u-7")
+	_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+	if status.Code(err) != codes.Unknown {
+		t.Fatalf("the abandoned call got %v, want the panic's UNKNOWN", err)
+	}
+}
+
+func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		p := &provider{}
+		var (
+			crash      atomic.Bool
+			users      sync.Map
+			finishRuns atomic.Int32
+		)
+		crash.Store(true)
+		c.svc.setHook(func(ctx context.Context, _ string) error {
+			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-user")) == 1 {
+				users.Store(md.Get("x-user")[0], true)
+			}
+			if _, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+				return []byte(p.charge(ctx)), nil
+			}); err != nil {
+				return err
+			}
+			if crash.Swap(false) {
+				panic("worker dies between the charge and the order")
+			}
+			finishRuns.Add(1)
+			return nil
+		})
+		abandon(t, c, "order-1")
+
+		n, err := c.completer.Complete(t.Context())
+		if err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v; want the abandoned call finished", n, err)
+		}
+		if p.distinct() != 1 || finishRuns.Load() != 1 {
+			t.Fatalf("%d charges and %d finished runs, want 1 and 1", p.distinct(), finishRuns.Load())
+		}
+		if _, ok := users.Load("u-7"); !ok {
+			t.Error("the completer's run did not see the allowlisted metadata")
+		}
+		// The caller's late retry replays the outcome the completer recorded.
+		var header metadata.MD
+		ctx := metadata.AppendToOutgoingContext(withKey("order-1"), "x-tenant-id", "acme")
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			t.Fatalf("late retry: %v (header %v), want a replay", err, header)
+		}
+		if n, _ := c.completer.Complete(t.Context()); n != 0 {
+			t.Errorf("a second pass completed %d calls, want none", n)
+		}
+		if c.pool != nil {
+			if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE request_payload IS NOT NULL`); k != 0 {
+				t.Errorf("%d rows still hold a request after their outcome", k)
+			}
+		}
+	})
+}
+
+func TestCompletersAndALateRetryRace(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		p := &provider{}
+		var crash atomic.Bool
+		var finishRuns atomic.Int32
+		crash.Store(true)
+		c.svc.setHook(func(ctx context.Context, _ string) error {
+			if _, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+				return []byte(p.charge(ctx)), nil
+			}); err != nil {
+				return err
+			}
+			if crash.Swap(false) {
+				panic("worker dies")
+			}
+			time.Sleep(50 * time.Millisecond) // long enough for the others to meet it
+			finishRuns.Add(1)
+			return nil
+		})
+		abandon(t, c, "order-2")
+		other, err := interceptor.NewCompleter(c.engine, interceptor.WithCompleteGrace(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testv1.RegisterTestServiceServer(other, c.svc)
+		var wg sync.WaitGroup
+		var retryErr error
+		wg.Go(func() { _, _ = c.completer.Complete(t.Context()) })
+		wg.Go(func() { _, _ = other.Complete(t.Context()) })
+		wg.Go(func() {
+			ctx := metadata.AppendToOutgoingContext(withKey("order-2"), "x-tenant-id", "acme")
+			_, retryErr = c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+		})
+		wg.Wait()
+		if retryErr != nil && status.Code(retryErr) != codes.Aborted {
+			t.Errorf("the racing retry got %v, want OK or ABORTED", retryErr)
+		}
+		if finishRuns.Load() != 1 || p.distinct() != 1 {
+			t.Fatalf("%d finished runs and %d charges, want 1 and 1", finishRuns.Load(), p.distinct())
+		}
+	})
+}
+
+func TestCompleterRecordsADeterministicError(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		var runs atomic.Int32
+		c.svc.setHook(func(ctx context.Context, _ string) error {
+			if runs.Add(1) == 1 {
+				if err := interceptor.SaveRecoveryPoint(ctx, "started", nil); err != nil {
+					return err
+				}
+				panic("worker dies")
+			}
+			return status.Error(codes.FailedPrecondition, "the cart is empty")
+		})
+		abandon(t, c, "order-3")
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v", n, err)
+		}
+		ctx := metadata.AppendToOutgoingContext(withKey("order-3"), "x-tenant-id", "acme")
+		_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+		if st := wantCode(t, err, codes.FailedPrecondition); st.Message() != "the cart is empty" {
+			t.Errorf("replayed %q", st.Message())
+		}
+		if runs.Load() != 2 {
+			t.Errorf("%d runs, want 2", runs.Load())
+		}
+	})
+}
+
+func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		c.svc.setHook(func(ctx context.Context, _ string) error {
+			if err := interceptor.SaveRecoveryPoint(ctx, "started", nil); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "the provider is down")
+		})
+		ctx := metadata.AppendToOutgoingContext(withKey("order-4"), "x-tenant-id", "acme")
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("first call: %v", err)
+		}
+		var total int
+		for range 5 {
+			n, err := c.completer.Complete(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+		}
+		if total != 1 {
+			t.Fatalf("%d calls finished over five passes, want 1 (recorded as failed)", total)
+		}
+		_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+		st := wantCode(t, err, codes.FailedPrecondition)
+		if info := errorInfo(st); info.GetReason() != interceptor.ReasonNotCompleted {
+			t.Errorf("reason %q, want %s", info.GetReason(), interceptor.ReasonNotCompleted)
+		}
+		if n := c.svc.count(); n != 4 {
+			t.Errorf("%d executions, want the first and three completer attempts", n)
+		}
+	})
+}
+
+func TestStepRunsOncePerCall(t *testing.T) {
+	s := setup{opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}}
+	eachStore(t, s, func(t *testing.T, e *env) {
+		p := &provider{}
+		var fail atomic.Bool
+		fail.Store(true)
+		var got []string
+		e.svc.setHook(func(ctx context.Context, _ string) error {
+			charge, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+				return []byte(p.charge(ctx)), nil
+			})
+			if err != nil {
+				return err
+			}
+			if fail.Swap(false) {
+				return status.Error(codes.Unavailable, "confirming failed") // the lease ends; the steps stay
+			}
+			ship, err := interceptor.Step(ctx, "ship", func(context.Context) ([]byte, error) { return []byte("sh_1"), nil })
+			got = []string{string(charge), string(ship)}
+			return err
+		})
+		_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+		wantCode(t, err, codes.Unavailable)
+		if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+			t.Fatalf("retry: %v", err)
+		}
+		if p.distinct() != 1 || len(got) != 2 || got[1] != "sh_1" {
+			t.Fatalf("%d charges, steps %v; want one charge and both steps", p.distinct(), got)
+		}
+		_, err = interceptor.Step(context.Background(), "x", nil)
+		if !errors.Is(err, interceptor.ErrNotLeased) {
+			t.Errorf("Step outside a leased call: %v", err)
+		}
+	})
+}
