@@ -38,8 +38,19 @@
 //     not.
 //
 // A key is exactly one metadata value of 1 to 255 visible ASCII characters.
-// It is scoped by tenant (see [WithTenant]) and full method name, so the same
-// key in two tenants or on two methods names two independent operations.
+// A request may carry it instead, in a string field marked
+// (idem.v1.field).key = true (as Google's APIs carry a request_id); the
+// field is then left out of the fingerprint, and a key in both the metadata
+// and the field must be the same. It is scoped by tenant (see [WithTenant])
+// and method, so the same key in two tenants or on two methods names two
+// independent operations. The method's name in the scope is its full name,
+// or the name its option (idem.v1.method).scope gives: set it before
+// renaming a package, service or method, to the old full name, so that keys
+// in flight across the deploy keep their answers. Keys are kept for the
+// store's TTL, or for the method's own, (idem.v1.method).ttl; the first
+// answer and every replay tell the client when its key expires, in the
+// header [ExpiresHeader] (RFC 3339). Streaming methods take no key:
+// [StreamServerInterceptor] refuses one with INVALID_ARGUMENT.
 // A scope that no store can hold (a tenant over 255 bytes, or one that is
 // not valid UTF-8 or holds a NUL byte; the rule of store.Key.Validate) is
 // refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
@@ -105,6 +116,17 @@
 // run out a retry takes the call over and resumes from its last recovery
 // point.
 //
+// # Steps and completion
+//
+// A leased handler runs each side effect as a [Step]: once per call,
+// however often the call is taken over, with the step's result saved and
+// returned to later attempts, and the step's child key on its outbound
+// calls. Methods that opt in ((idem.v1.method).complete, or
+// [WithCompletion]) keep their request with the leased claim, and a
+// [Completer] finishes those whose callers are gone: it takes an abandoned
+// call over as a retry would and runs it, from its last step, to the end,
+// so the caller's retry, whenever it comes, replays the outcome.
+//
 // # Large responses
 //
 // A response larger than [WithMaxStoredResponseBytes] (1 MiB by default)
@@ -116,6 +138,10 @@
 // reason IDEMPOTENCY_RESPONSE_NOT_CACHED. Recorded errors are not capped.
 //
 // # Replay
+//
+// The handler's response metadata (the headers and trailers it sets,
+// without transport and idem headers) is recorded with its outcome and sent
+// again with every replay.
 //
 // The response is recorded as its deterministic protobuf encoding, and every
 // reply for the key carries exactly those bytes. For a response type without
@@ -133,6 +159,17 @@
 // and the problem is logged. Rows recorded by versions of idem before the
 // checksum are still replayed; a response among them must decode without
 // fields unknown to its type, unless its type is replayed as raw bytes.
+//
+// # Other transports
+//
+// [UnaryServerInterceptor] is an [Engine] behind grpc-go's API. The Engine
+// is transport-neutral: an adapter hands it a [Call] and the handler, and
+// sends the [Answer] and the status error it returns. The Connect adapter
+// (module github.com/idemkit/idem/interceptor/idemconnect) and the
+// grpc-gateway adapter (github.com/idemkit/idem/interceptor/idemgateway)
+// use it, so that a call and its retry over another transport are one
+// operation. [ParseHTTPKey] reads the IETF Idempotency-Key header.
+// [WithOutcomeHook] sees how each call went, whatever its transport.
 //
 // # Errors and logging
 //
@@ -177,5 +214,6 @@
 // ABORTED and UNAVAILABLE) run below every interceptor and resend the same
 // metadata. [BackoffRetryInfo] makes the retry interceptor wait as long as
 // the server's RetryInfo asks; [RetryDelay] reads it for hand-written
-// loops. Streaming calls are not intercepted and pass through untouched.
+// loops. Streaming calls are not intercepted by the client interceptor and
+// pass through untouched.
 package interceptor
