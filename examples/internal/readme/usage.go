@@ -1,0 +1,62 @@
+package readme
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+func newServer(ctx context.Context) (*grpc.Server, error) {
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return nil, err
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil { // idem's tables
+		return nil, err
+	}
+	store := postgres.New(pool)
+	if err := store.Check(ctx); err != nil { // says now, not on the first call, if idem cannot serve
+		return nil, err
+	}
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(
+			recovery.UnaryServerInterceptor(),
+			interceptor.UnaryServerInterceptor(store,
+				interceptor.WithTenant(interceptor.TenantFunc(tenantFromAuth))),
+		),
+		grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()),
+	)
+	paymentsv1.RegisterPaymentServiceServer(srv, &server{})
+	return srv, nil
+}
+
+// tenantFromAuth returns the caller's tenant. Derive it from the caller's
+// verified identity (here a header an authenticating proxy sets), never
+// only from a value the client chooses freely.
+func tenantFromAuth(ctx context.Context) (string, error) {
+	if v := metadata.ValueFromIncomingContext(ctx, "x-authenticated-tenant"); len(v) == 1 {
+		return v[0], nil
+	}
+	return "", errors.New("no authenticated tenant")
+}
+
+// CreatePayment writes on the transaction that holds the key.
+func (s *server) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaymentRequest) (*paymentsv1.CreatePaymentResponse, error) {
+	tx, _ := postgres.TxFromContext(ctx)
+	var id string
+	err := tx.QueryRow(ctx, `INSERT INTO payments (customer_id, amount_cents) VALUES ($1, $2) RETURNING id::text`,
+		req.GetCustomerId(), req.GetAmountCents()).Scan(&id)
+	if err != nil {
+		return nil, err
+	}
+	return &paymentsv1.CreatePaymentResponse{Payment: &paymentsv1.Payment{Id: id}}, nil
+}
