@@ -45,71 +45,87 @@ import (
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
 func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
-	o := evaluateClientOptions(opts)
-	c := &client{
-		keyed:   o.keyed,
-		methods: newMethods(nil),
+	k := NewOutgoingKeys(opts...)
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx, opts = trackAttempts(ctx, opts)
+		md, _ := metadata.FromOutgoingContext(ctx)
+		sent := md.Get(KeyHeader)
+		keys, err := k.For(ctx, method, sent)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(keys, sent) {
+			md = md.Copy()
+			if len(keys) == 0 {
+				md.Delete(KeyHeader)
+			} else {
+				md.Set(KeyHeader, keys...)
+			}
+			ctx = metadata.NewOutgoingContext(ctx, md)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	return c.intercept
 }
 
-type client struct {
+// OutgoingKeys decides the idempotency key of each outgoing call as
+// [UnaryClientInterceptor] does (see it for the rules), for client
+// interceptors of other transports, such as connect-go's. It is safe for
+// concurrent use.
+type OutgoingKeys struct {
 	keyed   Matcher
 	methods *methods
 }
 
-func (c *client) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	ctx, opts = trackAttempts(ctx, opts)
-	md, _ := metadata.FromOutgoingContext(ctx)
-	key, err := c.keyFor(ctx, method, md)
+// NewOutgoingKeys returns the OutgoingKeys that [UnaryClientInterceptor]
+// with opts uses.
+func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
+	o := evaluateClientOptions(opts)
+	return &OutgoingKeys{
+		keyed:   o.keyed,
+		methods: newMethods(nil),
+	}
+}
+
+// For returns the idempotency keys a call of fullMethod made with ctx
+// carries, given the keys sent, which the caller put on the call itself
+// (usually none): one key of idem's, or sent as it is, or sent less the key
+// of the request being handled in ctx, which is never forwarded. The keys
+// are values, decoded from their transport's syntax. An error is a status
+// error that fails the call before it is sent: INVALID_ARGUMENT for a key
+// set with [ContextWithKey] that [ValidateKey] refuses.
+func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, sent []string) ([]string, error) {
+	key, err := k.keyFor(ctx, fullMethod, sent)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	parent, inHandler := requestKey(ctx)
-	switch {
-	case key != "":
-		md = md.Copy()
-		md.Set(KeyHeader, key)
-	case inHandler && slices.Contains(md.Get(KeyHeader), parent.Key):
-		md = without(md, parent.Key)
-	default:
-		return invoker(ctx, method, req, reply, cc, opts...)
+	if key != "" {
+		return []string{key}, nil
 	}
-	return invoker(metadata.NewOutgoingContext(ctx, md), method, req, reply, cc, opts...)
+	if parent, inHandler := requestKey(ctx); inHandler && slices.Contains(sent, parent.Key) {
+		return slices.DeleteFunc(slices.Clone(sent), func(v string) bool { return v == parent.Key }), nil
+	}
+	return sent, nil
 }
 
-// without returns a copy of md without the value key of [KeyHeader].
-func without(md metadata.MD, key string) metadata.MD {
-	md = md.Copy()
-	rest := slices.DeleteFunc(md.Get(KeyHeader), func(v string) bool { return v == key })
-	if len(rest) == 0 {
-		md.Delete(KeyHeader)
-	} else {
-		md.Set(KeyHeader, rest...)
-	}
-	return md
-}
-
-// keyFor returns the key to send with a call of method whose outgoing
-// metadata is md, or "" to send no key of idem's: md then goes as it is,
-// less the request's own key.
-func (c *client) keyFor(ctx context.Context, method string, md metadata.MD) (string, error) {
-	m := c.methods.lookup(method)
+// keyFor returns the key to send with a call of method that carries the
+// keys sent, or "" to send no key of idem's: sent then goes as it is, less
+// the request's own key.
+func (k *OutgoingKeys) keyFor(ctx context.Context, method string, sent []string) (string, error) {
+	m := k.methods.lookup(method)
 	if m.exempt {
 		return "", nil
 	}
-	if k, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
-		if err := ValidateKey(k); err != nil {
+	if key, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
+		if err := ValidateKey(key); err != nil {
 			return "", status.Errorf(codes.InvalidArgument, "idem: key set with ContextWithKey: %v", err)
 		}
-		return k, nil
+		return key, nil
 	}
 	parent, inHandler := requestKey(ctx)
-	sent := md.Get(KeyHeader)
 	if len(sent) > 0 && !(inHandler && slices.Contains(sent, parent.Key)) {
 		return "", nil // the caller's own key
 	}
-	if !m.required && (c.keyed == nil || !c.keyed.Match(ctx, method)) {
+	if !m.required && (k.keyed == nil || !k.keyed.Match(ctx, method)) {
 		return "", nil
 	}
 	if inHandler {

@@ -1,0 +1,102 @@
+package idemconnect
+
+import (
+	"context"
+	"net/http"
+	"slices"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/interceptor"
+)
+
+// NewClientInterceptor returns a client interceptor that attaches an
+// idempotency key to each call of a keyed method, once per logical call,
+// as [interceptor.UnaryClientInterceptor] does for grpc-go, with the same
+// options and rules: a new UUIDv7 outside a handler, a key derived from
+// the request's inside a keyed handler ([interceptor.DeriveKey]), the key
+// set with [interceptor.ContextWithKey], or the caller's own header; never
+// the key of the request being handled. Interceptors placed after it (a
+// retrying one) send every attempt with the same key.
+//
+// The key goes in the request header Idempotency-Key: on Connect and
+// gRPC-Web as a Structured Field String, as the IETF draft writes it
+// ([interceptor.FormatHTTPKey]); on gRPC as it is, as metadata
+// idempotency-key, which a grpc-go server with idem's interceptor reads as
+// it is. The two are one HTTP header field, so a call carries one of them,
+// never both. Keys the caller set in the header are read the same way. (A
+// gRPC-Web proxy in front of a grpc-go server hands that server the quoted
+// form, which it takes as the key itself: the same on every retry through
+// the proxy, but not the key of a direct gRPC call with the same value.)
+//
+// Streaming calls are not intercepted. Used on a handler, it does nothing.
+func NewClientInterceptor(opts ...interceptor.ClientOption) connect.Interceptor {
+	return &clientInterceptor{keys: interceptor.NewOutgoingKeys(opts...)}
+}
+
+type clientInterceptor struct {
+	keys *interceptor.OutgoingKeys
+}
+
+func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if !req.Spec().IsClient {
+			return next(ctx, req)
+		}
+		protocol := req.Peer().Protocol
+		h := req.Header()
+		values := slices.Clone(h.Values(interceptor.HTTPKeyHeader))
+		sent := values
+		if protocol != connect.ProtocolGRPC && len(values) > 0 {
+			sent = make([]string, len(values))
+			for n, v := range values {
+				k, err := interceptor.ParseHTTPKey(v)
+				if err != nil {
+					k = v // malformed: compared, and sent, as it is
+				}
+				sent[n] = k
+			}
+		}
+		keys, err := c.keys.For(ctx, req.Spec().Procedure, sent)
+		if err != nil {
+			return nil, connectError(status.Convert(err))
+		}
+		if slices.Equal(keys, sent) {
+			return next(ctx, req)
+		}
+		setKeys(h, keys, protocol)
+		// The request may be sent again, as another logical call: leave it
+		// as the caller made it.
+		defer setValues(h, values)
+		return next(ctx, req)
+	}
+}
+
+func (c *clientInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (c *clientInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// setKeys sets the key header of h to keys, in the syntax of protocol.
+func setKeys(h http.Header, keys []string, protocol string) {
+	values := keys
+	if protocol != connect.ProtocolGRPC {
+		values = make([]string, len(keys))
+		for n, k := range keys {
+			values[n] = interceptor.FormatHTTPKey(k)
+		}
+	}
+	setValues(h, values)
+}
+
+// setValues sets the values of the key header of h.
+func setValues(h http.Header, values []string) {
+	h.Del(interceptor.HTTPKeyHeader)
+	for _, v := range values {
+		h.Add(interceptor.HTTPKeyHeader, v)
+	}
+}

@@ -1,0 +1,157 @@
+package idemconnect_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemconnect"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
+)
+
+// retrying retries a call up to attempts times while it fails with
+// UNAVAILABLE, as a retry interceptor placed after idem's would.
+func retrying(attempts int) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			for n := 1; ; n++ {
+				resp, err := next(ctx, req)
+				if connect.CodeOf(err) != connect.CodeUnavailable || n == attempts {
+					return resp, err
+				}
+			}
+		}
+	}
+}
+
+func TestClientKeyIsOnePerLogicalCall(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run <= 2 {
+				return connect.NewError(connect.CodeUnavailable, errors.New("try again"))
+			}
+			return nil
+		})
+		client := e.payments(p, idemconnect.NewClientInterceptor(), retrying(5))
+		req := connect.NewRequest(payment(1250))
+		if _, err := client.CallUnary(t.Context(), req); err != nil {
+			t.Fatal(err)
+		}
+		runs, keys := e.svc.executions()
+		if runs != 3 || keys[0] != keys[1] || keys[1] != keys[2] {
+			t.Fatalf("%d executions with keys %q, want 3 with one key", runs, keys)
+		}
+		if u, err := uuid.Parse(keys[0]); err != nil || u.Version() != 7 {
+			t.Errorf("key %q is not a UUIDv7", keys[0])
+		}
+		// On the wire: the IETF header, or gRPC metadata as it is.
+		if got := e.svc.headers()[0]; got != p.header(keys[0]) {
+			t.Errorf("key header %q, want %q", got, p.header(keys[0]))
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+		// The request is left as it was: sent again, it is another
+		// logical call, with a key of its own.
+		if got := req.Header().Values(interceptor.HTTPKeyHeader); len(got) != 0 {
+			t.Errorf("the request keeps the key header %q", got)
+		}
+		if _, err := client.CallUnary(t.Context(), req); err != nil {
+			t.Fatal(err)
+		}
+		if runs, keys = e.svc.executions(); runs != 4 || keys[3] == keys[0] {
+			t.Errorf("a second logical call: %d executions in all, keys %q; want a new key", runs, keys)
+		}
+		if n := e.paid(t); n != 2 {
+			t.Errorf("%d payments, want 2", n)
+		}
+	})
+}
+
+func TestClientSendsTheChosenKey(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		client := e.payments(p, idemconnect.NewClientInterceptor())
+		// A key that needs quoting as a Structured Field String.
+		key := `order-"7"\` + p.name
+		if _, err := client.CallUnary(interceptor.ContextWithKey(t.Context(), key), connect.NewRequest(payment(1250))); err != nil {
+			t.Fatal(err)
+		}
+		// The caller's own header, in its own syntax, goes as it is.
+		own := "own-" + p.name
+		if _, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header(own))); err != nil {
+			t.Fatal(err)
+		}
+		_, keys := e.svc.executions()
+		if got := keys[len(keys)-2:]; got[0] != key || got[1] != own {
+			t.Errorf("the server saw keys %q, want %q and %q", got, key, own)
+		}
+		_, err := client.CallUnary(interceptor.ContextWithKey(t.Context(), "a b"), connect.NewRequest(payment(1250)))
+		wantCode(t, err, connect.CodeInvalidArgument)
+	})
+}
+
+// A keyed handler's calls get keys derived from its request's, the same on
+// every execution, so that a retried handler's calls are replayed.
+func TestClientDerivesChildKeys(t *testing.T) {
+	downstream := newEnv(t, setup{})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		before, _ := downstream.svc.executions()
+		payments := downstream.payments(p, idemconnect.NewClientInterceptor())
+		var (
+			runs     int
+			replayed []string
+		)
+		front := func(ctx context.Context, req *connect.Request[testv1.DoRequest]) (*connect.Response[testv1.DoResponse], error) {
+			runs++
+			first, err := payments.CallUnary(ctx, connect.NewRequest(payment(1250)))
+			if err != nil {
+				return nil, err
+			}
+			// A handler that forwards its request's headers: the request's
+			// key is never forwarded.
+			out := connect.NewRequest(payment(500))
+			out.Header().Set(interceptor.HTTPKeyHeader, req.Header().Get(interceptor.HTTPKeyHeader))
+			refund, err := payments.CallUnary(interceptor.ContextWithStep(ctx, "refund"), out)
+			if err != nil {
+				return nil, err
+			}
+			replayed = append(replayed, first.Header().Get(interceptor.HTTPReplayedHeader), refund.Header().Get(interceptor.HTTPReplayedHeader))
+			if runs == 1 {
+				return nil, connect.NewError(connect.CodeUnavailable, errors.New("lost the reply"))
+			}
+			return connect.NewResponse(&testv1.DoResponse{Value: req.Msg.GetValue()}), nil
+		}
+		mux := serveMuxFor(do, connect.NewUnaryHandler(do, front, connect.WithInterceptors(
+			idemconnect.NewInterceptor(memory.New(), interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))))))
+		frontURL := serveMux(t, mux)
+		client := connect.NewClient[testv1.DoRequest, testv1.DoResponse](downstream.client, frontURL+do,
+			append([]connect.ClientOption{connect.WithInterceptors(idemconnect.NewClientInterceptor(), retrying(3))}, p.opts...)...)
+		req := connect.NewRequest(&testv1.DoRequest{Value: "v"})
+		req.Header().Set("X-Tenant-Id", "acme")
+		ctx := interceptor.ContextWithKey(t.Context(), "parent-"+p.name)
+		if _, err := client.CallUnary(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+
+		parent := store.Key{Tenant: "acme", Method: do, Key: "parent-" + p.name}
+		want := []string{interceptor.DeriveKey(parent, createPayment+"#1"), interceptor.DeriveKey(parent, "refund")}
+		n, keys := downstream.svc.executions()
+		if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
+			t.Errorf("downstream executions with keys %q, want %q", got, want)
+		}
+		if !slices.Equal(replayed, []string{"", "", "true", "true"}) {
+			t.Errorf("downstream answers replayed: %q, want the retried handler's calls replayed", replayed)
+		}
+	})
+	if n := downstream.paid(t); n != 2*len(protocols) {
+		t.Errorf("%d payments, want 2 per protocol", n)
+	}
+}

@@ -1,0 +1,98 @@
+// Package idemconnect makes mutating unary connect-go calls safe to retry,
+// with the contract, store and options of idem's gRPC interceptors
+// (package [interceptor]), over the three protocols a connect-go handler
+// serves: Connect, gRPC and gRPC-Web.
+//
+// It lives in a Go module of its own, so that programs that use idem with
+// grpc-go only never download connect-go.
+//
+// # Handlers
+//
+// [NewInterceptor] takes the store and the [interceptor.ServerOption]s of
+// [interceptor.UnaryServerInterceptor], and runs the same
+// [interceptor.Engine]: one fingerprint, one classifier, one scope (tenant,
+// full method name, key), the methods' proto options, the same status
+// codes and google.rpc details, sent as a *connect.Error with the same
+// code, message and details (connect.ErrorDetail). A gRPC call and its
+// retry over Connect or HTTP, served on the same store, are one operation:
+// the retry replays the first call's answer.
+//
+//	mux := http.NewServeMux()
+//	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(svc,
+//		connect.WithInterceptors(
+//			authn,                                   // first: the tenant comes from the caller
+//			idemconnect.NewInterceptor(postgres.New(pool),
+//				interceptor.WithTenant(interceptor.TenantFunc(tenantOf))),
+//		)))
+//
+// In a handler, write on the transaction that holds the key, from
+// postgres.TxFromContext, as under grpc-go.
+//
+// # Keys on each protocol
+//
+// Clients send the key in the request header Idempotency-Key. Over Connect
+// (including a plain HTTP POST of JSON) and gRPC-Web it is read as the
+// IETF draft (draft-ietf-httpapi-idempotency-key-header) writes it, a
+// quoted Structured Field String, or the bare token many clients send:
+//
+//	curl -H 'Content-Type: application/json' -H 'Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"' \
+//		-d '{"customerId":"cus_1","amountCents":1250}' https://api.example.com/payments.v1.PaymentService/CreatePayment
+//
+// Over gRPC it is the metadata idempotency-key ([interceptor.KeyHeader]),
+// read as it is, as grpc-go's interceptor reads it. The two names are one
+// HTTP header field, so no precedence orders them: a request with more than
+// one value is refused with INVALID_ARGUMENT, as on grpc-go, and so is a
+// value that is neither a Structured Field String nor a token, with a
+// message that says what is wrong with it.
+//
+// A replay carries the response header Idempotent-Replayed: true
+// ([interceptor.HTTPReplayedHeader]), which gRPC clients read as metadata
+// idempotent-replayed. Over Connect, an answer that suggests a retry delay
+// (ABORTED for a key still in use, UNAVAILABLE) also carries Retry-After,
+// in whole seconds. The HTTP status codes are Connect's own (400 for
+// INVALID_ARGUMENT and FAILED_PRECONDITION, 409 for ABORTED); clients read
+// the code and the details from the body.
+//
+// # Tenants
+//
+// Before idem runs, the request headers are put into the context as
+// incoming gRPC metadata, as grpc-go hands them to a handler (lower-case
+// names, the values of -bin names decoded, the key decoded), so that one
+// [interceptor.TenantFunc] that reads metadata.FromIncomingContext serves
+// grpc-go and connect-go alike:
+//
+//	tenantOf := func(ctx context.Context) (string, error) {
+//		md, _ := metadata.FromIncomingContext(ctx)
+//		return strings.Join(md.Get("x-tenant-id"), ""), nil // derive it from verified credentials in production
+//	}
+//
+// # Responses
+//
+// The response of a replay is the recorded one: with the binary protobuf
+// codec, the recorded bytes exactly; with JSON and other codecs, the
+// recorded message, encoded again. A replayed response is not the method's
+// response type for interceptors placed outside idem's (connect-go builds a
+// response from its concrete type, which an interceptor does not know), but
+// a [proto.Message] of the same descriptor; place idem's interceptor after
+// those that type-assert responses.
+//
+// # Streams
+//
+// idem handles unary calls. A streaming call that carries a key is refused
+// with INVALID_ARGUMENT, saying that keys apply to unary methods; one
+// without passes through.
+//
+// # Clients
+//
+// [NewClientInterceptor] does what [interceptor.UnaryClientInterceptor]
+// does for grpc-go: one key per logical call, kept by every retry made by
+// interceptors placed after it, and child keys derived from the request's
+// inside a keyed handler, so that a retried handler's calls are
+// deduplicated too:
+//
+//	client := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, baseURL,
+//		connect.WithInterceptors(
+//			idemconnect.NewClientInterceptor(), // first: one key per logical call
+//			retrying,                           // then the retries, each with that key
+//		))
+package idemconnect

@@ -1,0 +1,91 @@
+package idemconnect_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemconnect"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+// A connect-go handler behind idem, and a client that retries one logical
+// call with its key: the handler runs once, and the retry gets the recorded
+// answer, marked as a replay. (On store/memory; use store/postgres in
+// production, and write on postgres.TxFromContext in the handler.)
+func Example() {
+	payments := 0
+	create := func(ctx context.Context, req *connect.Request[testv1.CreatePaymentRequest]) (*connect.Response[testv1.CreatePaymentResponse], error) {
+		payments++
+		return connect.NewResponse(&testv1.CreatePaymentResponse{Payment: &testv1.Payment{
+			Id:          fmt.Sprintf("pay_%d", payments),
+			AmountCents: req.Msg.GetAmountCents(),
+		}}), nil
+	}
+	procedure := testv1.PaymentService_CreatePayment_FullMethodName
+	mux := http.NewServeMux()
+	mux.Handle(procedure, connect.NewUnaryHandler(procedure, create,
+		connect.WithInterceptors(idemconnect.NewInterceptor(memory.New()))))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	client := connect.NewClient[testv1.CreatePaymentRequest, testv1.CreatePaymentResponse](
+		srv.Client(), srv.URL+procedure,
+		connect.WithInterceptors(idemconnect.NewClientInterceptor()))
+	// The key of one logical call, kept across a restart of the caller:
+	// both calls carry Idempotency-Key: "order-1".
+	ctx := interceptor.ContextWithKey(context.Background(), "order-1")
+	for range 2 {
+		resp, err := client.CallUnary(ctx, connect.NewRequest(&testv1.CreatePaymentRequest{AmountCents: 1250}))
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(resp.Msg.GetPayment().GetId(), "replayed:", resp.Header().Get(interceptor.HTTPReplayedHeader) == "true")
+	}
+	fmt.Println("payments:", payments)
+	// Output:
+	// pay_1 replayed: false
+	// pay_1 replayed: true
+	// payments: 1
+}
+
+func ExampleNewInterceptor() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	// The request headers reach the TenantFunc as incoming gRPC metadata,
+	// so that one function serves grpc-go and connect-go. A real server
+	// reads the identity its authentication verified; this stand-in trusts
+	// a header.
+	tenant := interceptor.TenantFunc(func(ctx context.Context) (string, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		return strings.Join(md.Get("x-tenant-id"), ""), nil
+	})
+	idem := idemconnect.NewInterceptor(postgres.New(pool), interceptor.WithTenant(tenant))
+	_ = connect.WithInterceptors(idem) // a HandlerOption of your generated New...Handler
+}
+
+func ExampleNewClientInterceptor() {
+	// Before any retrying interceptor, so that every attempt of a logical
+	// call carries the key it chose.
+	_ = connect.WithInterceptors(
+		idemconnect.NewClientInterceptor(),
+		// a retrying interceptor
+	)
+}

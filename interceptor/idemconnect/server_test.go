@@ -1,0 +1,397 @@
+package idemconnect_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/store/postgres"
+)
+
+// eachStore runs f on a server of each store, PostgreSQL and store/memory,
+// once per protocol.
+func eachStore(t *testing.T, s setup, f func(t *testing.T, e *env, p protocol)) {
+	t.Helper()
+	for _, mem := range []bool{false, true} {
+		name := "postgres"
+		if mem {
+			name = "memory"
+		}
+		t.Run(name, func(t *testing.T) {
+			eachProtocol(t, func(t *testing.T, p protocol) {
+				s := s
+				s.memory = mem
+				f(t, newEnv(t, s), p)
+			})
+		})
+	}
+}
+
+func TestRunsOnceAndReplays(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		client := e.payments(p)
+		first, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		firstBody := e.bodies.last()
+		again, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(first.Msg, again.Msg) || first.Msg.GetPayment().GetId() == "" {
+			t.Errorf("replay %v differs from the first response %v", again.Msg, first.Msg)
+		}
+		if !bytes.Equal(e.bodies.last(), firstBody) {
+			t.Errorf("replayed body differs from the first:\n%q\n%q", e.bodies.last(), firstBody)
+		}
+		if got := first.Header().Values(interceptor.HTTPReplayedHeader); len(got) != 0 {
+			t.Errorf("first response carries %s: %q", interceptor.HTTPReplayedHeader, got)
+		}
+		if got := again.Header().Values(interceptor.HTTPReplayedHeader); len(got) != 1 || got[0] != "true" {
+			t.Errorf("replay header %q, want true", got)
+		}
+		if got := first.Header().Get("X-Payment-Id"); got != first.Msg.GetPayment().GetId() {
+			t.Errorf("the handler's header X-Payment-Id = %q on the first response, want %q", got, first.Msg.GetPayment().GetId())
+		}
+		if runs, keys := e.svc.executions(); runs != 1 || keys[0] != "k1" {
+			t.Errorf("%d executions with keys %q, want 1 with k1", runs, keys)
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
+// A response with a map is replayed as the recorded bytes with the binary
+// codec: encoding the decoded message again could order the entries
+// differently.
+func TestReplayIsByteIdentical(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		client := newClient[testv1.DoRequest, testv1.DoResponse](e, p, do)
+		var got [][]byte
+		for range 4 {
+			resp, err := client.CallUnary(t.Context(), keyed(&testv1.DoRequest{Value: "v"}, p.header("k1")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Msg.GetExecution() != 1 || len(resp.Msg.GetLabels()) != 6 {
+				t.Fatalf("response %v, want execution 1 and six labels", resp.Msg)
+			}
+			got = append(got, e.bodies.last())
+		}
+		for n, body := range got[1:] {
+			if !bytes.Equal(body, got[0]) {
+				t.Errorf("replay %d differs from the first response:\n%q\n%q", n+1, body, got[0])
+			}
+		}
+		if runs, _ := e.svc.executions(); runs != 1 {
+			t.Errorf("%d executions, want 1", runs)
+		}
+	})
+}
+
+func TestSameKeyOtherRequestIsRefused(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		client := e.payments(p)
+		if _, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1"))); err != nil {
+			t.Fatal(err)
+		}
+		_, err := client.CallUnary(t.Context(), keyed(payment(9999), p.header("k1")))
+		ce := wantCode(t, err, connect.CodeFailedPrecondition)
+		info := detail[*errdetails.ErrorInfo](ce)
+		if info.GetReason() != interceptor.ReasonKeyReused || info.GetDomain() != interceptor.Domain {
+			t.Errorf("ErrorInfo %v, want %s in %s", info, interceptor.ReasonKeyReused, interceptor.Domain)
+		}
+		if got := ce.Meta().Get(interceptor.HTTPReplayedHeader); got != "" {
+			t.Errorf("a refusal carries %s: %q", interceptor.HTTPReplayedHeader, got)
+		}
+		if runs, _ := e.svc.executions(); runs != 1 {
+			t.Errorf("%d executions, want 1", runs)
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
+func TestDuplicateInFlightIsAborted(t *testing.T) {
+	s := setup{
+		storeOpts: []postgres.Option{postgres.WithLockTimeout(300 * time.Millisecond)},
+		memOpts:   []memory.Option{memory.WithLockTimeout(50 * time.Millisecond)},
+		opts:      []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+	}
+	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
+		entered, release := make(chan struct{}), make(chan struct{})
+		e.svc.setHook(func(ctx context.Context, run int) error {
+			if run == 1 {
+				close(entered)
+				<-release
+			}
+			return nil
+		})
+		client := e.payments(p)
+		var wg sync.WaitGroup
+		var firstErr error
+		wg.Go(func() {
+			_, firstErr = client.CallUnary(context.Background(), keyed(payment(1250), p.header("k1")))
+		})
+		<-entered
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		close(release)
+		wg.Wait()
+		if firstErr != nil {
+			t.Fatal(firstErr)
+		}
+		ce := wantCode(t, err, connect.CodeAborted)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInUse {
+			t.Errorf("ErrorInfo %v, want %s", info, interceptor.ReasonKeyInUse)
+		}
+		if ri := detail[*errdetails.RetryInfo](ce); ri.GetRetryDelay().AsDuration() != 1500*time.Millisecond {
+			t.Errorf("RetryInfo %v, want 1.5s", ri)
+		}
+		// Over Connect, plain HTTP clients get the draft's Retry-After.
+		want := ""
+		if p.name == "connect" || p.name == "connect+json" {
+			want = "2"
+		}
+		if got := ce.Meta().Get("Retry-After"); got != want {
+			t.Errorf("Retry-After %q, want %q", got, want)
+		}
+		if runs, _ := e.svc.executions(); runs != 1 {
+			t.Errorf("%d executions, want 1", runs)
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
+func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		e.svc.setHook(func(context.Context, int) error {
+			ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("card declined"))
+			d, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example"})
+			if err != nil {
+				return err
+			}
+			ce.AddDetail(d)
+			ce.Meta().Set("X-Decline", "insufficient-funds")
+			return ce
+		})
+		client := e.payments(p)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		first := wantCode(t, err, connect.CodeFailedPrecondition)
+		if got := first.Meta().Get("X-Decline"); got != "insufficient-funds" {
+			t.Errorf("the handler's error metadata X-Decline = %q on the first answer", got)
+		}
+		_, err = client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		again := wantCode(t, err, connect.CodeFailedPrecondition)
+		for _, ce := range []*connect.Error{first, again} {
+			if ce.Message() != "card declined" || detail[*errdetails.ErrorInfo](ce).GetReason() != "CARD_DECLINED" {
+				t.Errorf("error %v, want the handler's message and detail", ce)
+			}
+		}
+		if got := again.Meta().Get(interceptor.HTTPReplayedHeader); got != "true" {
+			t.Errorf("replayed error: %s = %q, want true", interceptor.HTTPReplayedHeader, got)
+		}
+		if runs, _ := e.svc.executions(); runs != 1 {
+			t.Errorf("%d executions, want 1", runs)
+		}
+		if e.pool != nil {
+			// The payment the handler wrote was rolled back; the key
+			// stays, with the error.
+			if n := e.paid(t); n != 0 {
+				t.Errorf("%d payments, want the handler's write rolled back", n)
+			}
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 9`); n != 1 {
+				t.Errorf("%d recorded errors, want 1", n)
+			}
+		}
+	})
+}
+
+func TestTransientErrorReleasesTheKey(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run == 1 {
+				return connect.NewError(connect.CodeUnavailable, errors.New("ledger unreachable"))
+			}
+			return nil
+		})
+		client := e.payments(p)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		if ce := wantCode(t, err, connect.CodeUnavailable); ce.Message() != "ledger unreachable" {
+			t.Errorf("message %q, want the handler's", ce.Message())
+		}
+		if e.pool != nil {
+			if n := e.paid(t) + e.keys(t); n != 0 {
+				t.Errorf("%d payments and keys left by a transient error, want none", n)
+			}
+		}
+		resp, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Header().Get(interceptor.HTTPReplayedHeader); got != "" {
+			t.Errorf("the retry after a transient error is a replay")
+		}
+		if runs, _ := e.svc.executions(); runs != 2 {
+			t.Errorf("%d executions, want 2", runs)
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
+func TestMissingKeyIsRefused(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		_, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), ""))
+		ce := wantCode(t, err, connect.CodeInvalidArgument)
+		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
+			t.Errorf("violation %v, want one on %s saying it is required", v, interceptor.KeyHeader)
+		}
+		if runs, _ := e.svc.executions(); runs != 0 {
+			t.Errorf("%d executions, want none", runs)
+		}
+		if n := e.paid(t) + e.keys(t); n != 0 {
+			t.Errorf("%d payments and keys, want none", n)
+		}
+	})
+}
+
+func TestMalformedKeyIsRefused(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		cases := []struct{ value, says string }{
+			{`"k1`, "no closing double quote"},
+			{`"k1" x`, "more after its closing quote"},
+			{`k"1`, "must start and end with a double quote"},
+			{`"k 1"`, "visible ASCII"},
+		}
+		if p.grpc {
+			// gRPC metadata carries the key as it is.
+			cases = []struct{ value, says string }{
+				{"k 1", "visible ASCII"},
+				{strings.Repeat("k", 256), "at most 255 bytes"},
+			}
+		}
+		for _, c := range cases {
+			_, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), c.value))
+			ce := wantCode(t, err, connect.CodeInvalidArgument)
+			if !strings.Contains(ce.Message(), c.says) {
+				t.Errorf("%q: message %q does not say %q", c.value, ce.Message(), c.says)
+			}
+			if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), c.says) {
+				t.Errorf("%q: violation %v, want one on %s saying %q", c.value, v, interceptor.KeyHeader, c.says)
+			}
+		}
+		// Two values of the one header field, alike or not.
+		req := keyed(payment(1250), p.header("k1"))
+		req.Header().Add(interceptor.KeyHeader, p.header("k1"))
+		_, err := e.payments(p).CallUnary(t.Context(), req)
+		if ce := wantCode(t, err, connect.CodeInvalidArgument); !strings.Contains(ce.Message(), "exactly one value") {
+			t.Errorf("two values: message %q", ce.Message())
+		}
+		if runs, _ := e.svc.executions(); runs != 0 {
+			t.Errorf("%d executions, want none", runs)
+		}
+		if n := e.paid(t) + e.keys(t); n != 0 {
+			t.Errorf("%d payments and keys, want none", n)
+		}
+	})
+}
+
+// A method without side effects ignores keys, as on grpc-go, even
+// malformed ones.
+func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		client := newClient[testv1.GetPaymentRequest, testv1.GetPaymentResponse](e, p, getPayment)
+		for _, value := range []string{p.header("k1"), `"k1`} {
+			resp, err := client.CallUnary(t.Context(), keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, value))
+			if err != nil || resp.Msg.GetPayment().GetId() != "pay_1" {
+				t.Errorf("key %q: %v, %v", value, resp, err)
+			}
+		}
+	})
+}
+
+func TestTenantFromHeaders(t *testing.T) {
+	s := setup{opts: []interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))}}
+	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
+		client := e.payments(p)
+		ids := map[string]string{}
+		for _, tenant := range []string{"acme", "globex", "acme"} {
+			req := keyed(payment(1250), p.header("k1"))
+			req.Header().Set("X-Tenant-Id", tenant)
+			resp, err := client.CallUnary(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id, seen := ids[tenant]; seen && id != resp.Msg.GetPayment().GetId() {
+				t.Errorf("tenant %s: payment %s, then %s", tenant, id, resp.Msg.GetPayment().GetId())
+			}
+			ids[tenant] = resp.Msg.GetPayment().GetId()
+		}
+		if runs, _ := e.svc.executions(); runs != 2 {
+			t.Errorf("%d executions, want one per tenant", runs)
+		}
+		if e.pool != nil {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'k1' AND tenant IN ('acme', 'globex')`); n != 2 {
+				t.Errorf("%d keys, want one per tenant", n)
+			}
+		}
+	})
+}
+
+func TestKeyedStreamIsRefused(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		if p.name == "connect+json" {
+			return // the same protocol as connect
+		}
+		client := newClient[testv1.ReadRequest, testv1.ReadResponse](e, p, watch)
+		before, _ := e.svc.executions()
+
+		stream, err := client.CallServerStream(t.Context(), keyed(&testv1.ReadRequest{Value: "v"}, p.header("k1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for stream.Receive() {
+			t.Errorf("a keyed stream received %v", stream.Msg())
+		}
+		ce := wantCode(t, stream.Err(), connect.CodeInvalidArgument)
+		_ = stream.Close()
+		if !strings.Contains(ce.Message(), "unary methods") || violation(ce).GetField() != interceptor.KeyHeader {
+			t.Errorf("error %v, want one saying keys apply to unary methods, on %s", ce, interceptor.KeyHeader)
+		}
+		if runs, _ := e.svc.executions(); runs != before {
+			t.Errorf("the keyed stream's handler ran")
+		}
+
+		stream, err = client.CallServerStream(t.Context(), keyed(&testv1.ReadRequest{Value: "v"}, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for stream.Receive() {
+			n++
+		}
+		if err := stream.Err(); err != nil || n != 1 {
+			t.Errorf("a stream without a key: %d messages, %v", n, err)
+		}
+		_ = stream.Close()
+	})
+}

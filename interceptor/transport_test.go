@@ -1,0 +1,121 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/google/uuid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
+)
+
+func TestHandleMalformedKey(t *testing.T) {
+	rec := &hookRecorder{}
+	e := interceptor.NewEngine(memory.New(), interceptor.WithOutcomeHook(rec.hook))
+	ran := 0
+	h := func(context.Context) (interceptor.Reply, error) {
+		ran++
+		return interceptor.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+	}
+	reason := errors.New("the quoted key has no closing double quote")
+
+	call := interceptor.Call{Method: testv1.TestService_Do_FullMethodName, Request: &testv1.DoRequest{Value: "v"}}
+	_, err := e.HandleMalformedKey(t.Context(), call, reason, h)
+	st := wantCode(t, err, codes.InvalidArgument)
+	var violation *errdetails.BadRequest_FieldViolation
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) == 1 {
+			violation = br.GetFieldViolations()[0]
+		}
+	}
+	if violation.GetField() != interceptor.KeyHeader || violation.GetDescription() != reason.Error() {
+		t.Errorf("violation %v, want one on %s saying %q", violation, interceptor.KeyHeader, reason)
+	}
+	if ran != 0 {
+		t.Errorf("the handler ran %d times for a malformed key", ran)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultInvalidKey {
+		t.Errorf("the hook saw %+v, want one invalid_key", got)
+	}
+
+	// A method without side effects ignores keys, malformed or not.
+	call = interceptor.Call{Method: testv1.TestService_Read_FullMethodName, Request: &testv1.ReadRequest{Value: "v"}}
+	ans, err := e.HandleMalformedKey(t.Context(), call, reason, h)
+	if err != nil || ans.Message == nil || ran != 1 {
+		t.Fatalf("exempt method: %v, %v, ran %d times; want the handler's answer", ans.Message, err, ran)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultPassthrough {
+		t.Errorf("the hook saw %+v, want one passthrough", got)
+	}
+}
+
+func TestOutgoingKeys(t *testing.T) {
+	k := interceptor.NewOutgoingKeys()
+	ctx := t.Context()
+	do, read, maybe := testv1.TestService_Do_FullMethodName, testv1.TestService_Read_FullMethodName, testv1.TestService_Maybe_FullMethodName
+
+	keys, err := k.For(ctx, do, nil)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keyed method: %v, %v; want one new key", keys, err)
+	}
+	if u, err := uuid.Parse(keys[0]); err != nil || u.Version() != 7 {
+		t.Errorf("new key %q is not a UUIDv7", keys[0])
+	}
+	for _, c := range []struct {
+		name   string
+		ctx    context.Context
+		method string
+		sent   []string
+		want   []string
+	}{
+		{"the caller's own key", ctx, do, []string{"mine"}, []string{"mine"}},
+		{"no side effects", ctx, read, nil, nil},
+		{"optional key", ctx, maybe, nil, nil},
+		{"ContextWithKey", interceptor.ContextWithKey(ctx, "set"), do, []string{"mine"}, []string{"set"}},
+		{"ContextWithKey, optional key", interceptor.ContextWithKey(ctx, "set"), maybe, nil, []string{"set"}},
+	} {
+		got, err := k.For(c.ctx, c.method, c.sent)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	_, err = k.For(interceptor.ContextWithKey(ctx, "a b"), do, nil)
+	wantCode(t, err, codes.InvalidArgument)
+
+	// Inside a keyed handler: a child key, and never the request's own key.
+	e := interceptor.NewEngine(memory.New())
+	var inside [][]string
+	call := interceptor.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
+	_, err = e.Handle(ctx, call, func(ctx context.Context) (interceptor.Reply, error) {
+		for _, c := range []struct {
+			method string
+			sent   []string
+		}{{do, nil}, {do, []string{"parent"}}, {read, []string{"parent", "other"}}} {
+			keys, err := k.For(ctx, c.method, c.sent)
+			if err != nil {
+				return interceptor.Reply{}, err
+			}
+			inside = append(inside, keys)
+		}
+		return interceptor.Reply{Message: &testv1.DoResponse{}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := store.Key{Method: do, Key: "parent"}
+	want := [][]string{
+		{interceptor.DeriveKey(parent, do+"#1")},
+		{interceptor.DeriveKey(parent, do+"#2")},
+		{"other"},
+	}
+	if !slices.EqualFunc(inside, want, slices.Equal) {
+		t.Errorf("keys inside the handler %q, want %q", inside, want)
+	}
+}
