@@ -117,6 +117,17 @@ VALUES ($1, $2, now() + $3 * interval '1 second')
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING true`
 
+// processedBefore confirms, on the rare path where insertProcessed wrote no
+// row, that the id is there: a trigger or rule that drops the row would
+// otherwise pass for a duplicate and the message be acknowledged unapplied.
+// It is a statement of its own so that, under READ COMMITTED, its snapshot
+// sees the row of a concurrent delivery the insert waited for.
+const processedBefore = `SELECT EXISTS (SELECT FROM processed_messages WHERE consumer = $1 AND message_id = $2)`
+
+// errIDNotRecorded reports an insert into processed_messages that neither
+// wrote the row nor met an existing one.
+var errIDNotRecorded = errors.New("postgres: the insert into processed_messages wrote no row and none is there (a trigger or rule on the table drops it?); the message is not processed")
+
 // ProcessOnce applies the message whose producer-assigned id is messageID,
 // unless this consumer already has. In one transaction it inserts the id
 // into processed_messages and runs fn with that transaction, so the id and
@@ -157,6 +168,13 @@ func (in *Inbox) ProcessOnce(ctx context.Context, messageID string, fn func(pgx.
 		var inserted bool
 		err := tx.QueryRow(ctx, insertProcessed, in.consumer, messageID, in.retention).Scan(&inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
+			var there bool
+			if err := tx.QueryRow(ctx, processedBefore, in.consumer, messageID).Scan(&there); err != nil {
+				return err
+			}
+			if !there {
+				return errIDNotRecorded
+			}
 			return errDuplicate
 		}
 		if err != nil {

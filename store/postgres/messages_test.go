@@ -315,3 +315,29 @@ func TestInboxRetention(t *testing.T) {
 		}
 	}
 }
+
+// TestInboxInsertSuppressedIsNotDuplicate: a BEFORE INSERT trigger (or a
+// rule) that silently drops the processed_messages row must not make a new
+// message look processed: the consumer would acknowledge a message whose
+// side effects never ran. ProcessOnce fails instead, so that the broker
+// redelivers the message.
+func TestInboxInsertSuppressedIsNotDuplicate(t *testing.T) {
+	pool := newInboxDB(t)
+	if _, err := pool.Exec(ctx, `
+CREATE FUNCTION drop_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER drop_row BEFORE INSERT ON processed_messages FOR EACH ROW EXECUTE FUNCTION drop_row()`); err != nil {
+		t.Fatal(err)
+	}
+	inbox := postgres.NewInbox(pool, "shipping")
+	var ran bool
+	dup, err := inbox.ProcessOnce(ctx, "order-9", func(pgx.Tx) error { ran = true; return nil })
+	if dup || err == nil {
+		t.Fatalf("duplicate=%v err=%v, want false and an error", dup, err)
+	}
+	if !strings.Contains(err.Error(), "processed_messages") {
+		t.Errorf("err = %v, want it to name processed_messages", err)
+	}
+	if ran {
+		t.Error("the side effect ran although the message id was not recorded")
+	}
+}
