@@ -73,12 +73,21 @@ func ExampleNewInterceptor() {
 	// so that one function serves grpc-go and connect-go. A real server
 	// reads the identity its authentication verified; this stand-in trusts
 	// a header.
-	tenant := interceptor.TenantFunc(func(ctx context.Context) (string, error) {
+	tenantOf := func(ctx context.Context) (string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		return strings.Join(md.Get("x-tenant-id"), ""), nil
-	})
-	idem := idemconnect.NewInterceptor(postgres.New(pool), interceptor.WithTenant(tenant))
-	_ = connect.WithInterceptors(idem) // a HandlerOption of your generated New...Handler
+	}
+	// Authentication runs first, so that the tenant comes from the caller.
+	var authn connect.Interceptor = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc { return next })
+
+	interceptors := connect.WithInterceptors(
+		authn,
+		idemconnect.NewInterceptor(postgres.New(pool),
+			interceptor.WithTenant(interceptor.TenantFunc(tenantOf))),
+	)
+	// A HandlerOption of your generated handler:
+	// mux.Handle(paymentsv1connect.NewPaymentServiceHandler(svc, interceptors))
+	_ = interceptors
 }
 
 func ExampleNewClientInterceptor() {
