@@ -74,6 +74,7 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 type OutgoingKeys struct {
 	keyed   Matcher
 	methods *methods
+	obs     *clientObserver
 }
 
 // NewOutgoingKeys returns the OutgoingKeys that [UnaryClientInterceptor]
@@ -83,6 +84,7 @@ func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
 	return &OutgoingKeys{
 		keyed:   o.keyed,
 		methods: newMethods(nil),
+		obs:     newClientObserver(o),
 	}
 }
 
@@ -92,12 +94,15 @@ func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
 // of the request being handled in ctx, which is never forwarded. The keys
 // are values, decoded from their transport's syntax. An error is a status
 // error that fails the call before it is sent: INVALID_ARGUMENT for a key
-// set with [ContextWithKey] that [ValidateKey] refuses.
+// set with [ContextWithKey] that [ValidateKey] refuses. Each call of For
+// with a key counts in the metric idem.client.keys (see
+// [WithMeterProvider]): call it once per logical call.
 func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, sent []string) ([]string, error) {
-	key, err := k.keyFor(ctx, fullMethod, sent)
+	key, src, err := k.keyFor(ctx, fullMethod, sent)
 	if err != nil {
 		return nil, err
 	}
+	k.obs.keyed(ctx, fullMethod, src)
 	if key != "" {
 		return []string{key}, nil
 	}
@@ -109,33 +114,35 @@ func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, sent []string
 
 // keyFor returns the key to send with a call of method that carries the
 // keys sent, or "" to send no key of idem's: sent then goes as it is, less
-// the request's own key.
-func (k *OutgoingKeys) keyFor(ctx context.Context, method string, sent []string) (string, error) {
+// the request's own key. It also says where the call's key comes from, ""
+// when it carries none.
+func (k *OutgoingKeys) keyFor(ctx context.Context, method string, sent []string) (string, keySource, error) {
 	m := k.methods.lookup(method)
 	if m.exempt {
-		return "", nil
+		return "", "", nil
 	}
 	if key, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
 		if err := ValidateKey(key); err != nil {
-			return "", status.Errorf(codes.InvalidArgument, "idem: key set with ContextWithKey: %v", err)
+			return "", "", status.Errorf(codes.InvalidArgument, "idem: key set with ContextWithKey: %v", err)
 		}
-		return key, nil
+		return key, sourceCaller, nil
 	}
 	parent, inHandler := requestKey(ctx)
 	if len(sent) > 0 && !(inHandler && slices.Contains(sent, parent.Key)) {
-		return "", nil // the caller's own key
+		return "", sourceCaller, nil // the caller's own key
 	}
 	if !m.required && (k.keyed == nil || !k.keyed.Match(ctx, method)) {
-		return "", nil
+		return "", "", nil
 	}
 	if inHandler {
-		return derive(ctx, parent, method)
+		key, err := derive(ctx, parent, method)
+		return key, sourceDerived, err
 	}
 	u, err := uuid.NewV7()
 	if err != nil {
-		return "", status.Errorf(codes.Internal, "idem: generating a key: %v", err)
+		return "", "", status.Errorf(codes.Internal, "idem: generating a key: %v", err)
 	}
-	return u.String(), nil
+	return u.String(), sourceGenerated, nil
 }
 
 // derive returns the child key of the request parent for the next call of

@@ -1,10 +1,15 @@
 package interceptor
 
-import "context"
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/metric"
+)
 
 // clientOptions are the options of [UnaryClientInterceptor].
 type clientOptions struct {
-	keyed Matcher
+	keyed         Matcher
+	meterProvider metric.MeterProvider // nil: otel.GetMeterProvider()
 }
 
 func evaluateClientOptions(opts []ClientOption) *clientOptions {

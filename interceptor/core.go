@@ -34,6 +34,7 @@ type Engine struct {
 	opts    *serverOptions
 	hasher  *fingerprint.Hasher
 	methods *methods
+	obs     *observer
 }
 
 // NewEngine returns an Engine on s, configured as [UnaryServerInterceptor]
@@ -45,6 +46,7 @@ func NewEngine(s store.Store, opts ...ServerOption) *Engine {
 		opts:    o,
 		hasher:  fingerprint.NewHasher(o.fingerprint...),
 		methods: newMethods(o),
+		obs:     newObserver(o),
 	}
 }
 
@@ -81,8 +83,9 @@ type Answer struct {
 	// Message is the response, decoded (nil with an error).
 	Message proto.Message
 	// Header and Trailer are the response metadata idem adds to what the
-	// handler set itself: the replay marker ([ReplayedHeader]) and, on a
-	// replay, the metadata the handler had set. Send them.
+	// handler set itself: the replay marker ([ReplayedHeader]), on a
+	// replay, the metadata the handler had set, and, with a RetryInfo of
+	// idem's, the [PushbackTrailer]. Send them.
 	Header, Trailer metadata.MD
 
 	// wire is Message as a binary protobuf codec must send it, when that
@@ -109,6 +112,7 @@ func (a Answer) WireMessage() proto.Message {
 func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, error) {
 	c := &callState{engine: e, method: call.Method, started: time.Now()}
 	ans, err := e.handle(ctx, c, call, h)
+	ans = c.pushback(ans, err)
 	e.report(ctx, c)
 	return ans, err
 }
@@ -122,6 +126,7 @@ type callState struct {
 	replayed      bool
 	started       time.Time
 	claim, record time.Duration
+	tookOver      bool // a leased claim took the key over
 	key           store.Key
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
@@ -198,9 +203,9 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	if m.leased {
 		return e.lease(ctx, c, fp, call, h)
 	}
-	claimStart := time.Now()
-	claim, err := e.store.Claim(ctx, skey, store.Request{Fingerprint: fp, TTL: m.ttl})
-	c.claim = time.Since(claimStart)
+	cctx, t := e.obs.start(ctx, c, spanClaim)
+	claim, err := e.store.Claim(cctx, skey, store.Request{Fingerprint: fp, TTL: m.ttl})
+	c.claim = t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "claiming the idempotency key", err)
@@ -292,7 +297,6 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 // (resuming from its recovery point) rather than running it afresh.
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
 	m, key := c.m, c.key
-	claimStart := time.Now()
 	r := store.Request{Fingerprint: fp, TTL: m.ttl}
 	if m.complete {
 		var err error
@@ -301,8 +305,9 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the request for completion failed", err)
 		}
 	}
-	lc, err := e.store.Lease(ctx, key, r, m.lease)
-	c.claim = time.Since(claimStart)
+	cctx, t := e.obs.start(ctx, c, spanClaim)
+	lc, err := e.store.Lease(cctx, key, r, m.lease)
+	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
@@ -311,6 +316,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 		return e.replay(ctx, c, call, h, fp, lc.Entry)
 	}
 	l := lc.Lease
+	c.tookOver = lc.TookOver
 	bctx := context.WithoutCancel(ctx)
 	release := true // until the handler returns an outcome to record
 	defer func() {
@@ -425,9 +431,9 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 // status the client gets, except a leased call's, which is passed on as it
 // is, for lease to report (and log).
 func (e *Engine) complete(ctx context.Context, c *callState, rec recorder, out store.Outcome) error {
-	start := time.Now()
-	err := rec.Complete(ctx, out)
-	c.record = time.Since(start)
+	rctx, t := e.obs.start(ctx, c, spanRecord)
+	err := rec.Complete(rctx, out)
+	c.record = t.end(err)
 	if err == nil {
 		return nil
 	}
@@ -486,6 +492,8 @@ func (e *Engine) heartbeat(ctx context.Context, key store.Key, l store.Lease, d 
 				return
 			case err != nil && ctx.Err() == nil:
 				e.log(ctx, slog.LevelWarn, "idem: extending a lease failed", key, err)
+			case err == nil:
+				e.obs.extended(ctx, key.Method)
 			}
 		}
 	})

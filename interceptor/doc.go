@@ -182,6 +182,47 @@
 // and the key. [WithVerboseErrors] adds the error's text to the client's
 // message, for development. A healthy server logs nothing per request.
 //
+// # Metrics, traces and logs
+//
+// Every call the server interceptor sees ends in one [Result], which idem
+// reports four ways, never with the key, the tenant or the fingerprint:
+//
+//   - metrics, through the OpenTelemetry metric API ([WithMeterProvider],
+//     by default the global provider): the counter idem.server.requests
+//     with attributes rpc.method ("pkg.Service/Method"), idem.mode and
+//     idem.outcome; the histograms idem.claim.duration and
+//     idem.record.duration, in seconds, waits on a busy key included; the
+//     counters idem.lease.takeovers and idem.lease.extensions. The client
+//     interceptor counts the keys it sends in idem.client.keys, with
+//     attributes rpc.method and idem.key.source (generated, derived,
+//     caller).
+//   - traces: the call's span in the context (started by a stats handler
+//     such as otelgrpc's) gets the attributes idem.outcome, idem.replayed
+//     and idem.mode, and the events idem.key_in_use (with idem.claim.wait,
+//     the seconds the claim waited) and idem.lease.takeover; when that
+//     span is recorded, the store calls run in its child spans idem.claim
+//     and idem.record ([WithTracerProvider], by default the global
+//     provider).
+//   - logs: the fields idem.outcome and idem.replayed are added to the
+//     fields of go-grpc-middleware v2's logging interceptor, which prints
+//     them on its "finished call" line, when it comes before idem in the
+//     chain (below).
+//   - the outcome hook ([WithOutcomeHook]), with the method, the mode, the
+//     result, whether the answer was replayed, and the durations.
+//
+// The logging interceptor keeps its fields in the context it hands down the
+// chain, where idem adds its own when the call is settled:
+//
+//	grpc.ChainUnaryInterceptor(
+//		logging.UnaryServerInterceptor(logger), // go-grpc-middleware v2
+//		recovery.UnaryServerInterceptor(),
+//		interceptor.UnaryServerInterceptor(store),
+//	)
+//
+// When idem answers with a RetryInfo of its own (a key in use, a lease
+// lost, a store that failed) it also sends the trailer [PushbackTrailer],
+// so that grpc-go's own retry policy waits as long as the server asks.
+//
 // # Calling other services
 //
 // [UnaryClientInterceptor] attaches keys on the client side. Outside a

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -43,6 +45,9 @@ type serverOptions struct {
 
 	complete         map[string]bool // methods whose leased calls a Completer may finish
 	completeMetadata []string        // request metadata kept for it
+
+	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
+	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()
 }
 
 var defaultServerOptions = serverOptions{

@@ -101,12 +101,13 @@ func WithOutcomeHook(hook func(ctx context.Context, o Outcome)) ServerOption {
 	return serverOption(func(o *serverOptions) { o.hook = hook })
 }
 
-// report hands the outcome of c to the hook, and to a Completer that runs
-// the call.
+// report records the outcome of c: in the metrics, on the call's span and
+// log fields, to the hook, and to a Completer that runs the call.
 func (e *Engine) report(ctx context.Context, c *callState) {
 	if p, ok := ctx.Value(outcomeCtxKey{}).(*Result); ok {
 		*p = c.result
 	}
+	e.obs.observe(ctx, c)
 	hook := e.opts.hook
 	if hook == nil {
 		return

@@ -208,8 +208,8 @@ type Store interface {
 	// durable at once and held for lease, and the handler's side effects
 	// are its own. It returns a LeaseClaim with Lease set when the key was free,
 	// had expired, or was held by a request with the same fingerprint whose
-	// lease ran out (a takeover, which keeps the last recovery point and
-	// invalidates the earlier owner's Lease). Otherwise it returns a
+	// lease ran out (a takeover, reported by TookOver, which keeps the last
+	// recovery point and invalidates the earlier owner's Lease). Otherwise it returns a
 	// LeaseClaim with Entry set: completed, or in progress with its
 	// LeaseRemaining (zero when an atomic claim holds it). It returns
 	// ErrInUse when the wait for a concurrent atomic claim ran out.
@@ -246,6 +246,11 @@ type LeaseClaim struct {
 	ExpiresAt time.Time
 	// Entry is set when the key was taken by another request.
 	Entry *Entry
+	// TookOver reports, with Lease set, that the claim took the key over
+	// from an earlier request with the same fingerprint whose lease had
+	// run out (or ended at its Release, keeping a recovery point). It is
+	// false for a key that was free or had expired.
+	TookOver bool
 }
 
 // ErrInvalidRecoveryPoint reports a recovery point that breaks the rule of

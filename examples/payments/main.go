@@ -1,8 +1,8 @@
 // Binary payments demonstrates exactly-once payments with idem: it starts
 // the example PaymentService on a loopback port against a fresh PostgreSQL
 // database, plays the situations that double-charge a naive server, prints
-// what each call got and the rows that exist afterwards, and exits non-zero
-// if any invariant breaks.
+// what each call got, the rows that exist afterwards and the outcomes idem
+// counted in its metrics, and exits non-zero if any invariant breaks.
 //
 //	go run ./examples/payments
 //
@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -71,11 +73,16 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := paymentsvc.NewServer(pool)
+	// idem's metrics go to an in-process reader, which the demo reads back
+	// at the end to show what idem counted.
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
+	srv := paymentsvc.NewServer(pool, interceptor.WithMeterProvider(mp))
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
-	d := &demo{pool: pool}
+	d := &demo{pool: pool, metrics: reader}
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -98,6 +105,7 @@ func run(ctx context.Context, w io.Writer) error {
 type demo struct {
 	client, lossy paymentsv1.PaymentServiceClient
 	pool          *pgxpool.Pool
+	metrics       *sdkmetric.ManualReader
 	lost          *paymentsv1.Payment // what the server sent on the lossy connection
 	rows          [][]string
 	failed        []string
@@ -228,11 +236,54 @@ func (d *demo) play(ctx context.Context, w io.Writer) error {
 	d.check(counts["order-1004"] == 0, "%d payments for the invalid order-1004, want 0", counts["order-1004"])
 	d.check(keys == 4, "%d idempotency keys recorded, want 4", keys)
 
+	// What idem counted: every call that ran the handler (the first of each
+	// key, the one whose response was lost, the recorded validation
+	// error), every replay, every duplicate told to retry, the reused key.
+	outcomes, err := d.outcomes(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "idem outcomes of CreatePayment: executed=%d replayed=%d in_use=%d reused=%d\n",
+		outcomes["executed"], outcomes["replayed"], outcomes["in_use"], outcomes["reused"])
+	want := map[string]int64{"executed": 4, "replayed": 1 + copies - 1 + 1, "in_use": int64(st.aborted), "reused": 1}
+	for outcome, n := range want {
+		d.check(outcomes[outcome] == n, "idem counted %d calls %s, want %d", outcomes[outcome], outcome, n)
+	}
+	for outcome, n := range outcomes {
+		d.check(want[outcome] != 0, "idem counted %d calls %s, want none", n, outcome)
+	}
+
 	if len(d.failed) > 0 {
 		return fmt.Errorf("%d invariants broken:\n  %s", len(d.failed), strings.Join(d.failed, "\n  "))
 	}
 	fmt.Fprintln(w, "exactly once: every invariant held")
 	return nil
+}
+
+// outcomes returns the counts of idem.server.requests for CreatePayment,
+// by outcome, read from the in-process metric reader.
+func (d *demo) outcomes(ctx context.Context) (map[string]int64, error) {
+	var rm metricdata.ResourceMetrics
+	if err := d.metrics.Collect(ctx, &rm); err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "idem.server.requests" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				method, _ := dp.Attributes.Value("rpc.method")
+				outcome, _ := dp.Attributes.Value("idem.outcome")
+				if method.AsString() == "payments.v1.PaymentService/CreatePayment" {
+					out[outcome.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // stormResult tallies what the copies of one request got.

@@ -44,7 +44,7 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 			e.completion = cloneCompletion(r.Completion)
 		}
 		l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point), steps: cloneSteps(e.steps)}
-		return store.LeaseClaim{Lease: l, ExpiresAt: e.expiresAt}, nil
+		return store.LeaseClaim{Lease: l, ExpiresAt: e.expiresAt, TookOver: true}, nil
 	}
 	return store.LeaseClaim{Entry: e.snapshot(now)}, nil
 }

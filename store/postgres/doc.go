@@ -101,4 +101,17 @@
 // (empty, over [MaxMessageIDLength] bytes, not UTF-8, with a NUL byte)
 // fails with [ErrInvalidMessageID] before the database is touched:
 // dead-letter that message, since no redelivery would fare better.
+//
+// # Metrics, traces and logs
+//
+// The sweeper and the inbox report through the OpenTelemetry API, by
+// default to the global providers: the sweeper counts the rows it deletes
+// (idem.sweeper.deleted, by idem.table), times its passes
+// (idem.sweeper.pass.duration, and a span idem.sweeper.pass), and logs a
+// failed pass through log/slog ([WithSweepLogger], [WithSweepMeterProvider],
+// [WithSweepTracerProvider]); the inbox counts the messages it processed
+// or found processed before (idem.inbox.messages, by idem.consumer and
+// idem.outcome: processed, duplicate) and records a span
+// idem.inbox.process for each ([WithInboxMeterProvider],
+// [WithInboxTracerProvider]). The store itself does not log.
 package postgres

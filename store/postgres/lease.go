@@ -24,6 +24,10 @@ const (
 	// gets a token an earlier owner held, even after the row was deleted
 	// and inserted again. It runs after lockKey, so it never meets an
 	// atomic claim of the key still running.
+	//
+	// Its last column tells a takeover from a fresh claim: an insert, and
+	// the takeover of an expired row, leave takeovers at 0; a takeover of a
+	// run-out lease counts one more.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
      request_method, request_payload, request_metadata)
@@ -47,7 +51,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, expires_at`
+RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers > 0`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -92,7 +96,7 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
 		case l != nil:
-			return store.LeaseClaim{Lease: l, ExpiresAt: expiresAt}, nil
+			return store.LeaseClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
 		case entry != nil && !entry.expired:
 			return store.LeaseClaim{Entry: &entry.Entry}, nil
 		}
@@ -130,17 +134,18 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 		return nil, expiresAt, nil, err
 	}
 	var (
-		step  *string
-		data  []byte
-		steps []byte
+		step     *string
+		data     []byte
+		steps    []byte
+		tookOver bool
 	)
-	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt)
+	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{store: s, id: sc.id, token: token}
+		l = &lease{store: s, id: sc.id, token: token, tookOver: tookOver}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -166,9 +171,10 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 
 // lease is a held leased claim.
 type lease struct {
-	store *Store
-	id    pgtype.UUID
-	token int64
+	store    *Store
+	id       pgtype.UUID
+	token    int64
+	tookOver bool // the claim took the key over from an earlier owner
 
 	mu       sync.Mutex
 	point    *store.RecoveryPoint

@@ -54,6 +54,7 @@ func checkText(s string, limit int) string {
 
 type inboxOptions struct {
 	retention time.Duration
+	observe   observeOptions
 }
 
 // InboxOption configures an [Inbox].
@@ -85,6 +86,7 @@ type Inbox struct {
 	consumer  string
 	retention float64 // seconds
 	err       error   // why consumer cannot be stored, if it cannot
+	obs       *inboxObserver
 }
 
 // NewInbox returns the inbox of the named consumer on db, usually a
@@ -100,7 +102,7 @@ func NewInbox(db Beginner, consumer string, opts ...InboxOption) *Inbox {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds()}
+	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds(), obs: newInboxObserver(o.observe, consumer)}
 	if consumer == "" {
 		in.err = errors.New("postgres: the inbox needs a consumer name")
 	} else if why := checkText(consumer, maxConsumerNameLength); why != "" {
@@ -164,6 +166,8 @@ func (in *Inbox) ProcessOnce(ctx context.Context, messageID string, fn func(pgx.
 	if why := checkText(messageID, MaxMessageIDLength); why != "" {
 		return false, fmt.Errorf("%w: %s", ErrInvalidMessageID, why)
 	}
+	ctx, span := in.obs.start(ctx)
+	defer func() { in.obs.end(ctx, span, duplicate, err) }()
 	err = pgx.BeginFunc(ctx, in.db, func(tx pgx.Tx) error {
 		var inserted bool
 		err := tx.QueryRow(ctx, insertProcessed, in.consumer, messageID, in.retention).Scan(&inserted)

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/grpclog"
 )
-
-var logger = grpclog.Component("idem")
 
 // Defaults of the sweeper's options.
 const (
@@ -23,6 +21,7 @@ type sweeperOptions struct {
 	interval  time.Duration
 	batchSize int
 	pause     time.Duration
+	observe   observeOptions
 }
 
 var defaultSweeperOptions = sweeperOptions{
@@ -87,6 +86,7 @@ func WithSweepPause(d time.Duration) SweeperOption {
 type Sweeper struct {
 	pool *pgxpool.Pool
 	opts sweeperOptions
+	obs  *sweeperObserver
 }
 
 // NewSweeper returns a Sweeper that deletes through pool, which must reach
@@ -97,7 +97,7 @@ func NewSweeper(pool *pgxpool.Pool, opts ...SweeperOption) *Sweeper {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Sweeper{pool: pool, opts: o}
+	return &Sweeper{pool: pool, opts: o, obs: newSweeperObserver(o.observe)}
 }
 
 // sweepTable is the DELETE of one batch from one table. The inner SELECT
@@ -149,9 +149,12 @@ WHERE t.consumer = d.consumer AND t.message_id = d.message_id
 // during batches and returns ctx's error; the batches already committed
 // stay deleted.
 func (s *Sweeper) Sweep(ctx context.Context) (deleted int64, err error) {
+	ctx, pass := s.obs.startPass(ctx)
+	defer func() { pass.end(deleted, err) }()
 	var errs []error
 	for _, t := range sweepTables {
 		n, err := s.sweep(ctx, t)
+		s.obs.deleted(ctx, t.name, n)
 		deleted += n
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
@@ -181,9 +184,9 @@ func (s *Sweeper) sweep(ctx context.Context, t sweepTable) (deleted int64, err e
 }
 
 // Run sweeps at once and then again each interval after a pass ended (see
-// [WithSweepInterval]), until ctx ends. A failed pass is logged to the
-// grpclog component "idem" and retried at the next interval; it does not
-// stop Run. Run returns only when ctx is done, and then returns ctx.Err(),
+// [WithSweepInterval]), until ctx ends. A failed pass is logged at level
+// ERROR (see [WithSweepLogger]) and retried at the next interval; it does
+// not stop Run. A pass that deleted rows is logged at level DEBUG. Run returns only when ctx is done, and then returns ctx.Err(),
 // which is never nil: callers that stop it by cancelling ctx may ignore it.
 func (s *Sweeper) Run(ctx context.Context) error {
 	for {
@@ -191,10 +194,12 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		log := s.opts.observe.log()
 		if err != nil {
-			logger.Errorf("sweeping expired rows (deleted %d before the error; next pass in %v): %v", deleted, s.opts.interval, err)
+			log.LogAttrs(ctx, slog.LevelError, "idem: sweeping expired rows failed; retrying at the next pass",
+				slog.Int64("deleted", deleted), slog.Duration("next_pass", s.opts.interval), slog.String("error", err.Error()))
 		} else if deleted > 0 {
-			logger.Infof("swept %d expired rows", deleted)
+			log.LogAttrs(ctx, slog.LevelDebug, "idem: swept expired rows", slog.Int64("deleted", deleted))
 		}
 		if err := sleep(ctx, s.opts.interval); err != nil {
 			return err

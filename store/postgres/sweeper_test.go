@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -398,7 +399,9 @@ func TestRunStopsWithContext(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- postgres.NewSweeper(pool).Run(runCtx) }()
+	var log syncBuffer
+	sw := postgres.NewSweeper(pool, postgres.WithSweepLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	go func() { done <- sw.Run(runCtx) }()
 
 	// The first pass runs at once; the next would come a minute later.
 	waitFor(t, "the first pass", func() bool {
@@ -412,6 +415,10 @@ func TestRunStopsWithContext(t *testing.T) {
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("Run did not return after its context was cancelled")
+	}
+	// A healthy sweeper says nothing at level INFO.
+	if got := log.String(); got != "" {
+		t.Errorf("a pass that deleted rows logged at level INFO or above:\n%s", got)
 	}
 }
 
@@ -438,7 +445,9 @@ func TestRunKeepsGoingAfterAFailedPass(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	sw := postgres.NewSweeper(openPool(t, pool.Config().ConnString()), postgres.WithSweepInterval(50*time.Millisecond))
+	var log syncBuffer
+	sw := postgres.NewSweeper(openPool(t, pool.Config().ConnString()), postgres.WithSweepInterval(50*time.Millisecond),
+		postgres.WithSweepLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	go func() { done <- sw.Run(runCtx) }()
 
 	waitFor(t, "a pass to sweep idempotency_keys", func() bool {
@@ -463,6 +472,28 @@ func TestRunKeepsGoingAfterAFailedPass(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("Run returned %v, want context.Canceled", err)
 	}
+	// The failed passes went to the sweeper's logger, naming the table.
+	if got := log.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "processed_messages") {
+		t.Errorf("the failed passes were not logged at level ERROR with the table:\n%s", got)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use, for a logger.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // waitFor polls cond until it holds, and fails the test if that takes

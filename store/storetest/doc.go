@@ -30,7 +30,8 @@
 //
 // Leased claims ([store.Store.Lease] and [store.Lease]): a free key, a live
 // lease, a run-out lease taken over with its recovery point (or not, for
-// another fingerprint), Extend, fencing of a stale owner's every write
+// another fingerprint), which takeovers report (and which claims do not),
+// Extend, fencing of a stale owner's every write
 // (also after the key was released and leased afresh), Complete and
 // Release, many takeovers at once, expiry, a completed key, and a lease that
 // waits for an atomic claim.

@@ -97,6 +97,45 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("second"))
 	}},
 
+	{name: "TakeoverIsReported", run: func(t *testing.T, s store.Store, _ Config) {
+		first := takeLeaseClaim(t, s, key, fp, shortLease)
+		if first.TookOver {
+			t.Errorf("the lease of a free key reports a takeover")
+		}
+		time.Sleep(runOut)
+		second := takeLeaseClaim(t, s, key, fp, longLease)
+		if !second.TookOver {
+			t.Errorf("the lease of a key whose lease ran out reports no takeover")
+		}
+		// A lease released with a recovery point ends at once: the next
+		// claim takes it over too.
+		if err := second.Lease.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "sent"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := second.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		third := takeLeaseClaim(t, s, key, fp, longLease)
+		if !third.TookOver {
+			t.Errorf("the lease of a key released with a recovery point reports no takeover")
+		}
+		if err := third.Lease.Complete(t.Context(), okOutcome("third")); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease); err != nil || c.TookOver {
+			t.Errorf("Lease of a completed key = %s, %v; want its entry and no takeover", describeLeaseClaim(c), err)
+		}
+		// A key released without a recovery point is free again.
+		released := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
+		fresh := takeLeaseClaim(t, s, released, fp, longLease)
+		if err := fresh.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if again := takeLeaseClaim(t, s, released, fp, longLease); again.TookOver {
+			t.Errorf("the lease of a released key reports a takeover")
+		}
+	}},
+
 	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, shortLease)
 		time.Sleep(runOut)
@@ -350,7 +389,11 @@ var leaseCases = []testCase{
 			t.Fatal(err)
 		}
 		time.Sleep(cfg.TTL + 300*time.Millisecond)
-		l := takeLease(t, s, key, other, longLease)
+		c := takeLeaseClaim(t, s, key, other, longLease)
+		if c.TookOver {
+			t.Errorf("the lease of an expired key reports a takeover")
+		}
+		l := c.Lease
 		wantNoPoint(t, l)
 		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Complete of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)

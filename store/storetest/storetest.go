@@ -142,6 +142,12 @@ func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *s
 // released when the test ends, which does nothing once it has finished.
 func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
 	t.Helper()
+	return takeLeaseClaim(t, s, k, fingerprint, d).Lease
+}
+
+// takeLeaseClaim is takeLease, returning the whole claim.
+func takeLeaseClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.LeaseClaim {
+	t.Helper()
 	c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
@@ -150,7 +156,7 @@ func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d t
 		t.Fatalf("Lease(%v) = %s, want a Lease", k, describeLeaseClaim(c))
 	}
 	t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
-	return c.Lease
+	return c
 }
 
 // leaseEntry leases k and fails the test unless it gets an Entry.
@@ -248,7 +254,7 @@ func describeClaim(c store.Claim) string {
 }
 
 func describeLeaseClaim(c store.LeaseClaim) string {
-	return fmt.Sprintf("{Lease: %v, Entry: %s}", c.Lease != nil, describeEntry(c.Entry))
+	return fmt.Sprintf("{Lease: %v, Entry: %s, TookOver: %v}", c.Lease != nil, describeEntry(c.Entry), c.TookOver)
 }
 
 // concurrently runs f n times at once, each with its index, and waits for

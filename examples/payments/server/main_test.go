@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,16 +23,21 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
 // TestServer starts the server on a loopback port, checks health, makes a
-// keyed call and its retry, and stops it by ending the context.
+// keyed call and its retry, reads the metrics that count them, and stops
+// it by ending the context.
 func TestServer(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	metricsLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, lis, dsn) }()
+	go func() { done <- run(ctx, lis, metricsLis, dsn) }()
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -55,6 +63,17 @@ func TestServer(t *testing.T) {
 		t.Fatalf("retry: %v, %v; want payment %s", again, err, first.GetPayment().GetId())
 	}
 
+	// The metrics count one execution and one replay.
+	metrics := get(t, "http://"+metricsLis.Addr().String()+"/metrics")
+	for _, outcome := range []string{"executed", "replayed"} {
+		if v := sample(metrics, "idem_server_requests_total", `idem_outcome="`+outcome+`"`, `rpc_method="payments.v1.PaymentService/CreatePayment"`); v != "1" {
+			t.Errorf("idem_server_requests_total{idem_outcome=%q} = %q, want 1; metrics:\n%s", outcome, v, metrics)
+		}
+	}
+	if !strings.Contains(metrics, "idem_claim_duration_seconds_bucket{") {
+		t.Errorf("no idem_claim_duration_seconds histogram; metrics:\n%s", metrics)
+	}
+
 	cancel()
 	select {
 	case err := <-done:
@@ -64,4 +83,43 @@ func TestServer(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("server did not stop after its context ended")
 	}
+}
+
+// get returns the body of url.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v", url, resp.Status, err)
+	}
+	return string(body)
+}
+
+// sample returns the value of the sample of metric whose labels include
+// every one of labels, in the Prometheus text format text, or "" if there
+// is none.
+func sample(text, metric string, labels ...string) string {
+	for line := range strings.Lines(text) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), "{")
+		if !ok || name != metric {
+			continue
+		}
+		set, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(","+set+",", ","+l+",")
+		}
+		if all {
+			return value
+		}
+	}
+	return ""
 }
