@@ -177,4 +177,3 @@ var completionCases = []testCase{
 		}
 	}},
 }
-
