@@ -1,12 +1,18 @@
-// Binary checkout demonstrates idem's leased mode with recovery points: a
-// CheckoutService that reserves stock in PostgreSQL, charges a stub payment
-// provider over gRPC and confirms the order, saving a recovery point after
-// each step. A replica of the checkout server (this program, run again as a
-// child process) is killed with SIGKILL in the middle of a checkout; the
-// client's retry goes to a second replica, is told to wait while the dead
-// replica's lease runs, then takes the key over and resumes from the last
-// saved step. It prints what each replica did and the rows that exist
-// afterwards, and exits non-zero if a side effect happened more than once.
+// Binary checkout demonstrates idem's leased mode with steps and a
+// completer: a CheckoutService that reserves stock in PostgreSQL, charges a
+// stub payment provider over gRPC and confirms the order, each an
+// interceptor.Step whose result is saved under the request's key. Replicas
+// of the checkout server (this program, run again as child processes) are
+// killed with SIGKILL in the middle of checkouts. In the first story the
+// client retries on a second replica, is told to wait while the dead
+// replica's lease runs, then takes the key over and resumes after the last
+// saved step. In the second the client gives up, and the completer that
+// every replica runs finishes the checkout anyway; the client's retry,
+// when it comes back, gets the outcome replayed. It prints what each
+// replica did and the rows that exist afterwards, and exits non-zero if an
+// invariant broke: a side effect that happened more than once, an
+// abandoned checkout left unfinished, an answer that does not name the
+// rows.
 //
 //	go run ./examples/checkout
 //
@@ -26,6 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/interceptor"
@@ -80,58 +87,58 @@ func run(ctx context.Context, w, logs io.Writer) error {
 func play(ctx context.Context, w io.Writer, sys *system) error {
 	fmt.Fprintf(w, "CheckoutService runs in leased mode with a %v lease; each checkout buys %d × %s at %d cents.\n",
 		lease(), quantity, sku, unitPrice)
+	fmt.Fprintf(w, "Every replica runs a completer: it finishes a checkout whose lease ran out more than %v ago (its grace) and that nobody took over.\n",
+		lease())
 	var failed []string
-	for _, crashAt := range []string{checkoutsvc.StepChargeSent, checkoutsvc.PointChargeAnswered} {
-		st, err := sys.play(ctx, crashAt)
-		if err != nil {
-			return err
-		}
-		r, err := sys.rows(ctx, st.key)
-		if err != nil {
-			return err
-		}
-		tell(w, st, r)
-		failed = append(failed, st.broken(r)...)
-	}
 
-	left, err := sys.stock(ctx)
+	st, err := sys.play(ctx, checkoutsvc.PointChargeAnswered)
 	if err != nil {
 		return err
 	}
-	var charges, reservations, orders int
-	for _, q := range []struct {
-		db  *pgxpool.Pool
-		sql string
-		n   *int
-	}{
-		{sys.providerDB, `SELECT count(*) FROM charges`, &charges},
-		{sys.checkoutDB, `SELECT count(*) FROM reservations`, &reservations},
-		{sys.checkoutDB, `SELECT count(*) FROM orders`, &orders},
-	} {
-		if err := q.db.QueryRow(ctx, q.sql).Scan(q.n); err != nil {
-			return err
-		}
+	r, err := sys.rows(ctx, st.key)
+	if err != nil {
+		return err
+	}
+	tell(w, st, r)
+	failed = append(failed, st.broken(r)...)
+
+	ab, err := sys.abandon(ctx, checkoutsvc.StepCharge, lease())
+	if err != nil {
+		return err
+	}
+	if r, err = sys.rows(ctx, ab.key); err != nil {
+		return err
+	}
+	late, err := sys.retryLater(ctx, ab.key)
+	if err != nil {
+		return err
+	}
+	tellAbandoned(w, ab, r, late)
+	failed = append(failed, ab.broken(r)...)
+	failed = append(failed, late.broken(r)...)
+
+	t, err := sys.totals(ctx)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(w, "\nafter two checkouts: charges=%d reservations=%d orders=%d Charge calls=%d; stock %d -> %d\n",
-		charges, reservations, orders, len(sys.provider.Calls()), initialStock, left)
-	if charges != 2 || reservations != 2 || orders != 2 || left != initialStock-2*quantity {
-		failed = append(failed, fmt.Sprintf("want 2 charges, reservations and orders and %d left in stock", initialStock-2*quantity))
+		t.charges, t.reservations, t.orders, t.chargeCalls, initialStock, t.stock)
+	if t.charges != 2 || t.reservations != 2 || t.orders != 2 || t.chargeCalls != 3 || t.stock != initialStock-2*quantity {
+		failed = append(failed, fmt.Sprintf("want 2 charges, reservations and orders, 3 Charge calls and %d left in stock", initialStock-2*quantity))
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d invariants broken:\n  %s", len(failed), strings.Join(failed, "\n  "))
 	}
-	fmt.Fprintln(w, "resumed, not restarted: every invariant held")
+	fmt.Fprintln(w, "resumed, not restarted, and finished without the client: every invariant held")
 	return nil
 }
 
-// tell prints one story.
+// tell prints a story of a client that retried.
 func tell(w io.Writer, st *story, r rows) {
-	fmt.Fprintf(w, "\n== replica A is killed at %q; key %s\n", st.crashAt, st.key)
+	fmt.Fprintf(w, "\n== 1. replica A is killed at %q; the client retries; key %s\n", st.crashAt, st.key)
 	fmt.Fprintln(w, "replica A:")
-	for _, e := range st.first {
-		fmt.Fprintf(w, "  %-17s %s\n", e.point, describe(e))
-	}
-	fmt.Fprintf(w, "  %-17s process ended: %s\n", "(killed)", exit(st.firstExit))
+	printEvents(w, st.first)
+	fmt.Fprintf(w, "  %-9s %-17s process ended: %s\n", "", "(killed)", exit(st.firstExit))
 	fmt.Fprintf(w, "client, to replica A: %s\n", answer(st.firstErr))
 	fmt.Fprintln(w, "client, to replica B:")
 	fmt.Fprintf(w, "  retry at once:    %s\n", answer(st.busy))
@@ -143,31 +150,72 @@ func tell(w io.Writer, st *story, r rows) {
 	} else {
 		fmt.Fprintf(w, "  retry:            OK order %s, charge %s, replayed=%v\n", st.resp.GetOrderId(), st.resp.GetChargeId(), st.replayed)
 	}
-	fmt.Fprintf(w, "  later retry:      %s, replayed=%v, same answer=%v\n", answer(st.againErr), st.againReplayed,
-		st.again.GetOrderId() == st.resp.GetOrderId() && st.again.GetChargeId() == st.resp.GetChargeId())
+	fmt.Fprintf(w, "  later retry:      %s, replayed=%v, same answer=%v\n", answer(st.againErr), st.againReplayed, proto.Equal(st.again, st.resp))
 	fmt.Fprintln(w, "replica B:")
-	for _, e := range st.second {
-		fmt.Fprintf(w, "  %-17s %s\n", e.point, describe(e))
+	printEvents(w, st.second)
+	printRows(w, st.key, r)
+}
+
+// tellAbandoned prints the story of a client that gave up.
+func tellAbandoned(w io.Writer, ab *abandonment, r rows, late *lateRetry) {
+	fmt.Fprintf(w, "\n== 2. replica A is killed at %q; the client gives up; key %s\n", ab.crashAt, ab.key)
+	fmt.Fprintln(w, "replica A:")
+	printEvents(w, ab.first)
+	fmt.Fprintf(w, "  %-9s %-17s process ended: %s\n", "", "(killed)", exit(ab.firstExit))
+	fmt.Fprintf(w, "client, to replica A: %s\n", answer(ab.firstErr))
+	fmt.Fprintln(w, "client: gives up and goes away without retrying")
+	fmt.Fprint(w, "while abandoned, ")
+	printRows(w, ab.key, ab.abandoned)
+	fmt.Fprintf(w, "replica B's completer, which took the abandoned checkout over by itself (recorded %v after the client's answer):\n",
+		ab.took.Round(100*time.Millisecond))
+	printEvents(w, ab.finisher)
+	printRows(w, ab.key, r)
+	fmt.Fprintln(w, "client, back later, to a replica C started since:")
+	if late.err != nil {
+		fmt.Fprintf(w, "  retry:            %s\n", answer(late.err))
+	} else {
+		fmt.Fprintf(w, "  retry:            OK order %s, charge %s, replayed=%v\n", late.resp.GetOrderId(), late.resp.GetChargeId(), late.replayed)
 	}
-	fmt.Fprintf(w, "rows for this key: charges=%d (Charge calls=%d, key %s…) reservations=%d orders=%d; idem: %s at %s\n",
-		r.charges, r.chargeCalls, chargeKey(st.key)[:12], r.reservations, r.orders, r.keyStatus, r.recoveryPoint)
+	fmt.Fprintf(w, "  the key lives until %s (%v from now): until then every retry replays this answer\n",
+		late.expires, r.expiresIn.Round(time.Minute))
+	fmt.Fprintln(w, "replica C:")
+	printEvents(w, late.events)
+}
+
+func printEvents(w io.Writer, events []event) {
+	for _, e := range events {
+		fmt.Fprintf(w, "  %-9s %-17s %s\n", e.runner, e.point, describe(e))
+	}
+}
+
+func printRows(w io.Writer, key string, r rows) {
+	fmt.Fprintf(w, "rows for this key: charges=%d (Charge calls=%d, key %s…) reservations=%d orders=%d; idem: %s at %s, request kept=%v\n",
+		r.charges, r.chargeCalls, chargeKey(key)[:12], r.reservations, r.orders, r.keyStatus, r.recoveryPoint, r.requestKept)
 }
 
 func describe(e event) string {
 	switch e.point {
 	case checkoutsvc.PointStarted:
-		if e.detail == "" {
-			return "no recovery point: start afresh"
+		if e.runner == runnerCompleter {
+			return "takes the abandoned checkout over"
 		}
-		return "resume after " + e.detail
+		return "the handler runs"
+	case checkoutsvc.PointReservationMade:
+		return "reservation " + e.detail + " made, the step not saved yet"
 	case checkoutsvc.PointChargeAnswered:
-		id, replayed := strings.CutSuffix(e.detail, " replayed")
-		if replayed {
-			return "provider replayed charge " + id
+		if id, ok := strings.CutSuffix(e.detail, checkoutsvc.Replayed); ok {
+			return "provider replayed charge " + id + ", the step not saved yet"
 		}
-		return "provider made charge " + id
+		return "provider made charge " + e.detail + ", the step not saved yet"
+	case checkoutsvc.PointOrderMade:
+		return "order " + e.detail + " made, the step not saved yet"
+	case pointOutcome:
+		return "idem: " + e.detail
 	}
-	return "saved, payload " + e.detail
+	if id, ok := strings.CutSuffix(e.detail, checkoutsvc.Resumed); ok {
+		return "saved by the dead attempt: " + id + ", not run again"
+	}
+	return "saved: " + e.detail
 }
 
 func answer(err error) string {

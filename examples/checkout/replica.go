@@ -16,29 +16,53 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
+	"github.com/idemkit/idem/interceptor"
 )
 
 // The environment of a replica: this program serves CheckoutService instead
 // of playing the demo when replicaDatabase is set.
 const (
-	replicaDatabase = "CHECKOUT_DATABASE_URL"  // the checkout database
-	replicaProvider = "CHECKOUT_PROVIDER_ADDR" // the provider's address
-	replicaCrashAt  = "CHECKOUT_CRASH_AT"      // a point at which to die, if any
+	replicaDatabase = "CHECKOUT_DATABASE_URL"   // the checkout database
+	replicaProvider = "CHECKOUT_PROVIDER_ADDR"  // the provider's address
+	replicaCrashAt  = "CHECKOUT_CRASH_AT"       // points at which to die, comma-separated
+	replicaGrace    = "CHECKOUT_COMPLETE_GRACE" // the completer's grace, a Go duration
+	replicaPause    = "CHECKOUT_CONFIRM_PAUSE"  // a pause inside the confirm step, a Go duration
 )
+
+// Who runs Checkout in a replica: a client's call, or the completer.
+const (
+	runnerCall      = "call"
+	runnerCompleter = "completer"
+)
+
+// pointOutcome is the point a replica reports when idem has settled a
+// call's outcome; the detail is the interceptor.Result.
+const pointOutcome = "outcome"
+
+// completeInterval is how often a replica's completer looks for abandoned
+// checkouts: often, so that the demo does not wait. A production service
+// keeps the default (interceptor.DefaultCompleteInterval).
+const completeInterval = 100 * time.Millisecond
 
 // isReplica reports whether this process was started as a replica.
 func isReplica() bool { return os.Getenv(replicaDatabase) != "" }
 
-// serveReplica serves CheckoutService on a loopback port until standard
-// input closes. It writes "listening ADDR" to standard output, then one
-// line "POINT DETAIL" for each point Checkout reaches; at the point named
-// by replicaCrashAt, right after writing its line, the process kills itself.
+// serveReplica serves CheckoutService on a loopback port, and runs a
+// completer of abandoned checkouts, until standard input closes. It writes
+// "listening ADDR" to standard output, then one line "RUNNER KEY POINT
+// DETAIL" for each point Checkout reaches and for each outcome idem settles
+// (POINT "outcome"), RUNNER telling a client's call from the completer's
+// run. At a point named by replicaCrashAt, alone or prefixed by the runner
+// ("completer:charge_answered"), right after writing its line, the process
+// kills itself.
 func serveReplica() error {
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	pool, err := pgxpool.New(ctx, os.Getenv(replicaDatabase))
 	if err != nil {
 		return err
@@ -51,25 +75,71 @@ func serveReplica() error {
 		return err
 	}
 	defer conn.Close()
+	grace, err := time.ParseDuration(os.Getenv(replicaGrace))
+	if err != nil {
+		return fmt.Errorf("%s: %w", replicaGrace, err)
+	}
+	var pause time.Duration
+	if v := os.Getenv(replicaPause); v != "" {
+		if pause, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("%s: %w", replicaPause, err)
+		}
+	}
 
-	crashAt := os.Getenv(replicaCrashAt)
+	crashAt := map[string]bool{}
+	for _, p := range strings.Split(os.Getenv(replicaCrashAt), ",") {
+		crashAt[p] = p != ""
+	}
 	var mu sync.Mutex
-	hook := func(point, detail string) {
+	report := func(runner, key, point, detail string) {
 		mu.Lock()
 		defer mu.Unlock()
-		fmt.Printf("%s %s\n", point, detail)
-		if point == crashAt {
+		fmt.Printf("%s %s %s %s\n", runner, key, point, detail)
+		if crashAt[point] || crashAt[runner+":"+point] {
 			crash()
 		}
 	}
-	srv := checkoutsvc.NewServer(checkoutsvc.New(pool, providerv1.NewProviderServiceClient(conn), checkoutsvc.WithHook(hook)))
+	hook := func(runner string) checkoutsvc.Option {
+		return checkoutsvc.WithHook(func(ctx context.Context, point, detail string) {
+			key, _ := interceptor.KeyFromContext(ctx)
+			report(runner, key, point, detail)
+			if point == checkoutsvc.PointOrderMade {
+				time.Sleep(pause)
+			}
+		})
+	}
+	// The server and the completer run Checkout with the same options.
+	opts := []interceptor.ServerOption{interceptor.WithOutcomeHook(func(ctx context.Context, o interceptor.Outcome) {
+		runner, key := runnerCall, "-"
+		if o.Completion {
+			runner = runnerCompleter
+		}
+		if v := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader); len(v) == 1 {
+			key = v[0]
+		}
+		report(runner, key, pointOutcome, string(o.Result))
+	})}
+	provider := providerv1.NewProviderServiceClient(conn)
+	srv := checkoutsvc.NewServer(checkoutsvc.New(pool, provider, hook(runnerCall)), opts...)
+	completer, err := checkoutsvc.NewCompleter(checkoutsvc.New(pool, provider, hook(runnerCompleter)), opts,
+		interceptor.WithCompleteGrace(grace), interceptor.WithCompleteInterval(completeInterval))
+	if err != nil {
+		return err
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	fmt.Printf("listening %s\n", lis.Addr())
+	completed := make(chan struct{})
+	go func() {
+		defer close(completed)
+		_ = completer.Run(ctx)
+	}()
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+		<-completed
 		srv.Stop()
 	}()
 	return srv.Serve(lis)
@@ -86,8 +156,16 @@ func crash() {
 	select {}
 }
 
-// event is a line a replica wrote: a point Checkout reached.
-type event struct{ point, detail string }
+// event is a line a replica wrote: a point Checkout reached, or an
+// outcome, in a call or in a completer's run.
+type event struct{ runner, key, point, detail string }
+
+// replicaConfig is how a replica behaves.
+type replicaConfig struct {
+	crashAt string        // points at which it dies (see replicaCrashAt)
+	grace   time.Duration // its completer's grace
+	pause   time.Duration // a pause inside the confirm step, after the order is made
+}
 
 // replica is a checkout server in a child process: this program, run again
 // with the replica environment.
@@ -100,20 +178,22 @@ type replica struct {
 	exited chan struct{} // closed when the process has exited
 	err    error         // how it ended, once exited is closed
 
-	mu  sync.Mutex
-	log []event
+	mu   sync.Mutex
+	log  []event
+	grew chan struct{} // closed, and replaced, when log grows
 }
 
-// startReplica starts a replica on the checkout database dsn that charges
-// through the provider at providerAddr and, if crashAt is not empty, dies
-// at that point. Its standard error goes to logs.
-func startReplica(ctx context.Context, name, dsn, providerAddr, crashAt string, logs io.Writer) (*replica, error) {
+// startReplica starts a replica configured by cfg on the checkout database
+// dsn that charges through the provider at providerAddr. Its standard
+// error goes to logs.
+func startReplica(ctx context.Context, name, dsn, providerAddr string, cfg replicaConfig, logs io.Writer) (*replica, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), replicaDatabase+"="+dsn, replicaProvider+"="+providerAddr, replicaCrashAt+"="+crashAt)
+	cmd.Env = append(os.Environ(), replicaDatabase+"="+dsn, replicaProvider+"="+providerAddr,
+		replicaCrashAt+"="+cfg.crashAt, replicaGrace+"="+cfg.grace.String(), replicaPause+"="+cfg.pause.String())
 	cmd.Stderr = logs
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -126,19 +206,24 @@ func startReplica(ctx context.Context, name, dsn, providerAddr, crashAt string, 
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	r := &replica{name: name, cmd: cmd, stdin: stdin, exited: make(chan struct{})}
+	r := &replica{name: name, cmd: cmd, stdin: stdin, exited: make(chan struct{}), grew: make(chan struct{})}
 	addr := make(chan string, 1)
 	go func() {
 		defer close(r.exited)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			point, detail, _ := strings.Cut(sc.Text(), " ")
-			if point == "listening" {
-				addr <- detail
+			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+				addr <- a
+				continue
+			}
+			f := strings.SplitN(sc.Text(), " ", 4)
+			if len(f) < 4 {
 				continue
 			}
 			r.mu.Lock()
-			r.log = append(r.log, event{point, detail})
+			r.log = append(r.log, event{f[0], f[1], f[2], f[3]})
+			close(r.grew)
+			r.grew = make(chan struct{})
 			r.mu.Unlock()
 		}
 		// Wait closes standard output, so it comes after the last line.
@@ -164,9 +249,9 @@ func startReplica(ctx context.Context, name, dsn, providerAddr, crashAt string, 
 	return nil, fmt.Errorf("replica %s: %w", name, err)
 }
 
-// stop closes the replica's standard input, which makes it stop serving,
-// and waits for it to exit, killing it after a while. It returns how the
-// process ended.
+// stop closes the replica's standard input, which makes it stop its
+// completer and stop serving, and waits for it to exit, killing it after a
+// while. It returns how the process ended.
 func (r *replica) stop() error {
 	if r.conn != nil {
 		_ = r.conn.Close()
@@ -181,15 +266,70 @@ func (r *replica) stop() error {
 	return r.err
 }
 
-// wait waits for the replica to exit on its own and returns how it ended.
-func (r *replica) wait() error {
-	<-r.exited
-	return r.err
+// awaitBound bounds how long the demo and the tests wait for a replica to
+// do something: far longer than any lease and grace they use.
+const awaitBound = 30 * time.Second
+
+// wait waits for the replica to exit on its own, at most awaitBound or
+// until ctx ends, and returns how it ended.
+func (r *replica) wait(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, awaitBound)
+	defer cancel()
+	select {
+	case <-r.exited:
+		return r.err
+	case <-ctx.Done():
+		return fmt.Errorf("replica %s still runs: %w", r.name, ctx.Err())
+	}
 }
 
-// events returns the points the replica reported so far.
-func (r *replica) events() []event {
+// events returns the events the replica reported so far about key, or all
+// of them for key "".
+func (r *replica) events(key string) []event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]event(nil), r.log...)
+	var out []event
+	for _, e := range r.log {
+		if key == "" || e.key == key {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitFor waits until the replica reports an event that match accepts and
+// returns it. It fails when the replica exits without one, after
+// awaitBound, or when ctx ends.
+func (r *replica) waitFor(ctx context.Context, match func(event) bool) (event, error) {
+	ctx, cancel := context.WithTimeout(ctx, awaitBound)
+	defer cancel()
+	for exited := false; ; {
+		r.mu.Lock()
+		grew := r.grew
+		for _, e := range r.log {
+			if match(e) {
+				r.mu.Unlock()
+				return e, nil
+			}
+		}
+		r.mu.Unlock()
+		if exited {
+			return event{}, fmt.Errorf("replica %s exited (%v) without the awaited event", r.name, r.err)
+		}
+		select {
+		case <-grew:
+		case <-r.exited:
+			exited = true
+		case <-ctx.Done():
+			return event{}, fmt.Errorf("replica %s: %w", r.name, ctx.Err())
+		}
+	}
+}
+
+// outcome returns a matcher of the outcome result of key in a run by
+// runner.
+func outcome(runner, key string, result interceptor.Result) func(event) bool {
+	return func(e event) bool {
+		return e.runner == runner && e.key == key && e.point == pointOutcome && e.detail == string(result)
+	}
 }

@@ -1,43 +1,54 @@
 // Package checkoutsvc implements the example CheckoutService, a handler in
-// idem's leased mode that resumes instead of restarting.
+// idem's leased mode that resumes instead of restarting, and finishes even
+// when its client has gone.
 //
 // # Steps
 //
 // Checkout reserves stock in its own database, charges the customer with a
-// payment provider over gRPC and records the order. After each step it
-// saves a recovery point with [interceptor.SaveRecoveryPoint], durable at
-// once:
+// payment provider over gRPC and records the order, each an
+// [interceptor.Step] whose result is saved under the request's key as soon
+// as the step returns:
 //
-//	reserved          payload: the reservation id
-//	charge_sent       payload: the provider's charge id
-//	charge_confirmed  payload: the order id
+//	reserve  result: the reservation id
+//	charge   result: the provider's charge id
+//	confirm  result: the order id
 //
 // When the worker running Checkout dies, its lease runs out and a retry
-// with the same key and request takes the key over. The retry reads the
-// last recovery point with [interceptor.LastRecoveryPoint] and skips the
-// steps already committed: after charge_sent it confirms the order with the
-// saved charge id and never calls the provider.
+// with the same key and request takes the key over. Its steps return the
+// results the dead attempt saved without running again: after charge, the
+// retry confirms the order with the saved charge id and never calls the
+// provider.
 //
 // # Idempotent steps
 //
-// A recovery point is saved after its step's effect, so a crash between the
-// two makes the retry repeat the step. Each step is therefore idempotent
-// under the request's key: the reservation and the order are rows unique by
-// the key, and the provider call carries the request's child key for
-// [ChargeStep] (interceptor.ChildKey(ctx, ChargeStep)), attached by idem's
-// client interceptor, so the provider answers a repeated call with the
-// charge it already made. When an attempt fails with a transient error
-// (the provider unreachable after the client's retries) after a recovery
-// point, idem ends the lease but keeps the claim, so the retry takes over
-// and resumes from that point too.
+// A step's result is saved after its effect, so a worker that dies between
+// the two makes the takeover run the step again. Each step is therefore
+// idempotent under the request's key: the reservation and the order are
+// rows unique by the key, and the provider call carries the request's child
+// key for [StepCharge] (interceptor.ChildKey(ctx, StepCharge)), attached by
+// idem's client interceptor, so the provider answers a repeated call with
+// the charge it already made. When an attempt fails with a transient error
+// (the provider unreachable after the client's retries) after a step was
+// saved, idem ends the lease but keeps the claim, so the retry takes over
+// and resumes after that step too.
+//
+// # Completion
+//
+// Checkout is completable ((idem.v1.method).complete in its proto): the
+// claim keeps the request until the outcome is recorded. When the client
+// gives up after its worker died, the [interceptor.Completer] that every
+// replica runs ([NewCompleter]) takes the abandoned checkout over once its
+// lease has run out and a grace period has passed, runs it to the end in
+// the same way, and records its outcome, answer or deterministic error,
+// which the client's retry, if it comes while the key lives, gets
+// replayed. Checkout reads nothing from the request's metadata, so the
+// completer keeps none (interceptor.WithCompletionMetadata would name it).
 package checkoutsvc
 
 import (
 	"context"
 	_ "embed"
 	"errors"
-	"fmt"
-	"slices"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -74,36 +85,55 @@ func Restock(ctx context.Context, db *pgxpool.Pool, sku string, n int) error {
 	return err
 }
 
-// The recovery points Checkout saves, in the order it reaches them.
+// The steps of Checkout, in the order it runs them. Each runs with
+// [interceptor.Step]: its result is saved under the request's key as soon
+// as it returns, and a takeover of the key gets it back without running the
+// step again.
 const (
-	StepReserved        = "reserved"
-	StepChargeSent      = "charge_sent"
-	StepChargeConfirmed = "charge_confirmed"
+	// StepReserve takes the items out of stock; its result is the
+	// reservation id.
+	StepReserve = "reserve"
+	// StepCharge charges the customer with the provider; its result is the
+	// provider's charge id. The provider call's idempotency key is
+	// interceptor.ChildKey(ctx, StepCharge), derived from the Checkout
+	// request's tenant, method and key.
+	StepCharge = "charge"
+	// StepConfirm records the order; its result is the order id.
+	StepConfirm = "confirm"
 )
-
-// steps are the recovery points in order; "" is the start.
-var steps = []string{"", StepReserved, StepChargeSent, StepChargeConfirmed}
-
-// ChargeStep names the provider call: its idempotency key is
-// interceptor.ChildKey(ctx, ChargeStep), derived from the Checkout
-// request's tenant, method and key.
-const ChargeStep = "charge"
 
 // Points a [Hook] sees besides the steps.
 const (
-	// PointStarted: the handler runs; the detail is the recovery point it
-	// resumes after, or "" when it starts afresh.
+	// PointStarted: the handler runs, for a new call or a takeover.
 	PointStarted = "started"
-	// PointChargeAnswered: the provider answered and StepChargeSent is not
-	// saved yet. The detail is the charge id, followed by " replayed" when
-	// the provider replayed an earlier answer.
+	// PointReservationMade: inside StepReserve, the reservation is
+	// committed and the step is not saved yet. The detail is its id.
+	PointReservationMade = "reservation_made"
+	// PointChargeAnswered: inside StepCharge, the provider answered and the
+	// step is not saved yet. The detail is the charge id, followed by
+	// [Replayed] when the provider replayed an earlier answer.
 	PointChargeAnswered = "charge_answered"
+	// PointOrderMade: inside StepConfirm, the order is committed and the
+	// step is not saved yet. The detail is its id.
+	PointOrderMade = "order_made"
 )
 
-// Hook is called as Checkout reaches each point: [PointStarted], each step
-// once its recovery point is durable (the detail is its payload), and
-// [PointChargeAnswered]. It runs on the request's goroutine.
-type Hook func(point, detail string)
+// Suffixes of a Hook's detail.
+const (
+	// Resumed follows a step's result when an earlier attempt had saved
+	// it, so the step did not run again.
+	Resumed = " resumed"
+	// Replayed follows the charge id of PointChargeAnswered when the
+	// provider replayed an earlier answer.
+	Replayed = " replayed"
+)
+
+// Hook is called as Checkout reaches each point: [PointStarted], each
+// step once its result is saved (the detail is the result, followed by
+// [Resumed] when an earlier attempt had saved it), and the points inside
+// the steps. ctx is the call's: interceptor.KeyFromContext gives its key.
+// It runs on the call's goroutine.
+type Hook func(ctx context.Context, point, detail string)
 
 // Option configures a [Service].
 type Option func(*Service)
@@ -126,7 +156,7 @@ type Service struct {
 // and charges through provider, whose connection must use
 // [ClientInterceptors].
 func New(pool *pgxpool.Pool, provider providerv1.ProviderServiceClient, opts ...Option) *Service {
-	s := &Service{pool: pool, provider: provider, hook: func(string, string) {}}
+	s := &Service{pool: pool, provider: provider, hook: func(context.Context, string, string) {}}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -135,7 +165,8 @@ func New(pool *pgxpool.Pool, provider providerv1.ProviderServiceClient, opts ...
 
 // NewServer returns a gRPC server with svc registered behind panic recovery
 // and idem on svc's database. Checkout's proto options put it in leased
-// mode with a 2 s lease; opts may override them ([interceptor.WithLeased]).
+// mode with a 2 s lease, completable; opts may override them
+// ([interceptor.WithLeased]).
 func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
@@ -145,6 +176,19 @@ func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
 	))
 	checkoutv1.RegisterCheckoutServiceServer(srv, svc)
 	return srv
+}
+
+// NewCompleter returns a completer of the checkouts abandoned on svc's
+// database, with svc registered: run it (Run) on every replica. opts must
+// be the server's ([NewServer]), so that it runs Checkout as the server
+// would; copts set its grace and pace.
+func NewCompleter(svc *Service, opts []interceptor.ServerOption, copts ...interceptor.CompleterOption) (*interceptor.Completer, error) {
+	c, err := interceptor.NewCompleter(interceptor.NewEngine(postgres.New(svc.pool), opts...), copts...)
+	if err != nil {
+		return nil, err
+	}
+	checkoutv1.RegisterCheckoutServiceServer(c, svc)
+	return c, nil
 }
 
 // ClientInterceptors returns the unary client interceptors for the
@@ -164,9 +208,10 @@ func ClientInterceptors() []grpc.UnaryClientInterceptor {
 }
 
 // Checkout reserves stock, charges the customer and records the order,
-// resuming after the last step an earlier attempt under the same key
-// committed. Too little stock fails it with FAILED_PRECONDITION, which idem
-// records as the key's answer.
+// each a step that runs once per key: a takeover, by a retry or a
+// completer, skips the steps an earlier attempt saved. Too little stock
+// fails it with FAILED_PRECONDITION, which idem records as the key's
+// answer.
 func (s *Service) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest) (*checkoutv1.CheckoutResponse, error) {
 	if req.GetCustomerId() == "" || req.GetSku() == "" || req.GetQuantity() <= 0 ||
 		req.GetUnitPriceCents() <= 0 || len(req.GetCurrency()) != 3 {
@@ -176,64 +221,45 @@ func (s *Service) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest)
 	if !ok {
 		return nil, status.Error(codes.Internal, "Checkout must run under the idem interceptor")
 	}
-	step, data, _ := interceptor.LastRecoveryPoint(ctx)
-	reached := slices.Index(steps, step)
-	if reached < 0 {
-		return nil, status.Errorf(codes.Internal, "unknown recovery point %q", step)
+	s.hook(ctx, PointStarted, "")
+	reservation, err := s.step(ctx, StepReserve, func(ctx context.Context) (string, error) { return s.reserve(ctx, key, req) })
+	if err != nil {
+		return nil, err
 	}
-	s.hook(PointStarted, step)
-
-	if reached < 1 {
-		id, err := s.reserve(ctx, key, req)
-		if err != nil {
-			return nil, err
-		}
-		if err := s.save(ctx, StepReserved, id); err != nil {
-			return nil, err
-		}
+	charge, err := s.step(ctx, StepCharge, func(ctx context.Context) (string, error) { return s.charge(ctx, req) })
+	if err != nil {
+		return nil, err
 	}
-
-	var chargeID string
-	switch {
-	case reached < 2:
-		id, err := s.charge(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		if err := s.save(ctx, StepChargeSent, id); err != nil {
-			return nil, err
-		}
-		chargeID = id
-	case reached == 2:
-		// The charge was made and its id saved: the provider is not asked
-		// again.
-		chargeID = string(data)
-		if chargeID == "" {
-			return nil, status.Error(codes.Internal, "recovery point "+StepChargeSent+" holds no charge id")
-		}
+	order, err := s.step(ctx, StepConfirm, func(ctx context.Context) (string, error) { return s.confirm(ctx, key, charge, req) })
+	if err != nil {
+		return nil, err
 	}
-
-	if reached < 3 {
-		id, err := s.confirm(ctx, key, chargeID, req)
-		if err != nil {
-			return nil, err
-		}
-		if err := s.save(ctx, StepChargeConfirmed, id); err != nil {
-			return nil, err
-		}
-	}
-	return s.order(ctx, key)
+	return &checkoutv1.CheckoutResponse{OrderId: order, ReservationId: reservation, ChargeId: charge, AmountCents: amount(req)}, nil
 }
 
-// save makes step durable with payload and tells the hook. Its error is
-// returned as it is: store.ErrLeaseLost tells idem that a retry has taken
-// the key over.
-func (s *Service) save(ctx context.Context, step, payload string) error {
-	if err := interceptor.SaveRecoveryPoint(ctx, step, []byte(payload)); err != nil {
-		return fmt.Errorf("saving recovery point %s: %w", step, err)
+// step runs fn as the step name of the call ([interceptor.Step]) and tells
+// the hook once its result is saved. Errors are returned as they are:
+// store.ErrLeaseLost tells idem that another attempt took the key over.
+func (s *Service) step(ctx context.Context, name string, fn func(context.Context) (string, error)) (string, error) {
+	ran := false
+	result, err := interceptor.Step(ctx, name, func(ctx context.Context) ([]byte, error) {
+		ran = true
+		id, err := fn(ctx)
+		return []byte(id), err
+	})
+	if err != nil {
+		return "", err
 	}
-	s.hook(step, payload)
-	return nil
+	detail := string(result)
+	if !ran {
+		detail += Resumed
+	}
+	s.hook(ctx, name, detail)
+	return string(result), nil
+}
+
+func amount(req *checkoutv1.CheckoutRequest) int64 {
+	return int64(req.GetQuantity()) * req.GetUnitPriceCents()
 }
 
 var errOutOfStock = errors.New("out of stock")
@@ -245,7 +271,7 @@ func (s *Service) reserve(ctx context.Context, key string, req *checkoutv1.Check
 		tag, err := tx.Exec(ctx, `INSERT INTO reservations (request_key, sku, quantity) VALUES ($1, $2, $3)
 			ON CONFLICT (request_key) DO NOTHING`, key, req.GetSku(), req.GetQuantity())
 		if err != nil || tag.RowsAffected() == 0 {
-			return err // reserved already by an attempt that crashed before saving the step
+			return err // reserved already by an attempt that died before saving the step
 		}
 		tag, err = tx.Exec(ctx, `UPDATE stock SET available = available - $2 WHERE sku = $1 AND available >= $2`,
 			req.GetSku(), req.GetQuantity())
@@ -261,20 +287,24 @@ func (s *Service) reserve(ctx context.Context, key string, req *checkoutv1.Check
 		return "", err
 	}
 	var id string
-	err = s.pool.QueryRow(ctx, `SELECT id::text FROM reservations WHERE request_key = $1`, key).Scan(&id)
-	return id, err
+	if err := s.pool.QueryRow(ctx, `SELECT id::text FROM reservations WHERE request_key = $1`, key).Scan(&id); err != nil {
+		return "", err
+	}
+	s.hook(ctx, PointReservationMade, id)
+	return id, nil
 }
 
 // charge asks the provider for the request's amount and returns the charge
-// id. The provider request depends on the checkout request alone, never on
+// id. ctx is the charge step's, so the call carries the step's child key.
+// The provider request depends on the checkout request alone, never on
 // values generated along the way (such as the reservation id): a repeated
 // call must be the same request under the same derived key, or the
 // provider rejects it as a reused key.
 func (s *Service) charge(ctx context.Context, req *checkoutv1.CheckoutRequest) (string, error) {
 	var header metadata.MD
-	resp, err := s.provider.Charge(interceptor.ContextWithStep(ctx, ChargeStep), &providerv1.ChargeRequest{
+	resp, err := s.provider.Charge(ctx, &providerv1.ChargeRequest{
 		CustomerId:  req.GetCustomerId(),
-		AmountCents: int64(req.GetQuantity()) * req.GetUnitPriceCents(),
+		AmountCents: amount(req),
 		Currency:    req.GetCurrency(),
 	}, grpc.Header(&header))
 	if err != nil {
@@ -284,9 +314,9 @@ func (s *Service) charge(ctx context.Context, req *checkoutv1.CheckoutRequest) (
 	}
 	detail := resp.GetChargeId()
 	if len(header.Get(interceptor.ReplayedHeader)) > 0 {
-		detail += " replayed"
+		detail += Replayed
 	}
-	s.hook(PointChargeAnswered, detail)
+	s.hook(ctx, PointChargeAnswered, detail)
 	return resp.GetChargeId(), nil
 }
 
@@ -296,18 +326,13 @@ func (s *Service) confirm(ctx context.Context, key, chargeID string, req *checko
 	if _, err := s.pool.Exec(ctx, `INSERT INTO orders (request_key, reservation_id, charge_id, amount_cents, currency)
 		SELECT $1, r.id, $2, $3, $4 FROM reservations r WHERE r.request_key = $1
 		ON CONFLICT (request_key) DO NOTHING`,
-		key, chargeID, int64(req.GetQuantity())*req.GetUnitPriceCents(), req.GetCurrency()); err != nil {
+		key, chargeID, amount(req), req.GetCurrency()); err != nil {
 		return "", err
 	}
 	var id string
-	err := s.pool.QueryRow(ctx, `SELECT id::text FROM orders WHERE request_key = $1`, key).Scan(&id)
-	return id, err
-}
-
-// order reads the confirmed order of key.
-func (s *Service) order(ctx context.Context, key string) (*checkoutv1.CheckoutResponse, error) {
-	resp := &checkoutv1.CheckoutResponse{}
-	err := s.pool.QueryRow(ctx, `SELECT id::text, reservation_id::text, charge_id, amount_cents FROM orders WHERE request_key = $1`, key).
-		Scan(&resp.OrderId, &resp.ReservationId, &resp.ChargeId, &resp.AmountCents)
-	return resp, err
+	if err := s.pool.QueryRow(ctx, `SELECT id::text FROM orders WHERE request_key = $1`, key).Scan(&id); err != nil {
+		return "", err
+	}
+	s.hook(ctx, PointOrderMade, id)
+	return id, nil
 }

@@ -6,8 +6,9 @@
 
 // Package checkout.v1 is the example of idem's leased mode: a checkout
 // reserves stock in the service's own database, charges a payment provider
-// over the network and confirms the order, saving a recovery point after
-// each step so that a retry after a crash resumes instead of starting over.
+// over the network and confirms the order, saving each step's result as it
+// goes, so that a retry after a crash, or a completer when the client has
+// given up, resumes instead of starting over.
 
 package checkoutv1
 
@@ -199,9 +200,10 @@ const file_checkout_v1_checkout_proto_rawDesc = "" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x1b\n" +
 	"\tcharge_id\x18\x03 \x01(\tR\bchargeId\x12!\n" +
-	"\famount_cents\x18\x04 \x01(\x03R\vamountCents2h\n" +
-	"\x0fCheckoutService\x12U\n" +
-	"\bCheckout\x12\x1c.checkout.v1.CheckoutRequest\x1a\x1d.checkout.v1.CheckoutResponse\"\f\xe2\x9c\x1e\b\b\x01\x10\x02\x1a\x02\b\x02B=Z;github.com/idemkit/idem/examples/gen/checkout/v1;checkoutv1b\x06proto3"
+	"\famount_cents\x18\x04 \x01(\x03R\vamountCents2j\n" +
+	"\x0fCheckoutService\x12W\n" +
+	"\bCheckout\x12\x1c.checkout.v1.CheckoutRequest\x1a\x1d.checkout.v1.CheckoutResponse\"\x0e\xe2\x9c\x1e\n" +
+	"\b\x01\x10\x02\x1a\x02\b\x028\x01B=Z;github.com/idemkit/idem/examples/gen/checkout/v1;checkoutv1b\x06proto3"
 
 var (
 	file_checkout_v1_checkout_proto_rawDescOnce sync.Once
