@@ -1,8 +1,13 @@
 // Binary server demonstrates idem in a standalone gRPC server: PaymentService
 // with the idem interceptor on PostgreSQL, plus gRPC health checking and
-// server reflection.
+// server reflection, and optionally HTTP/JSON through grpc-gateway.
 //
 //	go run ./examples/payments/server -listen 127.0.0.1:50051 -database-url postgres:///root
+//
+// With -http-listen ADDR it also serves PaymentService as HTTP/JSON on ADDR
+// (POST /v1/payments, GET /v1/payments/{id}): the gateway calls the gRPC
+// server, so the same keys, rows and answers serve both, and clients send
+// their key in the Idempotency-Key header (see package idemgateway).
 //
 // Without -database-url it uses $DATABASE_URL, and without that the libpq
 // defaults (PGHOST, PGPORT, PGUSER, PGDATABASE, the local socket): then the
@@ -10,19 +15,25 @@
 // creates its tables (payments, and idem's idempotency_keys and
 // processed_messages) in that database at start, and logs which database it
 // is; give it a database of its own. The tenant comes from the x-tenant-id
-// header, a stand-in for real authentication.
+// header (X-Tenant-Id over HTTP), a stand-in for real authentication.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/store/postgres"
@@ -30,6 +41,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:50051", "address to serve gRPC on")
+	httpListen := flag.String("http-listen", "", "address to serve HTTP/JSON on, through grpc-gateway (default: none)")
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL, else the libpq defaults)")
 	flag.Parse()
 
@@ -39,14 +51,24 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := run(ctx, lis, *dbURL); err != nil {
+	var httpLis net.Listener
+	if *httpListen != "" {
+		if httpLis, err = net.Listen("tcp", *httpListen); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := run(ctx, lis, httpLis, *dbURL); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// run serves PaymentService on lis until ctx ends, then stops gracefully.
-func run(ctx context.Context, lis net.Listener, dbURL string) error {
+// run serves PaymentService as gRPC on lis and, unless httpLis is nil, as
+// HTTP/JSON on httpLis, until ctx ends; then it stops gracefully.
+func run(ctx context.Context, lis, httpLis net.Listener, dbURL string) error {
 	defer lis.Close()
+	if httpLis != nil {
+		defer httpLis.Close()
+	}
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -62,10 +84,62 @@ func run(ctx context.Context, lis net.Listener, dbURL string) error {
 		return err
 	}
 	srv := paymentsvc.NewServer(pool)
+
+	var gateway *http.Server
+	gatewayErr := make(chan error, 1)
+	if httpLis != nil {
+		// The gateway is a client of the gRPC server, so idem's interceptor
+		// runs for HTTP requests as for gRPC ones.
+		conn, err := grpc.NewClient(dialTarget(lis.Addr()), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		mux, err := paymentsvc.NewGateway(ctx, conn)
+		if err != nil {
+			return err
+		}
+		gateway = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := gateway.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
+				gatewayErr <- err
+				srv.Stop()
+			}
+		}()
+		log.Printf("payments gateway serving HTTP/JSON on %s", httpLis.Addr())
+	}
+
+	served := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-served:
+		}
+		if gateway != nil {
+			// First the HTTP requests, which wait for their gRPC calls.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = gateway.Shutdown(sctx)
+			cancel()
+		}
 		srv.GracefulStop()
 	}()
 	log.Printf("payments server listening on %s", lis.Addr())
-	return srv.Serve(lis)
+	err = srv.Serve(lis)
+	close(served)
+	select {
+	case gerr := <-gatewayErr:
+		return gerr
+	default:
+		return err
+	}
+}
+
+// dialTarget returns the address at which to call a server listening on
+// addr: localhost for a listener on every interface (0.0.0.0 or ::).
+func dialTarget(addr net.Addr) string {
+	a, ok := addr.(*net.TCPAddr)
+	if !ok || (a.IP != nil && !a.IP.IsUnspecified()) {
+		return addr.String()
+	}
+	return net.JoinHostPort("localhost", strconv.Itoa(a.Port))
 }
