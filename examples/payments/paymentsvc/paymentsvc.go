@@ -8,10 +8,12 @@ import (
 	_ "embed"
 	"errors"
 	"log/slog"
+	"net/textproto"
 	"regexp"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,6 +29,7 @@ import (
 
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemgateway"
 	"github.com/idemkit/idem/store/postgres"
 )
 
@@ -46,6 +49,10 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 // a stand-in for real authentication: a production server takes the tenant
 // from the caller's verified identity, never from a header the client picks.
 const TenantHeader = "x-tenant-id"
+
+// TenantHTTPHeader is the HTTP header of the gateway ([NewGateway]) that it
+// forwards as [TenantHeader]; the same stand-in.
+const TenantHTTPHeader = "X-Tenant-Id"
 
 // Tenant returns the caller's tenant from [TenantHeader].
 func Tenant(ctx context.Context) (string, error) {
@@ -72,6 +79,31 @@ func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Serve
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)
 	return srv
+}
+
+// NewGateway returns a grpc-gateway ServeMux that serves PaymentService as
+// HTTP/JSON (POST /v1/payments, GET /v1/payments/{id}) by calling it over
+// conn, so that the gRPC server's idem interceptor runs for HTTP requests
+// too: with idemgateway's options, the client's Idempotency-Key header
+// becomes the call's idempotency-key, a replay carries Idempotent-Replayed:
+// true, and idem's refusals are problem details. [TenantHTTPHeader] is
+// forwarded as [TenantHeader].
+func NewGateway(ctx context.Context, conn *grpc.ClientConn) (*runtime.ServeMux, error) {
+	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(),
+		runtime.WithIncomingHeaderMatcher(idemgateway.IncomingHeaderMatcher(gatewayHeader)))...)
+	if err := paymentsv1.RegisterPaymentServiceHandler(ctx, mux, conn); err != nil {
+		return nil, err
+	}
+	return mux, nil
+}
+
+// gatewayHeader forwards [TenantHTTPHeader], and the other headers as
+// grpc-gateway does by default.
+func gatewayHeader(key string) (string, bool) {
+	if textproto.CanonicalMIMEHeaderKey(key) == TenantHTTPHeader {
+		return TenantHeader, true
+	}
+	return runtime.DefaultHeaderMatcher(key)
 }
 
 // Service implements paymentsv1.PaymentServiceServer on PostgreSQL.

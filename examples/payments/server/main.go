@@ -1,8 +1,13 @@
 // Binary server demonstrates idem in a standalone gRPC server: PaymentService
 // with the idem interceptor on PostgreSQL, plus gRPC health checking and
-// server reflection.
+// server reflection, and optionally HTTP/JSON through grpc-gateway.
 //
 //	go run ./examples/payments/server -listen 127.0.0.1:50051 -database-url postgres:///root
+//
+// With -http-listen ADDR it also serves PaymentService as HTTP/JSON on ADDR
+// (POST /v1/payments, GET /v1/payments/{id}): the gateway calls the gRPC
+// server, so the same keys, rows and answers serve both, and clients send
+// their key in the Idempotency-Key header (see package idemgateway).
 //
 // Without -database-url it uses $DATABASE_URL, and without that the libpq
 // defaults (PGHOST, PGPORT, PGUSER, PGDATABASE, the local socket): then the
@@ -10,11 +15,13 @@
 // creates its tables (payments, and idem's idempotency_keys and
 // processed_messages) in that database at start, and logs which database it
 // is; give it a database of its own. The tenant comes from the x-tenant-id
-// header, a stand-in for real authentication. It also sweeps expired keys.
+// header (X-Tenant-Id over HTTP), a stand-in for real authentication. It
+// also sweeps expired keys.
 //
-// With -metrics-listen ADDR it serves idem's metrics (and the sweeper's) in
-// the Prometheus text format at http://ADDR/metrics, through the
-// OpenTelemetry SDK and its Prometheus exporter: after a retry,
+// With -http-listen ADDR it also serves PaymentService as HTTP/JSON through
+// grpc-gateway. With -metrics-listen ADDR it serves idem's metrics (and the
+// sweeper's) in the Prometheus text format at http://ADDR/metrics, through
+// the OpenTelemetry SDK and its Prometheus exporter: after a retry,
 // idem_server_requests_total{idem_outcome="replayed",...} counts it.
 package main
 
@@ -27,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -37,6 +45,8 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
@@ -45,6 +55,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:50051", "address to serve gRPC on")
+	httpListen := flag.String("http-listen", "", "address to serve HTTP/JSON on, through grpc-gateway (default: none)")
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL, else the libpq defaults)")
 	metricsListen := flag.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (default: none)")
 	flag.Parse()
@@ -55,21 +66,30 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var metricsLis net.Listener
+	var httpLis, metricsLis net.Listener
+	if *httpListen != "" {
+		if httpLis, err = net.Listen("tcp", *httpListen); err != nil {
+			log.Fatal(err)
+		}
+	}
 	if *metricsListen != "" {
 		if metricsLis, err = net.Listen("tcp", *metricsListen); err != nil {
 			log.Fatal(err)
 		}
 	}
-	if err := run(ctx, lis, metricsLis, *dbURL); err != nil {
+	if err := run(ctx, lis, httpLis, metricsLis, *dbURL); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// run serves PaymentService on lis until ctx ends, then stops gracefully,
-// and, when metricsLis is not nil, the metrics on it.
-func run(ctx context.Context, lis, metricsLis net.Listener, dbURL string) error {
+// run serves PaymentService as gRPC on lis and, unless httpLis is nil, as
+// HTTP/JSON on httpLis, and, unless metricsLis is nil, the metrics on
+// metricsLis, until ctx ends; then it stops gracefully.
+func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURL string) error {
 	defer lis.Close()
+	if httpLis != nil {
+		defer httpLis.Close()
+	}
 	var mp metric.MeterProvider // nil: the global provider, which records nothing here
 	if metricsLis != nil {
 		var stop func()
@@ -95,12 +115,64 @@ func run(ctx context.Context, lis, metricsLis net.Listener, dbURL string) error 
 	}
 	srv := paymentsvc.NewServer(pool, interceptor.WithMeterProvider(mp))
 	go func() { _ = postgres.NewSweeper(pool, postgres.WithSweepMeterProvider(mp)).Run(ctx) }()
+
+	var gateway *http.Server
+	gatewayErr := make(chan error, 1)
+	if httpLis != nil {
+		// The gateway is a client of the gRPC server, so idem's interceptor
+		// runs for HTTP requests as for gRPC ones.
+		conn, err := grpc.NewClient(dialTarget(lis.Addr()), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		mux, err := paymentsvc.NewGateway(ctx, conn)
+		if err != nil {
+			return err
+		}
+		gateway = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := gateway.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
+				gatewayErr <- err
+				srv.Stop()
+			}
+		}()
+		log.Printf("payments gateway serving HTTP/JSON on %s", httpLis.Addr())
+	}
+
+	served := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-served:
+		}
+		if gateway != nil {
+			// First the HTTP requests, which wait for their gRPC calls.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = gateway.Shutdown(sctx)
+			cancel()
+		}
 		srv.GracefulStop()
 	}()
 	log.Printf("payments server listening on %s", lis.Addr())
-	return srv.Serve(lis)
+	err = srv.Serve(lis)
+	close(served)
+	select {
+	case gerr := <-gatewayErr:
+		return gerr
+	default:
+		return err
+	}
+}
+
+// dialTarget returns the address at which to call a server listening on
+// addr: localhost for a listener on every interface (0.0.0.0 or ::).
+func dialTarget(addr net.Addr) string {
+	a, ok := addr.(*net.TCPAddr)
+	if !ok || (a.IP != nil && !a.IP.IsUnspecified()) {
+		return addr.String()
+	}
+	return net.JoinHostPort("localhost", strconv.Itoa(a.Port))
 }
 
 // serveMetrics serves, on lis at /metrics, the metrics of the meter provider

@@ -37,7 +37,7 @@ func TestServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, lis, metricsLis, dsn) }()
+	go func() { done <- run(ctx, lis, nil, metricsLis, dsn) }()
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -11,6 +11,7 @@ package paymentsv1
 
 import (
 	_ "github.com/idemkit/idem/gen/idem/v1"
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -334,7 +335,7 @@ var File_payments_v1_payments_proto protoreflect.FileDescriptor
 
 const file_payments_v1_payments_proto_rawDesc = "" +
 	"\n" +
-	"\x1apayments/v1/payments.proto\x12\vpayments.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15idem/v1/options.proto\"\xad\x01\n" +
+	"\x1apayments/v1/payments.proto\x12\vpayments.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15idem/v1/options.proto\"\xad\x01\n" +
 	"\x14CreatePaymentRequest\x12\x1f\n" +
 	"\vcustomer_id\x18\x01 \x01(\tR\n" +
 	"customerId\x12!\n" +
@@ -355,11 +356,11 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\famount_cents\x18\x03 \x01(\x03R\vamountCents\x12\x1a\n" +
 	"\bcurrency\x18\x04 \x01(\tR\bcurrency\x12;\n" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime2\xc4\x01\n" +
-	"\x0ePaymentService\x12^\n" +
-	"\rCreatePayment\x12!.payments.v1.CreatePaymentRequest\x1a\".payments.v1.CreatePaymentResponse\"\x06\xe2\x9c\x1e\x02\b\x01\x12R\n" +
+	"createTime2\xf4\x01\n" +
+	"\x0ePaymentService\x12u\n" +
+	"\rCreatePayment\x12!.payments.v1.CreatePaymentRequest\x1a\".payments.v1.CreatePaymentResponse\"\x1d\xe2\x9c\x1e\x02\b\x01\x82\xd3\xe4\x93\x02\x11:\x01*\"\f/v1/payments\x12k\n" +
 	"\n" +
-	"GetPayment\x12\x1e.payments.v1.GetPaymentRequest\x1a\x1f.payments.v1.GetPaymentResponse\"\x03\x90\x02\x01B=Z;github.com/idemkit/idem/examples/gen/payments/v1;paymentsv1b\x06proto3"
+	"GetPayment\x12\x1e.payments.v1.GetPaymentRequest\x1a\x1f.payments.v1.GetPaymentResponse\"\x1c\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/payments/{id}\x90\x02\x01B=Z;github.com/idemkit/idem/examples/gen/payments/v1;paymentsv1b\x06proto3"
 
 var (
 	file_payments_v1_payments_proto_rawDescOnce sync.Once

@@ -32,9 +32,9 @@ const (
 //
 // PaymentService records payments.
 type PaymentServiceClient interface {
-	// CreatePayment records a payment. It requires an idempotency-key header:
-	// a retry with the same key and the same request returns the original
-	// payment instead of creating another.
+	// CreatePayment records a payment. It requires an idempotency-key header
+	// (Idempotency-Key over HTTP/JSON): a retry with the same key and the same
+	// request returns the original payment instead of creating another.
 	CreatePayment(ctx context.Context, in *CreatePaymentRequest, opts ...grpc.CallOption) (*CreatePaymentResponse, error)
 	// GetPayment reads a payment. It changes nothing, so it needs no key.
 	GetPayment(ctx context.Context, in *GetPaymentRequest, opts ...grpc.CallOption) (*GetPaymentResponse, error)
@@ -74,9 +74,9 @@ func (c *paymentServiceClient) GetPayment(ctx context.Context, in *GetPaymentReq
 //
 // PaymentService records payments.
 type PaymentServiceServer interface {
-	// CreatePayment records a payment. It requires an idempotency-key header:
-	// a retry with the same key and the same request returns the original
-	// payment instead of creating another.
+	// CreatePayment records a payment. It requires an idempotency-key header
+	// (Idempotency-Key over HTTP/JSON): a retry with the same key and the same
+	// request returns the original payment instead of creating another.
 	CreatePayment(context.Context, *CreatePaymentRequest) (*CreatePaymentResponse, error)
 	// GetPayment reads a payment. It changes nothing, so it needs no key.
 	GetPayment(context.Context, *GetPaymentRequest) (*GetPaymentResponse, error)

@@ -1,0 +1,105 @@
+package idemgateway
+
+import (
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+
+	"github.com/idemkit/idem/interceptor"
+)
+
+// ServeMuxOptions returns the options that serve idem's contract on a
+// grpc-gateway ServeMux: [KeyMiddleware], and [IncomingHeaderMatcher],
+// [OutgoingHeaderMatcher] and [ErrorHandler] in front of grpc-gateway's
+// defaults. An option given after them replaces the matcher or error handler
+// it sets; wrap yours with this package's to keep idem's part (see the
+// package documentation).
+func ServeMuxOptions() []runtime.ServeMuxOption {
+	return []runtime.ServeMuxOption{
+		runtime.WithMiddlewares(KeyMiddleware),
+		runtime.WithIncomingHeaderMatcher(IncomingHeaderMatcher(nil)),
+		runtime.WithOutgoingHeaderMatcher(OutgoingHeaderMatcher(nil)),
+		runtime.WithErrorHandler(ErrorHandler(nil)),
+	}
+}
+
+// KeyMiddleware parses the request's Idempotency-Key header
+// ([interceptor.HTTPKeyHeader]) with [interceptor.ParseHTTPKey] and passes
+// the request on with the key itself as the header's value, for
+// [IncomingHeaderMatcher] to hand to the gRPC server. A malformed value, or
+// more than one Idempotency-Key header, is answered with 400 and a problem
+// detail of reason [ReasonKeyInvalid] that names what is wrong, and the
+// request goes no further. A request without the header passes unchanged.
+func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, pathParams map[string]string) {
+		values := r.Header.Values(interceptor.HTTPKeyHeader)
+		if len(values) == 0 {
+			next(w, r, pathParams)
+			return
+		}
+		if len(values) > 1 {
+			writeProblem(w, invalidKey("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
+			return
+		}
+		key, err := interceptor.ParseHTTPKey(values[0])
+		if err != nil {
+			writeProblem(w, invalidKey(err.Error()))
+			return
+		}
+		if key != values[0] {
+			r = r.Clone(r.Context())
+			r.Header.Set(interceptor.HTTPKeyHeader, key)
+		}
+		next(w, r, pathParams)
+	}
+}
+
+// IncomingHeaderMatcher returns an incoming header matcher that maps the
+// Idempotency-Key header to idem's metadata key, idempotency-key
+// ([interceptor.KeyHeader]), and leaves every other header to next, by
+// default (nil) grpc-gateway's [runtime.DefaultHeaderMatcher], which drops
+// the headers it does not know. A header that next would map to
+// idempotency-key too (Grpc-Metadata-Idempotency-Key, say) is dropped: only
+// Idempotency-Key, as [KeyMiddleware] parsed it, carries the key.
+func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcherFunc {
+	if next == nil {
+		next = runtime.DefaultHeaderMatcher
+	}
+	return func(key string) (string, bool) {
+		if textproto.CanonicalMIMEHeaderKey(key) == interceptor.HTTPKeyHeader {
+			return interceptor.KeyHeader, true
+		}
+		name, ok := next(key)
+		if ok && strings.EqualFold(name, interceptor.KeyHeader) {
+			return "", false
+		}
+		return name, ok
+	}
+}
+
+// OutgoingHeaderMatcher returns an outgoing header matcher that sends idem's
+// replay marker, response metadata idempotent-replayed
+// ([interceptor.ReplayedHeader]), as the HTTP header Idempotent-Replayed
+// ([interceptor.HTTPReplayedHeader]), and leaves the rest of the response
+// metadata to next. By default (nil) next does what grpc-gateway does by
+// default: it forwards each key as the header Grpc-Metadata-<key>.
+func OutgoingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcherFunc {
+	if next == nil {
+		next = defaultOutgoingHeaderMatcher
+	}
+	return func(key string) (string, bool) {
+		if strings.EqualFold(key, interceptor.ReplayedHeader) {
+			return interceptor.HTTPReplayedHeader, true
+		}
+		return next(key)
+	}
+}
+
+// defaultOutgoingHeaderMatcher is grpc-gateway's default outgoing header
+// matcher, which it does not export.
+func defaultOutgoingHeaderMatcher(key string) (string, bool) {
+	return runtime.MetadataHeaderPrefix + key, true
+}

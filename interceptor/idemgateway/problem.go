@@ -1,0 +1,237 @@
+package idemgateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/interceptor"
+)
+
+// Reasons of the problem details for a missing or a malformed key, which
+// over gRPC are INVALID_ARGUMENT with a BadRequest field violation on
+// idempotency-key, and no ErrorInfo. idem's other reasons are those of
+// package interceptor, such as [interceptor.ReasonKeyReused].
+const (
+	// ReasonKeyMissing: the method requires an idempotency key and the
+	// request has no Idempotency-Key header. Send a new key with each new
+	// request, and the same key with every retry of it.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyInvalid: the request's Idempotency-Key header is malformed,
+	// or there is more than one; the problem's detail says what is wrong.
+	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+)
+
+// problemContentType is the media type of problem details in JSON
+// (RFC 9457).
+const problemContentType = "application/problem+json"
+
+// Where the type URIs of idem's problem details point: the documentation
+// of the reason's constant.
+const (
+	interceptorDoc = "https://pkg.go.dev/github.com/idemkit/idem/interceptor#"
+	gatewayDoc     = "https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#"
+)
+
+// problem is the body of one of idem's answers: problem details (RFC 9457)
+// with the extension member reason.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Reason string `json:"reason"`
+
+	// retryAfter is the value of the Retry-After header, if any.
+	retryAfter string
+}
+
+// ErrorHandler returns an error handler that answers idem's errors as the
+// IETF draft says, with problem details (see the package documentation for
+// the statuses), and leaves every other error to next, by default (nil)
+// grpc-gateway's [runtime.DefaultHTTPErrorHandler].
+//
+// For idem's errors next runs too, with the status and body taken over: it
+// forwards the response metadata as the ServeMux's header and trailer
+// matchers say, as it would for any error.
+func ErrorHandler(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
+	if next == nil {
+		next = runtime.DefaultHTTPErrorHandler
+	}
+	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+		p := problemFor(r, err)
+		if p == nil {
+			next(ctx, mux, m, w, r, err)
+			return
+		}
+		pw := &problemWriter{ResponseWriter: w, p: p}
+		next(ctx, mux, m, pw, r, err)
+		pw.WriteHeader(p.Status) // when next wrote nothing
+	}
+}
+
+// problemWriter writes p as the response, with the headers its writer set
+// before it, when its writer first writes; it discards the writer's body.
+type problemWriter struct {
+	http.ResponseWriter
+	p       *problem
+	written bool
+}
+
+func (w *problemWriter) WriteHeader(int) {
+	if w.written {
+		return
+	}
+	w.written = true
+	writeProblem(w.ResponseWriter, w.p)
+}
+
+func (w *problemWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(0)
+	return len(b), nil
+}
+
+// writeProblem answers with p.
+func writeProblem(w http.ResponseWriter, p *problem) {
+	h := w.Header()
+	h.Set("Content-Type", problemContentType)
+	h.Del("Content-Length")
+	if p.retryAfter != "" {
+		h.Set("Retry-After", p.retryAfter)
+	}
+	body, _ := json.Marshal(p) // strings and an int
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// problemFor returns the problem of err, which the gateway met serving r, or
+// nil when err is not one of idem's answers.
+func problemFor(r *http.Request, err error) *problem {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil
+	}
+	var (
+		info      *errdetails.ErrorInfo
+		retry     *errdetails.RetryInfo
+		violation *errdetails.BadRequest_FieldViolation
+	)
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			if d.GetDomain() == interceptor.Domain {
+				info = d
+			}
+		case *errdetails.RetryInfo:
+			retry = d
+		case *errdetails.BadRequest:
+			for _, v := range d.GetFieldViolations() {
+				if v.GetField() == interceptor.KeyHeader {
+					violation = v
+				}
+			}
+		}
+	}
+	var p *problem
+	switch {
+	case info != nil:
+		p = reasonProblem(info.GetReason(), st)
+	case violation != nil && st.Code() == codes.InvalidArgument:
+		// The key reached idem only from the Idempotency-Key header: see
+		// IncomingHeaderMatcher.
+		if len(r.Header.Values(interceptor.HTTPKeyHeader)) == 0 {
+			p = &problem{
+				Type:   gatewayDoc + "ReasonKeyMissing",
+				Title:  "Idempotency-Key is missing",
+				Status: http.StatusBadRequest,
+				Detail: "This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.",
+				Reason: ReasonKeyMissing,
+			}
+		} else {
+			p = invalidKey(violation.GetDescription())
+		}
+	}
+	if p != nil && retry != nil {
+		p.retryAfter = retryAfter(retry.GetRetryDelay().AsDuration())
+	}
+	return p
+}
+
+// reasonProblem returns the problem of st, one of idem's errors with
+// ErrorInfo reason, or nil for a reason it does not know.
+func reasonProblem(reason string, st *status.Status) *problem {
+	switch reason {
+	case interceptor.ReasonKeyInUse:
+		return &problem{
+			Type:   interceptorDoc + "ReasonKeyInUse",
+			Title:  "A request is outstanding for this Idempotency-Key",
+			Status: http.StatusConflict,
+			Detail: "A request with this Idempotency-Key is still being processed; retry after the Retry-After delay to get its answer.",
+			Reason: reason,
+		}
+	case interceptor.ReasonKeyReused:
+		return &problem{
+			Type:   interceptorDoc + "ReasonKeyReused",
+			Title:  "Idempotency-Key is already used",
+			Status: http.StatusUnprocessableEntity,
+			Detail: "This Idempotency-Key was used with a different request to this operation; send a new key with a new request.",
+			Reason: reason,
+		}
+	case interceptor.ReasonLeaseLost:
+		return &problem{
+			Type:   interceptorDoc + "ReasonLeaseLost",
+			Title:  "The request lost its Idempotency-Key to a retry",
+			Status: runtime.HTTPStatusFromCode(st.Code()),
+			Detail: "This request ran past its lease on the Idempotency-Key and a retry took the key over, so its outcome was not recorded; retry to get the answer that stands.",
+			Reason: reason,
+		}
+	case interceptor.ReasonResponseNotCached:
+		return &problem{
+			Type:   interceptorDoc + "ReasonResponseNotCached",
+			Title:  "The response for this Idempotency-Key was not kept",
+			Status: runtime.HTTPStatusFromCode(st.Code()),
+			Detail: "The request with this Idempotency-Key completed, but its response was too large to record and cannot be rebuilt.",
+			Reason: reason,
+		}
+	case interceptor.ReasonScopeInvalid:
+		return &problem{
+			Type:   interceptorDoc + "ReasonScopeInvalid",
+			Title:  "The request cannot hold an Idempotency-Key",
+			Status: runtime.HTTPStatusFromCode(st.Code()),
+			Detail: st.Message(), // names the rule the scope breaks
+			Reason: reason,
+		}
+	}
+	return nil
+}
+
+// invalidKey returns the problem of a malformed Idempotency-Key header;
+// what says what is wrong with it.
+func invalidKey(what string) *problem {
+	return &problem{
+		Type:   gatewayDoc + "ReasonKeyInvalid",
+		Title:  "Idempotency-Key is malformed",
+		Status: http.StatusBadRequest,
+		Detail: "The Idempotency-Key header is malformed: " + what + ".",
+		Reason: ReasonKeyInvalid,
+	}
+}
+
+// retryAfter returns d as a Retry-After value: whole seconds, rounded up.
+func retryAfter(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	s := d / time.Second
+	if d%time.Second > 0 {
+		s++
+	}
+	return strconv.FormatInt(int64(s), 10)
+}
