@@ -227,6 +227,46 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 	})
 }
 
+// TestCompleterRetriesATransientFailureBeforeAnyStep: a completable call
+// that fails transiently before it saves a step (its first step timed out
+// at the provider, say) keeps its claim and its request, with the lease
+// ended, and so does a completer run that fails alike: a later pass
+// finishes it. Releasing such a claim as a plain leased one (deleting it)
+// would leave whatever the step did half done, with no one to finish it.
+func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		var runs atomic.Int32
+		c.svc.setHook(func(context.Context, string) error {
+			if runs.Add(1) <= 2 {
+				return status.Error(codes.Unavailable, "the provider timed out")
+			}
+			return nil
+		})
+		ctx := metadata.AppendToOutgoingContext(withKey("order-5"), "x-tenant-id", "acme")
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("first call: %v, want the handler's UNAVAILABLE", err)
+		}
+		// The client gives up. The first pass fails as the call did, the
+		// second finishes it.
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 0 {
+			t.Fatalf("first pass: Complete = %d, %v; want the transient failure left for later", n, err)
+		}
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("second pass: Complete = %d, %v; want the call finished", n, err)
+		}
+		if runs.Load() != 3 {
+			t.Fatalf("%d runs, want the call's and two completer runs", runs.Load())
+		}
+		var header metadata.MD
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			t.Fatalf("late retry: %v (header %v), want a replay", err, header)
+		}
+		if runs.Load() != 3 {
+			t.Errorf("%d runs after the late retry, want 3", runs.Load())
+		}
+	})
+}
+
 func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 	eachCompletableStore(t, func(t *testing.T, c *completable) {
 		c.svc.setHook(func(ctx context.Context, _ string) error {

@@ -274,8 +274,11 @@ func WithRerunWhenNotCached(fullMethods ...string) ServerOption {
 // [WithCompletionMetadata], until the outcome is recorded. The same is
 // declared in the .proto file with option (idem.v1.method).complete = true.
 // It has no effect on methods in atomic mode, whose calls are never left
-// half done. The request can hold personal data: it is kept only for these
-// methods, and dropped once the outcome is recorded. Default: none.
+// half done. A call of these methods that fails transiently keeps its claim
+// and request, with its lease ended, rather than releasing the key: a retry
+// takes it over, or else the completer does. The request can hold personal
+// data: it is kept only for these methods, and dropped once the outcome is
+// recorded. Default: none.
 func WithCompletion(fullMethods ...string) ServerOption {
 	return serverOption(func(o *serverOptions) {
 		for _, m := range fullMethods {

@@ -381,6 +381,9 @@ type Lease interface {
 	// Release gives the key up so that a retry runs: a claim without a
 	// recovery point is deleted, and one with a recovery point keeps it and
 	// its lease ends at once, so that a retry of the same request takes the
-	// key over and resumes.
+	// key over and resumes. A claim that keeps its request for completion
+	// ([Request].Completion, here or at an earlier claim of the key) is
+	// kept too, with or without a recovery point, so that a completer
+	// finishes it if no retry comes.
 	Release(ctx context.Context) error
 }

@@ -222,9 +222,10 @@ func (l *leased) Release(context.Context) error {
 	if err != nil {
 		return err
 	}
-	if e.point != nil {
-		// Keep the progress: end the lease, so a retry takes over and
-		// resumes from the recovery point.
+	if e.point != nil || e.completion != nil {
+		// Keep the progress, or the request kept for a completer: end the
+		// lease, so a retry or a completer takes over (and resumes from
+		// the recovery point).
 		e.lockedUntil = now
 		return nil
 	}

@@ -25,9 +25,10 @@ const (
 	// and inserted again. It runs after lockKey, so it never meets an
 	// atomic claim of the key still running.
 	//
-	// Its last column tells a takeover from a fresh claim: an insert, and
+	// Its last columns tell a takeover from a fresh claim (an insert, and
 	// the takeover of an expired row, leave takeovers at 0; a takeover of a
-	// run-out lease counts one more.
+	// run-out lease counts one more) and whether the row keeps a request
+	// for a completer.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
      request_method, request_payload, request_metadata)
@@ -51,7 +52,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers > 0`
+RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers > 0, request_method IS NOT NULL`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -66,8 +67,9 @@ SET status = 'completed', response_code = $3, response = $4, response_not_cached
     locked_until = NULL, updated_at = now(),
     request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
-	// leaseEnd ends the lease of a claim that has a recovery point, instead
-	// of deleting it, so that a retry takes over and resumes.
+	// leaseEnd ends the lease of a claim that has a recovery point or
+	// keeps its request for a completer, instead of deleting it, so that a
+	// retry or a completer takes over (and resumes).
 	leaseEnd = `UPDATE idempotency_keys SET locked_until = now(), updated_at = now()` + leaseWhere
 )
 
@@ -138,14 +140,15 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 		data     []byte
 		steps    []byte
 		tookOver bool
+		kept     bool
 	)
-	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver)
+	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver, &kept)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{store: s, id: sc.id, token: token, tookOver: tookOver}
+		l = &lease{store: s, id: sc.id, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -175,6 +178,7 @@ type lease struct {
 	id       pgtype.UUID
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
+	kept     bool // the row keeps the request for a completer
 
 	mu       sync.Mutex
 	point    *store.RecoveryPoint
@@ -301,7 +305,7 @@ func (l *lease) Release(ctx context.Context) error {
 	// The request may have ended with its context; the claim must still go.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if l.point != nil {
+	if l.point != nil || l.kept {
 		return l.exec(ctx, leaseEnd)
 	}
 	return l.exec(ctx, leaseRelease)

@@ -150,6 +150,39 @@ var completionCases = []testCase{
 		_ = taker
 	}},
 
+	{name: "ReleaseKeepsACompletableClaim", run: func(t *testing.T, s store.Store, _ Config) {
+		c := completions(t, s)
+		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, time.Hour)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+		}
+		// A transient failure before any step: the claim and its request
+		// stay, for a retry or a completer, and the lease ends at once.
+		if err := lc.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		got := abandonedKeys(t, c, 0)
+		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Completion.Request, completion.Request) {
+			t.Fatalf("Abandoned after Release = %v, want the key with its request", got)
+		}
+		// Another request under the key is refused; the same one takes over.
+		other, err := s.Lease(t.Context(), key, store.Request{Fingerprint: other, Completion: completion}, time.Hour)
+		if err != nil || other.Lease != nil || other.Entry == nil {
+			t.Fatalf("lease with another fingerprint: %s, %v; want the entry in progress", describeLeaseClaim(other), err)
+		}
+		taker, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, time.Hour)
+		if err != nil || taker.Lease == nil || !taker.TookOver {
+			t.Fatalf("lease after Release: %s (took over: %v), %v; want a takeover", describeLeaseClaim(taker), taker.TookOver, err)
+		}
+		// The takeover without a completion of its own keeps the request.
+		if err := taker.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if got := abandonedKeys(t, c, 0); len(got) != 1 {
+			t.Fatalf("Abandoned after the second Release = %v, want the key", got)
+		}
+	}},
+
 	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, _ Config) {
 		c := completions(t, s)
 		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
