@@ -227,8 +227,8 @@ func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
 	switch outcome {
 	case ResultExecuted, ResultReplayed:
 		return true
-	case ResultInUse:
-		return false // a retry or another completer holds it
+	case ResultInUse, ResultLeaseLost:
+		return false // a retry or another completer holds it, or took it over
 	}
 	if err != nil {
 		c.engine.log(ctx, slog.LevelWarn, "idem: completing an abandoned call failed; it is tried again later", a.Key, err)
