@@ -1,13 +1,12 @@
 \set k random(1, 1000000000000)
+\set lock :k % 2147483647
 \startpipeline
 BEGIN;
-SET LOCAL lock_timeout = 2000;
-INSERT INTO idempotency_keys (tenant, method, key, request_hash, expires_at) VALUES ('acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, now() + 86400 * interval '1 second') ON CONFLICT (tenant, method, key) DO NOTHING RETURNING true;
-SET LOCAL lock_timeout TO DEFAULT;
-SAVEPOINT idem_claim;
+LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE NOWAIT;
+SELECT pg_try_advisory_xact_lock(1768187245, :lock), now();
 \endpipeline
 INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key) VALUES ('acme', 'cus_000000000001', 1001, 'EUR', 'order 1', 'k' || :k) RETURNING id::text, created_at;
 \startpipeline
-WITH recorded AS (UPDATE idempotency_keys SET status = 'completed', response_code = 0, response = '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, response_not_cached = false, updated_at = now() WHERE tenant = 'acme' AND method = '/payments.v1.PaymentService/CreatePayment' AND key = 'k' || :k AND status = 'in_progress' RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idem: recording the outcome updated ' || count(*) || ' rows of idempotency_keys, want 1')::int END FROM recorded;
+WITH recorded AS (INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at) VALUES (md5('k' || :k)::uuid, 'acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, 'completed', 0, '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, false, now() + 86400 * interval '1 second') RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idem: recording the outcome wrote ' || count(*) || ' rows of idempotency_keys, want 1')::int END FROM recorded;
 COMMIT;
 \endpipeline
