@@ -17,19 +17,19 @@
 // is recorded; the primary key is a 16-byte hash of the key's scope (tenant,
 // method, key), which stay in the row as plain columns.
 //
-// A claim sends BEGIN, the lock timeout, a lock of the table for writing, a
-// transaction-scoped advisory lock on the key's scope, a SELECT of the key's
-// row and a SAVEPOINT as one pipelined batch: one round trip. The advisory
-// lock serializes the claims of one key; a key already completed needs
-// none, so its replays run side by side. The handler gets the open
-// transaction from [TxFromContext] as a pgx.Tx (the one pgx began, with
-// Commit and Rollback refused). When it returns, one INSERT of the completed
-// row, which raises when it writes nothing, and COMMIT travel together in
-// one more round trip; a recorded error first rolls back to the savepoint,
-// so the handler's writes are discarded and the key is kept. A crash or a
-// lost connection before COMMIT leaves nothing behind. A claim that finds
-// the key completed answers after its one round trip and rolls back in the
-// background.
+// A claim sends BEGIN, a lock of the table for writing (NOWAIT), a try of
+// a transaction-scoped advisory lock on the key's scope and a SELECT of the
+// key's row as one pipelined batch: one round trip. The advisory lock
+// serializes the claims of one key; a key already completed needs none, so
+// its replays run side by side. The handler gets the open transaction from
+// [TxFromContext] as a pgx.Tx (the one pgx began, with Commit and Rollback
+// refused). When it returns, one INSERT of the completed row, which raises
+// when it writes nothing, and COMMIT travel together in one more round
+// trip. A recorded error rolls the transaction back, so the handler's
+// writes are discarded, and records the error in a transaction of its own
+// under the key's lock taken again. A crash or a lost connection before
+// COMMIT leaves nothing behind. A claim that finds the key completed
+// answers after its one round trip and rolls back in the background.
 //
 // A second request with the same key waits on the first one's advisory lock
 // for at most the lock timeout ([WithLockTimeout]); then it reads the row
@@ -75,7 +75,7 @@
 // through a transaction-mode pooler such as PgBouncer; configure the pool's
 // QueryExecMode for what the pooler supports (pgx prepares statements by
 // default). It uses only INSERT ... ON CONFLICT, RETURNING,
-// set_config(..., true), transaction-scoped advisory locks, savepoints and
+// set_config(..., true), transaction-scoped advisory locks, LOCK TABLE and
 // plain UPDATEs: no server-side functions of its own. Always point the
 // store at the primary.
 //
