@@ -62,6 +62,11 @@ type PgBouncerOptions struct {
 	// MaxClientConn is PgBouncer's max_client_conn: how many clients it
 	// accepts in all. Zero means 500.
 	MaxClientConn int
+	// QueryWaitTimeout is PgBouncer's query_wait_timeout, rounded up to
+	// whole seconds: how long a client waits for a server connection
+	// before PgBouncer fails its query and disconnects it. Zero means
+	// PgBouncer's default, 120 s.
+	QueryWaitTimeout time.Duration
 }
 
 // PgBouncer is a PgBouncer process in transaction pooling mode in front of
@@ -235,7 +240,16 @@ pidfile = %s
 log_connections = 0
 log_disconnections = 0
 `, keywordValue(target), b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
-		b.logFile, filepath.Join(b.dir, "pgbouncer.pid"))
+		b.logFile, filepath.Join(b.dir, "pgbouncer.pid")) + queryWaitTimeout(opts.QueryWaitTimeout)
+}
+
+// queryWaitTimeout returns the query_wait_timeout line for d, or nothing
+// for zero.
+func queryWaitTimeout(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("query_wait_timeout = %d\n", int((d+time.Second-1)/time.Second))
 }
 
 // requiresTLS reports whether cfg connects only over TLS (sslmode=require
