@@ -161,9 +161,6 @@ func startPgBouncer(ctx context.Context, s *Server, bin string, backend *pgconn.
 	}
 	defer func() {
 		if err != nil {
-			if b.cmd == nil {
-				close(b.exited)
-			}
 			err = errors.Join(err, b.Close())
 		}
 	}()
@@ -176,20 +173,16 @@ func startPgBouncer(ctx context.Context, s *Server, bin string, backend *pgconn.
 	if err := os.WriteFile(ini, []byte(b.config(backend, opts)), 0o644); err != nil {
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(dir, "output.log"))
+	// What PgBouncer writes before its log file is open.
+	out, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer log.Close()
-	if runAs != nil {
-		if err := log.Chown(int(runAs.uid), int(runAs.gid)); err != nil {
-			return nil, err
-		}
-	}
+	defer out.Close()
 	cmd := exec.Command(bin, ini)
 	cmd.Dir = dir
 	cmd.Env = childEnv()
-	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = pgBouncerProcAttr(runAs)
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -332,9 +325,6 @@ func (b *PgBouncer) connString(dbname string) string {
 	}
 	return u.String()
 }
-
-// Addr returns the loopback address PgBouncer listens on, host:port.
-func (b *PgBouncer) Addr() string { return net.JoinHostPort(b.host, strconv.Itoa(b.port)) }
 
 // Close stops PgBouncer, which ends every client's connection through it,
 // and removes its directory. Close may be called more than once.
