@@ -55,24 +55,24 @@ func checkServerConns(t *testing.T, direct string) {
 	}
 }
 
-// TestPgBouncerDuplicateStorm is TestDuplicateStorm through PgBouncer, in 8
-// rounds (two of each kind).
+// TestPgBouncerDuplicateStorm is TestDuplicateStorm through PgBouncer, in 4
+// rounds, one turn of its kinds (quick, slow, quick, stuck).
 func TestPgBouncerDuplicateStorm(t *testing.T) {
 	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
 	through, direct := bouncedDatabase(t, b)
 	s := startInProcessOn(t, through, stormPoolSize, postgres.WithLockTimeout(stormLockTimeout))
-	duplicateStorm(t, s, 8)
+	duplicateStorm(t, s, 4)
 	checkServerConns(t, direct)
 }
 
 // TestPgBouncerCrashAnywhere is TestCrashAnywhere through PgBouncer, with
-// 120 payments and 6 kills: a server killed in a transaction leaves
+// 80 payments and 4 kills: a server killed in a transaction leaves
 // PgBouncer a server connection in the middle of it, which must not carry
 // the transaction, or its locks, to the next client.
 func TestPgBouncerCrashAnywhere(t *testing.T) {
 	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
 	through, direct := bouncedDatabase(t, b)
-	crashAnywhere(t, through, 120, 6)
+	crashAnywhere(t, through, 80, 4)
 	checkServerConns(t, direct)
 }
 
