@@ -144,6 +144,9 @@ type setup struct {
 	opts      []interceptor.ServerOption
 	poolSize  int32
 	tracer    pgx.QueryTracer
+	// database returns the connection string of the test's database; nil
+	// means pgtest.NewDatabase.
+	database func(t *testing.T) string
 }
 
 // newEnv starts a gRPC server on a loopback port with the idem interceptor
@@ -157,7 +160,13 @@ func newEnv(t *testing.T, s setup) *env {
 		}
 		return serveEnv(t, s, nil, st)
 	}
-	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	var dsn string
+	if s.database != nil {
+		dsn = s.database(t)
+	} else {
+		dsn = pgtest.NewDatabase(t)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

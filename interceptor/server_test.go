@@ -135,7 +135,12 @@ func TestReplayOfMapFreeResponseIsDecoded(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
-	e := newEnv(t, setup{poolSize: 16})
+	concurrentDuplicatesExecuteOnce(t, newEnv(t, setup{poolSize: 16}))
+}
+
+// concurrentDuplicatesExecuteOnce sends 200 concurrent calls with one key
+// to e, whose pool should have 16 connections.
+func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
 	// Hold the first execution long enough for every duplicate to arrive
 	// while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
@@ -449,10 +454,15 @@ func TestExpiredKeyRunsAgain(t *testing.T) {
 }
 
 func TestDuplicateInFlightGetsAbortedWithRetryInfo(t *testing.T) {
-	e := newEnv(t, setup{
-		storeOpts: []postgres.Option{postgres.WithLockTimeout(100 * time.Millisecond)},
-		opts:      []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
-	})
+	duplicateInFlightGetsAborted(t, setup{})
+}
+
+// duplicateInFlightGetsAborted calls a key while a call with it runs, on a
+// server of s with a lock timeout of 100 ms.
+func duplicateInFlightGetsAborted(t *testing.T, s setup) {
+	s.storeOpts = []postgres.Option{postgres.WithLockTimeout(100 * time.Millisecond)}
+	s.opts = []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)}
+	e := newEnv(t, s)
 	entered, release := make(chan struct{}), make(chan struct{})
 	e.svc.setHook(func(context.Context, string) error {
 		close(entered)

@@ -136,33 +136,36 @@ func TestStoresTransientErrorReleasesTheKey(t *testing.T) {
 }
 
 func TestStoresConcurrentDuplicatesRunOnce(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env) {
-		e.svc.setHook(func(context.Context, string) error {
-			time.Sleep(100 * time.Millisecond)
-			return nil
-		})
-		var wg sync.WaitGroup
-		errs := make(chan error, 20)
-		for range 20 {
-			wg.Go(func() {
-				_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
-				errs <- err
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil && status.Code(err) != codes.Aborted {
-				t.Errorf("duplicate got %v, want OK or ABORTED", err)
-			}
-			if err != nil && retryDelay(err) == nil {
-				t.Errorf("ABORTED without RetryInfo: %v", err)
-			}
-		}
-		if n := e.svc.count(); n != 1 {
-			t.Errorf("%d executions of 20 duplicates, want 1", n)
-		}
+	eachStore(t, setup{}, concurrentDuplicatesRunOnce)
+}
+
+// concurrentDuplicatesRunOnce sends 20 concurrent calls with one key to e.
+func concurrentDuplicatesRunOnce(t *testing.T, e *env) {
+	e.svc.setHook(func(context.Context, string) error {
+		time.Sleep(100 * time.Millisecond)
+		return nil
 	})
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() {
+			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && status.Code(err) != codes.Aborted {
+			t.Errorf("duplicate got %v, want OK or ABORTED", err)
+		}
+		if err != nil && retryDelay(err) == nil {
+			t.Errorf("ABORTED without RetryInfo: %v", err)
+		}
+	}
+	if n := e.svc.count(); n != 1 {
+		t.Errorf("%d executions of 20 duplicates, want 1", n)
+	}
 }
 
 func TestStoresInvalidKeysNeverRun(t *testing.T) {

@@ -74,10 +74,18 @@
 // The hot path keeps no session state outside its transaction, so it works
 // through a transaction-mode pooler such as PgBouncer; configure the pool's
 // QueryExecMode for what the pooler supports (pgx prepares statements by
-// default). It uses only INSERT ... ON CONFLICT, RETURNING,
-// set_config(..., true), transaction-scoped advisory locks, LOCK TABLE and
-// plain UPDATEs: no server-side functions of its own. Always point the
-// store at the primary.
+// default). PgBouncer before 1.21 keeps no prepared statement across
+// transactions: use pgx.QueryExecModeExec (default_query_exec_mode=exec in
+// the connection string), never QueryExecModeDescribeExec, whose two round
+// trips may land on two server connections. The lock timeout does not
+// bound a wait in the pooler's queue for a server connection; set
+// PgBouncer's query_wait_timeout. docs/pgbouncer.md in the repository has
+// the settings and the pool size.
+//
+// The store uses only INSERT ... ON CONFLICT, RETURNING, set_config(...,
+// true), transaction-scoped advisory locks, LOCK TABLE and plain UPDATEs:
+// no server-side functions of its own. Always point the store at the
+// primary.
 //
 // # Expiry
 //

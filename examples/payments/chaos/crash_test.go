@@ -28,12 +28,13 @@ import (
 // wire: in the claim, in the handler, around COMMIT, or writing the
 // response.
 func TestCrashAnywhere(t *testing.T) {
-	const (
-		numOps     = 240
-		numClients = 16
-		numKills   = 12
-	)
-	dsn := pgtest.NewDatabase(t)
+	crashAnywhere(t, pgtest.NewDatabase(t), 240, 12)
+}
+
+// crashAnywhere kills the server on the database dsn numKills times while
+// 16 clients drive numOps payments, a tenth of which fail validation.
+func crashAnywhere(t *testing.T, dsn string, numOps, numKills int) {
+	const numClients = 16
 	srv := startServer(t, binary(t, serverPkg), dsn)
 	pool := newPool(t, dsn)
 	dropBackstop(t, pool)
@@ -83,7 +84,12 @@ const crashHeader = "x-crash-after-commit"
 // served by a fresh process of the ordinary payments server, gets the
 // stored response, byte for byte, and no second payment.
 func TestCrashAfterCommit(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	crashAfterCommit(t, pgtest.NewDatabase(t))
+}
+
+// crashAfterCommit loses the response of a committed payment on the
+// database dsn.
+func crashAfterCommit(t *testing.T, dsn string) {
 	crash := startServer(t, binary(t, crashServerPkg), dsn)
 	pool := newPool(t, dsn)
 	dropBackstop(t, pool)

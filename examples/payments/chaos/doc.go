@@ -32,6 +32,11 @@
 //     requests under one key: one execution per round, every other answer
 //     a replay or ABORTED with RetryInfo, no call stuck behind the
 //     connection pool.
+//   - TestPgBouncerDuplicateStorm, TestPgBouncerCrashAnywhere and
+//     TestPgBouncerCrashAfterCommit run the storm and the crash tests with
+//     the server's database URL pointing at a PgBouncer in transaction mode
+//     whose pool of two is smaller than the server's and the clients', in
+//     pgx's exec mode; the database must see no connection but PgBouncer's.
 //   - TestTableLock holds a lock on idempotency_keys (as LOCK TABLE or a
 //     migration's ALTER TABLE does) while CreatePayment is called on a
 //     server just started and on one that has served: both answer ABORTED

@@ -75,7 +75,13 @@ type inProcess struct {
 // connections.
 func startInProcess(t *testing.T, poolSize int32, storeOpts ...postgres.Option) *inProcess {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	return startInProcessOn(t, pgtest.NewDatabase(t), poolSize, storeOpts...)
+}
+
+// startInProcessOn is startInProcess on the database dsn.
+func startInProcessOn(t *testing.T, dsn string, poolSize int32, storeOpts ...postgres.Option) *inProcess {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,11 +127,24 @@ func startInProcess(t *testing.T, poolSize int32, storeOpts ...postgres.Option) 
 // duplicates must not queue for the pool's connections behind it, and a
 // call under another key must not either.
 func TestDuplicateStorm(t *testing.T) {
+	s := startInProcess(t, stormPoolSize, postgres.WithLockTimeout(stormLockTimeout))
+	duplicateStorm(t, s, 20)
+}
+
+// The pool size and lock timeout of the storm's server.
+const (
+	stormPoolSize    = 4
+	stormLockTimeout = 500 * time.Millisecond
+)
+
+// duplicateStorm sends the storm's rounds to s, a server with a pool of
+// stormPoolSize connections and a lock timeout of stormLockTimeout; the
+// kinds of round take turns, so any multiple of four rounds has as many of
+// each.
+func duplicateStorm(t *testing.T, s *inProcess, rounds int) {
 	const (
-		rounds      = 20
 		perRound    = 500
-		poolSize    = 4
-		lockTimeout = 500 * time.Millisecond
+		lockTimeout = stormLockTimeout
 		// margin covers scheduling on a busy machine and the queue for
 		// the pool's connections while replays drain it.
 		margin = 8 * time.Second
@@ -133,7 +152,6 @@ func TestDuplicateStorm(t *testing.T) {
 		// all answered by then, so that a failing run still ends.
 		stuckLimit = lockTimeout + margin + 5*time.Second
 	)
-	s := startInProcess(t, poolSize, postgres.WithLockTimeout(lockTimeout))
 	conns := clients(t, s.addr, 8)
 
 	var slowest time.Duration

@@ -9,9 +9,10 @@
 // [NewDatabase], [NewPool], [Run], [Start], [Server.CreateDatabase],
 // [Server.ConnString], [Server.Close] and [KeyIDSQL] are supported and follow
 // the module's versioning. The helpers that own and break servers,
-// [StartCluster], [Server.Restart] and those for poolers and standbys, exist
-// for idem's own fault tests; they are documented, but outside the
-// compatibility promise, and may change in any minor release.
+// [StartCluster], [Server.Restart] and those for poolers and standbys
+// ([StartPgBouncer], [NewPgBouncer] and [PgBouncer]), exist for idem's own
+// fault tests; they are documented, but outside the compatibility promise,
+// and may change in any minor release.
 //
 // # Finding a server
 //

@@ -1,0 +1,250 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/store/storetest"
+)
+
+// The tests in this file run the store through PgBouncer 1.18 in
+// transaction mode (pgtest.NewPgBouncer), with a pool of two server
+// connections per database and pgx in the exec mode the connection
+// strings of pgtest.PgBouncer ask for. Transaction mode hands each
+// transaction, and each statement outside one, whichever server connection
+// is free: whatever idem left on a session outside its transaction (a SET,
+// an advisory lock, a prepared statement) would meet another client's
+// transactions there.
+
+// pgBouncerPoolSize is PgBouncer's server connections per database: fewer
+// than the clients of every case that runs claims side by side.
+const pgBouncerPoolSize = 2
+
+// TestPgBouncerConformance runs the store conformance suite through
+// PgBouncer, on pools of four connections.
+func TestPgBouncerConformance(t *testing.T) {
+	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
+	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
+		pool := bouncedPool(t, b.NewDatabase(t), 4)
+		return postgres.New(pool, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+	})
+}
+
+// bouncedPool opens a pool of maxConns connections on dsn, a connection
+// string through PgBouncer.
+func bouncedPool(t *testing.T, dsn string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec {
+		t.Fatalf("%s asks for exec mode %v, want exec", dsn, cfg.ConnConfig.DefaultQueryExecMode)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestPgBouncerClaimBehindTableLockIsBounded holds a lock on
+// idempotency_keys on a connection of its own, straight to PostgreSQL,
+// while claims run through PgBouncer: every claim, atomic or leased, on a
+// new pool as on one that has claimed, gives up with store.ErrInUse after
+// the lock timeout, and the key is served once the lock is gone.
+func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
+	const lockTimeout = 300 * time.Millisecond
+	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			direct := pgtest.NewDatabase(t)
+			dsn, err := b.ConnString(direct)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool := bouncedPool(t, dsn, 4)
+			if err := pool.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
+			if warm {
+				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
+			}
+
+			release := holdTableLock(t, direct, "SHARE ROW EXCLUSIVE")
+			cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
+			defer cancel()
+			for i := range 2 {
+				if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+					t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
+				}
+				if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+					t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
+				}
+			}
+			release()
+			claimAndComplete(t, s, key)
+			if n := completedRows(t, pool, key.Key); n != 1 {
+				t.Fatalf("%d completed rows for the key, want 1", n)
+			}
+		})
+	}
+}
+
+func completedRows(t *testing.T, pool *pgxpool.Pool, k string) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, k).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPgBouncerLeavesNoSessionState runs every kind of claim through a
+// PgBouncer with one server connection, which the claims' transactions
+// therefore take turns on, and then looks at that connection from another
+// client: no lock_timeout, no idem setting, no advisory lock and no
+// prepared statement may be left on it, since the next transaction there
+// may be anyone's.
+func TestPgBouncerLeavesNoSessionState(t *testing.T) {
+	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: 1})
+	dsn := b.NewDatabase(t)
+	pool := bouncedPool(t, dsn, 4)
+	var defaultTimeout string
+	if err := pool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&defaultTimeout); err != nil {
+		t.Fatal(err)
+	}
+	s := postgres.New(pool, postgres.WithLockTimeout(250*time.Millisecond))
+
+	// A claim that executes, a replay, a recorded error, a claim that
+	// waits for a key's owner and gives up, a lease and its record.
+	claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"})
+	if c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"}, store.Request{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
+		t.Fatalf("replay: %+v, %v", c, err)
+	}
+	c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "err"}, store.Request{Fingerprint: []byte("fp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.InvalidArgument, Body: []byte("st")}); err != nil {
+		t.Fatal(err)
+	}
+	// The owner pins the only server connection, so the duplicate waits
+	// in PgBouncer's queue, not on the key's lock; it runs once the owner
+	// rolls back.
+	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+		if err != nil {
+			t.Errorf("duplicate after the owner released: %v", err)
+			return
+		}
+		_ = c.Txn.Release(ctx)
+	})
+	time.Sleep(100 * time.Millisecond)
+	if err := owner.Txn.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+
+	// Another client, on the same and only server connection.
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var (
+		timeout, idemTimeout string
+		advisory, prepared   int
+	)
+	err = other.QueryRow(ctx, `SELECT current_setting('lock_timeout'),
+		coalesce(current_setting('idem.lock_timeout', true), ''),
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&timeout, &idemTimeout, &advisory, &prepared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if timeout != defaultTimeout || idemTimeout != "" || advisory != 0 || prepared != 0 {
+		t.Errorf("the server connection kept lock_timeout %q (want %q), idem.lock_timeout %q (want empty), "+
+			"%d advisory locks and %d prepared statements (want none)", timeout, defaultTimeout, idemTimeout, advisory, prepared)
+	}
+}
+
+// TestPgBouncerMigrateSweepInbox runs what runs beside the claims through
+// PgBouncer: Migrate of an empty schema from replicas starting together,
+// the sweeper, and the inbox of a message consumer.
+func TestPgBouncerMigrateSweepInbox(t *testing.T) {
+	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
+	pool := bouncedPool(t, b.NewDatabase(t), 4)
+	if _, err := pool.Exec(ctx, `DROP TABLE idempotency_keys, processed_messages, idem_schema_migrations`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := postgres.Migrate(ctx, pool); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	s := postgres.New(pool)
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Expired keys and messages, and a live one of each.
+	claimAndComplete(t, s, key)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
+		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'completed', 0, now() - interval '1 hour'
+		FROM generate_series(1, 25) i`)
+	inbox := postgres.NewInbox(pool, "shipping")
+	var runs int
+	for range 2 {
+		if _, err := inbox.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { runs++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs != 1 {
+		t.Fatalf("a message delivered twice was processed %d times, want 1", runs)
+	}
+	exec(`INSERT INTO processed_messages (consumer, message_id, expires_at)
+		SELECT 'shipping', 'old-' || i, now() - interval '1 hour' FROM generate_series(1, 5) i`)
+
+	deleted, err := postgres.NewSweeper(pool, postgres.WithSweepBatchSize(10), postgres.WithSweepPause(0)).Sweep(ctx)
+	if err != nil || deleted != 30 {
+		t.Fatalf("Sweep: %d rows, %v; want 30", deleted, err)
+	}
+	var keys, messages int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_keys), (SELECT count(*) FROM processed_messages)`).Scan(&keys, &messages); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 2 || messages != 1 {
+		t.Fatalf("%d keys and %d messages left, want the live 2 and 1", keys, messages)
+	}
+}
