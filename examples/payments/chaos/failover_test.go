@@ -75,17 +75,19 @@ func startReplicated(t *testing.T, opts pgtest.ReplicationOptions) (*pgtest.Repl
 }
 
 // failover kills r's primary and promotes its standby; it returns when the
-// kill began and how long the promotion took after it.
-func failover(t *testing.T, r *pgtest.Replicated) (killed time.Time, took time.Duration) {
+// kill began, and how long after it the primary was gone and the standby
+// accepted writes.
+func failover(t *testing.T, r *pgtest.Replicated) (killed time.Time, gone, promoted time.Duration) {
 	t.Helper()
 	killed = time.Now()
 	if err := r.KillPrimary(); err != nil {
 		t.Fatalf("kill the primary: %v", err)
 	}
+	gone = time.Since(killed)
 	if err := r.Promote(context.Background()); err != nil {
 		t.Fatalf("promote the standby: %v", err)
 	}
-	return killed, time.Since(killed)
+	return killed, gone, time.Since(killed)
 }
 
 func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
@@ -107,7 +109,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		confirmations: 1,
 	}
 	var killed, detached time.Time
-	var promotion time.Duration
+	var gone, promotion time.Duration
 	if detach {
 		l.faults = append(l.faults, func(int) {
 			if err := r.DetachStandby(context.Background()); err != nil {
@@ -117,7 +119,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		})
 	}
 	l.faults = append(l.faults, func(int) {
-		killed, promotion = failover(t, r)
+		killed, gone, promotion = failover(t, r)
 	})
 	l.run(t)
 	pool.Reset() // its connections died with the primary
@@ -126,9 +128,9 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 	}
 	l.checkCodes(t, codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted)
 	checkStorageErrors(t, l, srv)
-	t.Logf("failover: the standby accepted writes %v after the primary was killed; "+
+	t.Logf("failover: the primary was gone %v after the kill began, the standby accepted writes after %v; "+
 		"the longest stretch without an answer to any client was %v",
-		promotion.Round(time.Millisecond), longestSilence(l.ops).Round(time.Millisecond))
+		gone.Round(time.Millisecond), promotion.Round(time.Millisecond), longestSilence(l.ops).Round(time.Millisecond))
 
 	// What the new primary holds, against what the clients were told.
 	before := snapshot(t, pool)
