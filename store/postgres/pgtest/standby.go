@@ -69,6 +69,13 @@ func StartReplicated(ctx context.Context, opts ReplicationOptions) (*Replicated,
 }
 
 func startReplicated(ctx context.Context, d discovery, opts ReplicationOptions) (*Replicated, error) {
+	binDir, err := d.findBinDir(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !isExecutable(filepath.Join(binDir, "pg_basebackup")) {
+		return nil, fmt.Errorf("no pg_basebackup in %s, next to initdb; a standby is made with it", binDir)
+	}
 	var settings []string
 	if opts.Synchronous {
 		settings = []string{"synchronous_standby_names = '*'", "synchronous_commit = on"}
