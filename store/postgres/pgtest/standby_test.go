@@ -140,3 +140,19 @@ func TestDetachStandby(t *testing.T) {
 		t.Fatalf("keys on the new primary %v, want [replicated]", keys)
 	}
 }
+
+// TestReplicatedNoBaseBackup fails, before initdb runs, with a message that
+// names pg_basebackup when the server binaries lack it.
+func TestReplicatedNoBaseBackup(t *testing.T) {
+	bin := t.TempDir()
+	for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
+		if err := os.WriteFile(bin+"/"+name, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := discovery{getenv: env(map[string]string{"PATH": t.TempDir()}), binGlobs: []string{bin}}
+	_, err := startReplicated(context.Background(), d, ReplicationOptions{})
+	if err == nil || !strings.Contains(err.Error(), "no pg_basebackup in "+bin) {
+		t.Fatalf("start without pg_basebackup: %v, want an error that names it", err)
+	}
+}
