@@ -37,8 +37,11 @@ func TestFailoverLostLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The handler pauses inside the confirm step, so that the test stops
-	// it there; the completer's grace keeps it out of the way.
-	rep, err := s.startReplica(ctx, "A", replicaConfig{grace: time.Minute, pause: time.Second})
+	// it there; the completer's grace keeps it out of the way. Woken up,
+	// it sleeps on for the rest of the pause, long enough for its lease's
+	// heartbeat, once its pool has replaced the connections the failover
+	// broke, to reach the new primary.
+	rep, err := s.startReplica(ctx, "A", replicaConfig{grace: time.Minute, pause: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
