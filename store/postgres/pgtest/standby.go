@@ -110,7 +110,10 @@ func startReplicated(ctx context.Context, d discovery, opts ReplicationOptions) 
 	}
 	// The standby's postgresql.conf is the primary's copy: its socket goes
 	// to its own directory, and once promoted it has no standby to wait for.
-	if err := standby.configure("synchronous_standby_names = ''"); err != nil {
+	// A standby that lost its stream waits wal_retrieve_retry_interval (5 s
+	// by default) before it looks for WAL again, and a promotion requested
+	// meanwhile (PostgreSQL 15) waits with it.
+	if err := standby.configure("synchronous_standby_names = ''", "wal_retrieve_retry_interval = '100ms'"); err != nil {
 		return nil, err
 	}
 	standby.started = true
