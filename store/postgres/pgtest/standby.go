@@ -162,11 +162,15 @@ func (r *Replicated) waitStreaming(ctx context.Context) error {
 // [Server.CreateDatabase] does, and returns a connection string for it that
 // names the primary and then the standby, with target_session_attrs =
 // read-write: a client connects to whichever of them accepts writes, the
-// standby once it has been promoted. The database goes when the clusters
+// standby once it has been promoted. It returns once the standby has
+// replayed the database's creation. The database goes when the clusters
 // do, at [Replicated.Close].
 func (r *Replicated) CreateDatabase(ctx context.Context) (string, error) {
 	connString, _, err := r.Primary.CreateDatabase(ctx)
 	if err != nil {
+		return "", err
+	}
+	if err := r.waitReplayed(ctx); err != nil {
 		return "", err
 	}
 	cfg, err := splitKeywordValue(connString)
@@ -186,6 +190,29 @@ func (r *Replicated) CreateDatabase(ctx context.Context) (string, error) {
 		"dbname":               dbname,
 		"target_session_attrs": "read-write",
 	}), nil
+}
+
+// waitReplayed waits until the standby has replayed the primary's WAL as
+// far as it went when waitReplayed was called.
+func (r *Replicated) waitReplayed(ctx context.Context) error {
+	var lsn string
+	if err := r.Primary.admin.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, replicationTimeout)
+	defer cancel()
+	for {
+		var done bool
+		err := r.Standby.admin.QueryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)`, lsn).Scan(&done)
+		if err == nil && done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the standby has not replayed the primary's WAL up to %s after %v (%v)", lsn, replicationTimeout, err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // KillPrimary kills the primary as a crash of its machine would: SIGKILL to
