@@ -340,7 +340,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	stop()
 	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
 		c.settle(ResultLeaseLost)
-		e.log(ctx, slog.LevelWarn, "idem: the lease on an idempotency key ran out and another request took it over; this call's outcome was not recorded", key, nil)
+		e.log(ctx, slog.LevelWarn, "idem: the lease on an idempotency key was lost (it ran out and another request took the key over, or a failover lost the key's row); this call's outcome was not recorded", key, nil)
 		return Answer{}, leaseLost(e.opts.retryDelay)
 	}
 	if rec.err != nil {

@@ -21,9 +21,10 @@ var ErrInUse = errors.New("store: idempotency key in use by a request in flight"
 var ErrConflict = errors.New("store: transaction conflict")
 
 // ErrLeaseLost reports that a leased claim is no longer this request's: its
-// lease ran out and a retry took the key over (or the key expired). The
-// request's outcome was not recorded and must not be; the new owner's
-// stands.
+// lease ran out and a retry took the key over (or the key expired), or the
+// key's row is gone, as after a failover to a standby that had not
+// received it. The request's outcome was not recorded and must not be; the
+// new owner's stands.
 var ErrLeaseLost = errors.New("store: lease lost to another request")
 
 // ErrNotReady reports a store that cannot claim keys until an operator

@@ -28,6 +28,14 @@
 //     recovers without a restart of its own, no UNAVAILABLE answer carries
 //     the database's text (SQLSTATEs, server messages, users, hosts), and
 //     the server logged every storage failure a client was told of.
+//   - TestFailover runs the server on a primary and a streaming standby
+//     through a multi-host connection string (target_session_attrs =
+//     read-write), kills the primary's processes with SIGKILL under load
+//     and promotes the standby. Synchronous: no acknowledged answer lost,
+//     no payment twice, every retry after the failover gets its first
+//     answer byte for byte. Asynchronous: it counts the acknowledged
+//     answers lost, each lost together with its payment, and checks that
+//     each lost key's retry executes exactly once more.
 //   - TestDuplicateStorm sends rounds of hundreds of concurrent identical
 //     requests under one key: one execution per round, every other answer
 //     a replay or ABORTED with RetryInfo, no call stuck behind the

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +49,10 @@ type answer struct {
 	code      codes.Code
 	paymentID string
 	replayed  bool
+	// raw is the answer as it came over the wire: the response message's
+	// bytes, or the deterministic marshal of the error's google.rpc.Status.
+	raw []byte
+	at  time.Time // when it arrived
 }
 
 // newOps returns n payments spread over four tenants; every invalidEvery-th
@@ -194,13 +199,19 @@ func (l *load) call(client paymentsv1.PaymentServiceClient, o *op) (answer, erro
 	req := proto.Clone(o.req).(*paymentsv1.CreatePaymentRequest)
 	req.TraceId = randomHex(8)
 	var header metadata.MD
+	codec := &recordingCodec{CodecV2: encoding.GetCodecV2("proto")}
 	l.inflight.Add(1)
-	resp, err := client.CreatePayment(ctx, req, grpc.Header(&header))
+	resp, err := client.CreatePayment(ctx, req, grpc.Header(&header), grpc.ForceCodecV2(codec))
 	l.inflight.Add(-1)
 	a := answer{
 		code:      status.Code(err),
 		paymentID: resp.GetPayment().GetId(),
 		replayed:  slices.Contains(header.Get(interceptor.ReplayedHeader), "true"),
+		raw:       codec.last(),
+		at:        time.Now(),
+	}
+	if err != nil {
+		a.raw, _ = proto.MarshalOptions{Deterministic: true}.Marshal(status.Convert(err).Proto())
 	}
 	return a, err
 }

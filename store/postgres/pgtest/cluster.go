@@ -45,6 +45,7 @@ type cluster struct {
 	dir        string
 	dataDir    string
 	logFile    string
+	binDir     string
 	pgCtl      string
 	connString string
 	// runAs is the OS user the cluster runs as, or nil for the current one.
@@ -68,8 +69,39 @@ type osUser struct {
 }
 
 // startCluster creates and starts a throwaway cluster with the server
-// binaries found on the machine.
-func (d discovery) startCluster(ctx context.Context) (*cluster, error) {
+// binaries found on the machine. settings are added to its postgresql.conf,
+// one "name = value" line each.
+func (d discovery) startCluster(ctx context.Context, settings ...string) (*cluster, error) {
+	c, err := d.newCluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.stop()
+		}
+	}()
+	if _, err := c.run(ctx, initdbTimeout, c.bin("initdb"),
+		"-D", c.dataDir, "--auth=trust", "--username="+clusterUserName,
+		"--encoding=UTF8", "--locale=C"); err != nil {
+		return nil, err
+	}
+	if err := c.configure(settings...); err != nil {
+		return nil, err
+	}
+	c.started = true
+	if err := c.start(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// newCluster makes the directory of a throwaway cluster, owned by the
+// cluster's user, and starts its watchdog; the data directory is still to
+// be made. Call stop when done, or on failure.
+func (d discovery) newCluster(ctx context.Context) (*cluster, error) {
 	if !clusterSupported {
 		return nil, errors.New("throwaway clusters need a Unix-like system")
 	}
@@ -89,6 +121,7 @@ func (d discovery) startCluster(ctx context.Context) (*cluster, error) {
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
 		logFile: filepath.Join(dir, "postgres.log"),
+		binDir:  binDir,
 		pgCtl:   filepath.Join(binDir, "pg_ctl"),
 		connString: keywordValue(map[string]string{
 			"host": dir, "port": clusterPort, "user": clusterUserName, "dbname": "postgres",
@@ -96,36 +129,20 @@ func (d discovery) startCluster(ctx context.Context) (*cluster, error) {
 		runAs: runAs,
 		env:   childEnv(),
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			c.stop()
-		}
-	}()
 	if runAs != nil {
 		if err := os.Chown(dir, int(runAs.uid), int(runAs.gid)); err != nil {
+			c.stop()
 			return nil, err
 		}
 	}
 	// Start the watchdog first, so that nothing is left behind even if this
 	// process dies while the cluster starts.
 	c.watchdog, _ = startWatchdog(c.pgCtl, c.dataDir, c.dir, c.runAs, c.env) // best effort
-
-	if _, err := c.run(ctx, initdbTimeout, filepath.Join(binDir, "initdb"),
-		"-D", c.dataDir, "--auth=trust", "--username="+clusterUserName,
-		"--encoding=UTF8", "--locale=C"); err != nil {
-		return nil, err
-	}
-	if err := c.configure(); err != nil {
-		return nil, err
-	}
-	c.started = true
-	if err := c.start(ctx); err != nil {
-		return nil, err
-	}
-	ok = true
 	return c, nil
 }
+
+// bin returns the path of the PostgreSQL program name.
+func (c *cluster) bin(name string) string { return filepath.Join(c.binDir, name) }
 
 // start starts the server on the existing data directory and waits until it
 // accepts connections.
@@ -151,10 +168,12 @@ func (c *cluster) restart(ctx context.Context) error {
 	return c.start(ctx)
 }
 
-// configure makes the server listen only on a Unix socket in c.dir. The
-// settings go into postgresql.conf rather than onto the pg_ctl command line,
-// which pg_ctl passes through a shell.
-func (c *cluster) configure() error {
+// configure makes the server listen only on a Unix socket in c.dir, and
+// adds settings, one "name = value" line each. The settings go into
+// postgresql.conf rather than onto the pg_ctl command line, which pg_ctl
+// passes through a shell; they are appended, so they override what the
+// file said before.
+func (c *cluster) configure(settings ...string) error {
 	f, err := os.OpenFile(filepath.Join(c.dataDir, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return err
@@ -162,6 +181,11 @@ func (c *cluster) configure() error {
 	_, err = fmt.Fprintf(f, "\n# idem's pgtest: a throwaway cluster, reachable only through its Unix socket.\n"+
 		"listen_addresses = ''\nunix_socket_directories = %s\nport = %s\n",
 		confString(c.dir), clusterPort)
+	for _, s := range settings {
+		if err == nil {
+			_, err = fmt.Fprintln(f, s)
+		}
+	}
 	if closeErr := f.Close(); err == nil {
 		err = closeErr
 	}

@@ -80,6 +80,12 @@
 // a crash would and starts it again while clients keep using it. pgtest
 // never restarts a server it did not start.
 //
+// Failover tests need two: [StartReplicated] starts a primary and a standby
+// that streams from it (synchronously or not), [Replicated.CreateDatabase]
+// gives a connection string naming both with target_session_attrs =
+// read-write, and [Replicated.KillPrimary] and [Replicated.Promote] fail
+// the primary over while clients keep using it.
+//
 // # Programs
 //
 // Programs such as idem's demos use [Start], [Server.CreateDatabase] and

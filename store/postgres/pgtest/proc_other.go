@@ -3,6 +3,7 @@
 package pgtest
 
 import (
+	"errors"
 	"io/fs"
 	"syscall"
 )
@@ -14,3 +15,7 @@ const clusterSupported = false
 func sysProcAttr(*osUser, bool) *syscall.SysProcAttr { return nil }
 
 func ownedBy(fs.FileInfo, *osUser) bool { return false }
+
+func killGroup(int) error { return errors.New("killing a process group needs a Unix-like system") }
+
+func processAlive(int) bool { return false }

@@ -3,7 +3,11 @@
 package pgtest
 
 import (
+	"errors"
 	"io/fs"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -26,4 +30,27 @@ func sysProcAttr(u *osUser, setsid bool) *syscall.SysProcAttr {
 func ownedBy(st fs.FileInfo, u *osUser) bool {
 	sys, ok := st.Sys().(*syscall.Stat_t)
 	return ok && sys.Uid == u.uid
+}
+
+// killGroup sends SIGKILL to the process group that pid leads, or to pid
+// alone when it leads none.
+func killGroup(pid int) error {
+	if pgid, err := syscall.Getpgid(pid); err == nil && pgid == pid {
+		return syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	return syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// processAlive reports whether pid runs; a zombie, which waits only for its
+// parent to reap it, does not (on Linux, where /proc tells).
+func processAlive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			return false
+		}
+	}
+	return true
 }
