@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/store"
 )
@@ -86,14 +88,20 @@ const maxLeaseRounds = 3
 // set on the first claim and kept by takeovers. Like Claim, it refuses a
 // key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
-// connection of the pool.
+// connection of the pool. On a sharded store (see [NewSharded]) the claim
+// and every later write of its Lease run on the tenant's shard, and a
+// tenant the route gives no shard fails with [ErrNoShard].
 func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
 	}
+	pool, err := s.shardOf(key.Tenant)
+	if err != nil {
+		return store.LeaseClaim{}, err
+	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
-		l, expiresAt, entry, err := s.lease(ctx, sc, key, r, lease)
+		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r, lease)
 		switch {
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
@@ -108,9 +116,9 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 	return store.LeaseClaim{}, store.ErrInUse
 }
 
-func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return nil, expiresAt, nil, err
 	}
@@ -148,7 +156,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{store: s, id: sc.id, token: token, tookOver: tookOver, kept: kept}
+		l = &lease{pool: pool, id: sc.id, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -174,7 +182,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 
 // lease is a held leased claim.
 type lease struct {
-	store    *Store
+	pool     *pgxpool.Pool // of the key's shard
 	id       pgtype.UUID
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
@@ -245,9 +253,51 @@ WHERE status = 'in_progress' AND request_payload IS NOT NULL
 ORDER BY locked_until
 LIMIT $2`
 
-// Abandoned implements [store.Completions].
+// Abandoned implements [store.Completions]. A sharded store (see
+// [NewSharded]) asks every shard at once for up to limit calls and takes
+// them in turn, one of each shard's at a time, up to limit in all, so that
+// no shard starves the others. When some shards fail, it returns the calls the
+// others found together with an error that names the failed shards by
+// index: one shard that cannot be reached does not keep the calls of the
+// others from being completed.
 func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
-	rows, err := s.pool.Query(ctx, abandoned, grace.Seconds(), limit)
+	if len(s.shards) == 1 {
+		return abandonedOn(ctx, s.shards[0], grace, limit)
+	}
+	found := make([][]store.Abandoned, len(s.shards))
+	errs := make([]error, len(s.shards))
+	var wg sync.WaitGroup
+	for i, pool := range s.shards {
+		if pool == nil {
+			continue // no tenant's key can be there
+		}
+		wg.Go(func() {
+			var err error
+			if found[i], err = abandonedOn(ctx, pool, grace, limit); err != nil {
+				errs[i] = fmt.Errorf("postgres: shard %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	var out []store.Abandoned
+	for round := 0; len(out) < limit; round++ {
+		took := false
+		for _, f := range found {
+			if round < len(f) && len(out) < limit {
+				out = append(out, f[round])
+				took = true
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// abandonedOn lists the abandoned calls of one database.
+func abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	rows, err := pool.Query(ctx, abandoned, grace.Seconds(), limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -315,7 +365,7 @@ func (l *lease) Release(ctx context.Context) error {
 // store.ErrLeaseLost when it matched no row.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 	args = append([]any{l.id, l.token}, args...)
-	tag, err := l.store.pool.Exec(ctx, sql, args...)
+	tag, err := l.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
 	}
