@@ -58,14 +58,17 @@ RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers >
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
-	leaseWhere = ` WHERE id = $1 AND fencing_token = $2
+	// The id alone finds the row; the tenant ($3) is there for engines that
+	// distribute the table by tenant (Citus), where a statement that names
+	// the tenant runs on that tenant's shard only, not on every shard.
+	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > now()`
-	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $3 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $3, recovery_data = $4, recovery_steps = $5, updated_at = now()` + leaseWhere
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $4 * interval '1 second'` + leaseWhere
+	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $4, recovery_data = $5, recovery_steps = $6, updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a completer: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $3, response = $4, response_not_cached = $5,
+SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6,
     locked_until = NULL, updated_at = now(),
     request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
@@ -156,7 +159,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{pool: pool, id: sc.id, token: token, tookOver: tookOver, kept: kept}
+		l = &lease{pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -184,6 +187,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 type lease struct {
 	pool     *pgxpool.Pool // of the key's shard
 	id       pgtype.UUID
+	tenant   string
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
 	kept     bool // the row keeps the request for a completer
@@ -364,7 +368,7 @@ func (l *lease) Release(ctx context.Context) error {
 // exec runs a statement guarded by the lease's token and reports
 // store.ErrLeaseLost when it matched no row.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
-	args = append([]any{l.id, l.token}, args...)
+	args = append([]any{l.id, l.token, l.tenant}, args...)
 	tag, err := l.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
