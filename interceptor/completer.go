@@ -162,12 +162,11 @@ type completionRun struct {
 // calls, one after the other, and returns how many it finished (recorded an
 // outcome for, a recorded failure included). A call another completer or a
 // retry holds is skipped; a call that fails transiently is left for a later
-// pass. The error reports a failure to list the calls.
+// pass. The error reports a failure to list the calls; the calls the store
+// listed all the same (those of the shards that answered, for a store of
+// several databases) are taken on first.
 func (c *Completer) Complete(ctx context.Context) (int, error) {
 	list, err := c.store.Abandoned(ctx, c.opts.grace, c.opts.batch)
-	if err != nil {
-		return 0, err
-	}
 	done := 0
 	for _, a := range list {
 		if ctx.Err() != nil {
@@ -177,7 +176,7 @@ func (c *Completer) Complete(ctx context.Context) (int, error) {
 			done++
 		}
 	}
-	return done, nil
+	return done, err
 }
 
 // Run completes at once and then again every interval, until ctx ends. A

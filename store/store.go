@@ -181,7 +181,9 @@ type Completions interface {
 	// whose lease ran out more than grace × 2^Takeovers ago (so that each
 	// failed attempt waits twice as long as the one before), and which
 	// have not expired. A completer takes one over with Lease, with the
-	// same fingerprint and completion, as a retry would.
+	// same fingerprint and completion, as a retry would. A store of
+	// several databases may return, with an error, the calls of those
+	// that answered; callers take them on all the same.
 	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]Abandoned, error)
 }
 

@@ -87,6 +87,20 @@
 // no server-side functions of its own. Always point the store at the
 // primary.
 //
+// # Tenant shards
+//
+// Tenants whose data lives in different databases share one store from
+// [NewSharded]: a route maps each tenant to its shard, and everything done
+// for a key (the claim, the handler's writes through [TxFromContext], the
+// record, every later write of a lease) runs on that shard, so the claim
+// and the handler's writes stay one transaction on one database. A route
+// that gives no shard fails the call with [ErrNoShard].
+// [Store.Abandoned] and [Store.Check] look at every shard. [Migrate] each
+// shard, run a [Sweeper] on each, and record a message with the [Inbox]
+// of the shard whose data it changes. docs/shards.md in the repository
+// says how to move a tenant between shards, and what Citus, CockroachDB or
+// YugabyteDB would need.
+//
 // # Expiry
 //
 // Keys expire after [WithTTL] (24 h by default). An expired key counts as

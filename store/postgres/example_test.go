@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"hash/fnv"
 	"log"
 	"os"
 	"os/signal"
@@ -65,4 +66,52 @@ func ExampleNewSweeper() {
 
 	// ... serve until interrupted ...
 	<-ctx.Done()
+}
+
+func ExampleNewSharded() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	// One pool per shard, each on its database's primary. Every shard gets
+	// idem's schema (and the application's tables) and a sweeper.
+	var shards []*pgxpool.Pool
+	for _, url := range []string{os.Getenv("SHARD0_URL"), os.Getenv("SHARD1_URL")} {
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer pool.Close()
+		if err := postgres.Migrate(ctx, pool); err != nil {
+			log.Fatal(err)
+		}
+		go func() { _ = postgres.NewSweeper(pool).Run(ctx) }()
+		shards = append(shards, pool)
+	}
+	// A stable route: the same tenant always gets the same shard. (A
+	// directory table that names each tenant's shard lets tenants move.)
+	route := func(tenant string) int {
+		h := fnv.New32a()
+		h.Write([]byte(tenant))
+		return int(h.Sum32() % uint32(len(shards)))
+	}
+	s := postgres.NewSharded(shards, route)
+	if err := s.Check(ctx); err != nil { // every shard is ready
+		log.Fatal(err)
+	}
+	// Handlers write through postgres.TxFromContext: the transaction is on
+	// the caller's shard.
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(s)))
+
+	// A consumer records each message on the shard whose data it changes.
+	inboxes := make([]*postgres.Inbox, len(shards))
+	for i, pool := range shards {
+		inboxes[i] = postgres.NewInbox(pool, "ledger")
+	}
+	apply := func(ctx context.Context, tenant, messageID string) error {
+		_, err := inboxes[route(tenant)].ProcessOnce(ctx, messageID, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + 1 WHERE tenant = $1`, tenant)
+			return err
+		})
+		return err
+	}
+	_ = apply
 }

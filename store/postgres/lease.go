@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/store"
 )
@@ -56,14 +58,17 @@ RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers >
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
-	leaseWhere = ` WHERE id = $1 AND fencing_token = $2
+	// The id alone finds the row; the tenant ($3) is there for engines that
+	// distribute the table by tenant (Citus), where a statement that names
+	// the tenant runs on that tenant's shard only, not on every shard.
+	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > now()`
-	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $3 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $3, recovery_data = $4, recovery_steps = $5, updated_at = now()` + leaseWhere
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $4 * interval '1 second'` + leaseWhere
+	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $4, recovery_data = $5, recovery_steps = $6, updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a completer: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $3, response = $4, response_not_cached = $5,
+SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6,
     locked_until = NULL, updated_at = now(),
     request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
@@ -86,14 +91,20 @@ const maxLeaseRounds = 3
 // set on the first claim and kept by takeovers. Like Claim, it refuses a
 // key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
-// connection of the pool.
+// connection of the pool. On a sharded store (see [NewSharded]) the claim
+// and every later write of its Lease run on the tenant's shard, and a
+// tenant the route gives no shard fails with [ErrNoShard].
 func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
 	}
+	pool, err := s.shardOf(key.Tenant)
+	if err != nil {
+		return store.LeaseClaim{}, err
+	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
-		l, expiresAt, entry, err := s.lease(ctx, sc, key, r, lease)
+		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r, lease)
 		switch {
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
@@ -108,9 +119,9 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 	return store.LeaseClaim{}, store.ErrInUse
 }
 
-func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return nil, expiresAt, nil, err
 	}
@@ -148,7 +159,7 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{store: s, id: sc.id, token: token, tookOver: tookOver, kept: kept}
+		l = &lease{pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -174,8 +185,9 @@ func (s *Store) lease(ctx context.Context, sc scope, key store.Key, r store.Requ
 
 // lease is a held leased claim.
 type lease struct {
-	store    *Store
+	pool     *pgxpool.Pool // of the key's shard
 	id       pgtype.UUID
+	tenant   string
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
 	kept     bool // the row keeps the request for a completer
@@ -245,9 +257,51 @@ WHERE status = 'in_progress' AND request_payload IS NOT NULL
 ORDER BY locked_until
 LIMIT $2`
 
-// Abandoned implements [store.Completions].
+// Abandoned implements [store.Completions]. A sharded store (see
+// [NewSharded]) asks every shard at once for up to limit calls and takes
+// them in turn, one of each shard's at a time, up to limit in all, so that
+// no shard starves the others. When some shards fail, it returns the calls the
+// others found together with an error that names the failed shards by
+// index: one shard that cannot be reached does not keep the calls of the
+// others from being completed.
 func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
-	rows, err := s.pool.Query(ctx, abandoned, grace.Seconds(), limit)
+	if len(s.shards) == 1 {
+		return abandonedOn(ctx, s.shards[0], grace, limit)
+	}
+	found := make([][]store.Abandoned, len(s.shards))
+	errs := make([]error, len(s.shards))
+	var wg sync.WaitGroup
+	for i, pool := range s.shards {
+		if pool == nil {
+			continue // no tenant's key can be there
+		}
+		wg.Go(func() {
+			var err error
+			if found[i], err = abandonedOn(ctx, pool, grace, limit); err != nil {
+				errs[i] = fmt.Errorf("postgres: shard %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	var out []store.Abandoned
+	for round := 0; len(out) < limit; round++ {
+		took := false
+		for _, f := range found {
+			if round < len(f) && len(out) < limit {
+				out = append(out, f[round])
+				took = true
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// abandonedOn lists the abandoned calls of one database.
+func abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	rows, err := pool.Query(ctx, abandoned, grace.Seconds(), limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -314,8 +368,8 @@ func (l *lease) Release(ctx context.Context) error {
 // exec runs a statement guarded by the lease's token and reports
 // store.ErrLeaseLost when it matched no row.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
-	args = append([]any{l.id, l.token}, args...)
-	tag, err := l.store.pool.Exec(ctx, sql, args...)
+	args = append([]any{l.id, l.token, l.tenant}, args...)
+	tag, err := l.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
 	}

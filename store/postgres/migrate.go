@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/store"
@@ -124,13 +125,35 @@ func applyMigration(ctx context.Context, db Beginner, m migration) error {
 // meets a missing or outdated schema fails the same way, and the
 // interceptor answers INTERNAL (never UNAVAILABLE, which clients retry
 // for ever).
+//
+// A sharded store (see [NewSharded]) checks every shard, and its error
+// names each shard that fails by its index.
 func (s *Store) Check(ctx context.Context) error {
+	switch len(s.shards) {
+	case 0:
+		return fmt.Errorf("%w: the store has no shards", ErrNoShard)
+	case 1:
+		return check(ctx, s.shards[0])
+	}
+	var errs []error
+	for i, pool := range s.shards {
+		if pool == nil {
+			errs = append(errs, fmt.Errorf("postgres: shard %d: %w: its pool is nil", i, ErrNoShard))
+		} else if err := check(ctx, pool); err != nil {
+			errs = append(errs, fmt.Errorf("postgres: shard %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// check is Check on one database.
+func check(ctx context.Context, pool *pgxpool.Pool) error {
 	files, err := upMigrations()
 	if err != nil {
 		return err
 	}
 	var applied []int
-	rows, err := s.pool.Query(ctx, `SELECT version FROM idem_schema_migrations`)
+	rows, err := pool.Query(ctx, `SELECT version FROM idem_schema_migrations`)
 	if err == nil {
 		applied, err = pgx.CollectRows(rows, pgx.RowTo[int])
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -19,8 +20,9 @@ import (
 // [Migrate]) and runs each claimed request in one transaction with the
 // handler's writes. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	ttl  time.Duration
+	shards []*pgxpool.Pool
+	route  func(tenant string) int // nil: every tenant on shards[0]
+	ttl    time.Duration
 
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
@@ -37,12 +39,67 @@ var (
 // so a pool configured for a transaction-mode connection pooler works as
 // it is.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
+	return newStore([]*pgxpool.Pool{pool}, nil, opts)
+}
+
+// NewSharded returns a Store for tenants whose data lives in several
+// databases, the shards: route returns the index in shards of the tenant's
+// shard, and everything the store does for a key runs on that shard's pool.
+// The claim, the handler's writes through [TxFromContext] and the record
+// are one transaction on one database, so they commit together or not at
+// all as with [New]; a lease and each of its later writes go to the shard
+// that holds it. [Store.Abandoned] and [Store.Check] look at every shard.
+//
+// route must be stable: a tenant's keys live with its data, so route must
+// send a tenant to the shard that holds its rows for as long as they are
+// there (see docs/shards.md for moving a tenant). It is called for every
+// claim and lease, from many goroutines at once. An index out of range
+// (-1, say, for a tenant that is not served here, or is being moved), a
+// nil pool or a nil route fails the call with an error that wraps
+// [ErrNoShard] before any database is touched; the interceptor answers
+// UNAVAILABLE with a retry delay.
+//
+// Each shard needs idem's schema ([Migrate] it) and, to delete expired
+// keys, a [Sweeper] of its own; an [Inbox] records a message's id on the
+// shard whose data the message changes. Point every pool at its shard's
+// primary. NewSharded keeps a copy of shards.
+func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...Option) *Store {
+	if route == nil {
+		route = func(string) int { return -1 }
+	}
+	return newStore(slices.Clone(shards), route, opts)
+}
+
+// ErrNoShard reports a tenant for which the route of a sharded Store (see
+// [NewSharded]) gave no shard: an index out of range or a nil pool. Nothing
+// was sent to any database. It is none of package store's sentinel errors,
+// so the interceptor answers UNAVAILABLE and clients retry later: a route
+// may refuse a tenant for a while, on purpose, while it moves.
+var ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
+
+// shardOf returns the pool of tenant's shard.
+func (s *Store) shardOf(tenant string) (*pgxpool.Pool, error) {
+	if s.route == nil {
+		return s.shards[0], nil
+	}
+	i := s.route(tenant)
+	if i < 0 || i >= len(s.shards) {
+		return nil, fmt.Errorf("%w: the route returned %d, and the store has %d shards", ErrNoShard, i, len(s.shards))
+	}
+	if s.shards[i] == nil {
+		return nil, fmt.Errorf("%w: the route returned %d, whose pool is nil", ErrNoShard, i)
+	}
+	return s.shards[i], nil
+}
+
+func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *Store {
 	o := defaultOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
 	return &Store{
-		pool:              pool,
+		shards:            shards,
+		route:             route,
 		ttl:               o.ttl,
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
@@ -157,13 +214,19 @@ FROM recorded`
 //
 // A key that breaks the rules of [store.Key.Validate] fails with
 // [store.ErrInvalidKey] before any statement is sent: the rules keep every
-// key within what the table's text columns can hold.
+// key within what the table's text columns can hold. On a sharded store
+// (see [NewSharded]) the claim runs on the tenant's shard, and a tenant the
+// route gives no shard fails with [ErrNoShard], also before any statement.
 func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
+	pool, err := s.shardOf(key.Tenant)
+	if err != nil {
+		return store.Claim{}, err
+	}
 	sc := scopeOf(key)
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return store.Claim{}, err
 	}
@@ -194,12 +257,11 @@ func (s *Store) ttlOf(r store.Request) time.Duration {
 // errPoolBusy reports that no connection came free within the lock timeout.
 var errPoolBusy = errors.New("postgres: no connection of the pool came free within the lock timeout")
 
-// acquire takes a connection from the pool, waiting at most the lock
-// timeout.
-func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+// acquire takes a connection from pool, waiting at most the lock timeout.
+func (s *Store) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	actx, cancel := context.WithTimeout(ctx, s.lockTimeout)
 	defer cancel()
-	conn, err := s.pool.Acquire(actx)
+	conn, err := pool.Acquire(actx)
 	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
 		// The bound ran out, not the caller's deadline: report it as
 		// such, not as the caller's context.DeadlineExceeded.

@@ -7,9 +7,11 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"net/textproto"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -66,6 +68,30 @@ func Tenant(ctx context.Context) (string, error) {
 // NewServer returns a gRPC server with the idem interceptor, PaymentService,
 // health checking and server reflection registered.
 func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Server {
+	return newServer(postgres.New(pool), New(pool), opts)
+}
+
+// NewShardedServer is [NewServer] for tenants spread over several databases,
+// the shards: a tenant's idempotency keys and payments live on
+// shards[ShardOf(tenant, len(shards))], and each CreatePayment claims its
+// key and inserts the payment in one transaction there. Every shard needs
+// the schema ([Migrate]).
+func NewShardedServer(shards []*pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Server {
+	route := func(tenant string) int { return ShardOf(tenant, len(shards)) }
+	return newServer(postgres.NewSharded(shards, route), NewSharded(shards), opts)
+}
+
+// ShardOf returns the index of tenant's shard among n: the FNV-1a hash of
+// the tenant, modulo n. It is stable, so a tenant keeps its shard for as
+// long as n stays the same; changing n moves most tenants, which a real
+// deployment avoids with a directory of tenants and their shards.
+func ShardOf(tenant string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(tenant))
+	return int(h.Sum32() % uint32(n))
+}
+
+func newServer(st *postgres.Store, svc *Service, opts []interceptor.ServerOption) *grpc.Server {
 	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(Tenant))}, opts...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		// A panic releases the idempotency key inside idem, then becomes
@@ -73,9 +99,9 @@ func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Serve
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),
+		interceptor.UnaryServerInterceptor(st, opts...),
 	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
-	paymentsv1.RegisterPaymentServiceServer(srv, New(pool))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)
 	return srv
@@ -109,12 +135,20 @@ func gatewayHeader(key string) (string, bool) {
 // Service implements paymentsv1.PaymentServiceServer on PostgreSQL.
 type Service struct {
 	paymentsv1.UnimplementedPaymentServiceServer
-	pool *pgxpool.Pool
+	shards []*pgxpool.Pool // a tenant's payments are on shards[ShardOf(tenant, len(shards))]
 }
 
 // New returns a Service that reads payments from pool. Writes go through the
 // transaction of the request's idempotency key.
-func New(pool *pgxpool.Pool) *Service { return &Service{pool: pool} }
+func New(pool *pgxpool.Pool) *Service { return &Service{shards: []*pgxpool.Pool{pool}} }
+
+// NewSharded returns a Service that reads a tenant's payments from its
+// shard, shards[ShardOf(tenant, len(shards))]. Writes go through the
+// transaction of the request's idempotency key, which is on that shard too
+// (see [NewShardedServer]).
+func NewSharded(shards []*pgxpool.Pool) *Service {
+	return &Service{shards: slices.Clone(shards)}
+}
 
 var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
@@ -167,7 +201,8 @@ func (s *Service) GetPayment(ctx context.Context, req *paymentsv1.GetPaymentRequ
 	}
 	p := &paymentsv1.Payment{}
 	var created time.Time
-	err = s.pool.QueryRow(ctx,
+	pool := s.shards[ShardOf(tenant, len(s.shards))]
+	err = pool.QueryRow(ctx,
 		`SELECT id::text, customer_id, amount_cents, currency, created_at
 		 FROM payments WHERE tenant_id = $1 AND id::text = $2`,
 		tenant, req.GetId(),

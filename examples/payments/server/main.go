@@ -18,6 +18,13 @@
 // header (X-Tenant-Id over HTTP), a stand-in for real authentication. It
 // also sweeps expired keys.
 //
+// With -shard-database-url given twice or more, one connection string each,
+// tenants are spread over those databases, the shards, by a stable hash of
+// the tenant (paymentsvc.ShardOf), in place of -database-url: a tenant's
+// idempotency keys and payments live on its shard, and each CreatePayment
+// claims its key and inserts the payment in one transaction there. It
+// creates the tables in every shard and sweeps each (see docs/shards.md).
+//
 // With -http-listen ADDR it also serves PaymentService as HTTP/JSON through
 // grpc-gateway. With -metrics-listen ADDR it serves idem's metrics (and the
 // sweeper's) in the Prometheus text format at http://ADDR/metrics, through
@@ -58,7 +65,15 @@ func main() {
 	httpListen := flag.String("http-listen", "", "address to serve HTTP/JSON on, through grpc-gateway (default: none)")
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL, else the libpq defaults)")
 	metricsListen := flag.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (default: none)")
+	var shards []string
+	flag.Func("shard-database-url", "PostgreSQL connection string of a shard; repeat it for each shard, in a fixed order (default: one database, -database-url)", func(url string) error {
+		shards = append(shards, url)
+		return nil
+	})
 	flag.Parse()
+	if len(shards) == 0 {
+		shards = []string{*dbURL}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -77,15 +92,17 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	if err := run(ctx, lis, httpLis, metricsLis, *dbURL); err != nil {
+	if err := run(ctx, lis, httpLis, metricsLis, shards...); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // run serves PaymentService as gRPC on lis and, unless httpLis is nil, as
 // HTTP/JSON on httpLis, and, unless metricsLis is nil, the metrics on
-// metricsLis, until ctx ends; then it stops gracefully.
-func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURL string) error {
+// metricsLis, until ctx ends; then it stops gracefully. dbURLs are the
+// connection strings of the database, or of each shard when there are
+// several.
+func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...string) error {
 	defer lis.Close()
 	if httpLis != nil {
 		defer httpLis.Close()
@@ -99,22 +116,45 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURL strin
 		}
 		defer stop()
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return err
+	if len(dbURLs) == 0 {
+		dbURLs = []string{""} // the libpq defaults
 	}
-	defer pool.Close()
-	cc := pool.Config().ConnConfig
-	log.Printf("payments server: creating its tables in database %q on %s (set -database-url to choose another)", cc.Database, cc.Host)
-	if err := paymentsvc.Migrate(ctx, pool); err != nil {
-		return err
+	pools := make([]*pgxpool.Pool, len(dbURLs))
+	for i, url := range dbURLs {
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		cc := pool.Config().ConnConfig
+		if len(dbURLs) == 1 {
+			log.Printf("payments server: creating its tables in database %q on %s (set -database-url to choose another)", cc.Database, cc.Host)
+		} else {
+			log.Printf("payments server: creating its tables in shard %d, database %q on %s", i, cc.Database, cc.Host)
+		}
+		if err := paymentsvc.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		pools[i] = pool
 	}
-	// Say now, not on the first call, if idem cannot serve.
-	if err := postgres.New(pool).Check(ctx); err != nil {
-		return err
+	var srv *grpc.Server
+	if len(pools) == 1 {
+		// Say now, not on the first call, if idem cannot serve.
+		if err := postgres.New(pools[0]).Check(ctx); err != nil {
+			return err
+		}
+		srv = paymentsvc.NewServer(pools[0], interceptor.WithMeterProvider(mp))
+	} else {
+		route := func(tenant string) int { return paymentsvc.ShardOf(tenant, len(pools)) }
+		if err := postgres.NewSharded(pools, route).Check(ctx); err != nil {
+			return err
+		}
+		srv = paymentsvc.NewShardedServer(pools, interceptor.WithMeterProvider(mp))
 	}
-	srv := paymentsvc.NewServer(pool, interceptor.WithMeterProvider(mp))
-	go func() { _ = postgres.NewSweeper(pool, postgres.WithSweepMeterProvider(mp)).Run(ctx) }()
+	// Each shard's expired keys are swept on that shard.
+	for _, pool := range pools {
+		go func() { _ = postgres.NewSweeper(pool, postgres.WithSweepMeterProvider(mp)).Run(ctx) }()
+	}
 
 	var gateway *http.Server
 	gatewayErr := make(chan error, 1)
@@ -155,7 +195,7 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURL strin
 		srv.GracefulStop()
 	}()
 	log.Printf("payments server listening on %s", lis.Addr())
-	err = srv.Serve(lis)
+	err := srv.Serve(lis)
 	close(served)
 	select {
 	case gerr := <-gatewayErr:

@@ -1,0 +1,445 @@
+package postgres_test
+
+import (
+	"errors"
+	"hash/fnv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/store/storetest"
+)
+
+// The tenants of the shard tests: alpha lives on shard 0, beta on shard 1,
+// and nowhere on none.
+const (
+	alpha   = "alpha"
+	beta    = "beta"
+	nowhere = "nowhere"
+)
+
+func byName(tenant string) int {
+	switch tenant {
+	case alpha:
+		return 0
+	case beta:
+		return 1
+	}
+	return -1
+}
+
+// twoShards returns two databases, each with idem's schema and a table
+// orders for the handlers' writes, and a store sharded over them by
+// byName.
+func twoShards(t *testing.T, opts ...postgres.Option) (s *postgres.Store, a, b *pgxpool.Pool) {
+	t.Helper()
+	a, b = pgtest.NewPool(t), pgtest.NewPool(t)
+	for _, p := range []*pgxpool.Pool{a, b} {
+		exec(t, p, `CREATE TABLE orders (tenant text NOT NULL, key text NOT NULL, db text NOT NULL DEFAULT current_database())`)
+	}
+	return postgres.NewSharded([]*pgxpool.Pool{a, b}, byName, opts...), a, b
+}
+
+// keysOf counts the rows of idempotency_keys of tenant in pool.
+func keysOf(t *testing.T, pool *pgxpool.Pool, tenant string) int64 {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1`, tenant)
+}
+
+// ordersOf counts the rows of orders of tenant in pool.
+func ordersOf(t *testing.T, pool *pgxpool.Pool, tenant string) int64 {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM orders WHERE tenant = $1`, tenant)
+}
+
+// claimAndWrite claims k and, as a handler would, inserts an order through
+// the claim's transaction, then completes with body. It returns the name of
+// the database the transaction ran on.
+func claimAndWrite(t *testing.T, s *postgres.Store, k store.Key, body string) string {
+	t.Helper()
+	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	if err != nil || c.Txn == nil {
+		t.Fatalf("claim %v: %+v, %v; want a Txn", k, c, err)
+	}
+	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+	var db string
+	if err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2) RETURNING db`, k.Tenant, k.Key).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(body)}); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func currentDatabase(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var db string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func TestShardedClaimRunsOnTheTenantsShard(t *testing.T) {
+	s, a, b := twoShards(t)
+	ka := store.Key{Tenant: alpha, Method: "/svc/M", Key: "k"}
+	kb := store.Key{Tenant: beta, Method: "/svc/M", Key: "k"} // the same key, another tenant
+
+	if db := claimAndWrite(t, s, ka, "alpha's"); db != currentDatabase(t, a) {
+		t.Fatalf("alpha's handler wrote on database %s, want shard 0's, %s", db, currentDatabase(t, a))
+	}
+	if keysOf(t, a, alpha) != 1 || ordersOf(t, a, alpha) != 1 {
+		t.Fatalf("shard 0 holds %d keys and %d orders of alpha, want 1 and 1", keysOf(t, a, alpha), ordersOf(t, a, alpha))
+	}
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys`) + count(t, b, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("shard 1 holds %d rows after alpha's claim, want none", n)
+	}
+
+	// The same key under beta is beta's own, on shard 1.
+	if db := claimAndWrite(t, s, kb, "beta's"); db != currentDatabase(t, b) {
+		t.Fatalf("beta's handler wrote on database %s, want shard 1's, %s", db, currentDatabase(t, b))
+	}
+	for _, c := range []struct {
+		pool          *pgxpool.Pool
+		tenant        string
+		keys, written int64
+	}{{a, alpha, 1, 1}, {a, beta, 0, 0}, {b, beta, 1, 1}, {b, alpha, 0, 0}} {
+		if k, o := keysOf(t, c.pool, c.tenant), ordersOf(t, c.pool, c.tenant); k != c.keys || o != c.written {
+			t.Errorf("%s's rows on %s: %d keys and %d orders, want %d and %d", c.tenant, currentDatabase(t, c.pool), k, o, c.keys, c.written)
+		}
+	}
+
+	// Replays come from the tenant's shard: change each stored response
+	// in place, and each retry answers with its own shard's.
+	exec(t, a, `UPDATE idempotency_keys SET response = 'from shard 0'`)
+	exec(t, b, `UPDATE idempotency_keys SET response = 'from shard 1'`)
+	for k, want := range map[store.Key]string{ka: "from shard 0", kb: "from shard 1"} {
+		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		if err != nil || c.Entry == nil || c.Entry.State != store.Completed {
+			t.Fatalf("retry of %v: %+v, %v; want the completed entry", k, c, err)
+		}
+		if got := string(c.Entry.Outcome.Body); got != want {
+			t.Errorf("retry of %v replayed %q, want %q", k, got, want)
+		}
+	}
+}
+
+func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
+	s, a, b := twoShards(t, postgres.WithLockTimeout(10*time.Second))
+	var (
+		mu     sync.Mutex
+		owners = map[string]int{}
+		wg     sync.WaitGroup
+	)
+	for i := range 32 {
+		tenant := []string{alpha, beta}[i%2]
+		wg.Go(func() {
+			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: "dup"}
+			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if c.Txn == nil {
+				return
+			}
+			mu.Lock()
+			owners[tenant]++
+			mu.Unlock()
+			tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2)`, k.Tenant, k.Key); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(50 * time.Millisecond) // the others queue behind the key
+			if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if owners[alpha] != 1 || owners[beta] != 1 {
+		t.Fatalf("owners by tenant: %v, want one each", owners)
+	}
+	if ordersOf(t, a, alpha) != 1 || ordersOf(t, b, beta) != 1 || ordersOf(t, a, beta) != 0 || ordersOf(t, b, alpha) != 0 {
+		t.Fatalf("orders: alpha %d on shard 0, %d on shard 1; beta %d on shard 1, %d on shard 0; want 1, 0, 1, 0",
+			ordersOf(t, a, alpha), ordersOf(t, b, alpha), ordersOf(t, b, beta), ordersOf(t, a, beta))
+	}
+}
+
+func TestShardedLeaseWritesToItsShard(t *testing.T) {
+	s, a, b := twoShards(t)
+	k := store.Key{Tenant: beta, Method: "/svc/Charge", Key: "k"}
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	l := lc.Lease
+	if err := l.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
+WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + interval '50 minutes'`, beta); n != 1 {
+		t.Fatalf("shard 1 holds %d rows of beta's lease with its recovery point and extended lease, want 1", n)
+	}
+	if err := l.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("charged")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
+		t.Fatalf("shard 1 holds %d completed rows of beta's lease, want 1", n)
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("shard 0 holds %d rows, want none", n)
+	}
+
+	// Release, on the other shard: a claim with a recovery point keeps it
+	// and ends its lease; one without is deleted.
+	ka := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
+	kept, err := s.Lease(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	if err != nil || kept.Lease == nil {
+		t.Fatalf("lease: %+v, %v", kept, err)
+	}
+	if err := kept.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kept.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "gone"}
+	released, err := s.Lease(ctx, gone, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	if err != nil || released.Lease == nil {
+		t.Fatalf("lease: %+v, %v", released, err)
+	}
+	if keysOf(t, a, alpha) != 2 {
+		t.Fatalf("shard 0 holds %d keys of alpha before the releases, want 2", keysOf(t, a, alpha))
+	}
+	if err := released.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= now()`, alpha); n != 1 || keysOf(t, a, alpha) != 1 {
+		t.Fatalf("shard 0: %d released rows with a recovery point, %d keys of alpha; want 1 and 1", n, keysOf(t, a, alpha))
+	}
+	if keysOf(t, b, alpha) != 0 {
+		t.Fatalf("shard 1 holds %d keys of alpha, want none", keysOf(t, b, alpha))
+	}
+
+	// A takeover on the key's shard fences the earlier owner off there.
+	short, err := s.Lease(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, 100*time.Millisecond)
+	if err != nil || short.Lease == nil {
+		t.Fatalf("lease: %+v, %v", short, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	taker, err := s.Lease(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || !taker.TookOver {
+		t.Fatalf("takeover: %+v, %v", taker, err)
+	}
+	if err := short.Lease.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Extend of the fenced lease: %v, want ErrLeaseLost", err)
+	}
+	if err := taker.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var completion = &store.Completion{Method: "/svc/Charge", Request: []byte("request")}
+
+// abandonLease leases k, kept for completion, for a lease that runs out at
+// once, and leaves it.
+func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
+	t.Helper()
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Millisecond)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease %v: %+v, %v", k, lc, err)
+	}
+}
+
+func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
+	s, a, b := twoShards(t)
+	for _, k := range []store.Key{
+		{Tenant: alpha, Method: "/svc/Charge", Key: "a1"},
+		{Tenant: alpha, Method: "/svc/Charge", Key: "a2"},
+		{Tenant: alpha, Method: "/svc/Charge", Key: "a3"},
+		{Tenant: beta, Method: "/svc/Charge", Key: "b1"},
+	} {
+		abandonLease(t, s, k)
+	}
+	time.Sleep(20 * time.Millisecond)
+
+	got, err := s.Abandoned(ctx, 0, 10)
+	if err != nil || len(got) != 4 {
+		t.Fatalf("Abandoned = %d calls, %v; want the 4 of both shards", len(got), err)
+	}
+	// Within a limit, each shard gets its turn.
+	got, err = s.Abandoned(ctx, 0, 2)
+	if err != nil || len(got) != 2 || got[0].Key.Tenant == got[1].Key.Tenant {
+		t.Fatalf("Abandoned with limit 2 = %+v, %v; want one call of each shard", got, err)
+	}
+
+	// Completing each as a completer does (a takeover with the same
+	// request) records it on its own shard.
+	got, _ = s.Abandoned(ctx, 0, 10)
+	for _, c := range got {
+		lc, err := s.Lease(ctx, c.Key, store.Request{Fingerprint: c.Fingerprint, Completion: &c.Completion}, time.Minute)
+		if err != nil || !lc.TookOver {
+			t.Fatalf("takeover of %v: %+v, %v", c.Key, lc, err)
+		}
+		if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(c.Key.Key)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, alpha); n != 3 {
+		t.Errorf("shard 0 holds %d of alpha's calls completed, want 3", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, beta); n != 1 {
+		t.Errorf("shard 1 holds %d of beta's calls completed, want 1", n)
+	}
+	if n := keysOf(t, a, beta) + keysOf(t, b, alpha); n != 0 {
+		t.Errorf("%d keys on the other tenant's shard, want none", n)
+	}
+	if got, err := s.Abandoned(ctx, 0, 10); err != nil || len(got) != 0 {
+		t.Errorf("Abandoned after completing = %+v, %v; want none", got, err)
+	}
+}
+
+func TestShardedAbandonedSurvivesAFailedShard(t *testing.T) {
+	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
+	down, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Close() // every query of a closed pool fails
+	route := func(tenant string) int { return byName(tenant) }
+	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route)
+	abandonLease(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	time.Sleep(20 * time.Millisecond)
+
+	got, err := s.Abandoned(ctx, 0, 10)
+	if len(got) != 1 || got[0].Key.Tenant != alpha {
+		t.Fatalf("Abandoned = %+v, want alpha's call of the shard that answered", got)
+	}
+	if err == nil || !containsAll(err.Error(), "shard 1") {
+		t.Fatalf("Abandoned error = %v, want one that names shard 1", err)
+	}
+}
+
+func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
+	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
+	k := store.Key{Tenant: nowhere, Method: "/svc/M", Key: "k"}
+	for name, s := range map[string]*postgres.Store{
+		"negative":     postgres.NewSharded([]*pgxpool.Pool{a, b}, byName),
+		"past the end": postgres.NewSharded([]*pgxpool.Pool{a, b}, func(string) int { return 2 }),
+		"nil pool":     postgres.NewSharded([]*pgxpool.Pool{a, nil}, func(string) int { return 1 }),
+		"nil route":    postgres.NewSharded([]*pgxpool.Pool{a, b}, nil),
+		"no shards":    postgres.NewSharded(nil, func(string) int { return 0 }),
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			if !errors.Is(err, postgres.ErrNoShard) || c.Txn != nil || c.Entry != nil {
+				t.Fatalf("Claim = %+v, %v; want ErrNoShard", c, err)
+			}
+			for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidKey} {
+				if errors.Is(err, sentinel) {
+					t.Errorf("Claim's error %v is %v, want none of store's sentinels", err, sentinel)
+				}
+			}
+			lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			if !errors.Is(err, postgres.ErrNoShard) || lc.Lease != nil || lc.Entry != nil {
+				t.Fatalf("Lease = %+v, %v; want ErrNoShard", lc, err)
+			}
+			// A key no store can hold is refused as such, before the route.
+			if _, err := s.Claim(ctx, store.Key{Tenant: nowhere, Method: "/svc/M"}, store.Request{}); !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Claim of an invalid key: %v, want ErrInvalidKey", err)
+			}
+		})
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys`) + count(t, b, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d keys written, want none", n)
+	}
+}
+
+func TestShardedCheckNamesTheShardThatIsNotReady(t *testing.T) {
+	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
+	s := postgres.NewSharded([]*pgxpool.Pool{a, b}, byName)
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check of two migrated shards: %v", err)
+	}
+	exec(t, b, `DELETE FROM idem_schema_migrations WHERE version = 5`)
+	err := s.Check(ctx)
+	if !errors.Is(err, store.ErrNotReady) || !containsAll(err.Error(), "shard 1", "0005_") || containsAll(err.Error(), "shard 0") {
+		t.Fatalf("Check with shard 1 behind: %v; want ErrNotReady naming shard 1 and its missing migration only", err)
+	}
+	if err := postgres.NewSharded(nil, byName).Check(ctx); !errors.Is(err, postgres.ErrNoShard) {
+		t.Fatalf("Check of a store without shards: %v, want ErrNoShard", err)
+	}
+}
+
+func TestShardedSweepersSweepTheirShards(t *testing.T) {
+	_, a, b := twoShards(t)
+	for _, p := range []*pgxpool.Pool{a, b} {
+		insertKeys(t, p, "expired-", 30, "-1 hour")
+		insertKeys(t, p, "live-", 5, "1 hour")
+	}
+	// One sweeper per shard, as a sharded deployment runs them.
+	for i, p := range []*pgxpool.Pool{a, b} {
+		n, err := postgres.NewSweeper(p).Sweep(ctx)
+		if err != nil || n != 30 {
+			t.Fatalf("sweeper of shard %d deleted %d rows, %v; want 30", i, n, err)
+		}
+		if left := count(t, p, `SELECT count(*) FROM idempotency_keys`); left != 5 {
+			t.Fatalf("shard %d keeps %d keys, want the 5 live ones", i, left)
+		}
+	}
+}
+
+// shardByHash is the route of the conformance suite's sharded store: a hash
+// of the tenant over two shards, which sends the suite's main tenant
+// ("tenant") to shard 1 and "other-tenant" to shard 0 (see
+// TestShardByHashSpreadsTheSuitesTenants).
+func shardByHash(tenant string) int {
+	h := fnv.New32a()
+	h.Write([]byte(tenant))
+	return int(h.Sum32() % 2)
+}
+
+func TestShardByHashSpreadsTheSuitesTenants(t *testing.T) {
+	if shardByHash("tenant") != 1 || shardByHash("other-tenant") != 0 {
+		t.Fatalf("shardByHash sends tenant to %d and other-tenant to %d; want 1 and 0, so that the suite runs on both shards",
+			shardByHash("tenant"), shardByHash("other-tenant"))
+	}
+}
+
+func TestShardedConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
+		shards := []*pgxpool.Pool{pgtest.NewPool(t), pgtest.NewPool(t)}
+		// Connected before the case starts: Abandoned asks both shards,
+		// also one the case has not used yet, and opening a connection
+		// then, on a busy machine, can outlast the leases of 100 ms that
+		// the Completions cases time.
+		for _, p := range shards {
+			if err := p.Ping(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return postgres.NewSharded(shards, shardByHash, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+	})
+}
+
+// containsAll reports whether s contains every one of subs.
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
