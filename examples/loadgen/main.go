@@ -56,6 +56,14 @@ func main() {
 	flag.StringVar(&rtts, "pg-rtt", "0", "round-trip time added between the scenarios' pools and PostgreSQL by a delaying proxy, e.g. 1ms; a comma-separated list (0,200us,1ms) runs every round at each; 0 adds no proxy")
 	flag.StringVar(&cfg.PGAddr, "pg-addr", "", "PostgreSQL's TCP address for the -pg-rtt proxy to dial (default: the server's host and port when reached over TCP, else its TCP listener from listen_addresses and port)")
 	flag.BoolVar(&cfg.SampleWaits, "pg-waits", false, "sample pg_stat_activity every 10ms and report where the scenario's backends spent their time")
+	flag.DurationVar(&cfg.Soak.Duration, "soak", 0, "run a soak of this length instead of the scenarios: atomic-mode CreatePayment with fresh keys kept for -ttl, a sweeper deleting them, the key table sampled every -soak-sample")
+	flag.DurationVar(&cfg.Soak.TTL, "ttl", cfg.Soak.TTL, "with -soak: how long the store keeps a key")
+	flag.DurationVar(&cfg.Soak.Sample, "soak-sample", cfg.Soak.Sample, "with -soak: the sampling interval")
+	flag.DurationVar(&cfg.Soak.SweepInterval, "sweep-interval", cfg.Soak.SweepInterval, "with -soak: the sweeper's wait between passes")
+	flag.IntVar(&cfg.Soak.SweepBatch, "sweep-batch", cfg.Soak.SweepBatch, "with -soak: rows per sweeper batch")
+	flag.DurationVar(&cfg.Soak.SweepPause, "sweep-pause", cfg.Soak.SweepPause, "with -soak: the sweeper's pause between batches")
+	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
+	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
 	flag.Parse()
 	cfg.Scenarios = splitList(scenarios)
 	var err error
@@ -80,6 +88,16 @@ func main() {
 			pprof.StopCPUProfile()
 			_ = f.Close()
 		}()
+	}
+	if cfg.Soak.Duration > 0 {
+		rep, err := runSoak(ctx, cfg, os.Stderr)
+		if err != nil {
+			fatal(err)
+		}
+		if err := writeSoakOutputs(cfg, rep, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	reps, err := run(ctx, cfg, os.Stderr)
 	if err != nil {
@@ -126,6 +144,8 @@ type config struct {
 	SVGPath      string
 	ProfileDir   string
 	SampleWaits  bool
+	// Soak, when its Duration is set, runs a soak instead of the scenarios.
+	Soak soakConfig
 }
 
 func defaultConfig() config {
@@ -137,5 +157,6 @@ func defaultConfig() config {
 		StormDuplicates: 8,
 		Scenarios:       defaultScenarios(),
 		RTTs:            []time.Duration{0},
+		Soak:            defaultSoakConfig(),
 	}
 }
