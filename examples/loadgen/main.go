@@ -39,6 +39,7 @@ import (
 func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
+	var capacity bool
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -64,6 +65,8 @@ func main() {
 	flag.DurationVar(&cfg.Soak.SweepPause, "sweep-pause", cfg.Soak.SweepPause, "with -soak: the sweeper's pause between batches")
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
+	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
 	flag.Parse()
 	cfg.Scenarios = splitList(scenarios)
 	var err error
@@ -88,6 +91,16 @@ func main() {
 			pprof.StopCPUProfile()
 			_ = f.Close()
 		}()
+	}
+	if capacity {
+		rep, err := runCapacity(ctx, cfg, os.Stderr)
+		if err != nil {
+			fatal(err)
+		}
+		if err := writeCapacityOutputs(cfg, rep, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	if cfg.Soak.Duration > 0 {
 		rep, err := runSoak(ctx, cfg, os.Stderr)
@@ -146,6 +159,8 @@ type config struct {
 	SampleWaits  bool
 	// Soak, when its Duration is set, runs a soak instead of the scenarios.
 	Soak soakConfig
+	// Capacity is what -capacity measures.
+	Capacity capacityConfig
 }
 
 func defaultConfig() config {
@@ -158,5 +173,6 @@ func defaultConfig() config {
 		Scenarios:       defaultScenarios(),
 		RTTs:            []time.Duration{0},
 		Soak:            defaultSoakConfig(),
+		Capacity:        capacityConfig{Rows: 200_000, Sweeps: defaultSweepSettings},
 	}
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -152,5 +154,49 @@ func TestNiceCeil(t *testing.T) {
 		if got := niceCeil(c.in); got != c.want {
 			t.Errorf("niceCeil(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+// TestSoak runs a soak of a few seconds whose keys expire at once, and
+// checks that the samples see the table and the sweeper at work.
+func TestSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
+	cfg := defaultConfig()
+	cfg.Clients, cfg.PoolSize = 4, 4
+	cfg.Soak.Duration = 3 * time.Second
+	cfg.Soak.Sample = time.Second
+	cfg.Soak.TTL = 500 * time.Millisecond
+	cfg.Soak.SweepInterval = 200 * time.Millisecond
+	cfg.Soak.Replays = 0.2
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := runSoak(ctx, cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Samples) != 3 || len(rep.Minutes) != 1 {
+		t.Fatalf("%d samples, %d minutes; want 3 and 1", len(rep.Samples), len(rep.Minutes))
+	}
+	s := rep.Summary
+	if s.Keys == 0 || s.Replayed == 0 || s.Errors != 0 {
+		t.Errorf("keys %d, replayed %d, errors %d (%s): want keys, replays, no error", s.Keys, s.Replayed, s.Errors, s.FirstError)
+	}
+	var swept int64
+	for _, x := range rep.Samples {
+		swept += x.Swept
+		if x.TotalBytes == 0 || x.PaymentsBytes == 0 {
+			t.Errorf("sample at %v s: sizes not read: %+v", x.Elapsed, x.table)
+		}
+	}
+	if swept == 0 {
+		t.Error("the sweeper deleted nothing, though keys expire after 500 ms")
+	}
+	if last := rep.Samples[2]; last.Rows >= last.Keys {
+		t.Errorf("%d rows for %d keys: expired rows were not deleted", last.Rows, last.Keys)
+	}
+	if s.SweepError != "" {
+		t.Errorf("sweeper: %s", s.SweepError)
 	}
 }

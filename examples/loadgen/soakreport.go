@@ -27,6 +27,7 @@ type soakMinute struct {
 	BytesMax    int64   `json:"total_bytes_max"`
 	DeadMax     int64   `json:"n_dead_tup_max"`
 	Swept       int64   `json:"swept"`
+	SweepSecs   float64 `json:"sweep_seconds"`
 	Autovacuums int64   `json:"autovacuum_count"`
 }
 
@@ -63,6 +64,7 @@ func perMinute(samples []*soakSample) []soakMinute {
 		m.BytesMax = max(m.BytesMax, s.TotalBytes)
 		m.DeadMax = max(m.DeadMax, s.DeadTuples)
 		m.Swept += s.Swept
+		m.SweepSecs += s.SweepSeconds
 		m.Autovacuums = s.Autovacuums
 		lat = append(lat, s.latencies...)
 	}
@@ -188,11 +190,11 @@ func (rep *soakReport) markdown(w io.Writer) {
 	if s.SweepError != "" {
 		fmt.Fprintf(w, "- sweeper error: %s\n", s.SweepError)
 	}
-	fmt.Fprintln(w, "\n| minute | req/s | p50 ms | p99 ms | rows min–max | total MiB max | n_dead_tup max | swept | autovacuums | errors |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "\n| minute | req/s | p50 ms | p99 ms | rows min–max | total MiB max | n_dead_tup max | swept | sweeping s | autovacuums | errors |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, m := range rep.Minutes {
-		fmt.Fprintf(w, "| %d | %.0f | %.2f | %.2f | %d–%d | %.1f | %d | %d | %d | %d |\n",
-			m.Minute+1, m.PerSecond, m.P50ms, m.P99ms, m.RowsMin, m.RowsMax, mib(m.BytesMax), m.DeadMax, m.Swept, m.Autovacuums, m.Errors)
+		fmt.Fprintf(w, "| %d | %.0f | %.2f | %.2f | %d–%d | %.1f | %d | %d | %.1f | %d | %d |\n",
+			m.Minute+1, m.PerSecond, m.P50ms, m.P99ms, m.RowsMin, m.RowsMax, mib(m.BytesMax), m.DeadMax, m.Swept, m.SweepSecs, m.Autovacuums, m.Errors)
 	}
 }
 
