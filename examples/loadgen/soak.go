@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,10 @@ type soakConfig struct {
 	// Throwaway starts a cluster of PostgreSQL's default settings for the
 	// run, whatever server pgtest would find.
 	Throwaway bool
+	// VacuumTruncate, when false, sets the key table's vacuum_truncate
+	// storage parameter off, so that (auto)vacuum does not take the
+	// ACCESS EXCLUSIVE lock that truncating the table's empty end needs.
+	VacuumTruncate bool
 }
 
 func defaultSoakConfig() soakConfig {
@@ -50,6 +55,8 @@ func defaultSoakConfig() soakConfig {
 		SweepBatch:    postgres.DefaultSweepBatchSize,
 		SweepPause:    postgres.DefaultSweepPause,
 		Replays:       0.05,
+
+		VacuumTruncate: true,
 	}
 }
 
@@ -65,17 +72,18 @@ type soakReport struct {
 }
 
 type soakReportConfig struct {
-	Command       string  `json:"command"`
-	Duration      string  `json:"duration"`
-	Clients       int     `json:"clients"`
-	PoolSize      int     `json:"pool_size"`
-	TTL           string  `json:"ttl"`
-	Sample        string  `json:"sample"`
-	SweepInterval string  `json:"sweep_interval"`
-	SweepBatch    int     `json:"sweep_batch_size"`
-	SweepPause    string  `json:"sweep_pause"`
-	Replays       float64 `json:"replay_share"`
-	Throwaway     bool    `json:"throwaway_cluster"`
+	Command        string  `json:"command"`
+	Duration       string  `json:"duration"`
+	Clients        int     `json:"clients"`
+	PoolSize       int     `json:"pool_size"`
+	TTL            string  `json:"ttl"`
+	Sample         string  `json:"sample"`
+	SweepInterval  string  `json:"sweep_interval"`
+	SweepBatch     int     `json:"sweep_batch_size"`
+	SweepPause     string  `json:"sweep_pause"`
+	Replays        float64 `json:"replay_share"`
+	Throwaway      bool    `json:"throwaway_cluster"`
+	VacuumTruncate bool    `json:"vacuum_truncate"`
 }
 
 // soakSample is one interval of a soak: what the clients did during it,
@@ -101,6 +109,15 @@ type soakSample struct {
 	Swept        int64   `json:"swept"`
 	Passes       int     `json:"sweep_passes"`
 	SweepSeconds float64 `json:"sweep_seconds"`
+
+	// The machine during the interval, which others may share: the share
+	// of all its CPUs that was busy and the share this process used
+	// (clients, server, sweeper; PostgreSQL is the rest of the busy
+	// share, with anything else running), and the one-minute load
+	// average at its end.
+	MachineCPU float64 `json:"machine_cpu_share"`
+	ProcessCPU float64 `json:"process_cpu_share"`
+	Load1      float64 `json:"load_average_1m"`
 
 	latencies []time.Duration
 }
@@ -304,6 +321,11 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	if err := paymentsvc.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
+	if !sc.VacuumTruncate {
+		if _, err := pool.Exec(ctx, "ALTER TABLE idempotency_keys SET (vacuum_truncate = false)"); err != nil {
+			return nil, err
+		}
+	}
 	// The sweeper has a pool of its own, as a replica's would among many
 	// request connections; here it keeps the clients from delaying it.
 	scfg := pcfg.Copy()
@@ -387,7 +409,7 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 
 	tick := time.NewTicker(sc.Sample)
 	defer tick.Stop()
-	prev := start
+	prev, cpuPrev := start, sampleCPU()
 	var firstErr error
 	for n := 1; n <= intervals; n++ {
 		select {
@@ -403,6 +425,13 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 			s.Keys = keys.Load()
 			deleted, passes, busy := swept.take()
 			s.Swept, s.Passes, s.SweepSeconds = deleted, passes, busy.Seconds()
+			if cpu := sampleCPU(); cpu.ok && cpuPrev.ok {
+				all := s.Seconds * float64(runtime.NumCPU())
+				s.MachineCPU = (cpu.machine - cpuPrev.machine).Seconds() / all
+				s.ProcessCPU = (cpu.self - cpuPrev.self).Seconds() / all
+				cpuPrev = cpu
+			}
+			s.Load1 = loadAverage()
 			if s.table, err = sampleKeyTable(ctx, stats); err != nil {
 				cancel()
 				clients.Wait()
@@ -410,8 +439,8 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 				return nil, fmt.Errorf("sampling the key table: %w", err)
 			}
 			rep.Samples = append(rep.Samples, s)
-			fmt.Fprintf(log, "%5.0fs %6.0f req/s p99 %6.1f ms | rows %7d (%7d unexpired) dead %7d | %6.1f MiB | swept %6d | autovacuums %d | errors %d\n",
-				s.Elapsed, s.PerSecond, s.P99ms, s.Rows, s.Unexpired, s.DeadTuples, float64(s.TotalBytes)/(1<<20), s.Swept, s.Autovacuums, s.Errors)
+			fmt.Fprintf(log, "%5.0fs %6.0f req/s p99 %6.1f ms | rows %7d (%7d unexpired) dead %7d | %6.1f MiB | swept %6d | autovacuums %d | errors %d | cpu %3.0f%% (this process %3.0f%%) load %.1f\n",
+				s.Elapsed, s.PerSecond, s.P99ms, s.Rows, s.Unexpired, s.DeadTuples, mib(s.TotalBytes), s.Swept, s.Autovacuums, s.Errors, 100*s.MachineCPU, 100*s.ProcessCPU, s.Load1)
 		}
 	}
 	cancel()
@@ -434,18 +463,31 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	return rep, nil
 }
 
+// loadAverage returns the one-minute load average, or 0 where
+// /proc/loadavg is missing.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	_, _ = fmt.Sscanf(string(b), "%f", &l)
+	return l
+}
+
 func (c config) soakForReport() soakReportConfig {
 	return soakReportConfig{
-		Command:       c.forReport().Command,
-		Duration:      c.Soak.Duration.String(),
-		Clients:       c.Clients,
-		PoolSize:      c.PoolSize,
-		TTL:           c.Soak.TTL.String(),
-		Sample:        c.Soak.Sample.String(),
-		SweepInterval: c.Soak.SweepInterval.String(),
-		SweepBatch:    c.Soak.SweepBatch,
-		SweepPause:    c.Soak.SweepPause.String(),
-		Replays:       c.Soak.Replays,
-		Throwaway:     c.Soak.Throwaway,
+		Command:        c.forReport().Command,
+		Duration:       c.Soak.Duration.String(),
+		Clients:        c.Clients,
+		PoolSize:       c.PoolSize,
+		TTL:            c.Soak.TTL.String(),
+		Sample:         c.Soak.Sample.String(),
+		SweepInterval:  c.Soak.SweepInterval.String(),
+		SweepBatch:     c.Soak.SweepBatch,
+		SweepPause:     c.Soak.SweepPause.String(),
+		Replays:        c.Soak.Replays,
+		Throwaway:      c.Soak.Throwaway,
+		VacuumTruncate: c.Soak.VacuumTruncate,
 	}
 }

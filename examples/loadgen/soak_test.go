@@ -141,8 +141,8 @@ func TestSoakOutputs(t *testing.T) {
 	if got := strings.Count(md.String(), "\n| "); got != 1+3 {
 		t.Errorf("markdown has %d table rows, want a header and 3 minutes:\n%s", got, md.String())
 	}
-	if got := strings.Count(svg.String(), "<polyline"); got != 9 {
-		t.Errorf("chart has %d lines, want 9", got)
+	if got := strings.Count(svg.String(), "<polyline"); got != 11 {
+		t.Errorf("chart has %d lines, want 11", got)
 	}
 	if got := strings.Count(svg.String(), `stroke="#2a8a4a"`); got != 2 {
 		t.Errorf("chart marks %d autovacuum runs, want 2", got)

@@ -29,10 +29,13 @@ type soakMinute struct {
 	Swept       int64   `json:"swept"`
 	SweepSecs   float64 `json:"sweep_seconds"`
 	Autovacuums int64   `json:"autovacuum_count"`
+	MachineCPU  float64 `json:"machine_cpu_share"`
+	Load1Max    float64 `json:"load_average_1m_max"`
 }
 
-// perMinute groups samples by the minute their interval ends in (an
-// interval that ends on a minute's last instant belongs to it).
+// perMinute groups samples by the minute their interval's middle falls
+// in (the ticker's slight lateness leaves the interval that ends at 60 s
+// in the first minute).
 func perMinute(samples []*soakSample) []soakMinute {
 	var out []soakMinute
 	var lat []time.Duration
@@ -45,11 +48,12 @@ func perMinute(samples []*soakSample) []soakMinute {
 		m.P50ms, m.P99ms = ms(percentile(lat, 50)), ms(percentile(lat, 99))
 		if m.Seconds > 0 {
 			m.PerSecond = float64(m.Executed+m.Replayed) / m.Seconds
+			m.MachineCPU /= m.Seconds
 		}
 		lat = lat[:0]
 	}
 	for _, s := range samples {
-		minute := int((s.Elapsed - 1e-6) / 60)
+		minute := int((s.Elapsed - s.Seconds/2) / 60)
 		if len(out) == 0 || out[len(out)-1].Minute != minute {
 			flush()
 			out = append(out, soakMinute{Minute: minute, RowsMin: s.Rows})
@@ -66,6 +70,8 @@ func perMinute(samples []*soakSample) []soakMinute {
 		m.Swept += s.Swept
 		m.SweepSecs += s.SweepSeconds
 		m.Autovacuums = s.Autovacuums
+		m.MachineCPU += s.MachineCPU * s.Seconds
+		m.Load1Max = max(m.Load1Max, s.Load1)
 		lat = append(lat, s.latencies...)
 	}
 	flush()
@@ -190,11 +196,11 @@ func (rep *soakReport) markdown(w io.Writer) {
 	if s.SweepError != "" {
 		fmt.Fprintf(w, "- sweeper error: %s\n", s.SweepError)
 	}
-	fmt.Fprintln(w, "\n| minute | req/s | p50 ms | p99 ms | rows min–max | total MiB max | n_dead_tup max | swept | sweeping s | autovacuums | errors |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "\n| minute | req/s | p50 ms | p99 ms | rows min–max | total MiB max | n_dead_tup max | swept | sweeping s | autovacuums | errors | machine CPU | load avg max |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, m := range rep.Minutes {
-		fmt.Fprintf(w, "| %d | %.0f | %.2f | %.2f | %d–%d | %.1f | %d | %d | %.1f | %d | %d |\n",
-			m.Minute+1, m.PerSecond, m.P50ms, m.P99ms, m.RowsMin, m.RowsMax, mib(m.BytesMax), m.DeadMax, m.Swept, m.SweepSecs, m.Autovacuums, m.Errors)
+		fmt.Fprintf(w, "| %d | %.0f | %.2f | %.2f | %d–%d | %.1f | %d | %d | %.1f | %d | %d | %.0f%% | %.1f |\n",
+			m.Minute+1, m.PerSecond, m.P50ms, m.P99ms, m.RowsMin, m.RowsMax, mib(m.BytesMax), m.DeadMax, m.Swept, m.SweepSecs, m.Autovacuums, m.Errors, 100*m.MachineCPU, m.Load1Max)
 	}
 }
 
@@ -249,7 +255,7 @@ func (rep *soakReport) svg(w io.Writer) {
 		top    = 70
 		width  = left + plotW + 150
 	)
-	var x, rate, p50, p99, rows, unexpired, total, heap, index, dead []float64
+	var x, rate, p50, p99, rows, unexpired, total, heap, index, dead, machineCPU, processCPU []float64
 	var vacuums []float64
 	prevVac := int64(0)
 	for _, s := range rep.Samples {
@@ -263,6 +269,8 @@ func (rep *soakReport) svg(w io.Writer) {
 		heap = append(heap, mib(s.HeapBytes))
 		index = append(index, mib(s.IndexBytes))
 		dead = append(dead, float64(s.DeadTuples)/1000)
+		machineCPU = append(machineCPU, 100*s.MachineCPU)
+		processCPU = append(processCPU, 100*s.ProcessCPU)
 		if s.Autovacuums > prevVac {
 			vacuums = append(vacuums, s.Elapsed/60)
 		}
@@ -277,6 +285,7 @@ func (rep *soakReport) svg(w io.Writer) {
 		{"idempotency_keys rows (thousands)", []series{{"rows", "#4878a8", rows}, {"unexpired", "#8a6fb0", unexpired}}},
 		{"idempotency_keys on disk (MiB)", []series{{"total", "#4878a8", total}, {"heap", "#8a6fb0", heap}, {"indexes", "#c07a3a", index}}},
 		{"dead tuples (thousands); ticks: autovacuum ran", []series{{"n_dead_tup", "#888", dead}}},
+		{"CPU busy (% of all cores): the machine, shared with anything else running, and this process", []series{{"machine", "#888", machineCPU}, {"loadgen", "#4878a8", processCPU}}},
 	}
 	height := top + len(panels)*(panelH+gap) + 10
 	xmax := 0.0
@@ -330,7 +339,7 @@ func (rep *soakReport) svg(w io.Writer) {
 			fmt.Fprintf(w, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", l.color, strings.Join(pts, " "))
 			fmt.Fprintf(w, `<text x="%d" y="%d" fill="%s">%s</text>`+"\n", left+plotW+8, y0+14+16*j, l.color, html.EscapeString(l.label))
 		}
-		if i == len(panels)-1 {
+		if i == 4 {
 			for _, v := range vacuums {
 				fmt.Fprintf(w, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#2a8a4a" stroke-width="2"/>`+"\n", px(v), y0+panelH, px(v), y0+panelH-12)
 			}
