@@ -40,6 +40,7 @@ func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
 	var capacity bool
+	var replot string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -66,6 +67,7 @@ func main() {
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
 	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: leave the key table's vacuum_truncate on (PostgreSQL's default); false sets it off, so that vacuum takes no ACCESS EXCLUSIVE lock to truncate the table")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
 	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
 	flag.Parse()
@@ -92,6 +94,12 @@ func main() {
 			pprof.StopCPUProfile()
 			_ = f.Close()
 		}()
+	}
+	if replot != "" {
+		if err := replotSoak(cfg, replot, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	if capacity {
 		rep, err := runCapacity(ctx, cfg, os.Stderr)

@@ -236,6 +236,22 @@ func writeSoakOutputs(cfg config, rep *soakReport, stdout io.Writer) error {
 	return nil
 }
 
+// replotSoak reads a soak's JSON and writes its markdown and chart again
+// as cfg asks, without running it again. The minutes' percentiles come
+// from the JSON, since it does not keep every call's latency.
+func replotSoak(cfg config, path string, stdout io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	rep := new(soakReport)
+	if err := json.Unmarshal(b, rep); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	cfg.JSONPath = ""
+	return writeSoakOutputs(cfg, rep, stdout)
+}
+
 // series is one line of a panel.
 type series struct {
 	label string
@@ -279,13 +295,14 @@ func (rep *soakReport) svg(w io.Writer) {
 	panels := []struct {
 		title string
 		lines []series
+		ymax  float64 // fixed; 0: from the data
 	}{
-		{"requests per second (executed + replayed)", []series{{"req/s", "#4878a8", rate}}},
-		{"latency (ms)", []series{{"p99", "#c07a3a", p99}, {"p50", "#4878a8", p50}}},
-		{"idempotency_keys rows (thousands)", []series{{"rows", "#4878a8", rows}, {"unexpired", "#8a6fb0", unexpired}}},
-		{"idempotency_keys on disk (MiB)", []series{{"total", "#4878a8", total}, {"heap", "#8a6fb0", heap}, {"indexes", "#c07a3a", index}}},
-		{"dead tuples (thousands); ticks: autovacuum ran", []series{{"n_dead_tup", "#888", dead}}},
-		{"CPU busy (% of all cores): the machine, shared with anything else running, and this process", []series{{"machine", "#888", machineCPU}, {"loadgen", "#4878a8", processCPU}}},
+		{"requests per second (executed + replayed)", []series{{"req/s", "#4878a8", rate}}, 0},
+		{"latency (ms)", []series{{"p99", "#c07a3a", p99}, {"p50", "#4878a8", p50}}, 0},
+		{"idempotency_keys rows (thousands)", []series{{"rows", "#4878a8", rows}, {"unexpired", "#8a6fb0", unexpired}}, 0},
+		{"idempotency_keys on disk (MiB)", []series{{"total", "#4878a8", total}, {"heap", "#8a6fb0", heap}, {"indexes", "#c07a3a", index}}, 0},
+		{"dead tuples (thousands); ticks: autovacuum ran", []series{{"n_dead_tup", "#888", dead}}, 0},
+		{"CPU busy (% of all cores): the machine, shared with anything else running, and this process", []series{{"machine", "#888", machineCPU}, {"loadgen", "#4878a8", processCPU}}, 100},
 	}
 	height := top + len(panels)*(panelH+gap) + 10
 	xmax := 0.0
@@ -309,6 +326,9 @@ func (rep *soakReport) svg(w io.Writer) {
 			}
 		}
 		ymax = niceCeil(ymax)
+		if p.ymax > 0 {
+			ymax = p.ymax
+		}
 		px := func(v float64) float64 {
 			if xmax == 0 {
 				return left
