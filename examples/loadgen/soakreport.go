@@ -176,8 +176,12 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 // markdown writes the soak's figures and its table per minute.
 func (rep *soakReport) markdown(w io.Writer) {
 	c, s := rep.Config, rep.Summary
-	fmt.Fprintf(w, "# Soak: %s, %d clients, TTL %s, sweep every %s (batch %d, pause %s)\n\n",
-		c.Duration, c.Clients, c.TTL, c.SweepInterval, c.SweepBatch, c.SweepPause)
+	truncate := ""
+	if !c.VacuumTruncate {
+		truncate = ", vacuum_truncate off"
+	}
+	fmt.Fprintf(w, "# Soak: %s, %d clients, TTL %s, sweep every %s (batch %d, pause %s)%s\n\n",
+		c.Duration, c.Clients, c.TTL, c.SweepInterval, c.SweepBatch, c.SweepPause, truncate)
 	fmt.Fprintf(w, "%s; autovacuum=%s, autovacuum_naptime=%s, autovacuum_vacuum_scale_factor=%s\n\n",
 		rep.Machine.caption(), rep.Settings["autovacuum"], rep.Settings["autovacuum_naptime"], rep.Settings["autovacuum_vacuum_scale_factor"])
 	fmt.Fprintf(w, "- keys executed: %d (%.0f/s at steady state), replayed: %d, errors: %d\n", s.Keys, s.KeysPerSecond, s.Replayed, s.Errors)
@@ -315,7 +319,7 @@ func (rep *soakReport) svg(w io.Writer) {
 	title := fmt.Sprintf("idem soak: %s, %d clients, TTL %s, sweep every %s (batch %d, pause %s), per %s sample",
 		c.Duration, c.Clients, c.TTL, c.SweepInterval, c.SweepBatch, c.SweepPause, c.Sample)
 	fmt.Fprintf(w, `<text x="10" y="20" font-size="14" font-weight="bold">%s</text>`+"\n", html.EscapeString(title))
-	fmt.Fprintf(w, `<text x="10" y="38" fill="#555">%s</text>`+"\n", html.EscapeString(rep.Machine.caption()+" · autovacuum="+rep.Settings["autovacuum"]))
+	fmt.Fprintf(w, `<text x="10" y="38" fill="#555">%s</text>`+"\n", html.EscapeString(rep.Machine.caption()+" · autovacuum="+rep.Settings["autovacuum"]+truncateLabel(c)))
 	steadyX := rep.Summary.SteadyFrom / 60
 	for i, p := range panels {
 		y0 := top + i*(panelH+gap)
@@ -370,6 +374,14 @@ func (rep *soakReport) svg(w io.Writer) {
 	}
 	fmt.Fprintf(w, `<text x="%d" y="%d" fill="#555">minutes since the start; dashed: TTL + sweep interval, from which the table should stop growing</text>`+"\n", left, height-8)
 	fmt.Fprintln(w, `</svg>`)
+}
+
+// truncateLabel names a soak run with vacuum_truncate off.
+func truncateLabel(c soakReportConfig) string {
+	if c.VacuumTruncate {
+		return ""
+	}
+	return " · vacuum_truncate=off on idempotency_keys"
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten.
