@@ -22,6 +22,12 @@
 //
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
+//
+// -soak 10m runs one long load instead, with keys that expire after -ttl
+// and a sweeper deleting them, and samples the key table, autovacuum and
+// the sweeper over time (soak.json, soak.svg). -capacity measures what a
+// key row takes on disk and how fast the sweeper deletes. Both are
+// described in the README and docs/capacity.md.
 package main
 
 import (
