@@ -22,6 +22,12 @@
 //
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
+//
+// -soak 10m runs one long load instead, with keys that expire after -ttl
+// and a sweeper deleting them, and samples the key table, autovacuum and
+// the sweeper over time (soak.json, soak.svg). -capacity measures what a
+// key row takes on disk and how fast the sweeper deletes. Both are
+// described in the README and docs/capacity.md.
 package main
 
 import (
@@ -39,6 +45,8 @@ import (
 func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
+	var capacity bool
+	var replot string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -56,6 +64,18 @@ func main() {
 	flag.StringVar(&rtts, "pg-rtt", "0", "round-trip time added between the scenarios' pools and PostgreSQL by a delaying proxy, e.g. 1ms; a comma-separated list (0,200us,1ms) runs every round at each; 0 adds no proxy")
 	flag.StringVar(&cfg.PGAddr, "pg-addr", "", "PostgreSQL's TCP address for the -pg-rtt proxy to dial (default: the server's host and port when reached over TCP, else its TCP listener from listen_addresses and port)")
 	flag.BoolVar(&cfg.SampleWaits, "pg-waits", false, "sample pg_stat_activity every 10ms and report where the scenario's backends spent their time")
+	flag.DurationVar(&cfg.Soak.Duration, "soak", 0, "run a soak of this length instead of the scenarios: atomic-mode CreatePayment with fresh keys kept for -ttl, a sweeper deleting them, the key table sampled every -soak-sample")
+	flag.DurationVar(&cfg.Soak.TTL, "ttl", cfg.Soak.TTL, "with -soak: how long the store keeps a key")
+	flag.DurationVar(&cfg.Soak.Sample, "soak-sample", cfg.Soak.Sample, "with -soak: the sampling interval")
+	flag.DurationVar(&cfg.Soak.SweepInterval, "sweep-interval", cfg.Soak.SweepInterval, "with -soak: the sweeper's wait between passes")
+	flag.IntVar(&cfg.Soak.SweepBatch, "sweep-batch", cfg.Soak.SweepBatch, "with -soak: rows per sweeper batch")
+	flag.DurationVar(&cfg.Soak.SweepPause, "sweep-pause", cfg.Soak.SweepPause, "with -soak: the sweeper's pause between batches")
+	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
+	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: leave the key table's vacuum_truncate on (PostgreSQL's default); false sets it off, so that vacuum takes no ACCESS EXCLUSIVE lock to truncate the table")
+	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
+	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
+	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
 	flag.Parse()
 	cfg.Scenarios = splitList(scenarios)
 	var err error
@@ -80,6 +100,32 @@ func main() {
 			pprof.StopCPUProfile()
 			_ = f.Close()
 		}()
+	}
+	if replot != "" {
+		if err := replotSoak(cfg, replot, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if capacity {
+		rep, err := runCapacity(ctx, cfg, os.Stderr)
+		if err != nil {
+			fatal(err)
+		}
+		if err := writeCapacityOutputs(cfg, rep, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if cfg.Soak.Duration > 0 {
+		rep, err := runSoak(ctx, cfg, os.Stderr)
+		if err != nil {
+			fatal(err)
+		}
+		if err := writeSoakOutputs(cfg, rep, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	reps, err := run(ctx, cfg, os.Stderr)
 	if err != nil {
@@ -126,6 +172,10 @@ type config struct {
 	SVGPath      string
 	ProfileDir   string
 	SampleWaits  bool
+	// Soak, when its Duration is set, runs a soak instead of the scenarios.
+	Soak soakConfig
+	// Capacity is what -capacity measures.
+	Capacity capacityConfig
 }
 
 func defaultConfig() config {
@@ -137,5 +187,7 @@ func defaultConfig() config {
 		StormDuplicates: 8,
 		Scenarios:       defaultScenarios(),
 		RTTs:            []time.Duration{0},
+		Soak:            defaultSoakConfig(),
+		Capacity:        capacityConfig{Rows: 200_000, Sweeps: defaultSweepSettings},
 	}
 }
