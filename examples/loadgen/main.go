@@ -71,7 +71,7 @@ func main() {
 	flag.IntVar(&cfg.Soak.SweepBatch, "sweep-batch", cfg.Soak.SweepBatch, "with -soak: rows per sweeper batch")
 	flag.DurationVar(&cfg.Soak.SweepPause, "sweep-pause", cfg.Soak.SweepPause, "with -soak: the sweeper's pause between batches")
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
-	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: leave the key table's vacuum_truncate on (PostgreSQL's default); false sets it off, so that vacuum takes no ACCESS EXCLUSIVE lock to truncate the table")
+	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: turn the key table's vacuum_truncate back on (PostgreSQL's default, which migration 0006 turns off), so that vacuum takes an ACCESS EXCLUSIVE lock to truncate the table")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
 	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")

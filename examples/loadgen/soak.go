@@ -41,9 +41,10 @@ type soakConfig struct {
 	// Throwaway starts a cluster of PostgreSQL's default settings for the
 	// run, whatever server pgtest would find.
 	Throwaway bool
-	// VacuumTruncate, when false, sets the key table's vacuum_truncate
-	// storage parameter off, so that (auto)vacuum does not take the
-	// ACCESS EXCLUSIVE lock that truncating the table's empty end needs.
+	// VacuumTruncate, when true, resets the key table's vacuum_truncate
+	// storage parameter to PostgreSQL's default (on), which migration
+	// 0006 turns off: (auto)vacuum then takes the ACCESS EXCLUSIVE lock
+	// that truncating the table's empty end needs.
 	VacuumTruncate bool
 }
 
@@ -55,8 +56,6 @@ func defaultSoakConfig() soakConfig {
 		SweepBatch:    postgres.DefaultSweepBatchSize,
 		SweepPause:    postgres.DefaultSweepPause,
 		Replays:       0.05,
-
-		VacuumTruncate: true,
 	}
 }
 
@@ -321,8 +320,8 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	if err := paymentsvc.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
-	if !sc.VacuumTruncate {
-		if _, err := pool.Exec(ctx, "ALTER TABLE idempotency_keys SET (vacuum_truncate = false)"); err != nil {
+	if sc.VacuumTruncate {
+		if _, err := pool.Exec(ctx, "ALTER TABLE idempotency_keys RESET (vacuum_truncate)"); err != nil {
 			return nil, err
 		}
 	}

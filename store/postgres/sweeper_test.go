@@ -508,3 +508,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestVacuumDoesNotTruncateKeys checks that vacuuming idempotency_keys after
+// the sweeper emptied it keeps the file (migration 0006): truncating it
+// would take an ACCESS EXCLUSIVE lock, and every claim arriving meanwhile
+// would give up at once (its LOCK TABLE ... NOWAIT) with ABORTED, as if its
+// key were in use.
+func TestVacuumDoesNotTruncateKeys(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	insertKeys(t, pool, "gone", 5000, "-1 hour")
+	n, err := postgres.NewSweeper(pool, postgres.WithSweepPause(0)).Sweep(ctx)
+	if err != nil || n != 5000 {
+		t.Fatalf("Sweep = %d, %v; want 5000 rows", n, err)
+	}
+	exec(t, pool, `VACUUM idempotency_keys`)
+	if size := count(t, pool, `SELECT pg_relation_size('idempotency_keys')`); size == 0 {
+		t.Fatal("VACUUM truncated idempotency_keys: vacuum_truncate is on, so vacuum takes an ACCESS EXCLUSIVE lock that makes claims fail")
+	}
+}
