@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -432,23 +431,8 @@ func bytesLabel(b float64) string {
 	return fmt.Sprintf("%.3g KiB", b/(1<<10))
 }
 
+// writeCapacityOutputs writes the capacity report's markdown and, as cfg
+// asks, its JSON; it has no chart.
 func writeCapacityOutputs(cfg config, rep *capacityReport, stdout io.Writer) error {
-	var md strings.Builder
-	rep.markdown(&md)
-	if _, err := io.WriteString(stdout, md.String()); err != nil {
-		return err
-	}
-	if cfg.MarkdownPath != "" {
-		if err := os.WriteFile(cfg.MarkdownPath, []byte(md.String()), 0o644); err != nil {
-			return err
-		}
-	}
-	if cfg.JSONPath != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(cfg.JSONPath, append(b, '\n'), 0o644)
-	}
-	return nil
+	return emit(cfg, stdout, rep.markdown, rep, nil)
 }

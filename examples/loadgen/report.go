@@ -351,15 +351,18 @@ func procField(path, field string) string {
 // markdown and the chart set them side by side and the JSON holds
 // [rttReports].
 func writeOutputs(cfg config, reps []*report, stdout io.Writer) error {
-	var md strings.Builder
-	var doc any = reps[0]
 	if len(reps) == 1 {
-		reps[0].markdown(&md)
-	} else {
-		multi := newRTTReports(reps)
-		multi.markdown(&md)
-		doc = multi
+		return emit(cfg, stdout, reps[0].markdown, reps[0], reps[0].svg)
 	}
+	multi := newRTTReports(reps)
+	return emit(cfg, stdout, multi.markdown, multi, func(w io.Writer) { svgByRTT(w, reps) })
+}
+
+// emit writes a report's markdown to stdout and, as cfg asks, to a file,
+// with doc as JSON and the chart svg draws (none when svg is nil).
+func emit(cfg config, stdout io.Writer, markdown func(io.Writer), doc any, svg func(io.Writer)) error {
+	var md strings.Builder
+	markdown(&md)
 	if _, err := io.WriteString(stdout, md.String()); err != nil {
 		return err
 	}
@@ -377,14 +380,10 @@ func writeOutputs(cfg config, reps []*report, stdout io.Writer) error {
 			return err
 		}
 	}
-	if cfg.SVGPath != "" {
-		var svg strings.Builder
-		if len(reps) == 1 {
-			reps[0].svg(&svg)
-		} else {
-			svgByRTT(&svg, reps)
-		}
-		if err := os.WriteFile(cfg.SVGPath, []byte(svg.String()), 0o644); err != nil {
+	if cfg.SVGPath != "" && svg != nil {
+		var out strings.Builder
+		svg(&out)
+		if err := os.WriteFile(cfg.SVGPath, []byte(out.String()), 0o644); err != nil {
 			return err
 		}
 	}

@@ -211,33 +211,7 @@ func (rep *soakReport) markdown(w io.Writer) {
 // writeSoakOutputs writes the markdown to stdout and, as cfg asks, to a
 // file, with the JSON and the chart.
 func writeSoakOutputs(cfg config, rep *soakReport, stdout io.Writer) error {
-	var md strings.Builder
-	rep.markdown(&md)
-	if _, err := io.WriteString(stdout, md.String()); err != nil {
-		return err
-	}
-	if cfg.MarkdownPath != "" {
-		if err := os.WriteFile(cfg.MarkdownPath, []byte(md.String()), 0o644); err != nil {
-			return err
-		}
-	}
-	if cfg.JSONPath != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(cfg.JSONPath, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if cfg.SVGPath != "" {
-		var svg strings.Builder
-		rep.svg(&svg)
-		if err := os.WriteFile(cfg.SVGPath, []byte(svg.String()), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return emit(cfg, stdout, rep.markdown, rep, rep.svg)
 }
 
 // replotSoak reads a soak's JSON and writes its markdown and chart again
