@@ -25,21 +25,9 @@ import (
 // outside, is on another server and does not fail over.
 func newReplicatedSystem(t *testing.T, opts pgtest.ReplicationOptions) (*system, *pgtest.Replicated, context.Context) {
 	t.Helper()
+	r, dsn := pgtest.NewReplicated(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	r, err := pgtest.StartReplicated(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	dsn, err := r.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s, err := startSystem(ctx, dsn, pgtest.NewPool(t), &lockedWriter{w: testLog{t}})
 	if err != nil {
 		t.Fatal(err)

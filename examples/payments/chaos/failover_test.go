@@ -52,28 +52,6 @@ func TestFailover(t *testing.T) {
 	}
 }
 
-// startReplicated starts a primary and a standby for t, and returns them
-// with a database on them, reached by a multi-host connection string.
-func startReplicated(t *testing.T, opts pgtest.ReplicationOptions) (*pgtest.Replicated, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := pgtest.StartReplicated(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	dsn, err := r.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r, dsn
-}
-
 // failover kills r's primary and promotes its standby; it returns when the
 // kill began, and how long after it the primary was gone and the standby
 // accepted writes.
@@ -95,7 +73,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		numOps     = 240
 		numClients = 16
 	)
-	r, dsn := startReplicated(t, opts)
+	r, dsn := pgtest.NewReplicated(t, opts)
 	srv := startServer(t, binary(t, serverPkg), dsn)
 	pool := observerPool(t, dsn)
 	dropBackstop(t, pool)

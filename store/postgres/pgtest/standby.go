@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -351,4 +352,33 @@ func (r *Replicated) close(primary *cluster) error {
 		errs = append(errs, primary.stop())
 	}
 	return errors.Join(errs...)
+}
+
+// NewReplicated starts a throwaway primary with a streaming standby
+// ([StartReplicated]) for tb, creates a database on them and returns them
+// with its multi-host connection string ([Replicated.CreateDatabase]). Both
+// clusters are stopped when tb has finished. It fails tb, never skips it,
+// when they cannot be started; under go test -short it skips tb, as
+// [NewDatabase] does.
+func NewReplicated(tb testing.TB, opts ReplicationOptions) (*Replicated, string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("pgtest: starts PostgreSQL with a standby, so it runs without -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r, err := StartReplicated(ctx, opts)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			tb.Errorf("pgtest: stop the primary and its standby: %v", err)
+		}
+	})
+	connString, err := r.CreateDatabase(ctx)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return r, connString
 }
