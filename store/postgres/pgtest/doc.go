@@ -10,7 +10,8 @@
 // [Server.ConnString], [Server.Close] and [KeyIDSQL] are supported and follow
 // the module's versioning. The helpers that own and break servers,
 // [StartCluster], [Server.Restart] and those for poolers and standbys
-// ([StartPgBouncer], [NewPgBouncer] and [PgBouncer]), exist for idem's own
+// ([StartPgBouncer], [NewPgBouncer], [PgBouncer], [StartReplicated],
+// [NewReplicated] and [Replicated]), exist for idem's own
 // fault tests; they are documented, but outside the compatibility promise,
 // and may change in any minor release.
 //
@@ -84,7 +85,8 @@
 // that streams from it (synchronously or not), [Replicated.CreateDatabase]
 // gives a connection string naming both with target_session_attrs =
 // read-write, and [Replicated.KillPrimary] and [Replicated.Promote] fail
-// the primary over while clients keep using it.
+// the primary over while clients keep using it; [NewReplicated] does the
+// first two for a test and stops both servers when it ends.
 //
 // # Programs
 //
