@@ -382,9 +382,14 @@ func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
 			var calls, charges atomic.Int32
+			clientGone := make(chan struct{})
 			e.svc.setHook(func(ctx context.Context, _ string) error {
 				if calls.Add(1) == 1 {
 					<-ctx.Done() // the client's deadline passes
+					// The server's deadline, sent as grpc-timeout, can
+					// pass just before the client's: answer only once
+					// the client has given up.
+					<-clientGone
 				}
 				charges.Add(1) // the side effect, finished regardless
 				return nil
@@ -392,6 +397,7 @@ func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 			ctx, cancel := context.WithTimeout(withKey("late"), 300*time.Millisecond)
 			defer cancel()
 			_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
+			close(clientGone)
 			wantCode(t, err, codes.DeadlineExceeded)
 
 			_, header, err := settle(t, e, "late")
