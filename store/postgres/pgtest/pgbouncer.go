@@ -374,16 +374,7 @@ func freePort() (int, error) {
 // under go test -short it skips tb, as NewDatabase does.
 func NewPgBouncer(tb testing.TB, opts PgBouncerOptions) *PgBouncer {
 	tb.Helper()
-	if testing.Short() {
-		tb.Skip("pgtest: needs PostgreSQL and PgBouncer, so it runs without -short")
-	}
-	srv, found, err := sharedServer()
-	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
-	}
-	if found {
-		tb.Logf("pgtest: using PostgreSQL from %s", srv.source)
-	}
+	srv := sharedServerFor(tb, "PostgreSQL and PgBouncer")
 	ctx, cancel := context.WithTimeout(context.Background(), pgBouncerStartTimeout+10*time.Second)
 	defer cancel()
 	b, err := StartPgBouncer(ctx, srv, opts)

@@ -81,6 +81,25 @@ func Run(m *testing.M) int {
 	return code
 }
 
+// sharedServerFor returns the process's server for tb: it skips tb under
+// go test -short, since tb needs what (PostgreSQL, say) and the quick run
+// leaves out every test that does, and fails tb, never skips it, when no
+// server can be had.
+func sharedServerFor(tb testing.TB, what string) *Server {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("pgtest: needs " + what + ", so it runs without -short")
+	}
+	srv, found, err := sharedServer()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if found {
+		tb.Logf("pgtest: using PostgreSQL from %s", srv.source)
+	}
+	return srv
+}
+
 // NewDatabase creates a database for tb alone, with idem's migrations
 // applied and no rows, and returns a connection string for it. The database
 // is dropped, along with any connections still open to it, when tb and its
@@ -93,16 +112,7 @@ func Run(m *testing.M) int {
 // needs a database.
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
-	if testing.Short() {
-		tb.Skip("pgtest: needs PostgreSQL, so it runs without -short")
-	}
-	srv, found, err := sharedServer()
-	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
-	}
-	if found {
-		tb.Logf("pgtest: using PostgreSQL from %s", srv.source)
-	}
+	srv := sharedServerFor(tb, "PostgreSQL")
 
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
