@@ -82,27 +82,37 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
-			release := holdTableLock(t, dsn, tc.lock)
-			// Far longer than the lock timeout: an unbounded wait ends
-			// here, with context.DeadlineExceeded instead of ErrInUse.
-			cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
-			defer cancel()
-			for i := range 2 {
-				if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
-					t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
-				}
-				if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
-					t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
-				}
-			}
-
-			release()
-			claimAndComplete(t, s, key)
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, key.Key).Scan(&n); err != nil || n != 1 {
-				t.Fatalf("%d completed rows for the key (%v), want 1", n, err)
-			}
+			claimsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
 		})
+	}
+}
+
+// claimsGiveUpBehindTableLock holds lock on idempotency_keys on a
+// connection of its own to lockDSN, and checks that claims and leases of s,
+// twice each, give up with store.ErrInUse rather than wait; then it lets
+// the lock go and checks that key is claimed and completed once, counting
+// its rows through pool.
+func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
+	t.Helper()
+	release := holdTableLock(t, lockDSN, lock)
+	// Far longer than the lock timeout: an unbounded wait ends here, with
+	// context.DeadlineExceeded instead of ErrInUse.
+	cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
+	defer cancel()
+	for i := range 2 {
+		if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+			t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
+		}
+		if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
+		}
+	}
+
+	release()
+	claimAndComplete(t, s, key)
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, key.Key).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d completed rows for the key (%v), want 1", n, err)
 	}
 }
 

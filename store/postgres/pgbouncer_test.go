@@ -1,8 +1,6 @@
 package postgres_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -85,34 +83,9 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
-			release := holdTableLock(t, direct, "SHARE ROW EXCLUSIVE")
-			cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
-			defer cancel()
-			for i := range 2 {
-				if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
-					t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
-				}
-				if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
-					t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
-				}
-			}
-			release()
-			claimAndComplete(t, s, key)
-			if n := completedRows(t, pool, key.Key); n != 1 {
-				t.Fatalf("%d completed rows for the key, want 1", n)
-			}
+			claimsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
 		})
 	}
-}
-
-func completedRows(t *testing.T, pool *pgxpool.Pool, k string) int {
-	t.Helper()
-	var n int
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, k).Scan(&n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // TestPgBouncerLeavesNoSessionState runs every kind of claim through a
