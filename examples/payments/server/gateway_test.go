@@ -43,20 +43,7 @@ func startGatewayServer(t *testing.T) *gatewayServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, lis, httpLis, nil, dsn) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop after its context ended")
-		}
-	})
+	serve(t, lis, httpLis, nil, dsn)
 	pool, err := pgxpool.New(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -311,4 +298,25 @@ func TestDialTarget(t *testing.T) {
 			t.Errorf("dialTarget(%s) = %s, want %s", c.addr, got, c.want)
 		}
 	}
+}
+
+// serve runs the server as run does on the listeners given (nil: none) and
+// the shard databases dsns, until t ends; then it stops it and checks that
+// it stopped cleanly.
+func serve(t *testing.T, lis, httpLis, metricsLis net.Listener, dsns ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, lis, httpLis, metricsLis, dsns...) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("server did not stop after its context ended")
+		}
+	})
 }
