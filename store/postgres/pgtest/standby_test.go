@@ -16,20 +16,9 @@ import (
 // the standby: the key is there, the same connection string reaches the
 // new primary and writes on it, and Close leaves no directory behind.
 func TestReplicated(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL: runs without -short")
-	}
+	r, connString := NewReplicated(t, ReplicationOptions{Synchronous: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	r, err := StartReplicated(ctx, ReplicationOptions{Synchronous: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	connString, err := r.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if !strings.Contains(connString, r.Primary.cluster.dir+","+r.Standby.cluster.dir) ||
 		!strings.Contains(connString, "target_session_attrs=read-write") {
 		t.Fatalf("connection string %q does not name the primary and then the standby, read-write", connString)
@@ -85,20 +74,9 @@ func TestReplicated(t *testing.T) {
 // primary and fails over: the commit made after the detach is lost, the one
 // before it is not.
 func TestDetachStandby(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL: runs without -short")
-	}
+	r, connString := NewReplicated(t, ReplicationOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	r, err := StartReplicated(ctx, ReplicationOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	connString, err := r.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pool, err := pgxpool.New(ctx, connString)
 	if err != nil {
 		t.Fatal(err)
