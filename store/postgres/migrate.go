@@ -76,9 +76,17 @@ func createVersionTable(ctx context.Context, db Beginner) error {
 	name       text        NOT NULL,
 	applied_at timestamptz NOT NULL DEFAULT now()
 )`
-	// Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
-	// catalog; the loser sees a unique violation and the table exists.
+	// Concurrent CREATE TABLE IF NOT EXISTS statements collide in the
+	// catalog (a unique violation, or "type already exists"), so replicas
+	// that start together take turns: a transaction-scoped advisory lock
+	// (one of idem's, see lockClass; a claim whose key hashes to 0 may wait
+	// for it a moment), which a transaction-mode pooler keeps no trace of.
+	// The next one then finds the table. A unique violation is still read
+	// as the table made meanwhile, by a Migrate that takes no such lock.
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, 0)`, lockClass); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, ddl)
 		return err
 	})

@@ -55,6 +55,35 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
+// TestMigrateConcurrentOnEmptyDatabase starts replicas together on a
+// database that has none of idem's tables, round after round: every
+// Migrate must succeed, whichever creates the version table. Concurrent
+// CREATE TABLE IF NOT EXISTS statements may collide in the catalog, with
+// either a unique violation or "type already exists".
+func TestMigrateConcurrentOnEmptyDatabase(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	for round := range 20 {
+		if _, err := pool.Exec(ctx, `DROP TABLE idempotency_keys, processed_messages, idem_schema_migrations`); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if err := postgres.Migrate(ctx, pool); err != nil {
+					t.Errorf("round %d: %v", round, err)
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		if err := postgres.New(pool).Check(ctx); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
+
 var key = store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
 
 func TestClaimCompleteReplay(t *testing.T) {
