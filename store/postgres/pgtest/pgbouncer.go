@@ -395,20 +395,7 @@ func NewPgBouncer(tb testing.TB, opts PgBouncerOptions) *PgBouncer {
 // tb and its subtests have finished.
 func (b *PgBouncer) NewDatabase(tb testing.TB) string {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
-	defer cancel()
-	direct, drop, err := b.srv.CreateDatabase(ctx)
-	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), dropTimeout)
-		defer cancel()
-		if err := drop(ctx); err != nil {
-			tb.Errorf("pgtest: %v", err)
-		}
-	})
-	connString, err := b.ConnString(direct)
+	connString, err := b.ConnString(createDatabaseFor(tb, b.srv))
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}

@@ -112,8 +112,13 @@ func sharedServerFor(tb testing.TB, what string) *Server {
 // needs a database.
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
-	srv := sharedServerFor(tb, "PostgreSQL")
+	return createDatabaseFor(tb, sharedServerFor(tb, "PostgreSQL"))
+}
 
+// createDatabaseFor creates a database for tb alone on srv, dropped when
+// tb and its subtests have finished, and returns its connection string.
+func createDatabaseFor(tb testing.TB, srv *Server) string {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
 	connString, drop, err := srv.CreateDatabase(ctx)
