@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemkit/idem/store/postgres/pgtest"
@@ -227,64 +225,6 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		checkInvariants(t, pool, l.ops)
 	}
 	l.checkCodes(t, codes.OK, codes.InvalidArgument)
-}
-
-// scope is a key's scope in the payments service: tenant and key (one
-// method).
-type scope struct{ tenant, key string }
-
-// keyRow is what the tests read of a key's row.
-type keyRow struct {
-	status string
-	code   int
-}
-
-// state is what a database holds: payments by scope, and key rows.
-type state struct {
-	payments map[scope][]string
-	keys     map[scope]keyRow
-	total    int
-}
-
-// snapshot reads the payments and the key rows.
-func snapshot(t *testing.T, pool *pgxpool.Pool) state {
-	t.Helper()
-	ctx := context.Background()
-	st := state{payments: make(map[scope][]string), keys: make(map[scope]keyRow)}
-	rows, err := pool.Query(ctx, `SELECT tenant_id, request_key, id::text FROM payments`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = forEachRow(rows, func(r pgx.Rows) error {
-		var s scope
-		var id string
-		if err := r.Scan(&s.tenant, &s.key, &id); err != nil {
-			return err
-		}
-		st.payments[s] = append(st.payments[s], id)
-		st.total++
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err = pool.Query(ctx, `SELECT tenant, key, status, coalesce(response_code, -1) FROM idempotency_keys`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = forEachRow(rows, func(r pgx.Rows) error {
-		var s scope
-		var k keyRow
-		if err := r.Scan(&s.tenant, &s.key, &k.status, &k.code); err != nil {
-			return err
-		}
-		st.keys[s] = k
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
 }
 
 // longestSilence returns the longest time between two consecutive

@@ -290,28 +290,40 @@ func retryDelay(st *status.Status) time.Duration {
 	return 0
 }
 
-// checkInvariants checks the run's outcome against the database: each valid
-// op has exactly one payment, whose id every answer the client accepted
-// carries; each invalid op has none and a recorded INVALID_ARGUMENT; there
-// is no other payment and no key left in progress.
-func checkInvariants(t *testing.T, pool *pgxpool.Pool, ops []*op) {
+// scope is a key's scope in the payments service: tenant and key (one
+// method).
+type scope struct{ tenant, key string }
+
+// keyRow is what the tests read of a key's row.
+type keyRow struct {
+	status string
+	code   int
+}
+
+// state is what a database holds: payments by scope, and key rows.
+type state struct {
+	payments map[scope][]string
+	keys     map[scope]keyRow
+	total    int
+}
+
+// snapshot reads the payments and the key rows.
+func snapshot(t *testing.T, pool *pgxpool.Pool) state {
 	t.Helper()
 	ctx := context.Background()
-	type scope struct{ tenant, key string }
+	st := state{payments: make(map[scope][]string), keys: make(map[scope]keyRow)}
 	rows, err := pool.Query(ctx, `SELECT tenant_id, request_key, id::text FROM payments`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	payments := make(map[scope][]string)
-	total := 0
 	err = forEachRow(rows, func(r pgx.Rows) error {
 		var s scope
 		var id string
 		if err := r.Scan(&s.tenant, &s.key, &id); err != nil {
 			return err
 		}
-		payments[s] = append(payments[s], id)
-		total++
+		st.payments[s] = append(st.payments[s], id)
+		st.total++
 		return nil
 	})
 	if err != nil {
@@ -321,23 +333,29 @@ func checkInvariants(t *testing.T, pool *pgxpool.Pool, ops []*op) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type keyRow struct {
-		status string
-		code   int
-	}
-	keys := make(map[scope]keyRow)
 	err = forEachRow(rows, func(r pgx.Rows) error {
 		var s scope
 		var k keyRow
 		if err := r.Scan(&s.tenant, &s.key, &k.status, &k.code); err != nil {
 			return err
 		}
-		keys[s] = k
+		st.keys[s] = k
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// checkInvariants checks the run's outcome against the database: each valid
+// op has exactly one payment, whose id every answer the client accepted
+// carries; each invalid op has none and a recorded INVALID_ARGUMENT; there
+// is no other payment and no key left in progress.
+func checkInvariants(t *testing.T, pool *pgxpool.Pool, ops []*op) {
+	t.Helper()
+	st := snapshot(t, pool)
+	payments, keys, total := st.payments, st.keys, st.total
 
 	valid, failures := 0, 0
 	for _, o := range ops {
