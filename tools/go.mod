@@ -9,6 +9,8 @@ tool (
 	google.golang.org/protobuf/cmd/protoc-gen-go
 )
 
+require golang.org/x/tools v0.52.0
+
 require (
 	buf.build/gen/go/bufbuild/bufplugin/protocolbuffers/go v1.36.12-20261002170247-538130002972.2 // indirect
 	buf.build/gen/go/bufbuild/protodescriptor/protocolbuffers/go v1.36.12-20261012172039-ff528c23443f.2 // indirect
