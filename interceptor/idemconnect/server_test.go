@@ -275,10 +275,17 @@ func TestMissingKeyIsRefused(t *testing.T) {
 func TestMalformedKeyIsRefused(t *testing.T) {
 	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
 		cases := []struct{ value, says string }{
-			{`"k1`, "no closing double quote"},
-			{`"k1" x`, "more after its closing quote"},
+			{`"k1`, "Structured Field String"},
+			{`"k1" x`, "Structured Field String"},
 			{`k"1`, "must start and end with a double quote"},
 			{`"k 1"`, "visible ASCII"},
+			// Two header lines as a proxy merges them into one, a list,
+			// parameters.
+			{`k1,k2`, "more than one key"},
+			{`k1, k2`, "more than one key"},
+			{`"k1", "k2"`, "more than one key"},
+			{`"k1";p=1`, "parameters"},
+			{`k:1`, "token"},
 		}
 		if p.grpc {
 			// gRPC metadata carries the key as it is.
