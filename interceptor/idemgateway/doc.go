@@ -43,10 +43,12 @@
 //
 //	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
 //
-// The bare form that many clients send is taken too
+// The bare form that many clients send is taken too, when it is one token
 // (Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324); both name the
 // same key, which must then follow idem's rule (1 to 255 visible ASCII
-// characters; see [interceptor.ParseHTTPKey]). [KeyMiddleware] parses the
+// characters; see [interceptor.ParseHTTPKey]). A value that holds more than
+// one key (order-1,order-2, as a proxy joins two header lines, or a list of
+// Strings) or a String with parameters is malformed. [KeyMiddleware] parses the
 // header before the call and hands the gRPC server the key itself, in
 // metadata idempotency-key ([interceptor.KeyHeader]). A malformed value, or
 // more than one header, is answered at once with 400 and a problem detail
