@@ -145,10 +145,6 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	if m.leased {
 		c.mode = ModeLeased
 	}
-	if m.exempt {
-		c.settle(ResultPassthrough)
-		return e.passThrough(ctx, h)
-	}
 	keys, err := requestKeys(m, call)
 	if err != nil {
 		c.settle(ResultInvalidKey)
@@ -158,6 +154,12 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	if err != nil {
 		c.settle(ResultInvalidKey)
 		return Answer{}, invalidKey(err.Error())
+	}
+	if m.exempt {
+		// idem stands aside, and ignores a key, but not a malformed one
+		// (checked above): that is the client's bug to hear about.
+		c.settle(ResultPassthrough)
+		return e.passThrough(ctx, h)
 	}
 	if !ok {
 		if m.required {

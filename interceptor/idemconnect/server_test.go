@@ -320,19 +320,46 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 	})
 }
 
-// A method without side effects ignores keys, as on grpc-go, even
-// malformed ones.
+// A method without side effects ignores a well-formed key, as on grpc-go:
+// the call runs untouched. A malformed key is refused with
+// INVALID_ARGUMENT, as on any method, and the handler does not run.
 func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
-	e := newEnv(t, setup{memory: true})
+	e := newEnv(t, setup{})
 	eachProtocol(t, func(t *testing.T, p protocol) {
 		client := newClient[testv1.GetPaymentRequest, testv1.GetPaymentResponse](e, p, getPayment)
-		for _, value := range []string{p.header("k1"), `"k1`} {
-			resp, err := client.CallUnary(t.Context(), keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, value))
-			if err != nil || resp.Msg.GetPayment().GetId() != "pay_1" {
-				t.Errorf("key %q: %v, %v", value, resp, err)
+		before, _ := e.svc.executions()
+		malformed := [][]string{{`"k1`}, {"k1,k2"}, {`"k1", "k2"`}, {`"k1";p=1`}, {"k 1"}, {p.header("k1"), p.header("k2")}}
+		if p.grpc {
+			// gRPC metadata carries the key as it is.
+			malformed = [][]string{{"k 1"}, {strings.Repeat("k", 256)}, {"k1", "k2"}}
+		}
+		for _, values := range malformed {
+			req := keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, "")
+			for _, v := range values {
+				req.Header().Add(interceptor.HTTPKeyHeader, v)
+			}
+			_, err := client.CallUnary(t.Context(), req)
+			ce := wantCode(t, err, connect.CodeInvalidArgument)
+			if v := violation(ce); v.GetField() != interceptor.KeyHeader {
+				t.Errorf("key %q: violation %v, want one on %s", values, v, interceptor.KeyHeader)
 			}
 		}
+		if runs, _ := e.svc.executions(); runs != before {
+			t.Errorf("the handler ran %d times for malformed keys, want 0", runs-before)
+		}
+		for range 2 {
+			resp, err := client.CallUnary(t.Context(), keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, p.header("k1")))
+			if err != nil || resp.Msg.GetPayment().GetId() != "pay_1" {
+				t.Errorf("a well-formed key: %v, %v", resp, err)
+			}
+		}
+		if runs, keys := e.svc.executions(); runs != before+2 || keys[len(keys)-1] != "" {
+			t.Errorf("%d executions with a well-formed key, the last keyed %q; want 2, unkeyed", runs-before, keys[len(keys)-1])
+		}
 	})
+	if n := e.keys(t); n != 0 {
+		t.Errorf("%d keys, want none", n)
+	}
 }
 
 func TestTenantFromHeaders(t *testing.T) {
