@@ -72,7 +72,10 @@
 //	                                           with header idempotent-replayed: true
 //	same key, other request                    FAILED_PRECONDITION, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
 //	same key, still running after the wait     ABORTED, RetryInfo and ErrorInfo reason IDEMPOTENCY_KEY_IN_USE
-//	key malformed, or missing where required   INVALID_ARGUMENT, BadRequest violation on idempotency-key
+//	key missing where required                 INVALID_ARGUMENT, BadRequest violation on idempotency-key,
+//	                                           ErrorInfo reason IDEMPOTENCY_KEY_MISSING
+//	key malformed                              INVALID_ARGUMENT, BadRequest violation on idempotency-key
+//	                                           that says what is wrong, ErrorInfo reason IDEMPOTENCY_KEY_INVALID
 //	tenant or method the store cannot hold     INVALID_ARGUMENT, ErrorInfo reason IDEMPOTENCY_SCOPE_INVALID
 //	the store failed                           UNAVAILABLE, RetryInfo; nothing was recorded
 //

@@ -263,6 +263,9 @@ func TestMissingKeyIsRefused(t *testing.T) {
 		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
 			t.Errorf("violation %v, want one on %s saying it is required", v, interceptor.KeyHeader)
 		}
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyMissing || info.GetDomain() != interceptor.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyMissing)
+		}
 		if runs, _ := e.svc.executions(); runs != 0 {
 			t.Errorf("%d executions, want none", runs)
 		}
@@ -303,6 +306,9 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 			if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), c.says) {
 				t.Errorf("%q: violation %v, want one on %s saying %q", c.value, v, interceptor.KeyHeader, c.says)
 			}
+			if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid {
+				t.Errorf("%q: ErrorInfo %v, want reason %s", c.value, info, interceptor.ReasonKeyInvalid)
+			}
 		}
 		// Two values of the one header field, alike or not.
 		req := keyed(payment(1250), p.header("k1"))
@@ -310,6 +316,31 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 		_, err := e.payments(p).CallUnary(t.Context(), req)
 		if ce := wantCode(t, err, connect.CodeInvalidArgument); !strings.Contains(ce.Message(), "exactly one value") {
 			t.Errorf("two values: message %q", ce.Message())
+		}
+		if runs, _ := e.svc.executions(); runs != 0 {
+			t.Errorf("%d executions, want none", runs)
+		}
+		if n := e.paid(t) + e.keys(t); n != 0 {
+			t.Errorf("%d payments and keys, want none", n)
+		}
+	})
+}
+
+// A malformed key in the request's key field (request_id), with no key
+// header, is refused as malformed, naming the field, as on grpc-go: not as
+// missing.
+func TestMalformedKeyFieldIsRefused(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		req := payment(1250)
+		req.RequestId = "has space"
+		_, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
+		ce := wantCode(t, err, connect.CodeInvalidArgument)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid || info.GetDomain() != interceptor.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInvalid)
+		}
+		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "request_id") ||
+			!strings.Contains(v.GetDescription(), "visible ASCII") {
+			t.Errorf("violation %v, want one on %s naming request_id and the rule", v, interceptor.KeyHeader)
 		}
 		if runs, _ := e.svc.executions(); runs != 0 {
 			t.Errorf("%d executions, want none", runs)

@@ -88,8 +88,12 @@
 //
 // Retry-After is in seconds, the RetryInfo delay of the gRPC error rounded
 // up. An error is idem's when it carries a google.rpc.ErrorInfo of domain
-// idem with one of the reasons above, or when it is INVALID_ARGUMENT with a
-// BadRequest field violation on idempotency-key. Every other error, such as
+// idem with one of the reasons above, which the gRPC server chose: a key
+// is missing or malformed as the server found it, in the header or in the
+// request's key field (a string field marked (idem.v1.field).key), whether
+// or not an Idempotency-Key header came. An INVALID_ARGUMENT error with a
+// BadRequest field violation on idempotency-key and no such ErrorInfo (from
+// a server of an earlier idem release) counts as a malformed key. Every other error, such as
 // a handler's own (recorded and replayed, or not), is left to the next error
 // handler, by default grpc-gateway's [runtime.DefaultHTTPErrorHandler]; a
 // replayed one carries Idempotent-Replayed: true.

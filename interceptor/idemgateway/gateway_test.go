@@ -44,7 +44,8 @@ const createMethod = gatewaytestv1.TransferService_CreateTransfer_FullMethodName
 type service struct {
 	gatewaytestv1.UnimplementedTransferServiceServer
 	pool  *pgxpool.Pool
-	calls atomic.Int64
+	calls atomic.Int64 // of CreateTransfer
+	reads atomic.Int64 // of GetTransfer
 
 	mu sync.Mutex
 	// hook, if set, runs first in CreateTransfer: it may block, or fail
@@ -100,6 +101,7 @@ func (s *service) CreateTransfer(ctx context.Context, req *gatewaytestv1.CreateT
 }
 
 func (s *service) GetTransfer(ctx context.Context, req *gatewaytestv1.GetTransferRequest) (*gatewaytestv1.GetTransferResponse, error) {
+	s.reads.Add(1)
 	tenant, err := tenantOf(ctx)
 	if err != nil {
 		return nil, err

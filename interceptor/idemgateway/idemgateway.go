@@ -41,12 +41,12 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return
 		}
 		if len(values) > 1 {
-			writeProblem(w, invalidKey("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
+			writeProblem(w, headerInvalid("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
 			return
 		}
 		key, err := interceptor.ParseHTTPKey(values[0])
 		if err != nil {
-			writeProblem(w, invalidKey(err.Error()))
+			writeProblem(w, headerInvalid(err.Error()))
 			return
 		}
 		if key != values[0] {
