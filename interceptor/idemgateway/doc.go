@@ -1,15 +1,18 @@
 // Package idemgateway serves idem's contract over HTTP/JSON through
 // grpc-gateway, as draft-ietf-httpapi-idempotency-key-header describes it:
 // the client sends its key in the Idempotency-Key header, a replay carries
-// Idempotent-Replayed: true, and idem's refusals are answered with the
-// draft's status codes and RFC 9457 problem details.
+// Idempotent-Replayed: true, the first answer and every replay carry
+// Idempotency-Key-Expires (the key's expiry, RFC 3339), and idem's refusals
+// are answered with the draft's status codes and RFC 9457 problem details.
+// The headers have the names Connect clients of idem see (package
+// idemconnect), without grpc-gateway's Grpc-Metadata- prefix.
 //
 // grpc-gateway calls the gRPC server, so idem's server interceptor
 // ([interceptor.UnaryServerInterceptor]) does the work, with the same store,
 // fingerprint and scope as for gRPC clients: a call over gRPC and its retry
 // over HTTP are one operation, and the retry gets the recorded response,
 // rendered as JSON. This package only translates: the key from HTTP to
-// gRPC metadata, the replay marker back, and idem's errors to HTTP.
+// gRPC metadata, idem's response headers back, and idem's errors to HTTP.
 //
 // # Usage
 //

@@ -55,6 +55,8 @@ func TestOutgoingHeaderMatcher(t *testing.T) {
 		forwarded bool
 	}{
 		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
+		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
+		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
 		{idemgateway.OutgoingHeaderMatcher(nil), "x-request-id", "Grpc-Metadata-x-request-id", true}, // the default's
 		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
 		{idemgateway.OutgoingHeaderMatcher(upper), "x-request-id", "X-REQUEST-ID", true},
