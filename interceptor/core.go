@@ -279,7 +279,7 @@ func requestKeys(m *method, call Call) ([]string, error) {
 	case len(call.Keys) == 1 && call.Keys[0] == v:
 		return call.Keys, nil
 	}
-	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", m.keyField.Name())
+	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", fieldName(m.keyField))
 }
 
 // fieldName names fd for a client: its name, and its JSON name when that

@@ -51,7 +51,9 @@ func ParseHTTPKey(value string) (string, error) {
 
 // parseBareHTTPKey returns the key of an unquoted Idempotency-Key value v:
 // one token (RFC 9110). A comma, which separates the values of a header
-// field, says that v holds more than one key.
+// field, says that v holds more than one key. It is not httpsfv's: an RFC
+// 8941 Token must start with a letter or *, and a UUID such as
+// 8e03978e-40d5-43e8-bc93-6894a57f9324 starts with a digit.
 func parseBareHTTPKey(v string) (string, error) {
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; {
