@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/store"
@@ -145,10 +146,6 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	if m.leased {
 		c.mode = ModeLeased
 	}
-	if m.exempt {
-		c.settle(ResultPassthrough)
-		return e.passThrough(ctx, h)
-	}
 	keys, err := requestKeys(m, call)
 	if err != nil {
 		c.settle(ResultInvalidKey)
@@ -159,10 +156,16 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 		c.settle(ResultInvalidKey)
 		return Answer{}, invalidKey(err.Error())
 	}
+	if m.exempt {
+		// idem stands aside, and ignores a key, but not a malformed one
+		// (checked above): that is the client's bug to hear about.
+		c.settle(ResultPassthrough)
+		return e.passThrough(ctx, h)
+	}
 	if !ok {
 		if m.required {
 			c.settle(ResultMissingKey)
-			return Answer{}, invalidKey("required by " + call.Method)
+			return Answer{}, missingKey(call.Method)
 		}
 		c.settle(ResultPassthrough)
 		return e.passThrough(ctx, h)
@@ -269,11 +272,23 @@ func requestKeys(m *method, call Call) ([]string, error) {
 	case v == "":
 		return call.Keys, nil
 	case len(call.Keys) == 0:
+		if err := ValidateKey(v); err != nil {
+			return nil, fmt.Errorf("the request's field %s %w", fieldName(m.keyField), err)
+		}
 		return []string{v}, nil
 	case len(call.Keys) == 1 && call.Keys[0] == v:
 		return call.Keys, nil
 	}
-	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", m.keyField.Name())
+	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", fieldName(m.keyField))
+}
+
+// fieldName names fd for a client: its name, and its JSON name when that
+// differs.
+func fieldName(fd protoreflect.FieldDescriptor) string {
+	if fd.JSONName() == string(fd.Name()) {
+		return string(fd.Name())
+	}
+	return fmt.Sprintf("%s (%s in JSON)", fd.Name(), fd.JSONName())
 }
 
 // passThrough runs a call idem stands aside from.

@@ -33,11 +33,16 @@
 //   - option (idem.v1.method).key_required = true: a call without a key
 //     fails with INVALID_ARGUMENT.
 //   - option idempotency_level = IDEMPOTENT or NO_SIDE_EFFECTS: the method
-//     is safe to retry as it is; it bypasses idem, key or not.
+//     is safe to retry as it is; it bypasses idem. A well-formed key is
+//     ignored and the call runs untouched, but a malformed one (see below)
+//     is refused with INVALID_ARGUMENT, as on any method: it is a bug of
+//     the client, which should hear of it. This holds on every transport.
 //   - otherwise: keyed when the client sends a key, untouched when it does
 //     not.
 //
-// A key is exactly one metadata value of 1 to 255 visible ASCII characters.
+// A key is exactly one metadata value of 1 to 255 visible ASCII characters;
+// a call with more than one value, or with a key (in its metadata or its key
+// field, below) that breaks this rule, has a malformed key.
 // A request may carry it instead, in a string field marked
 // (idem.v1.field).key = true (as Google's APIs carry a request_id); the
 // field is then left out of the fingerprint, and a key in both the metadata
@@ -67,7 +72,10 @@
 //	                                           with header idempotent-replayed: true
 //	same key, other request                    FAILED_PRECONDITION, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
 //	same key, still running after the wait     ABORTED, RetryInfo and ErrorInfo reason IDEMPOTENCY_KEY_IN_USE
-//	key malformed, or missing where required   INVALID_ARGUMENT, BadRequest violation on idempotency-key
+//	key missing where required                 INVALID_ARGUMENT, BadRequest violation on idempotency-key,
+//	                                           ErrorInfo reason IDEMPOTENCY_KEY_MISSING
+//	key malformed                              INVALID_ARGUMENT, BadRequest violation on idempotency-key
+//	                                           that says what is wrong, ErrorInfo reason IDEMPOTENCY_KEY_INVALID
 //	tenant or method the store cannot hold     INVALID_ARGUMENT, ErrorInfo reason IDEMPOTENCY_SCOPE_INVALID
 //	the store failed                           UNAVAILABLE, RetryInfo; nothing was recorded
 //

@@ -34,6 +34,16 @@ const (
 	// ReasonResponseNotCached: the call completed, but its response was too
 	// large to record and the method can neither rebuild nor rerun it.
 	ReasonResponseNotCached = "IDEMPOTENCY_RESPONSE_NOT_CACHED"
+	// ReasonKeyMissing: the method requires an idempotency key and the call
+	// carries none; the error also has a google.rpc.BadRequest violation on
+	// idempotency-key. Send a new key with each new call, and the same key
+	// with every retry of it.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyInvalid: the call's idempotency key is malformed (see
+	// [ValidateKey]; in an HTTP header, [ParseHTTPKey]), sent more than
+	// once, or differs from the request's key field; the BadRequest
+	// violation on idempotency-key says what is wrong.
+	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonScopeInvalid: the call's scope (its tenant, as the server's
 	// TenantResolver found it, or its method) cannot hold an idempotency
 	// key; see store.Key.Validate. The same call fails again.
@@ -49,12 +59,27 @@ func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) erro
 	return st.Err()
 }
 
+// invalidKey is the error of a call whose key is malformed; reason says
+// what is wrong with it.
 func invalidKey(reason string) error {
-	return withDetails(codes.InvalidArgument, "idem: invalid "+KeyHeader+" header: "+reason,
+	return withDetails(codes.InvalidArgument, "idem: invalid idempotency key: "+reason,
 		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
 			Field:       KeyHeader,
 			Description: reason,
-		}}})
+		}}},
+		&errdetails.ErrorInfo{Reason: ReasonKeyInvalid, Domain: Domain})
+}
+
+// missingKey is the error of a call of method, which requires a key,
+// without one.
+func missingKey(method string) error {
+	reason := "required by " + method
+	return withDetails(codes.InvalidArgument, "idem: the idempotency key is missing: "+reason,
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+			Field:       KeyHeader,
+			Description: reason,
+		}}},
+		&errdetails.ErrorInfo{Reason: ReasonKeyMissing, Domain: Domain})
 }
 
 func keyInUse(delay time.Duration) error {

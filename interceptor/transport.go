@@ -12,9 +12,9 @@ import (
 // answers as [Engine.Handle] answers a key that [ValidateKey] refuses:
 // INVALID_ARGUMENT with a google.rpc.BadRequest violation on the key,
 // nothing claimed, the handler not run, the call reported to the outcome
-// hook as [ResultInvalidKey]. A method exempt from keys (IDEMPOTENT,
-// NO_SIDE_EFFECTS) ignores the key, as Handle does: h runs as a plain call.
-// call.Keys is not read.
+// hook as [ResultInvalidKey], on every method: one exempt from keys
+// (IDEMPOTENT, NO_SIDE_EFFECTS), which ignores a well-formed key, refuses a
+// malformed one, as Handle does. h is not run. call.Keys is not read.
 func (e *Engine) HandleMalformedKey(ctx context.Context, call Call, reason error, h Handler) (Answer, error) {
 	c := &callState{engine: e, method: call.Method, started: time.Now()}
 	c.m = e.methods.lookup(call.Method)
@@ -23,10 +23,6 @@ func (e *Engine) HandleMalformedKey(ctx context.Context, call Call, reason error
 		c.mode = ModeLeased
 	}
 	defer e.report(ctx, c)
-	if c.m.exempt {
-		c.settle(ResultPassthrough)
-		return e.passThrough(ctx, h)
-	}
 	c.settle(ResultInvalidKey)
 	return Answer{}, invalidKey(reason.Error())
 }

@@ -45,14 +45,16 @@ func TestHandleMalformedKey(t *testing.T) {
 		t.Errorf("the hook saw %+v, want one invalid_key", got)
 	}
 
-	// A method without side effects ignores keys, malformed or not.
+	// A method without side effects ignores a well-formed key, not a
+	// malformed one.
 	call = interceptor.Call{Method: testv1.TestService_Read_FullMethodName, Request: &testv1.ReadRequest{Value: "v"}}
-	ans, err := e.HandleMalformedKey(t.Context(), call, reason, h)
-	if err != nil || ans.Message == nil || ran != 1 {
-		t.Fatalf("exempt method: %v, %v, ran %d times; want the handler's answer", ans.Message, err, ran)
+	_, err = e.HandleMalformedKey(t.Context(), call, reason, h)
+	wantCode(t, err, codes.InvalidArgument)
+	if ran != 0 {
+		t.Fatalf("exempt method: the handler ran %d times for a malformed key", ran)
 	}
-	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultPassthrough {
-		t.Errorf("the hook saw %+v, want one passthrough", got)
+	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultInvalidKey {
+		t.Errorf("the hook saw %+v, want one invalid_key", got)
 	}
 }
 

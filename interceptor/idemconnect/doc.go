@@ -42,8 +42,11 @@
 // read as it is, as grpc-go's interceptor reads it. The two names are one
 // HTTP header field, so no precedence orders them: a request with more than
 // one value is refused with INVALID_ARGUMENT, as on grpc-go, and so is a
-// value that is neither a Structured Field String nor a token, with a
-// message that says what is wrong with it.
+// value that is neither one Structured Field String nor one token (such as
+// k1,k2, two values joined by a proxy), with a message that says what is
+// wrong with it. Methods idem stands aside from (IDEMPOTENT,
+// NO_SIDE_EFFECTS) ignore a well-formed key but refuse a malformed one
+// likewise.
 //
 // A replay carries the response header Idempotent-Replayed: true
 // ([interceptor.HTTPReplayedHeader]), which gRPC clients read as metadata

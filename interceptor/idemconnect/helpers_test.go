@@ -83,7 +83,7 @@ type service struct {
 	pool *pgxpool.Pool // nil on store/memory
 
 	mu    sync.Mutex
-	runs  int      // executions of CreatePayment and Do
+	runs  int      // executions of CreatePayment, GetPayment and Do
 	keys  []string // the key of each execution (interceptor.KeyFromContext)
 	raw   []string // the key header of each execution, as it came
 	hook  func(ctx context.Context, run int) error
@@ -158,7 +158,8 @@ func (s *service) createPayment(ctx context.Context, req *connect.Request[testv1
 	return resp, nil
 }
 
-func (s *service) getPayment(_ context.Context, req *connect.Request[testv1.GetPaymentRequest]) (*connect.Response[testv1.GetPaymentResponse], error) {
+func (s *service) getPayment(ctx context.Context, req *connect.Request[testv1.GetPaymentRequest]) (*connect.Response[testv1.GetPaymentResponse], error) {
+	s.run(ctx)
 	return connect.NewResponse(&testv1.GetPaymentResponse{Payment: &testv1.Payment{Id: req.Msg.GetId()}}), nil
 }
 

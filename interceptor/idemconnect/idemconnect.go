@@ -65,7 +65,8 @@ func streamKeyRefused(procedure string) error {
 		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
 			Field:       interceptor.KeyHeader,
 			Description: reason,
-		}}})
+		}}},
+		&errdetails.ErrorInfo{Reason: interceptor.ReasonKeyInvalid, Domain: interceptor.Domain})
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("idem: "+reason))
 	}

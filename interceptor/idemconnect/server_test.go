@@ -263,6 +263,9 @@ func TestMissingKeyIsRefused(t *testing.T) {
 		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
 			t.Errorf("violation %v, want one on %s saying it is required", v, interceptor.KeyHeader)
 		}
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyMissing || info.GetDomain() != interceptor.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyMissing)
+		}
 		if runs, _ := e.svc.executions(); runs != 0 {
 			t.Errorf("%d executions, want none", runs)
 		}
@@ -275,10 +278,17 @@ func TestMissingKeyIsRefused(t *testing.T) {
 func TestMalformedKeyIsRefused(t *testing.T) {
 	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
 		cases := []struct{ value, says string }{
-			{`"k1`, "no closing double quote"},
-			{`"k1" x`, "more after its closing quote"},
+			{`"k1`, "Structured Field String"},
+			{`"k1" x`, "Structured Field String"},
 			{`k"1`, "must start and end with a double quote"},
 			{`"k 1"`, "visible ASCII"},
+			// Two header lines as a proxy merges them into one, a list,
+			// parameters.
+			{`k1,k2`, "more than one key"},
+			{`k1, k2`, "more than one key"},
+			{`"k1", "k2"`, "more than one key"},
+			{`"k1";p=1`, "parameters"},
+			{`k:1`, "token"},
 		}
 		if p.grpc {
 			// gRPC metadata carries the key as it is.
@@ -295,6 +305,9 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 			}
 			if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), c.says) {
 				t.Errorf("%q: violation %v, want one on %s saying %q", c.value, v, interceptor.KeyHeader, c.says)
+			}
+			if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid {
+				t.Errorf("%q: ErrorInfo %v, want reason %s", c.value, info, interceptor.ReasonKeyInvalid)
 			}
 		}
 		// Two values of the one header field, alike or not.
@@ -313,19 +326,71 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 	})
 }
 
-// A method without side effects ignores keys, as on grpc-go, even
-// malformed ones.
-func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
-	e := newEnv(t, setup{memory: true})
-	eachProtocol(t, func(t *testing.T, p protocol) {
-		client := newClient[testv1.GetPaymentRequest, testv1.GetPaymentResponse](e, p, getPayment)
-		for _, value := range []string{p.header("k1"), `"k1`} {
-			resp, err := client.CallUnary(t.Context(), keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, value))
-			if err != nil || resp.Msg.GetPayment().GetId() != "pay_1" {
-				t.Errorf("key %q: %v, %v", value, resp, err)
-			}
+// A malformed key in the request's key field (request_id), with no key
+// header, is refused as malformed, naming the field, as on grpc-go: not as
+// missing.
+func TestMalformedKeyFieldIsRefused(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		req := payment(1250)
+		req.RequestId = "has space"
+		_, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
+		ce := wantCode(t, err, connect.CodeInvalidArgument)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid || info.GetDomain() != interceptor.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInvalid)
+		}
+		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "request_id") ||
+			!strings.Contains(v.GetDescription(), "visible ASCII") {
+			t.Errorf("violation %v, want one on %s naming request_id and the rule", v, interceptor.KeyHeader)
+		}
+		if runs, _ := e.svc.executions(); runs != 0 {
+			t.Errorf("%d executions, want none", runs)
+		}
+		if n := e.paid(t) + e.keys(t); n != 0 {
+			t.Errorf("%d payments and keys, want none", n)
 		}
 	})
+}
+
+// A method without side effects ignores a well-formed key, as on grpc-go:
+// the call runs untouched. A malformed key is refused with
+// INVALID_ARGUMENT, as on any method, and the handler does not run.
+func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
+	e := newEnv(t, setup{})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		client := newClient[testv1.GetPaymentRequest, testv1.GetPaymentResponse](e, p, getPayment)
+		before, _ := e.svc.executions()
+		malformed := [][]string{{`"k1`}, {"k1,k2"}, {`"k1", "k2"`}, {`"k1";p=1`}, {"k 1"}, {p.header("k1"), p.header("k2")}}
+		if p.grpc {
+			// gRPC metadata carries the key as it is.
+			malformed = [][]string{{"k 1"}, {strings.Repeat("k", 256)}, {"k1", "k2"}}
+		}
+		for _, values := range malformed {
+			req := keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, "")
+			for _, v := range values {
+				req.Header().Add(interceptor.HTTPKeyHeader, v)
+			}
+			_, err := client.CallUnary(t.Context(), req)
+			ce := wantCode(t, err, connect.CodeInvalidArgument)
+			if v := violation(ce); v.GetField() != interceptor.KeyHeader {
+				t.Errorf("key %q: violation %v, want one on %s", values, v, interceptor.KeyHeader)
+			}
+		}
+		if runs, _ := e.svc.executions(); runs != before {
+			t.Errorf("the handler ran %d times for malformed keys, want 0", runs-before)
+		}
+		for range 2 {
+			resp, err := client.CallUnary(t.Context(), keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, p.header("k1")))
+			if err != nil || resp.Msg.GetPayment().GetId() != "pay_1" {
+				t.Errorf("a well-formed key: %v, %v", resp, err)
+			}
+		}
+		if runs, keys := e.svc.executions(); runs != before+2 || keys[len(keys)-1] != "" {
+			t.Errorf("%d executions with a well-formed key, the last keyed %q; want 2, unkeyed", runs-before, keys[len(keys)-1])
+		}
+	})
+	if n := e.keys(t); n != 0 {
+		t.Errorf("%d keys, want none", n)
+	}
 }
 
 func TestTenantFromHeaders(t *testing.T) {

@@ -177,7 +177,7 @@ func TestPlainHTTPJSON(t *testing.T) {
 	resp, body = post(t, order, "")
 	wantError(t, resp, body, http.StatusBadRequest, "invalid_argument", "required", "google.rpc.BadRequest")
 	resp, body = post(t, order, `"k2`)
-	wantError(t, resp, body, http.StatusBadRequest, "invalid_argument", "no closing double quote", "google.rpc.BadRequest")
+	wantError(t, resp, body, http.StatusBadRequest, "invalid_argument", "Structured Field String", "google.rpc.BadRequest")
 
 	// In flight: 409 with Retry-After.
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -1,15 +1,18 @@
 // Package idemgateway serves idem's contract over HTTP/JSON through
 // grpc-gateway, as draft-ietf-httpapi-idempotency-key-header describes it:
 // the client sends its key in the Idempotency-Key header, a replay carries
-// Idempotent-Replayed: true, and idem's refusals are answered with the
-// draft's status codes and RFC 9457 problem details.
+// Idempotent-Replayed: true, the first answer and every replay carry
+// Idempotency-Key-Expires (the key's expiry, RFC 3339), and idem's refusals
+// are answered with the draft's status codes and RFC 9457 problem details.
+// The headers have the names Connect clients of idem see (package
+// idemconnect), without grpc-gateway's Grpc-Metadata- prefix.
 //
 // grpc-gateway calls the gRPC server, so idem's server interceptor
 // ([interceptor.UnaryServerInterceptor]) does the work, with the same store,
 // fingerprint and scope as for gRPC clients: a call over gRPC and its retry
 // over HTTP are one operation, and the retry gets the recorded response,
 // rendered as JSON. This package only translates: the key from HTTP to
-// gRPC metadata, the replay marker back, and idem's errors to HTTP.
+// gRPC metadata, idem's response headers back, and idem's errors to HTTP.
 //
 // # Usage
 //
@@ -43,10 +46,12 @@
 //
 //	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
 //
-// The bare form that many clients send is taken too
+// The bare form that many clients send is taken too, when it is one token
 // (Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324); both name the
 // same key, which must then follow idem's rule (1 to 255 visible ASCII
-// characters; see [interceptor.ParseHTTPKey]). [KeyMiddleware] parses the
+// characters; see [interceptor.ParseHTTPKey]). A value that holds more than
+// one key (order-1,order-2, as a proxy joins two header lines, or a list of
+// Strings) or a String with parameters is malformed. [KeyMiddleware] parses the
 // header before the call and hands the gRPC server the key itself, in
 // metadata idempotency-key ([interceptor.KeyHeader]). A malformed value, or
 // more than one header, is answered at once with 400 and a problem detail
@@ -86,8 +91,12 @@
 //
 // Retry-After is in seconds, the RetryInfo delay of the gRPC error rounded
 // up. An error is idem's when it carries a google.rpc.ErrorInfo of domain
-// idem with one of the reasons above, or when it is INVALID_ARGUMENT with a
-// BadRequest field violation on idempotency-key. Every other error, such as
+// idem with one of the reasons above, which the gRPC server chose: a key
+// is missing or malformed as the server found it, in the header or in the
+// request's key field (a string field marked (idem.v1.field).key), whether
+// or not an Idempotency-Key header came. An INVALID_ARGUMENT error with a
+// BadRequest field violation on idempotency-key and no such ErrorInfo (from
+// a server of an earlier idem release) counts as a malformed key. Every other error, such as
 // a handler's own (recorded and replayed, or not), is left to the next error
 // handler, by default grpc-gateway's [runtime.DefaultHTTPErrorHandler]; a
 // replayed one carries Idempotent-Replayed: true.

@@ -44,7 +44,8 @@ const createMethod = gatewaytestv1.TransferService_CreateTransfer_FullMethodName
 type service struct {
 	gatewaytestv1.UnimplementedTransferServiceServer
 	pool  *pgxpool.Pool
-	calls atomic.Int64
+	calls atomic.Int64 // of CreateTransfer
+	reads atomic.Int64 // of GetTransfer
 
 	mu sync.Mutex
 	// hook, if set, runs first in CreateTransfer: it may block, or fail
@@ -100,6 +101,7 @@ func (s *service) CreateTransfer(ctx context.Context, req *gatewaytestv1.CreateT
 }
 
 func (s *service) GetTransfer(ctx context.Context, req *gatewaytestv1.GetTransferRequest) (*gatewaytestv1.GetTransferResponse, error) {
+	s.reads.Add(1)
 	tenant, err := tenantOf(ctx)
 	if err != nil {
 		return nil, err
@@ -395,15 +397,22 @@ func TestKeyMalformed(t *testing.T) {
 		values     []string
 		want       string
 	}{
-		{"unterminated", "/v1/transfers", []string{`"order-3`}, "no closing double quote"},
+		{"unterminated", "/v1/transfers", []string{`"order-3`}, "Structured Field String"},
 		{"space", "/v1/transfers", []string{`"order 3"`}, "visible ASCII"},
 		{"empty", "/v1/transfers", []string{``}, "must not be empty"},
 		{"empty quoted", "/v1/transfers", []string{`""`}, "must not be empty"},
 		{"stray quote", "/v1/transfers", []string{`order"3`}, "double quote"},
-		{"after the quote", "/v1/transfers", []string{`"order-3"x`}, "after its closing quote"},
+		{"after the quote", "/v1/transfers", []string{`"order-3"x`}, "Structured Field String"},
 		{"too long", "/v1/transfers", []string{strings.Repeat("k", 256)}, "at most 255 bytes"},
 		{"two headers", "/v1/transfers", []string{"order-3", "order-4"}, "sent 2 times"},
-		{"on a method idem stands aside from", "/v1/transfers/1", []string{`"order-3`}, "no closing double quote"},
+		// Two header lines as a proxy merges them into one.
+		{"comma-joined", "/v1/transfers", []string{"order-3,order-4"}, "more than one key"},
+		{"comma-joined, spaced", "/v1/transfers", []string{"order-3, order-4"}, "more than one key"},
+		{"a list of Strings", "/v1/transfers", []string{`"order-3", "order-4"`}, "more than one key"},
+		{"parameters", "/v1/transfers", []string{`"order-3";p=1`}, "parameters"},
+		{"not a token", "/v1/transfers", []string{`order:3`}, "token"},
+		{"on a method idem stands aside from", "/v1/transfers/1", []string{`"order-3`}, "Structured Field String"},
+		{"comma-joined, on a method idem stands aside from", "/v1/transfers/1", []string{"order-3,order-4"}, "more than one key"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var headers []string

@@ -41,12 +41,12 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return
 		}
 		if len(values) > 1 {
-			writeProblem(w, invalidKey("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
+			writeProblem(w, headerInvalid("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
 			return
 		}
 		key, err := interceptor.ParseHTTPKey(values[0])
 		if err != nil {
-			writeProblem(w, invalidKey(err.Error()))
+			writeProblem(w, headerInvalid(err.Error()))
 			return
 		}
 		if key != values[0] {
@@ -81,22 +81,32 @@ func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 }
 
 // OutgoingHeaderMatcher returns an outgoing header matcher that sends idem's
-// replay marker, response metadata idempotent-replayed
-// ([interceptor.ReplayedHeader]), as the HTTP header Idempotent-Replayed
-// ([interceptor.HTTPReplayedHeader]), and leaves the rest of the response
-// metadata to next. By default (nil) next does what grpc-gateway does by
-// default: it forwards each key as the header Grpc-Metadata-<key>.
+// response metadata under the HTTP names a Connect server sends it with
+// too, and leaves the rest of the response metadata to next:
+// idempotent-replayed ([interceptor.ReplayedHeader]) as the header
+// Idempotent-Replayed ([interceptor.HTTPReplayedHeader]), and
+// idempotency-key-expires ([interceptor.ExpiresHeader]) as
+// Idempotency-Key-Expires. By default (nil) next does what grpc-gateway
+// does by default: it forwards each key as the header Grpc-Metadata-<key>.
+// next never sees idem's keys, so no Grpc-Metadata- copy of them is sent.
 func OutgoingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcherFunc {
 	if next == nil {
 		next = defaultOutgoingHeaderMatcher
 	}
 	return func(key string) (string, bool) {
-		if strings.EqualFold(key, interceptor.ReplayedHeader) {
+		switch {
+		case strings.EqualFold(key, interceptor.ReplayedHeader):
 			return interceptor.HTTPReplayedHeader, true
+		case strings.EqualFold(key, interceptor.ExpiresHeader):
+			return httpExpiresHeader, true
 		}
 		return next(key)
 	}
 }
+
+// httpExpiresHeader is the HTTP name of [interceptor.ExpiresHeader], as
+// net/http (and so connect-go) writes it.
+var httpExpiresHeader = textproto.CanonicalMIMEHeaderKey(interceptor.ExpiresHeader)
 
 // defaultOutgoingHeaderMatcher is grpc-gateway's default outgoing header
 // matcher, which it does not export.

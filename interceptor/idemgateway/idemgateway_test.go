@@ -55,6 +55,8 @@ func TestOutgoingHeaderMatcher(t *testing.T) {
 		forwarded bool
 	}{
 		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
+		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
+		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
 		{idemgateway.OutgoingHeaderMatcher(nil), "x-request-id", "Grpc-Metadata-x-request-id", true}, // the default's
 		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
 		{idemgateway.OutgoingHeaderMatcher(upper), "x-request-id", "X-REQUEST-ID", true},
@@ -117,9 +119,18 @@ func TestErrorHandler(t *testing.T) {
 			http.StatusBadRequest, interceptor.ReasonResponseNotCached, ""},
 		{"scope invalid", "k", statusErr(codes.InvalidArgument, idemInfo(interceptor.ReasonScopeInvalid)),
 			http.StatusBadRequest, interceptor.ReasonScopeInvalid, ""},
-		{"missing", "", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M")),
+		{"missing", "", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(interceptor.ReasonKeyMissing)),
 			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
-		{"invalid", "k", statusErr(codes.InvalidArgument, keyViolation("must have exactly one value, got 2")),
+		{"invalid", "k", statusErr(codes.InvalidArgument, keyViolation("must have exactly one value, got 2"), idemInfo(interceptor.ReasonKeyInvalid)),
+			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
+		// The server decides, not the header: a key in the request's
+		// field is malformed although no header came.
+		{"invalid, from the request's field", "", statusErr(codes.InvalidArgument, keyViolation("the request's field request_id must be visible ASCII"), idemInfo(interceptor.ReasonKeyInvalid)),
+			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
+		{"missing, although a header came", "k", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(interceptor.ReasonKeyMissing)),
+			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
+		// A server of an idem release that set no ErrorInfo on key errors.
+		{"a violation alone", "", statusErr(codes.InvalidArgument, keyViolation("must not be empty")),
 			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
 		{"another domain", "k", statusErr(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: interceptor.ReasonKeyReused, Domain: "example.com"}),
 			http.StatusBadRequest, "", ""},

@@ -15,18 +15,21 @@ import (
 	"github.com/idemkit/idem/interceptor"
 )
 
-// Reasons of the problem details for a missing or a malformed key, which
-// over gRPC are INVALID_ARGUMENT with a BadRequest field violation on
-// idempotency-key, and no ErrorInfo. idem's other reasons are those of
+// Reasons of the problem details for a missing or a malformed key: those of
+// the gRPC errors' ErrorInfo ([interceptor.ReasonKeyMissing],
+// [interceptor.ReasonKeyInvalid]). idem's other reasons are those of
 // package interceptor, such as [interceptor.ReasonKeyReused].
 const (
 	// ReasonKeyMissing: the method requires an idempotency key and the
-	// request has no Idempotency-Key header. Send a new key with each new
-	// request, and the same key with every retry of it.
-	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// request has none, neither in an Idempotency-Key header nor in the
+	// request's key field. Send a new key with each new request, and the
+	// same key with every retry of it.
+	ReasonKeyMissing = interceptor.ReasonKeyMissing
 	// ReasonKeyInvalid: the request's Idempotency-Key header is malformed,
-	// or there is more than one; the problem's detail says what is wrong.
-	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	// or there is more than one, or the key in the request's key field is
+	// malformed, or differs from the header's; the problem's detail says
+	// what is wrong.
+	ReasonKeyInvalid = interceptor.ReasonKeyInvalid
 )
 
 // problemContentType is the media type of problem details in JSON
@@ -66,7 +69,7 @@ func ErrorHandler(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 		next = runtime.DefaultHTTPErrorHandler
 	}
 	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-		p := problemFor(r, err)
+		p := problemFor(err)
 		if p == nil {
 			next(ctx, mux, m, w, r, err)
 			return
@@ -111,9 +114,12 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// problemFor returns the problem of err, which the gateway met serving r, or
-// nil when err is not one of idem's answers.
-func problemFor(r *http.Request, err error) *problem {
+// problemFor returns the problem of err, or nil when err is not one of
+// idem's answers. What the answer is, the server decided: the ErrorInfo
+// reason of idem's error says it, and a BadRequest violation on
+// idempotency-key without one (from a server of an idem release that set
+// none) is a malformed key.
+func problemFor(err error) *problem {
 	st, ok := status.FromError(err)
 	if !ok {
 		return nil
@@ -142,21 +148,9 @@ func problemFor(r *http.Request, err error) *problem {
 	var p *problem
 	switch {
 	case info != nil:
-		p = reasonProblem(info.GetReason(), st)
+		p = reasonProblem(info.GetReason(), st, violation)
 	case violation != nil && st.Code() == codes.InvalidArgument:
-		// The key reached idem only from the Idempotency-Key header: see
-		// IncomingHeaderMatcher.
-		if len(r.Header.Values(interceptor.HTTPKeyHeader)) == 0 {
-			p = &problem{
-				Type:   gatewayDoc + "ReasonKeyMissing",
-				Title:  "Idempotency-Key is missing",
-				Status: http.StatusBadRequest,
-				Detail: "This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.",
-				Reason: ReasonKeyMissing,
-			}
-		} else {
-			p = invalidKey(violation.GetDescription())
-		}
+		p = keyInvalid(violation.GetDescription())
 	}
 	if p != nil && retry != nil {
 		p.retryAfter = retryAfter(retry.GetRetryDelay().AsDuration())
@@ -165,9 +159,23 @@ func problemFor(r *http.Request, err error) *problem {
 }
 
 // reasonProblem returns the problem of st, one of idem's errors with
-// ErrorInfo reason, or nil for a reason it does not know.
-func reasonProblem(reason string, st *status.Status) *problem {
+// ErrorInfo reason and, for a key that is missing or malformed, violation
+// (nil if none), or nil for a reason it does not know.
+func reasonProblem(reason string, st *status.Status, violation *errdetails.BadRequest_FieldViolation) *problem {
 	switch reason {
+	case interceptor.ReasonKeyMissing:
+		return &problem{
+			Type:   gatewayDoc + "ReasonKeyMissing",
+			Title:  "Idempotency-Key is missing",
+			Status: http.StatusBadRequest,
+			Detail: "This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.",
+			Reason: reason,
+		}
+	case interceptor.ReasonKeyInvalid:
+		if violation == nil {
+			return keyInvalid(st.Message())
+		}
+		return keyInvalid(violation.GetDescription())
 	case interceptor.ReasonKeyInUse:
 		return &problem{
 			Type:   interceptorDoc + "ReasonKeyInUse",
@@ -212,14 +220,23 @@ func reasonProblem(reason string, st *status.Status) *problem {
 	return nil
 }
 
-// invalidKey returns the problem of a malformed Idempotency-Key header;
+// headerInvalid returns the problem of a malformed Idempotency-Key header;
 // what says what is wrong with it.
-func invalidKey(what string) *problem {
+func headerInvalid(what string) *problem {
+	p := keyInvalid("")
+	p.Detail = "The Idempotency-Key header is malformed: " + what + "."
+	return p
+}
+
+// keyInvalid returns the problem of a malformed key, as the server found
+// it, in the header or in the request's key field; what says what is wrong
+// with it.
+func keyInvalid(what string) *problem {
 	return &problem{
 		Type:   gatewayDoc + "ReasonKeyInvalid",
 		Title:  "Idempotency-Key is malformed",
 		Status: http.StatusBadRequest,
-		Detail: "The Idempotency-Key header is malformed: " + what + ".",
+		Detail: "The idempotency key is malformed: " + what + ".",
 		Reason: ReasonKeyInvalid,
 	}
 }

@@ -36,7 +36,10 @@ type CreateTransferRequest struct {
 	// amount_cents must be positive.
 	AmountCents int64 `protobuf:"varint,3,opt,name=amount_cents,json=amountCents,proto3" json:"amount_cents,omitempty"`
 	// labels are stored with the transfer.
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// request_id carries the call's key when the Idempotency-Key header
+	// does not.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -99,6 +102,13 @@ func (x *CreateTransferRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *CreateTransferRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // CreateTransferResponse returns the recorded transfer.
 type CreateTransferResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -149,7 +159,10 @@ func (x *CreateTransferResponse) GetTransfer() *Transfer {
 type GetTransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// id is the transfer's id.
-	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// request_id may carry a key, which GetTransfer, free of side effects,
+	// ignores when it is well-formed.
+	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +200,13 @@ func (*GetTransferRequest) Descriptor() ([]byte, []int) {
 func (x *GetTransferRequest) GetId() string {
 	if x != nil {
 		return x.Id
+	}
+	return ""
+}
+
+func (x *GetTransferRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -324,20 +344,24 @@ var File_idem_gatewaytest_v1_gatewaytest_proto protoreflect.FileDescriptor
 
 const file_idem_gatewaytest_v1_gatewaytest_proto_rawDesc = "" +
 	"\n" +
-	"%idem/gatewaytest/v1/gatewaytest.proto\x12\x13idem.gatewaytest.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15idem/v1/options.proto\"\x87\x02\n" +
+	"%idem/gatewaytest/v1/gatewaytest.proto\x12\x13idem.gatewaytest.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15idem/v1/options.proto\"\xae\x02\n" +
 	"\x15CreateTransferRequest\x12!\n" +
 	"\ffrom_account\x18\x01 \x01(\tR\vfromAccount\x12\x1d\n" +
 	"\n" +
 	"to_account\x18\x02 \x01(\tR\ttoAccount\x12!\n" +
 	"\famount_cents\x18\x03 \x01(\x03R\vamountCents\x12N\n" +
-	"\x06labels\x18\x04 \x03(\v26.idem.gatewaytest.v1.CreateTransferRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v26.idem.gatewaytest.v1.CreateTransferRequest.LabelsEntryR\x06labels\x12%\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tB\x06\xe2\x9c\x1e\x02\x10\x01R\trequestId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
 	"\x16CreateTransferResponse\x129\n" +
-	"\btransfer\x18\x01 \x01(\v2\x1d.idem.gatewaytest.v1.TransferR\btransfer\"$\n" +
+	"\btransfer\x18\x01 \x01(\v2\x1d.idem.gatewaytest.v1.TransferR\btransfer\"K\n" +
 	"\x12GetTransferRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"P\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tB\x06\xe2\x9c\x1e\x02\x10\x01R\trequestId\"P\n" +
 	"\x13GetTransferResponse\x129\n" +
 	"\btransfer\x18\x01 \x01(\v2\x1d.idem.gatewaytest.v1.TransferR\btransfer\"\xfd\x01\n" +
 	"\bTransfer\x12\x0e\n" +
