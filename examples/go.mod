@@ -6,8 +6,8 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/interceptor/idemgateway v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/interceptor/idemgateway v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.24.1
@@ -49,10 +49,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-// The examples live in idem's repository and build against it (and its
-// grpc-gateway adapter); what only they need (the NATS client, the
-// OpenTelemetry SDK, grpc-gateway) stays out of idem's own go.mod.
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/interceptor/idemgateway => ../interceptor/idemgateway
-)
+// The examples are a module of their own: what only they need (the NATS
+// client, the OpenTelemetry SDK, grpc-gateway) stays out of idem's own
+// go.mod. They require tagged versions of idem and its grpc-gateway adapter;
+// go.work builds them against the repository's.

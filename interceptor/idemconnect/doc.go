@@ -3,8 +3,8 @@
 // (package [interceptor]), over the three protocols a connect-go handler
 // serves: Connect, gRPC and gRPC-Web.
 //
-// It lives in a Go module of its own, so that programs that use idem with
-// grpc-go only never download connect-go.
+// It is a package of idem's module: connect-go requires only protobuf and
+// go-cmp, so programs that use idem with grpc-go only build none of it.
 //
 // # Handlers
 //

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	google.golang.org/genproto/googleapis/api v0.0.0-20261026165753-2ffab32bce7e
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
@@ -33,6 +33,6 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-// idemgateway lives in idem's repository and builds against it. It is a
-// module of its own so that only its users download grpc-gateway.
-replace github.com/idemkit/idem => ../..
+// idemgateway is a module of its own so that only its users download
+// grpc-gateway. It requires a tagged version of idem (go.work joins the two
+// for development; CONTRIBUTING.md, "Releasing", gives the tag order).

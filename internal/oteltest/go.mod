@@ -3,7 +3,7 @@ module github.com/idemkit/idem/internal/oteltest
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -34,5 +34,6 @@ require (
 )
 
 // These tests check idem's metrics and spans with the OpenTelemetry SDK,
-// which idem itself must not depend on: they are a module of their own.
-replace github.com/idemkit/idem => ../..
+// which idem itself must not depend on: they are a module of their own. It
+// requires a tagged version of idem; go.work builds it against the
+// repository's.
