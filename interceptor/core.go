@@ -309,6 +309,9 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	lc, err := e.store.Lease(cctx, key, r, m.lease)
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
+	if errors.Is(err, store.ErrCorrupt) {
+		return Answer{}, e.stepsUnreadable(ctx, c, err)
+	}
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
 	}

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -62,5 +63,43 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	var body []byte
 	if err := pool.QueryRow(ctx, `SELECT response FROM idempotency_keys`).Scan(&body); err != nil || string(body) != "mine" {
 		t.Fatalf("recorded %q, %v", body, err)
+	}
+}
+
+// TestLeaseOfUnreadableStepsIsCorrupt: a key whose saved steps cannot be
+// decoded is refused with store.ErrCorrupt, by every claim (the lease the
+// takeover took is ended at once, so the next claim does not find the key
+// in use), and only such a key: a claim that fails for another reason is
+// not.
+func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || first.Lease == nil {
+		t.Fatalf("first lease: %+v, %v", first, err)
+	}
+	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+		t.Fatal(err)
+	}
+	// The steps are damaged, and the worker dies: its lease runs out.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_steps = '\x0a05ff'::bytea, locked_until = now()`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		if !errors.Is(err, store.ErrCorrupt) || c.Lease != nil || c.Entry != nil {
+			t.Fatalf("claim %d of a key with unreadable steps: %+v, %v; want store.ErrCorrupt", i+1, c, err)
+		}
+	}
+	// Another request under the key is still told it is another request.
+	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	if err != nil || c.Entry == nil {
+		t.Fatalf("claim with another fingerprint: %+v, %v; want the entry", c, err)
+	}
+	// A failure of another kind is not corruption.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
 	}
 }
