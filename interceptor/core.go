@@ -330,8 +330,10 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 		}
 	}()
 
-	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
+	cl := &callLease{Lease: l, d: m.lease}
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, cl))
 	defer cancel(nil)
+	cl.lost = cancel
 	stop := e.heartbeat(bctx, key, l, m.lease, cancel)
 	defer stop() // when the handler panics
 	rec := &leaseRecorder{lease: l, stop: stop}

@@ -96,8 +96,9 @@
 // a lease has run out, a retry with the same request takes the key over and
 // resumes from the last recovery point the handler saved
 // ([SaveRecoveryPoint], [LastRecoveryPoint]); the earlier worker can then
-// record nothing, its context is cancelled with store.ErrLeaseLost when the
-// heartbeat notices, and its caller gets ABORTED with ErrorInfo reason
+// record nothing and runs no further [Step] (each checks the lease before it
+// runs), its context is cancelled with store.ErrLeaseLost when the heartbeat
+// or a step notices, and its caller gets ABORTED with ErrorInfo reason
 // IDEMPOTENCY_LEASE_LOST. A transient error releases the key as in atomic
 // mode, except after a recovery point was saved: then the lease ends at
 // once and the claim stays, so the retry takes over and resumes. Do not

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -211,6 +212,11 @@ type lease struct {
 	tookOver bool // the claim took the key over from an earlier owner
 	kept     bool // the row keeps the request for a completer
 
+	// lost is set once a write found the lease lost: no later write
+	// can match the row again (tokens are never reused), so they fail
+	// without a round trip.
+	lost atomic.Bool
+
 	mu       sync.Mutex
 	point    *store.RecoveryPoint
 	steps    []store.RecoveryPoint
@@ -385,14 +391,18 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // exec runs a statement guarded by the lease's token and reports
-// store.ErrLeaseLost when it matched no row.
+// store.ErrLeaseLost when it matched no row, then and from then on.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
+	if l.lost.Load() {
+		return store.ErrLeaseLost
+	}
 	args = append([]any{l.id, l.token, l.tenant}, args...)
 	tag, err := l.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
 	}
 	if tag.RowsAffected() == 0 {
+		l.lost.Store(true)
 		return store.ErrLeaseLost
 	}
 	return nil

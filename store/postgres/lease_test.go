@@ -103,3 +103,30 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
 	}
 }
+
+// TestFencedLeaseKnowsItIsFenced: once a write of a lease found it lost,
+// the lease reports store.ErrLeaseLost to every later write without asking
+// the database again (here, a closed pool would answer otherwise).
+func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("lease: %+v, %v", c, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET fencing_token = fencing_token + 1`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Lease.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Extend of a taken-over lease: %v, want ErrLeaseLost", err)
+	}
+	pool.Close()
+	for name, err := range map[string]error{
+		"extend": c.Lease.Extend(ctx, time.Minute),
+		"save":   c.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
+	} {
+		if !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("%s after the lease was found lost: %v, want ErrLeaseLost", name, err)
+		}
+	}
+}
