@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"slices"
-	"strconv"
 	"sync"
 
 	"github.com/google/uuid"
@@ -29,11 +28,14 @@ import (
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
-//  3. inside a keyed handler (see [KeyFromContext]), the child key
-//     [DeriveKey](request, step) of the request's tenant, method and key,
-//     where step is the name set with [ContextWithStep], else the full method
-//     name, "#" and the call's ordinal among this request's calls to that
-//     method ("#1" for the first, "#2" for the second);
+//  3. inside a keyed handler (see [KeyFromContext]), a child key of the
+//     request's tenant, method and key: [DeriveKey](request, step) for a
+//     call made with the step name set with [ContextWithStep]; else the
+//     hex-encoded SHA-256 of the request's tenant, method and key, "call",
+//     the full method name called and the call's ordinal among this
+//     request's calls to that method ("1" for the first, "2" for the
+//     second), each part length-prefixed as DeriveKey writes them, so that
+//     no step name, whatever it is, shares a key with a call's ordinal;
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
 //
@@ -156,7 +158,7 @@ func derive(ctx context.Context, parent store.Key, method string) (string, error
 		return "", status.Error(codes.Internal, "idem: the context holds a request key but no call counter; "+
 			"keyed requests must be set up by the server interceptor")
 	}
-	return DeriveKey(parent, method+"#"+strconv.Itoa(calls.next(method))), nil
+	return callKey(parent, method, calls.next(method)), nil
 }
 
 // callCounter numbers a keyed request's outbound calls per method.

@@ -111,8 +111,8 @@ func TestOutgoingKeys(t *testing.T) {
 	}
 	parent := store.Key{Method: do, Key: "parent"}
 	want := [][]string{
-		{interceptor.DeriveKey(parent, do+"#1")},
-		{interceptor.DeriveKey(parent, do+"#2")},
+		{interceptor.CallKey(parent, do, 1)},
+		{interceptor.CallKey(parent, do, 2)},
 		{"other"},
 	}
 	if !slices.EqualFunc(inside, want, slices.Equal) {
