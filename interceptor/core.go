@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -152,7 +151,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	keys, err := requestKeys(m, call)
 	if err != nil {
 		c.settle(ResultInvalidKey)
-		return Answer{}, invalidKey(err.Error())
+		return Answer{}, err
 	}
 	key, ok, err := keyFrom(keys)
 	if err != nil {
@@ -259,7 +258,7 @@ func (e *Engine) completion(ctx context.Context, call Call) (*store.Completion, 
 // requestKeys returns the values of the call's key: the transport's, or
 // else the one its request carries in the field marked
 // (idem.v1.field).key. A request field and a transport key that differ are
-// an error.
+// refused, with the status the client gets.
 func requestKeys(m *method, call Call) ([]string, error) {
 	if m.keyField == nil || call.Request == nil {
 		return call.Keys, nil
@@ -273,7 +272,7 @@ func requestKeys(m *method, call Call) ([]string, error) {
 	case len(call.Keys) == 1 && call.Keys[0] == v:
 		return call.Keys, nil
 	}
-	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", m.keyField.Name())
+	return nil, keysDiffer(string(m.keyField.Name()))
 }
 
 // passThrough runs a call idem stands aside from.

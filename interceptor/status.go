@@ -185,3 +185,17 @@ func (e *Engine) stepsUnreadable(ctx context.Context, c *callState, err error) e
 		"so it cannot be resumed without running them twice; retrying does not help until the service's operator has checked it"+e.detail(err),
 		&errdetails.ErrorInfo{Reason: ReasonStepsUnreadable, Domain: Domain})
 }
+
+// keysDiffer is the answer to a call whose request field field, marked
+// (idem.v1.field).key, and its transport's key (metadata [KeyHeader], or an
+// HTTP Idempotency-Key header) carry different keys: it names both, and
+// blames neither alone.
+func keysDiffer(field string) error {
+	return withDetails(codes.InvalidArgument,
+		"idem: the request's field "+field+" and the call's "+KeyHeader+" (metadata, or HTTP header Idempotency-Key) carry different idempotency keys; "+
+			"send the key in one of them, or the same key in both",
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: field, Description: "differs from the idempotency key in " + KeyHeader},
+			{Field: KeyHeader, Description: "differs from the idempotency key in the request's field " + field},
+		}})
+}

@@ -160,6 +160,41 @@ func TestClientDerivesChildKeys(t *testing.T) {
 	}
 }
 
+// A request that carries its key in request_id, the field marked
+// (idem.v1.field).key (AIP-155), is sent with that key and no other: every
+// attempt of a retrying interceptor below idem's runs under it, and the
+// payment is made once.
+func TestClientSendsTheRequestFieldKey(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run == 1 {
+				return connect.NewError(connect.CodeUnavailable, errors.New("try again"))
+			}
+			return nil
+		})
+		client := e.payments(p, idemconnect.NewClientInterceptor(), retrying(3))
+		msg := payment(1250)
+		msg.RequestId = "req-" + p.name
+		for _, ctx := range []context.Context{t.Context(), interceptor.ContextWithKey(t.Context(), "elsewhere")} {
+			if _, err := client.CallUnary(ctx, connect.NewRequest(msg)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runs, keys := e.svc.executions()
+		if want := []string{msg.RequestId, msg.RequestId}; runs != 2 || !slices.Equal(keys, want) {
+			t.Fatalf("%d executions under keys %q, want 2 under %q (the second call a replay)", runs, keys, want)
+		}
+		for i, h := range e.svc.headers() {
+			if h != "" && h != p.header(msg.RequestId) {
+				t.Errorf("attempt %d carried the key header %q besides request_id %q", i+1, h, msg.RequestId)
+			}
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
 // callKey is the key of the n-th call to method that the request parent
 // makes without naming a step, as the client interceptor derives it: the
 // hex-encoded SHA-256 of the parent's tenant, method and key, "call",
