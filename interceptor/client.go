@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"slices"
-	"strconv"
 	"sync"
 
 	"github.com/google/uuid"
@@ -11,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/idemkit/idem/store"
 )
@@ -24,16 +25,24 @@ import (
 // or [WithKeyedMethods] selects it; IDEMPOTENT and NO_SIDE_EFFECTS methods
 // never are. The key is, in order of precedence:
 //
+//  0. the key the request carries in its field marked (idem.v1.field).key
+//     (a request_id, as AIP-155 has it), when that field is set: it is the
+//     call's key, on every retry, and idem attaches none of its own (the
+//     caller's metadata goes as it is, less the key of the request being
+//     handled). An empty field changes nothing;
 //  1. the key set with [ContextWithKey], sent as it is (to optional-key methods
 //     too);
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
-//  3. inside a keyed handler (see [KeyFromContext]), the child key
-//     [DeriveKey](request, step) of the request's tenant, method and key,
-//     where step is the name set with [ContextWithStep], else the full method
-//     name, "#" and the call's ordinal among this request's calls to that
-//     method ("#1" for the first, "#2" for the second);
+//  3. inside a keyed handler (see [KeyFromContext]), a child key of the
+//     request's tenant, method and key: [DeriveKey](request, step) for a
+//     call made with the step name set with [ContextWithStep]; else the
+//     hex-encoded SHA-256 of the request's tenant, method and key, "call",
+//     the full method name called and the call's ordinal among this
+//     request's calls to that method ("1" for the first, "2" for the
+//     second), each part length-prefixed as DeriveKey writes them, so that
+//     no step name, whatever it is, shares a key with a call's ordinal;
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
 //
@@ -50,7 +59,7 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		ctx, opts = trackAttempts(ctx, opts)
 		md, _ := metadata.FromOutgoingContext(ctx)
 		sent := md.Get(KeyHeader)
-		keys, err := k.For(ctx, method, sent)
+		keys, err := k.For(ctx, method, req, sent)
 		if err != nil {
 			return err
 		}
@@ -88,17 +97,20 @@ func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
 	}
 }
 
-// For returns the idempotency keys a call of fullMethod made with ctx
-// carries, given the keys sent, which the caller put on the call itself
-// (usually none): one key of idem's, or sent as it is, or sent less the key
-// of the request being handled in ctx, which is never forwarded. The keys
-// are values, decoded from their transport's syntax. An error is a status
-// error that fails the call before it is sent: INVALID_ARGUMENT for a key
-// set with [ContextWithKey] that [ValidateKey] refuses. Each call of For
-// with a key counts in the metric idem.client.keys (see
-// [WithMeterProvider]): call it once per logical call.
-func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, sent []string) ([]string, error) {
-	key, src, err := k.keyFor(ctx, fullMethod, sent)
+// For returns the idempotency keys a call of fullMethod made with ctx and
+// the request message req carries, given the keys sent, which the caller
+// put on the call itself (usually none): one key of idem's, or sent as it
+// is, or sent less the key of the request being handled in ctx, which is
+// never forwarded. When req carries its key in its field marked
+// (idem.v1.field).key, For adds no key of idem's: the field's is the
+// call's. The keys are values, decoded from their transport's syntax. An
+// error is a status error that fails the call before it is sent:
+// INVALID_ARGUMENT for a key set with [ContextWithKey] that [ValidateKey]
+// refuses. Each call of For with a key counts in the metric
+// idem.client.keys (see [WithMeterProvider]): call it once per logical
+// call.
+func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, req any, sent []string) ([]string, error) {
+	key, src, err := k.keyFor(ctx, fullMethod, req, sent)
 	if err != nil {
 		return nil, err
 	}
@@ -112,14 +124,17 @@ func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, sent []string
 	return sent, nil
 }
 
-// keyFor returns the key to send with a call of method that carries the
-// keys sent, or "" to send no key of idem's: sent then goes as it is, less
-// the request's own key. It also says where the call's key comes from, ""
-// when it carries none.
-func (k *OutgoingKeys) keyFor(ctx context.Context, method string, sent []string) (string, keySource, error) {
+// keyFor returns the key to send with a call of method whose request is
+// req and that carries the keys sent, or "" to send no key of idem's: sent
+// then goes as it is, less the request's own key. It also says where the
+// call's key comes from, "" when it carries none.
+func (k *OutgoingKeys) keyFor(ctx context.Context, method string, req any, sent []string) (string, keySource, error) {
 	m := k.methods.lookup(method)
 	if m.exempt {
 		return "", "", nil
+	}
+	if fieldKey(m, req) != "" {
+		return "", sourceCaller, nil // the request's own field carries it
 	}
 	if key, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
 		if err := ValidateKey(key); err != nil {
@@ -145,6 +160,22 @@ func (k *OutgoingKeys) keyFor(ctx context.Context, method string, sent []string)
 	return u.String(), sourceGenerated, nil
 }
 
+// fieldKey returns the key req carries in the field of method m marked
+// (idem.v1.field).key; "" when it has none, or req is not m's request.
+func fieldKey(m *method, req any) string {
+	msg, ok := req.(proto.Message)
+	if m.keyField == nil || !ok || msg == nil {
+		return ""
+	}
+	r := msg.ProtoReflect()
+	fd := r.Descriptor().Fields().ByNumber(m.keyField.Number())
+	if r.Descriptor().FullName() != m.keyField.ContainingMessage().FullName() ||
+		fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() {
+		return ""
+	}
+	return r.Get(fd).String()
+}
+
 // derive returns the child key of the request parent for the next call of
 // method.
 func derive(ctx context.Context, parent store.Key, method string) (string, error) {
@@ -156,7 +187,7 @@ func derive(ctx context.Context, parent store.Key, method string) (string, error
 		return "", status.Error(codes.Internal, "idem: the context holds a request key but no call counter; "+
 			"keyed requests must be set up by the server interceptor")
 	}
-	return DeriveKey(parent, method+"#"+strconv.Itoa(calls.next(method))), nil
+	return callKey(parent, method, calls.next(method)), nil
 }
 
 // callCounter numbers a keyed request's outbound calls per method.

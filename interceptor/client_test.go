@@ -495,10 +495,10 @@ func TestClientDerivesChildKeys(t *testing.T) {
 
 	scope := store.Key{Method: methodDo, Key: parent}
 	want := []string{
-		interceptor.DeriveKey(scope, methodDo+"#1"),
-		interceptor.DeriveKey(scope, methodDo+"#2"),
+		interceptor.CallKey(scope, methodDo, 1),
+		interceptor.CallKey(scope, methodDo, 2),
 		interceptor.DeriveKey(scope, "named"),
-		interceptor.DeriveKey(scope, methodDo+"#3"),
+		interceptor.CallKey(scope, methodDo, 3),
 	}
 	var got []string
 	for _, a := range downRec.of(methodDo) {
@@ -654,7 +654,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	seen := map[string]bool{}
 	for i, op := range ops {
 		scope := store.Key{Tenant: op.tenant, Method: op.method, Key: parent}
-		want := []string{interceptor.DeriveKey(scope, methodDo+"#1"), interceptor.DeriveKey(scope, "charge")}
+		want := []string{interceptor.CallKey(scope, methodDo, 1), interceptor.DeriveKey(scope, "charge")}
 		if got := up.child(op.tenant, op.method); got != want[1] {
 			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
 		}
@@ -740,7 +740,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 		t.Errorf("Maybe with ContextWithKey received %s, want refund-1", k)
 	}
 	child := onlyKey(t, downRec.of(methodDo)[0])
-	if want := interceptor.DeriveKey(store.Key{Method: methodDo, Key: parent}, methodDo+"#1"); child != want {
+	if want := interceptor.CallKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1); child != want {
 		t.Errorf("Do received key %s, want the child key %s", child, want)
 	}
 	// Read and the first Maybe ran without a key, Do under its child key.

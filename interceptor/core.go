@@ -149,7 +149,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	keys, err := requestKeys(m, call)
 	if err != nil {
 		c.settle(ResultInvalidKey)
-		return Answer{}, invalidKey(err.Error())
+		return Answer{}, err
 	}
 	key, ok, err := keyFrom(keys)
 	if err != nil {
@@ -262,7 +262,7 @@ func (e *Engine) completion(ctx context.Context, call Call) (*store.Completion, 
 // requestKeys returns the values of the call's key: the transport's, or
 // else the one its request carries in the field marked
 // (idem.v1.field).key. A request field and a transport key that differ are
-// an error.
+// refused, with the status the client gets.
 func requestKeys(m *method, call Call) ([]string, error) {
 	if m.keyField == nil || call.Request == nil {
 		return call.Keys, nil
@@ -273,13 +273,13 @@ func requestKeys(m *method, call Call) ([]string, error) {
 		return call.Keys, nil
 	case len(call.Keys) == 0:
 		if err := ValidateKey(v); err != nil {
-			return nil, fmt.Errorf("the request's field %s %w", fieldName(m.keyField), err)
+			return nil, invalidKey(fmt.Sprintf("the request's field %s %v", fieldName(m.keyField), err))
 		}
 		return []string{v}, nil
 	case len(call.Keys) == 1 && call.Keys[0] == v:
 		return call.Keys, nil
 	}
-	return nil, fmt.Errorf("differs from the request's field %s, which also carries it", fieldName(m.keyField))
+	return nil, keysDiffer(fieldName(m.keyField))
 }
 
 // fieldName names fd for a client: its name, and its JSON name when that
@@ -324,6 +324,9 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	lc, err := e.store.Lease(cctx, key, r, m.lease)
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
+	if errors.Is(err, store.ErrCorrupt) {
+		return Answer{}, e.stepsUnreadable(ctx, c, err)
+	}
 	if err != nil {
 		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
 	}
@@ -342,8 +345,10 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 		}
 	}()
 
-	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, l))
+	cl := &callLease{Lease: l, d: m.lease}
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, cl))
 	defer cancel(nil)
+	cl.lost = cancel
 	stop := e.heartbeat(bctx, key, l, m.lease, cancel)
 	defer stop() // when the handler panics
 	rec := &leaseRecorder{lease: l, stop: stop}

@@ -45,6 +45,53 @@ func TestDeriveKeyVectors(t *testing.T) {
 	}
 }
 
+// TestCallKeyVectors pins the key of a call that names no step, which is
+// stored downstream as DeriveKey's are. The vectors were computed
+// independently, as SHA-256 over tenant, method, key, "call", the method
+// called and the ordinal in decimal, each preceded by its length in bytes
+// as a big-endian uint64.
+func TestCallKeyVectors(t *testing.T) {
+	for _, v := range []struct {
+		tenant, method, key, called string
+		n                           int
+		want                        string
+	}{
+		{"acme", "/shop.v1.Shop/Checkout", "order-1", "/payments.v1.PaymentService/CreatePayment", 1, "de04c552101d4537f785dfa90c6f00d3d4beaf9cada2e0111865a893aa37613e"},
+		{"acme", "/shop.v1.Shop/Checkout", "order-1", "/payments.v1.PaymentService/CreatePayment", 2, "ad8b9dee195f4a5391e11553f73b8e4d9c5c98c94d9d03acc02e22be8719292f"},
+		// One key, other tenant, other method.
+		{"globex", "/shop.v1.Shop/Checkout", "order-1", "/payments.v1.PaymentService/CreatePayment", 1, "609a6f11ea184f7c3ea404b5a886f97cb3a1754dd91a599db5f238c02a57d72c"},
+		{"acme", "/shop.v1.Shop/Refund", "order-1", "/payments.v1.PaymentService/CreatePayment", 1, "d745b0a1df387f02042016d2231d854379f9e12120b7abc147b63429b82d5854"},
+		{"", "", "order-7f3a", "/provider.v1.ProviderService/Charge", 1, "4e10c920194e5d44db63e411c26e85f8e6dc19f6d76f206a1a3019b5269f93e2"},
+		{"", "", "order-7f3a", "/provider.v1.ProviderService/Charge", 12, "d74f1fff52a6ef479f6a489547fa18967b0f466e9ee84df81abdd3a707ee167e"},
+	} {
+		parent := store.Key{Tenant: v.tenant, Method: v.method, Key: v.key}
+		got := callKey(parent, v.called, v.n)
+		if got != v.want {
+			t.Errorf("callKey(%q, %q, %q, %q, %d) = %s, want %s", v.tenant, v.method, v.key, v.called, v.n, got, v.want)
+		}
+		if err := ValidateKey(got); err != nil {
+			t.Errorf("call key %s is not a valid key: %v", got, err)
+		}
+	}
+}
+
+// TestStepNamesNeverMeetCallKeys: a step named as a call's method and
+// ordinal, as the client interceptor once derived plain calls' keys, or as
+// the parts of a call's tuple, derives a key of its own.
+func TestStepNamesNeverMeetCallKeys(t *testing.T) {
+	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
+	const charge = "/provider.v1.ProviderService/Charge"
+	call := callKey(parent, charge, 1)
+	for _, step := range []string{charge + "#1", "call", charge, "1", "call" + charge + "1"} {
+		if DeriveKey(parent, step) == call {
+			t.Errorf("the step %q derives the key of the first call to %s", step, charge)
+		}
+	}
+	if callKey(parent, charge, 1) == callKey(parent, charge, 2) || callKey(parent, charge+"#1", 2) == callKey(parent, charge, 12) {
+		t.Error("two calls share a key")
+	}
+}
+
 func TestChildKey(t *testing.T) {
 	if k, ok := ChildKey(context.Background(), "charge"); ok || k != "" {
 		t.Fatalf("ChildKey outside a keyed request = %q, %v; want \"\", false", k, ok)

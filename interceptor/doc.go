@@ -104,8 +104,9 @@
 // a lease has run out, a retry with the same request takes the key over and
 // resumes from the last recovery point the handler saved
 // ([SaveRecoveryPoint], [LastRecoveryPoint]); the earlier worker can then
-// record nothing, its context is cancelled with store.ErrLeaseLost when the
-// heartbeat notices, and its caller gets ABORTED with ErrorInfo reason
+// record nothing and runs no further [Step] (each checks the lease before it
+// runs), its context is cancelled with store.ErrLeaseLost when the heartbeat
+// or a step notices, and its caller gets ABORTED with ErrorInfo reason
 // IDEMPOTENCY_LEASE_LOST. A transient error releases the key as in atomic
 // mode, except after a recovery point was saved: then the lease ends at
 // once and the claim stays, so the retry takes over and resumes. Do not
@@ -238,11 +239,12 @@
 // caller set one ([ContextWithKey], or the metadata). Inside a keyed handler it
 // derives a child key from the request's whole scope, its tenant, method and
 // key, and a step: [DeriveKey](request, step), where step is the name set
-// with [ContextWithStep] or else the method name and the call's ordinal
-// ("/payments.v1.PaymentService/CreatePayment#2" for the second call to
-// it). A retried request therefore sends the same child keys in the same
-// order and the services it calls replay instead of repeating. Two calls
-// never share a key, nor do two operations that share a key string in
+// with [ContextWithStep] (or [Step]); a call that names no step is keyed by
+// the method it calls and its ordinal among the request's calls to it (the
+// second call to CreatePayment, say), from a tuple that no step name
+// hashes like. A retried request therefore sends the same child keys in
+// the same order and the services it calls replay instead of repeating.
+// Two calls never share a key, nor do two operations that share a key string in
 // different tenants or methods. The request's own key is never forwarded:
 // a handler that copies its incoming metadata to its outgoing calls sends
 // keyed methods their child keys and other methods no key. [ChildKey]

@@ -192,3 +192,36 @@ func (e *Engine) log(ctx context.Context, level slog.Level, msg string, key stor
 func errTooManyKeys(n int) error {
 	return fmt.Errorf("must have exactly one value, got %d", n)
 }
+
+// ReasonStepsUnreadable is the ErrorInfo reason of a leased call whose
+// saved steps cannot be read (store.ErrCorrupt), answered with DATA_LOSS:
+// its steps may have run, so it is not run again, and retrying does not
+// help until an operator has checked it and deleted its key (see the
+// README, "Operations").
+const ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
+
+// stepsUnreadable logs, at ERROR with its scope, and answers a leased call
+// whose key's saved steps the store could not read.
+func (e *Engine) stepsUnreadable(ctx context.Context, c *callState, err error) error {
+	c.settle(ResultStoreError)
+	e.log(ctx, slog.LevelError, "idem: the saved steps of a leased call cannot be read, so it is not run again; "+
+		"every retry is answered DATA_LOSS until an operator has checked its side effects and deleted its row (README, Operations)", c.key, err)
+	return withDetails(codes.DataLoss, "idem: the saved steps of the request with this idempotency key cannot be read, "+
+		"so it cannot be resumed without running them twice; retrying does not help until the service's operator has checked it"+e.detail(err),
+		&errdetails.ErrorInfo{Reason: ReasonStepsUnreadable, Domain: Domain})
+}
+
+// keysDiffer is the answer to a call whose request field field, marked
+// (idem.v1.field).key, and its transport's key (metadata [KeyHeader], or an
+// HTTP Idempotency-Key header) carry different keys: it names both, and
+// blames neither alone.
+func keysDiffer(field string) error {
+	return withDetails(codes.InvalidArgument,
+		"idem: the request's field "+field+" and the call's "+KeyHeader+" (metadata, or HTTP header Idempotency-Key) carry different idempotency keys; "+
+			"send the key in one of them, or the same key in both",
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: field, Description: "differs from the idempotency key in " + KeyHeader},
+			{Field: KeyHeader, Description: "differs from the idempotency key in the request's field " + field},
+		}},
+		&errdetails.ErrorInfo{Reason: ReasonKeyInvalid, Domain: Domain})
+}

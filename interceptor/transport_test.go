@@ -63,7 +63,7 @@ func TestOutgoingKeys(t *testing.T) {
 	ctx := t.Context()
 	do, read, maybe := testv1.TestService_Do_FullMethodName, testv1.TestService_Read_FullMethodName, testv1.TestService_Maybe_FullMethodName
 
-	keys, err := k.For(ctx, do, nil)
+	keys, err := k.For(ctx, do, nil, nil)
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keyed method: %v, %v; want one new key", keys, err)
 	}
@@ -83,12 +83,12 @@ func TestOutgoingKeys(t *testing.T) {
 		{"ContextWithKey", interceptor.ContextWithKey(ctx, "set"), do, []string{"mine"}, []string{"set"}},
 		{"ContextWithKey, optional key", interceptor.ContextWithKey(ctx, "set"), maybe, nil, []string{"set"}},
 	} {
-		got, err := k.For(c.ctx, c.method, c.sent)
+		got, err := k.For(c.ctx, c.method, nil, c.sent)
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
 		}
 	}
-	_, err = k.For(interceptor.ContextWithKey(ctx, "a b"), do, nil)
+	_, err = k.For(interceptor.ContextWithKey(ctx, "a b"), do, nil, nil)
 	wantCode(t, err, codes.InvalidArgument)
 
 	// Inside a keyed handler: a child key, and never the request's own key.
@@ -100,7 +100,7 @@ func TestOutgoingKeys(t *testing.T) {
 			method string
 			sent   []string
 		}{{do, nil}, {do, []string{"parent"}}, {read, []string{"parent", "other"}}} {
-			keys, err := k.For(ctx, c.method, c.sent)
+			keys, err := k.For(ctx, c.method, nil, c.sent)
 			if err != nil {
 				return interceptor.Reply{}, err
 			}
@@ -113,8 +113,8 @@ func TestOutgoingKeys(t *testing.T) {
 	}
 	parent := store.Key{Method: do, Key: "parent"}
 	want := [][]string{
-		{interceptor.DeriveKey(parent, do+"#1")},
-		{interceptor.DeriveKey(parent, do+"#2")},
+		{interceptor.CallKey(parent, do, 1)},
+		{interceptor.CallKey(parent, do, 2)},
 		{"other"},
 	}
 	if !slices.EqualFunc(inside, want, slices.Equal) {

@@ -215,7 +215,8 @@ type Store interface {
 	// recovery point and invalidates the earlier owner's Lease). Otherwise it returns a
 	// LeaseClaim with Entry set: completed, or in progress with its
 	// LeaseRemaining (zero when an atomic claim holds it). It returns
-	// ErrInUse when the wait for a concurrent atomic claim ran out.
+	// ErrInUse when the wait for a concurrent atomic claim ran out, and
+	// ErrCorrupt when the key's saved steps cannot be read.
 	Lease(ctx context.Context, key Key, r Request, lease time.Duration) (LeaseClaim, error)
 }
 
@@ -390,3 +391,13 @@ type Lease interface {
 	// finishes it if no retry comes.
 	Release(ctx context.Context) error
 }
+
+// ErrCorrupt reports a key whose stored state cannot be read back: for a
+// leased claim, its saved steps, damaged outside idem (a manual edit, a
+// faulty restore). A store returns it only for data it read and could not
+// decode, never for a failure to reach or query its storage. The key's
+// steps may have run, so no request under it may run them again: every
+// claim of the key fails with ErrCorrupt, and retrying does not help, until
+// an operator has checked its side effects and deleted the key (or it
+// expires).
+var ErrCorrupt = errors.New("store: the key's stored state is unreadable")

@@ -16,9 +16,13 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,6 +32,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
+	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store"
@@ -72,11 +77,30 @@ func run(ctx context.Context, w io.Writer) error {
 // tenant is the tenant the example places its orders for.
 const tenant = "acme"
 
+// orderScope is the scope of the order whose key is orderKey.
+func orderScope(orderKey string) store.Key {
+	return store.Key{Tenant: tenant, Method: ordersv1.OrderService_PlaceOrder_FullMethodName, Key: orderKey}
+}
+
 // childKey is the key of the call PlaceOrder makes as step when its own key
 // is orderKey: the child key of the order's tenant, method and key.
 func childKey(orderKey, step string) string {
-	parent := store.Key{Tenant: tenant, Method: ordersv1.OrderService_PlaceOrder_FullMethodName, Key: orderKey}
-	return interceptor.DeriveKey(parent, step)
+	return interceptor.DeriveKey(orderScope(orderKey), step)
+}
+
+// callKey is the key of the n-th call to method that PlaceOrder makes
+// without naming a step when its own key is orderKey, as
+// interceptor.UnaryClientInterceptor derives it: the hex-encoded SHA-256 of
+// the order's tenant, method and key, "call", method and n, each preceded
+// by its length in bytes as a big-endian uint64.
+func callKey(orderKey, method string, n int) string {
+	parent := orderScope(orderKey)
+	h := sha256.New()
+	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		h.Write([]byte(s))
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // placeOrder calls PlaceOrder for [tenant] without a key of its own: the
@@ -139,8 +163,8 @@ func play(ctx context.Context, w io.Writer, s *system) error {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  CHILD KEY\tDERIVED FROM STEP\tRESULT")
 	steps := map[string]string{}
-	for _, step := range []string{"/payments.v1.PaymentService/CreatePayment#1", "/payments.v1.PaymentService/CreatePayment#2"} {
-		steps[childKey(a2[0].key, step)] = step
+	for n := 1; n <= 2; n++ {
+		steps[callKey(a2[0].key, paymentsv1.PaymentService_CreatePayment_FullMethodName, n)] = fmt.Sprintf("%s#%d", paymentsv1.PaymentService_CreatePayment_FullMethodName, n)
 	}
 	for _, a := range s.paymLog.all()[paymBefore:] {
 		step, ok := steps[a.key]

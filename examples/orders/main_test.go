@@ -18,10 +18,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
-const (
-	createPayment1 = "/payments.v1.PaymentService/CreatePayment#1"
-	createPayment2 = "/payments.v1.PaymentService/CreatePayment#2"
-)
+const createPayment = "/payments.v1.PaymentService/CreatePayment"
 
 func newSystem(t *testing.T) (*system, context.Context) {
 	t.Helper()
@@ -99,7 +96,7 @@ func TestCrashBeforeCommitRepeatsChildKeys(t *testing.T) {
 		t.Fatalf("orders server saw keys %q, want one key in two attempts", ks)
 	}
 	parent := ks[0]
-	goods, shipping := childKey(parent, createPayment1), childKey(parent, createPayment2)
+	goods, shipping := callKey(parent, createPayment, 1), callKey(parent, createPayment, 2)
 	if goods == shipping {
 		t.Fatal("the two payments share a key")
 	}

@@ -17,7 +17,9 @@ import (
 // options and rules: a new UUIDv7 outside a handler, a key derived from
 // the request's inside a keyed handler ([interceptor.DeriveKey]), the key
 // set with [interceptor.ContextWithKey], or the caller's own header; never
-// the key of the request being handled. Interceptors placed after it (a
+// the key of the request being handled. A request that carries its key in
+// its field marked (idem.v1.field).key (a request_id) gets no key of idem's:
+// the field's is the call's key, on every attempt. Interceptors placed after it (a
 // retrying one) send every attempt with the same key.
 //
 // The key goes in the request header Idempotency-Key: on Connect and
@@ -58,7 +60,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 				sent[n] = k
 			}
 		}
-		keys, err := c.keys.For(ctx, req.Spec().Procedure, sent)
+		keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
 		if err != nil {
 			return nil, connectError(status.Convert(err))
 		}

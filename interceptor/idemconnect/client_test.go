@@ -2,8 +2,12 @@ package idemconnect_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -142,7 +146,7 @@ func TestClientDerivesChildKeys(t *testing.T) {
 		}
 
 		parent := store.Key{Tenant: "acme", Method: do, Key: "parent-" + p.name}
-		want := []string{interceptor.DeriveKey(parent, createPayment+"#1"), interceptor.DeriveKey(parent, "refund")}
+		want := []string{callKey(parent, createPayment, 1), interceptor.DeriveKey(parent, "refund")}
 		n, keys := downstream.svc.executions()
 		if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
 			t.Errorf("downstream executions with keys %q, want %q", got, want)
@@ -154,4 +158,52 @@ func TestClientDerivesChildKeys(t *testing.T) {
 	if n := downstream.paid(t); n != 2*len(protocols) {
 		t.Errorf("%d payments, want 2 per protocol", n)
 	}
+}
+
+// A request that carries its key in request_id, the field marked
+// (idem.v1.field).key (AIP-155), is sent with that key and no other: every
+// attempt of a retrying interceptor below idem's runs under it, and the
+// payment is made once.
+func TestClientSendsTheRequestFieldKey(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run == 1 {
+				return connect.NewError(connect.CodeUnavailable, errors.New("try again"))
+			}
+			return nil
+		})
+		client := e.payments(p, idemconnect.NewClientInterceptor(), retrying(3))
+		msg := payment(1250)
+		msg.RequestId = "req-" + p.name
+		for _, ctx := range []context.Context{t.Context(), interceptor.ContextWithKey(t.Context(), "elsewhere")} {
+			if _, err := client.CallUnary(ctx, connect.NewRequest(msg)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runs, keys := e.svc.executions()
+		if want := []string{msg.RequestId, msg.RequestId}; runs != 2 || !slices.Equal(keys, want) {
+			t.Fatalf("%d executions under keys %q, want 2 under %q (the second call a replay)", runs, keys, want)
+		}
+		for i, h := range e.svc.headers() {
+			if h != "" && h != p.header(msg.RequestId) {
+				t.Errorf("attempt %d carried the key header %q besides request_id %q", i+1, h, msg.RequestId)
+			}
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
+		}
+	})
+}
+
+// callKey is the key of the n-th call to method that the request parent
+// makes without naming a step, as the client interceptor derives it: the
+// hex-encoded SHA-256 of the parent's tenant, method and key, "call",
+// method and n, each preceded by its length as a big-endian uint64.
+func callKey(parent store.Key, method string, n int) string {
+	h := sha256.New()
+	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		h.Write([]byte(s))
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

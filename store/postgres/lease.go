@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,7 +94,10 @@ const maxLeaseRounds = 3
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
 // and every later write of its Lease run on the tenant's shard, and a
-// tenant the route gives no shard fails with [ErrNoShard].
+// tenant the route gives no shard fails with [ErrNoShard]. A key whose
+// saved steps (column recovery_steps) cannot be decoded fails with an error
+// wrapping [store.ErrCorrupt], and its lease is ended at once, so that every
+// claim of it fails so, until the row is deleted or expires.
 func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
@@ -106,6 +110,15 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 	for range maxLeaseRounds {
 		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r, lease)
 		switch {
+		case errors.Is(err, store.ErrCorrupt):
+			// The takeover that found the steps unreadable committed:
+			// end its lease at once, so that the next claim finds them
+			// as this one did, not the key in use. Never delete the row:
+			// its steps may have run.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			_ = l.exec(cctx, leaseEnd)
+			cancel()
+			return store.LeaseClaim{}, err
 		case err != nil:
 			return store.LeaseClaim{}, interpretError(err)
 		case l != nil:
@@ -119,6 +132,9 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 	return store.LeaseClaim{}, store.ErrInUse
 }
 
+// lease runs one round of Lease. When the key's steps cannot be decoded it
+// returns an error wrapping store.ErrCorrupt together with the lease its
+// committed takeover holds.
 func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)
@@ -152,6 +168,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 		steps    []byte
 		tookOver bool
 		kept     bool
+		corrupt  error // the steps are unreadable: store.ErrCorrupt
 	)
 	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver, &kept)
 	switch {
@@ -164,7 +181,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
 		if l.steps, err = decodeSteps(steps); err != nil {
-			return nil, expiresAt, nil, err
+			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
 	}
 	if entry, err = scanEntry(br.QueryRow()); err != nil {
@@ -176,6 +193,9 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	}
 	if tag.String() != "COMMIT" {
 		return nil, expiresAt, nil, errors.New("postgres: lease claim was rolled back")
+	}
+	if corrupt != nil {
+		return l, expiresAt, nil, corrupt
 	}
 	if l != nil {
 		return l, expiresAt, nil, nil
@@ -191,6 +211,11 @@ type lease struct {
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
 	kept     bool // the row keeps the request for a completer
+
+	// lost is set once a write found the lease lost: no later write
+	// can match the row again (tokens are never reused), so they fail
+	// without a round trip.
+	lost atomic.Bool
 
 	mu       sync.Mutex
 	point    *store.RecoveryPoint
@@ -366,14 +391,18 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // exec runs a statement guarded by the lease's token and reports
-// store.ErrLeaseLost when it matched no row.
+// store.ErrLeaseLost when it matched no row, then and from then on.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
+	if l.lost.Load() {
+		return store.ErrLeaseLost
+	}
 	args = append([]any{l.id, l.token, l.tenant}, args...)
 	tag, err := l.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
 	}
 	if tag.RowsAffected() == 0 {
+		l.lost.Store(true)
 		return store.ErrLeaseLost
 	}
 	return nil

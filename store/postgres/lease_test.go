@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -62,5 +63,70 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	var body []byte
 	if err := pool.QueryRow(ctx, `SELECT response FROM idempotency_keys`).Scan(&body); err != nil || string(body) != "mine" {
 		t.Fatalf("recorded %q, %v", body, err)
+	}
+}
+
+// TestLeaseOfUnreadableStepsIsCorrupt: a key whose saved steps cannot be
+// decoded is refused with store.ErrCorrupt, by every claim (the lease the
+// takeover took is ended at once, so the next claim does not find the key
+// in use), and only such a key: a claim that fails for another reason is
+// not.
+func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || first.Lease == nil {
+		t.Fatalf("first lease: %+v, %v", first, err)
+	}
+	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+		t.Fatal(err)
+	}
+	// The steps are damaged, and the worker dies: its lease runs out.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_steps = '\x0a05ff'::bytea, locked_until = now()`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		if !errors.Is(err, store.ErrCorrupt) || c.Lease != nil || c.Entry != nil {
+			t.Fatalf("claim %d of a key with unreadable steps: %+v, %v; want store.ErrCorrupt", i+1, c, err)
+		}
+	}
+	// Another request under the key is still told it is another request.
+	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	if err != nil || c.Entry == nil {
+		t.Fatalf("claim with another fingerprint: %+v, %v; want the entry", c, err)
+	}
+	// A failure of another kind is not corruption.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
+	}
+}
+
+// TestFencedLeaseKnowsItIsFenced: once a write of a lease found it lost,
+// the lease reports store.ErrLeaseLost to every later write without asking
+// the database again (here, a closed pool would answer otherwise).
+func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("lease: %+v, %v", c, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET fencing_token = fencing_token + 1`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Lease.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Extend of a taken-over lease: %v, want ErrLeaseLost", err)
+	}
+	pool.Close()
+	for name, err := range map[string]error{
+		"extend": c.Lease.Extend(ctx, time.Minute),
+		"save":   c.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
+	} {
+		if !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("%s after the lease was found lost: %v, want ErrLeaseLost", name, err)
+		}
 	}
 }

@@ -53,6 +53,35 @@ var stepCases = []testCase{
 		wantPoint(t, second, point("charge", "ch_1"))
 	}},
 
+	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, _ Config) {
+		// What interceptor.Step relies on: an owner whose key was taken
+		// over learns it from Extend, before it runs a step, and from
+		// then on every write of its lease fails; the new owner's steps
+		// stand.
+		stale := takeLease(t, s, key, fp, shortLease)
+		if err := stale.SaveRecoveryPoint(t.Context(), point("s1", "r1")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(runOut)
+		owner := takeLease(t, s, key, fp, longLease)
+		if err := owner.SaveRecoveryPoint(t.Context(), point("s2", "c1")); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := stale.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("the stale owner's Extend: %v, want ErrLeaseLost", err)
+			}
+		}
+		if err := stale.SaveRecoveryPoint(t.Context(), point("s2", "stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("the stale owner's SaveRecoveryPoint: %v, want ErrLeaseLost", err)
+		}
+		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+			t.Fatalf("the new owner's Complete: %v", err)
+		}
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
+		wantSteps(t, owner, point("s1", "r1"), point("s2", "c1"))
+	}},
+
 	{name: "StepsAreBounded", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, time.Minute)
 		for i := range store.MaxSteps {

@@ -43,8 +43,9 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 // ReserveStep is the step name of the stock reservation: its key is the
 // order request's child key for it, interceptor.ChildKey(ctx, ReserveStep).
 // The payments are not named, so their keys are derived from the method
-// name and ordinal ("/payments.v1.PaymentService/CreatePayment#1" for the
-// goods, "#2" for the shipping).
+// name and the call's ordinal (the first call to
+// "/payments.v1.PaymentService/CreatePayment" for the goods, the second for
+// the shipping).
 const ReserveStep = "reserve-stock"
 
 // ClientInterceptors returns the unary client interceptors for the
