@@ -79,6 +79,22 @@ func (r *recorder) of(method string) []attempt {
 
 // newEffectsPool returns a pool on a fresh migrated database with the
 // effects table of testService.
+// warmPool opens n connections of pool and returns them to it idle.
+func warmPool(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, 0, n)
+	for range n {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+}
+
 func newEffectsPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.NewPool(t)
@@ -342,6 +358,10 @@ func TestBackoffRetryInfo(t *testing.T) {
 		})
 		return nil
 	})
+	// The lock timeout also bounds the wait for a pool connection: open
+	// the connections the two calls need beforehand, so that on a busy
+	// machine the duplicate waits for the key, not for a connection.
+	warmPool(t, pool, 4)
 	rec, addr := serveWith(t, pool, svc,
 		[]postgres.Option{postgres.WithLockTimeout(50 * time.Millisecond)},
 		interceptor.WithRetryDelay(suggested))
@@ -369,7 +389,11 @@ func TestBackoffRetryInfo(t *testing.T) {
 		second <- err
 	}()
 	for !slices.ContainsFunc(rec.of(methodDo), func(a attempt) bool { return a.code == codes.Aborted }) {
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case err := <-second:
+			t.Fatalf("the duplicate ended without an ABORTED attempt: %v; attempts %+v", err, rec.of(methodDo))
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	close(release)
 	if err := <-first; err != nil {
