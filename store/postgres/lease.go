@@ -264,6 +264,10 @@ LIMIT $2`
 // others found together with an error that names the failed shards by
 // index: one shard that cannot be reached does not keep the calls of the
 // others from being completed.
+//
+// A call whose kept metadata or method cannot be read (a damaged row) is
+// listed with [store.Abandoned].Unreadable set, without its metadata; the
+// other calls are listed as usual.
 func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
 	if len(s.shards) == 1 {
 		return abandonedOn(ctx, s.shards[0], grace, limit)
@@ -299,27 +303,29 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 	return out, errors.Join(errs...)
 }
 
-// abandonedOn lists the abandoned calls of one database.
+// abandonedOn lists the abandoned calls of one database. A row whose kept
+// request cannot be read is listed with Unreadable set: it must not hide
+// the others.
 func abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
 	rows, err := pool.Query(ctx, abandoned, grace.Seconds(), limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
+	defer rows.Close()
 	var out []store.Abandoned
 	for rows.Next() {
 		var (
-			a  store.Abandoned
-			md []byte
+			a      store.Abandoned
+			method *string // NULL only in a damaged row
+			md     []byte
 		)
+		// Every column scans into a type that takes any value it can
+		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&a.Completion.Method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
-			rows.Close()
+			&method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		if a.Completion.Metadata, err = decodeMetadata(md); err != nil {
-			rows.Close()
-			return nil, err
-		}
+		a.Unreadable = readKept(&a.Completion, method, md)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
