@@ -22,6 +22,13 @@ import (
 // attempt to finish it. Its steps may be partly done.
 const ReasonNotCompleted = "IDEMPOTENCY_NOT_COMPLETED"
 
+// ResultUnreadable: a Completer could not read what was kept of an
+// abandoned call (its row is damaged, or its request is not a request of
+// its method), so the call cannot be run again; it was recorded as failed
+// (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_COMPLETED) and the problem
+// logged at ERROR.
+const ResultUnreadable Result = "unreadable"
+
 // Defaults of the Completer's options.
 const (
 	DefaultCompleteInterval    = 10 * time.Second
@@ -45,18 +52,22 @@ const (
 // twice as long as the one before (the grace, then twice it, and so on);
 // after the last attempt the call is recorded as failed, FAILED_PRECONDITION
 // with ErrorInfo reason [ReasonNotCompleted], which its retry then
-// replays.
+// replays. A call whose kept request cannot be read (a damaged row, or
+// bytes that are not a request of its method) is recorded so at once,
+// logged at ERROR and reported as [ResultUnreadable]; it never holds up the
+// others.
 //
 // The handler runs with the tenant and the allowlisted metadata
 // ([WithCompletionMetadata]) kept with the call, and with the call's key in
 // the incoming metadata; no other interceptor runs around it. A Completer
 // is safe for concurrent use.
 type Completer struct {
-	engine   *Engine
-	store    store.Completions
-	opts     completerOptions
-	mu       sync.Mutex
-	handlers map[string]completeHandler // by full method
+	engine    *Engine
+	store     store.Completions
+	opts      completerOptions
+	intercept grpc.UnaryServerInterceptor // the engine's
+	mu        sync.Mutex
+	handlers  map[string]completeHandler // by full method
 }
 
 // completeHandler is a registered method of a service.
@@ -134,7 +145,13 @@ func NewCompleter(e *Engine, opts ...CompleterOption) (*Completer, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Completer{engine: e, store: cs, opts: o, handlers: map[string]completeHandler{}}, nil
+	return &Completer{
+		engine:    e,
+		store:     cs,
+		opts:      o,
+		intercept: e.unary(),
+		handlers:  map[string]completeHandler{},
+	}, nil
 }
 
 var _ grpc.ServiceRegistrar = (*Completer)(nil)
@@ -200,6 +217,9 @@ func (c *Completer) Run(ctx context.Context) error {
 // complete takes a over and runs it; it reports whether the call's outcome
 // was recorded.
 func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
+	if a.Unreadable != nil {
+		return c.setAside(ctx, a, a.Unreadable)
+	}
 	if a.Takeovers >= c.opts.attempts {
 		return c.giveUp(ctx, a)
 	}
@@ -215,14 +235,23 @@ func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
 		md[k] = append([]string(nil), v...)
 	}
 	md.Set(KeyHeader, a.Key.Key)
-	cctx := context.WithValue(metadata.NewIncomingContext(ctx, md), completionCtxKey{}, completionRun{tenant: a.Key.Tenant})
 	var outcome Result
-	intercept := c.engine.unary()
-	hook := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		return intercept(context.WithValue(ctx, outcomeCtxKey{}, &outcome), req, info, handler)
+	cctx := context.WithValue(metadata.NewIncomingContext(ctx, md), completionCtxKey{}, completionRun{tenant: a.Key.Tenant})
+	cctx = context.WithValue(cctx, outcomeCtxKey{}, &outcome)
+	var decodeErr error
+	dec := func(req any) error {
+		m, ok := req.(proto.Message)
+		if !ok {
+			decodeErr = fmt.Errorf("idem: the request is a %T, not a protobuf message", req)
+			return decodeErr
+		}
+		decodeErr = proto.Unmarshal(a.Completion.Request, m)
+		return decodeErr
 	}
-	dec := func(req any) error { return proto.Unmarshal(a.Completion.Request, req.(proto.Message)) }
-	_, err := c.run(cctx, h, dec, hook)
+	_, err := c.run(cctx, h, dec)
+	if decodeErr != nil {
+		return c.setAside(ctx, a, fmt.Errorf("idem: the kept request is not a request of %s: %w", a.Completion.Method, decodeErr))
+	}
 	switch outcome {
 	case ResultExecuted, ResultReplayed:
 		return true
@@ -235,25 +264,56 @@ func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
 	return false
 }
 
-// run calls the handler of h as grpc.Server would, with intercept around
-// it, and turns a panic into an error.
-func (c *Completer) run(ctx context.Context, h completeHandler, dec func(any) error, intercept grpc.UnaryServerInterceptor) (resp any, err error) {
+// run calls the handler of h as grpc.Server would, with the engine's
+// interceptor around it, and turns a panic into an error.
+func (c *Completer) run(ctx context.Context, h completeHandler, dec func(any) error) (resp any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = status.Errorf(codes.Internal, "idem: the handler panicked: %v", p)
 		}
 	}()
-	return h.desc.Handler(h.srv, ctx, dec, intercept)
+	return h.desc.Handler(h.srv, ctx, dec, c.intercept)
 }
 
 // giveUp records a's call as failed for good, taking it over first.
 func (c *Completer) giveUp(ctx context.Context, a store.Abandoned) bool {
-	lc, err := c.engine.store.Lease(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
-	if err != nil || lc.Lease == nil {
+	msg := fmt.Sprintf("idem: the call was abandoned by its caller, and %d attempts to complete it failed; some of its steps may be done", a.Takeovers)
+	if !c.recordFailed(ctx, a, msg) {
 		return false
 	}
-	st, _ := status.New(codes.FailedPrecondition,
-		fmt.Sprintf("idem: the call was abandoned by its caller, and %d attempts to complete it failed; some of its steps may be done", a.Takeovers)).
+	c.engine.log(ctx, slog.LevelError, "idem: gave up completing an abandoned call; it is recorded as failed", a.Key, nil)
+	c.report(ctx, a, ResultNotCompleted)
+	return true
+}
+
+// setAside records a's call, which cannot be run again because what was
+// kept of it cannot be read (why says how), as failed for good, so that it
+// leaves the list of abandoned calls and its retries get an answer. It is
+// logged at ERROR with the call's scope, never with what was kept.
+func (c *Completer) setAside(ctx context.Context, a store.Abandoned, why error) bool {
+	c.engine.log(ctx, slog.LevelError, "idem: an abandoned call cannot be finished: what was kept of it cannot be read; it is recorded as failed", a.Key, why)
+	if !c.recordFailed(ctx, a, "idem: the call was abandoned by its caller, and what was kept to finish it cannot be read; some of its steps may be done") {
+		return false
+	}
+	c.report(ctx, a, ResultUnreadable)
+	return true
+}
+
+// recordFailed takes a's call over, as a retry would, and records it as
+// failed, FAILED_PRECONDITION with ErrorInfo reason ReasonNotCompleted and
+// message msg. The takeover's fencing token keeps the record from
+// replacing the outcome of a retry or another completer that took the call
+// meanwhile. It reports whether the outcome was recorded.
+func (c *Completer) recordFailed(ctx context.Context, a store.Abandoned, msg string) bool {
+	lc, err := c.engine.store.Lease(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
+	if err != nil {
+		c.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Key, err)
+		return false
+	}
+	if lc.Lease == nil {
+		return false // a retry or another completer holds it, or recorded it
+	}
+	st, _ := status.New(codes.FailedPrecondition, msg).
 		WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotCompleted, Domain: Domain})
 	body, _, err := encodeOutcome(st.Code(), st.Proto(), nil, nil)
 	if err == nil {
@@ -261,11 +321,20 @@ func (c *Completer) giveUp(ctx context.Context, a store.Abandoned) bool {
 	}
 	if err != nil {
 		_ = lc.Lease.Release(ctx)
+		c.engine.log(ctx, slog.LevelWarn, "idem: recording an abandoned call as failed failed; it is tried again later", a.Key, err)
 		return false
 	}
-	c.engine.log(ctx, slog.LevelError, "idem: gave up completing an abandoned call; it is recorded as failed", a.Key, nil)
-	c.engine.report(ctx, &callState{method: a.Completion.Method, mode: ModeLeased, result: ResultNotCompleted, started: time.Now(), key: a.Key, completion: true})
 	return true
+}
+
+// report reports the outcome r of a's call, which the Completer recorded
+// without running it.
+func (c *Completer) report(ctx context.Context, a store.Abandoned, r Result) {
+	method := a.Completion.Method
+	if method == "" {
+		method = a.Key.Method
+	}
+	c.engine.report(ctx, &callState{method: method, mode: ModeLeased, result: r, started: time.Now(), key: a.Key, completion: true})
 }
 
 // outcomeCtxKey carries where the Engine writes a call's result, for the

@@ -3,6 +3,8 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -54,42 +57,91 @@ type completable struct {
 	*env
 	completer *interceptor.Completer
 	engine    *interceptor.Engine
+	store     store.Store
+	outcomes  *outcomeLog
+	// completerLog holds what the completer's engine logged.
+	completerLog *logBuffer
+}
+
+// outcomeLog keeps the outcomes of the calls a completer ran, as the
+// outcome hook saw them.
+type outcomeLog struct {
+	mu   sync.Mutex
+	seen []interceptor.Outcome
+}
+
+func (l *outcomeLog) hook(_ context.Context, o interceptor.Outcome) {
+	if !o.Completion {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, o)
+}
+
+// results returns the results seen, in order.
+func (l *outcomeLog) results() []interceptor.Result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []interceptor.Result
+	for _, o := range l.seen {
+		out = append(out, o.Result)
+	}
+	return out
 }
 
 func eachCompletableStore(t *testing.T, f func(t *testing.T, c *completable)) {
 	t.Helper()
-	opts := []interceptor.ServerOption{
-		interceptor.WithLeased(time.Minute, doMethod),
-		interceptor.WithCompletion(doMethod),
-		interceptor.WithCompletionMetadata("x-user"),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
-	}
+	eachCompletableStoreWith(t, nil, f)
+}
+
+// eachCompletableStoreWith is eachCompletableStore with the completer's
+// options copts besides its own (no grace, three attempts).
+func eachCompletableStoreWith(t *testing.T, copts []interceptor.CompleterOption, f func(t *testing.T, c *completable)) {
+	t.Helper()
 	for _, mem := range []bool{false, true} {
 		name := "postgres"
 		if mem {
 			name = "memory"
 		}
 		t.Run(name, func(t *testing.T) {
-			var st store.Store
-			s := setup{memory: mem, opts: opts}
-			s.store = func(pool *pgxpool.Pool) store.Store {
-				st = postgres.New(pool)
-				return st
-			}
-			if mem {
-				st = memory.New()
-				s.memoryStore = st
-			}
-			e := newEnv(t, s)
-			engine := interceptor.NewEngine(st, opts...)
-			c, err := interceptor.NewCompleter(engine, interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3))
-			if err != nil {
-				t.Fatal(err)
-			}
-			testv1.RegisterTestServiceServer(c, e.svc)
-			f(t, &completable{env: e, completer: c, engine: engine})
+			f(t, newCompletable(t, mem, copts...))
 		})
 	}
+}
+
+// newCompletable returns a completable Do on store/memory, or, unless mem,
+// on PostgreSQL.
+func newCompletable(t *testing.T, mem bool, copts ...interceptor.CompleterOption) *completable {
+	t.Helper()
+	outcomes := &outcomeLog{}
+	opts := []interceptor.ServerOption{
+		interceptor.WithLeased(time.Minute, doMethod),
+		interceptor.WithCompletion(doMethod),
+		interceptor.WithCompletionMetadata("x-user"),
+		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+		interceptor.WithOutcomeHook(outcomes.hook),
+	}
+	var st store.Store
+	s := setup{memory: mem, opts: opts}
+	s.store = func(pool *pgxpool.Pool) store.Store {
+		st = postgres.New(pool)
+		return st
+	}
+	if mem {
+		st = memory.New()
+		s.memoryStore = st
+	}
+	e := newEnv(t, s)
+	log := &logBuffer{}
+	engine := interceptor.NewEngine(st, append(opts, interceptor.WithLogger(log.logger()))...)
+	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{
+		interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3)}, copts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testv1.RegisterTestServiceServer(c, e.svc)
+	return &completable{env: e, completer: c, engine: engine, store: st, outcomes: outcomes, completerLog: log}
 }
 
 // abandon makes a call whose handler passes the charge step and then dies,
@@ -333,6 +385,146 @@ func TestStepRunsOncePerCall(t *testing.T) {
 		_, err = interceptor.Step(context.Background(), "x", nil)
 		if !errors.Is(err, interceptor.ErrNotLeased) {
 			t.Errorf("Step outside a leased call: %v", err)
+		}
+	})
+}
+
+// crashFirstRun returns a hook under which each key's first run dies, as a
+// crashed worker's would, and every later run calls then (nil: succeeds).
+func crashFirstRun(then func(ctx context.Context, key string) error) func(ctx context.Context, _ string) error {
+	var ran sync.Map
+	return func(ctx context.Context, _ string) error {
+		key, _ := interceptor.KeyFromContext(ctx)
+		if _, again := ran.LoadOrStore(key, true); !again {
+			panic("worker dies")
+		}
+		if then == nil {
+			return nil
+		}
+		return then(ctx, key)
+	}
+}
+
+// forAcme returns the outgoing context of a call of tenant acme with key.
+func forAcme(key string) context.Context {
+	return metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", "acme", "x-user", "u-7")
+}
+
+// logLine returns the line of log that contains every one of subs, or "".
+func logLine(log string, subs ...string) string {
+	for line := range strings.Lines(log) {
+		found := true
+		for _, s := range subs {
+			found = found && strings.Contains(line, s)
+		}
+		if found {
+			return line
+		}
+	}
+	return ""
+}
+
+// TestCompleterSetsAsideAnUnreadableCall: of three abandoned calls, one
+// whose kept metadata is damaged in its row is recorded as failed (its
+// retry gets FAILED_PRECONDITION, IDEMPOTENCY_NOT_COMPLETED), logged at
+// ERROR with its scope and counted, and the two others are finished in
+// the same pass. Before, the one row failed every pass's listing, and no
+// call was finished at all.
+func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
+	c := newCompletable(t, false)
+	c.svc.setHook(crashFirstRun(nil))
+	const secret = "card-4242-4242-4242"
+	for _, k := range []string{"u-1", "u-2", "u-3"} {
+		_, err := c.client.Do(forAcme(k), &testv1.DoRequest{Value: secret})
+		wantCode(t, err, codes.Unknown)
+	}
+	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'u-2'`)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
+	}
+
+	n, err := c.completer.Complete(t.Context())
+	if err != nil || n != 3 {
+		t.Fatalf("Complete = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
+	}
+	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
+WHERE key IN ('u-1', 'u-3') AND status = 'completed' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
+		t.Errorf("%d of the healthy calls recorded OK, want 2", k)
+	}
+	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
+WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_payload IS NULL AND request_metadata IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
+		t.Errorf("the damaged call is not recorded as FAILED_PRECONDITION without what was kept")
+	}
+	if runs := c.svc.count(); runs != 5 {
+		t.Errorf("%d runs, want 5: the three first, and the completer's of the healthy calls", runs)
+	}
+	log := c.completerLog.String()
+	if logLine(log, "level=ERROR", "cannot be read", "tenant=acme", "key=u-2", "method="+doMethod) == "" {
+		t.Errorf("no ERROR line names the damaged call:\n%s", log)
+	}
+	if strings.Contains(log, secret) {
+		t.Errorf("the log shows the request:\n%s", log)
+	}
+	if got := c.outcomes.results(); !slices.Equal(slices.Sorted(slices.Values(got)),
+		[]interceptor.Result{interceptor.ResultExecuted, interceptor.ResultExecuted, interceptor.ResultUnreadable}) {
+		t.Errorf("the completer reported %v, want two executed and one unreadable", got)
+	}
+
+	// Every retry of the damaged call gets the same final answer.
+	for range 2 {
+		_, err = c.client.Do(forAcme("u-2"), &testv1.DoRequest{Value: secret})
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
+			t.Fatalf("retry of the damaged call: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		}
+	}
+	if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+		t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+	}
+}
+
+// TestCompleterSetsAsideARequestThatDoesNotDecode: a kept request that is
+// not a request of its method is recorded as failed at once, without
+// running the handler, instead of being tried again at every pass.
+func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		req := &testv1.DoRequest{Value: "v"}
+		fp, err := fingerprint.NewHasher().Sum(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := store.Key{Tenant: "acme", Method: doMethod, Key: "garbled"}
+		lc, err := c.store.Lease(t.Context(), key, store.Request{Fingerprint: fp,
+			Completion: &store.Completion{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %+v, %v", lc, err)
+		}
+		// Its worker failed before any step: the claim stays, for a
+		// completer, with its lease ended.
+		if err := lc.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v; want the call recorded as failed", n, err)
+		}
+		if runs := c.svc.count(); runs != 0 {
+			t.Errorf("the handler ran %d times, want never", runs)
+		}
+		if got := c.outcomes.results(); !slices.Equal(got, []interceptor.Result{interceptor.ResultUnreadable}) {
+			t.Errorf("the completer reported %v, want unreadable", got)
+		}
+		if logLine(c.completerLog.String(), "level=ERROR", "cannot be read", "key=garbled", "not a request of") == "" {
+			t.Errorf("no ERROR line names the call:\n%s", c.completerLog.String())
+		}
+		_, err = c.client.Do(forAcme("garbled"), req)
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
+			t.Errorf("retry: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		}
+		if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+			t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+		}
+		if runs := c.svc.count(); runs != 0 {
+			t.Errorf("the handler ran %d times, want never", runs)
 		}
 	})
 }
