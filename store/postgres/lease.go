@@ -307,6 +307,9 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 // request cannot be read is listed with Unreadable set: it must not hide
 // the others.
 func abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	if pool == nil {
+		return nil, nil // no tenant's key can be there
+	}
 	rows, err := pool.Query(ctx, abandoned, grace.Seconds(), limit)
 	if err != nil {
 		return nil, interpretError(err)

@@ -263,6 +263,20 @@ func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 	}
 }
 
+// releaseKept leases k, kept for completion, and releases it, as a call
+// that failed transiently before any step does: the claim stays, its
+// lease ended, so Abandoned lists it at once.
+func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
+	t.Helper()
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Hour)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease %v: %+v, %v", k, lc, err)
+	}
+	if err := lc.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	s, a, b := twoShards(t)
 	for _, k := range []store.Key{
@@ -381,23 +395,62 @@ func TestShardedCheckNamesTheShardThatIsNotReady(t *testing.T) {
 	if err := postgres.NewSharded(nil, byName).Check(ctx); !errors.Is(err, postgres.ErrNoShard) {
 		t.Fatalf("Check of a store without shards: %v, want ErrNoShard", err)
 	}
+	// A store of one shard whose pool is nil says so, rather than panic.
+	one := postgres.NewSharded([]*pgxpool.Pool{nil}, byName)
+	if err := one.Check(ctx); !errors.Is(err, postgres.ErrNoShard) {
+		t.Fatalf("Check of a store whose one pool is nil: %v, want ErrNoShard", err)
+	}
+	if got, err := one.Abandoned(ctx, 0, 10); err != nil || len(got) != 0 {
+		t.Fatalf("Abandoned of a store whose one pool is nil: %+v, %v; want none", got, err)
+	}
 }
 
-func TestShardedSweepersSweepTheirShards(t *testing.T) {
-	_, a, b := twoShards(t)
-	for _, p := range []*pgxpool.Pool{a, b} {
-		insertKeys(t, p, "expired-", 30, "-1 hour")
-		insertKeys(t, p, "live-", 5, "1 hour")
+// TestShardedRoutePanicIsTheTenantsError: a route that panics for a
+// tenant fails that tenant's claims and leases with ErrNoShard, quoting
+// the panic, and touches nothing; other tenants, Abandoned and Check go
+// on. Before, the panic went up through the store into whoever called it.
+func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
+	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
+	s := postgres.NewSharded([]*pgxpool.Pool{a, b}, func(tenant string) int {
+		if tenant == "boom" {
+			return []int{}[len(tenant)] // a bug: index out of range
+		}
+		return byName(tenant)
+	})
+	k := store.Key{Tenant: "boom", Method: "/svc/M", Key: "k"}
+	wantPanicError := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, postgres.ErrNoShard) || !containsAll(err.Error(), "route panicked", "index out of range") {
+			t.Errorf("%s: %v; want ErrNoShard quoting the route's panic", what, err)
+		}
+		for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidKey} {
+			if errors.Is(err, sentinel) {
+				t.Errorf("%s: %v is %v, want none of store's sentinels", what, err, sentinel)
+			}
+		}
 	}
-	// One sweeper per shard, as a sharded deployment runs them.
-	for i, p := range []*pgxpool.Pool{a, b} {
-		n, err := postgres.NewSweeper(p).Sweep(ctx)
-		if err != nil || n != 30 {
-			t.Fatalf("sweeper of shard %d deleted %d rows, %v; want 30", i, n, err)
-		}
-		if left := count(t, p, `SELECT count(*) FROM idempotency_keys`); left != 5 {
-			t.Fatalf("shard %d keeps %d keys, want the 5 live ones", i, left)
-		}
+	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	wantPanicError("Claim", err)
+	if c.Txn != nil || c.Entry != nil {
+		t.Errorf("Claim = %+v, want nothing", c)
+	}
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Minute)
+	wantPanicError("Lease", err)
+	if lc.Lease != nil || lc.Entry != nil {
+		t.Errorf("Lease = %+v, want nothing", lc)
+	}
+
+	// The other tenants, the listing of abandoned calls and the schema
+	// check do not call the route for boom, and go on.
+	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	if got, err := s.Abandoned(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Key.Tenant != alpha {
+		t.Errorf("Abandoned = %+v, %v; want alpha's call", got, err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`) + count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`); n != 0 {
+		t.Errorf("%d keys of boom written, want none", n)
 	}
 }
 
