@@ -57,6 +57,9 @@ const (
 // logged at ERROR and reported as [ResultUnreadable]; it never holds up the
 // others.
 //
+// A panic anywhere in one call's attempt is logged and leaves the call for
+// a later pass.
+//
 // The handler runs with the tenant and the allowlisted metadata
 // ([WithCompletionMetadata]) kept with the call, and with the call's key in
 // the incoming metadata; no other interceptor runs around it. A Completer
@@ -183,17 +186,28 @@ type completionRun struct {
 // listed all the same (those of the shards that answered, for a store of
 // several databases) are taken on first.
 func (c *Completer) Complete(ctx context.Context) (int, error) {
-	list, err := c.store.Abandoned(ctx, c.opts.grace, c.opts.batch)
+	list, err := c.list(ctx)
 	done := 0
 	for _, a := range list {
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
-		if c.complete(ctx, a) {
+		if c.attempt(ctx, a) {
 			done++
 		}
 	}
 	return done, err
+}
+
+// list returns the abandoned calls the store lists. A panic of the
+// store's is an error of the pass.
+func (c *Completer) list(ctx context.Context) (list []store.Abandoned, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			list, err = nil, fmt.Errorf("idem: listing abandoned calls panicked: %v", p)
+		}
+	}()
+	return c.store.Abandoned(ctx, c.opts.grace, c.opts.batch)
 }
 
 // Run completes at once and then again every interval, until ctx ends. A
@@ -212,6 +226,20 @@ func (c *Completer) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// attempt runs complete for a. A panic on any of its paths (the store's,
+// say, while the call is given up; a panic of the handler or an
+// interceptor is the run's failure already) is logged and leaves the call
+// for a later pass: one call never stops the others.
+func (c *Completer) attempt(ctx context.Context, a store.Abandoned) (done bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			done = false
+			c.engine.log(ctx, slog.LevelError, "idem: completing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
+		}
+	}()
+	return c.complete(ctx, a)
 }
 
 // complete takes a over and runs it; it reports whether the call's outcome

@@ -528,3 +528,133 @@ func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 		}
 	})
 }
+
+// completableOpts are the server options of the completer tests that
+// build their own store.
+var completableOpts = []interceptor.ServerOption{
+	interceptor.WithLeased(time.Minute, doMethod),
+	interceptor.WithCompletion(doMethod),
+	interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+}
+
+// newCompleterOn returns a completer of e's service on st, logging to log.
+func newCompleterOn(t *testing.T, e *env, st store.Store, log *logBuffer, copts ...interceptor.CompleterOption) *interceptor.Completer {
+	t.Helper()
+	engine := interceptor.NewEngine(st, append(slices.Clone(completableOpts), interceptor.WithLogger(log.logger()))...)
+	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{interceptor.WithCompleteGrace(0)}, copts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testv1.RegisterTestServiceServer(c, e.svc)
+	return c
+}
+
+// TestCompleterSurvivesAPanickingRoute: a shard route that panics for one
+// tenant, whose abandoned call has used up its attempts, is that call's
+// error: the pass goes on and finishes the healthy call listed after it.
+// Before, the completer's giveUp called the route outside any recover,
+// and the pass (and under Run, the process) died.
+func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
+	shards := twoShardDatabases(t)
+	var broken atomic.Bool
+	route := func(tenant string) int {
+		if tenant == "boom" && broken.Load() {
+			return []int{}[len(tenant)] // a bug: index out of range
+		}
+		return 0
+	}
+	st := postgres.NewSharded(shards, route)
+	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
+	log := &logBuffer{}
+	completer := newCompleterOn(t, e, st, log, interceptor.WithCompleteMaxAttempts(1))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, tenant := range []string{"boom", "alpha"} {
+		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
+		wantCode(t, err, codes.Unknown)
+	}
+	// boom's call has used up its attempt, and is listed first.
+	exec := func(sql string) {
+		if _, err := shards[0].Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE idempotency_keys SET takeovers = 1, locked_until = now() - interval '1 hour' WHERE tenant = 'boom'`)
+	broken.Store(true)
+
+	n, err := completer.Complete(t.Context())
+	if err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+	}
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 1 {
+		t.Errorf("alpha's call is not recorded")
+	}
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom' AND status = 'in_progress'`); k != 1 {
+		t.Errorf("boom's call is not left in progress")
+	}
+	if logLine(log.String(), "tenant=boom", postgres.ErrNoShard.Error(), "route panicked", "index out of range") == "" {
+		t.Errorf("the log does not say boom's route panicked:\n%s", log.String())
+	}
+	// The tenant's calls fail as those of a tenant without a shard do.
+	_, err = e.client.Do(forTenant("boom", "order-2"), &testv1.DoRequest{Value: "boom"})
+	wantCode(t, err, codes.Unavailable)
+}
+
+// panickyStore is store/memory, whose Lease panics for tenant boom once
+// armed: a driver's bug.
+type panickyStore struct {
+	*memory.Store
+	armed atomic.Bool
+}
+
+func (s *panickyStore) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
+	if key.Tenant == "boom" && s.armed.Load() {
+		panic("the store's driver crashed")
+	}
+	return s.Store.Lease(ctx, key, r, d)
+}
+
+// TestCompleterSurvivesAPanicInOneCall: whatever panics while one call is
+// taken on (here the store, while the completer gives the call up), the
+// pass goes on with the others.
+func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
+	ps := &panickyStore{Store: memory.New()}
+	e := serveEnv(t, setup{memory: true, opts: completableOpts}, nil, ps)
+	log := &logBuffer{}
+	completer := newCompleterOn(t, e, ps, log, interceptor.WithCompleteMaxAttempts(1))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, tenant := range []string{"boom", "alpha"} {
+		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
+		wantCode(t, err, codes.Unknown)
+	}
+	// boom's call is taken over once more, as by a retry that died too:
+	// it has used up its attempt.
+	list, err := ps.Abandoned(t.Context(), 0, 10)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("Abandoned = %v, %v", list, err)
+	}
+	for _, a := range list {
+		if a.Key.Tenant != "boom" {
+			continue
+		}
+		lc, err := ps.Lease(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		if err != nil || !lc.TookOver {
+			t.Fatalf("takeover: %+v, %v", lc, err)
+		}
+		if err := lc.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps.armed.Store(true)
+
+	n, err := completer.Complete(t.Context())
+	if err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+	}
+	if logLine(log.String(), "level=ERROR", "panicked", "tenant=boom", "the store's driver crashed") == "" {
+		t.Errorf("the log does not report boom's panic:\n%s", log.String())
+	}
+	var header metadata.MD
+	if _, err := e.client.Do(forTenant("alpha", "alpha-1"), &testv1.DoRequest{Value: "alpha"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		t.Errorf("alpha's retry: %v (header %v), want a replay", err, header)
+	}
+}
