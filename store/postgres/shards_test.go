@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"errors"
 	"hash/fnv"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -451,6 +452,118 @@ func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
 	}
 	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`) + count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`); n != 0 {
 		t.Errorf("%d keys of boom written, want none", n)
+	}
+}
+
+// blackholePool returns a pool of a "database" that accepts connections
+// and never answers, as a shard behind a broken network or a stuck proxy
+// does, and the number of connections it has accepted so far.
+func blackholePool(t *testing.T) (*pgxpool.Pool, func() int) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pool, err := pgxpool.New(ctx, "postgres://root@"+lis.Addr().String()+"/blackhole?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // first: it ends the connection attempts
+	return pool, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+}
+
+// within runs f and fails the test if it has not returned within d.
+func within(t *testing.T, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
+	}
+}
+
+// TestShardedBlackholedShardIsBoundedByTheLockTimeout: a shard that
+// accepts connections and never answers holds up neither Abandoned,
+// whose other shards' calls come back with an error naming it, nor a
+// claim of one of its tenants: each waits at most the lock timeout for a
+// connection. Before, Abandoned waited for the shard as long as its
+// context lasted, for ever without a deadline.
+func TestShardedBlackholedShardIsBoundedByTheLockTimeout(t *testing.T) {
+	a := pgtest.NewPool(t)
+	dark, accepted := blackholePool(t)
+	s := postgres.NewSharded([]*pgxpool.Pool{a, dark}, byName, postgres.WithLockTimeout(500*time.Millisecond))
+	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+
+	var (
+		got []store.Abandoned
+		err error
+	)
+	within(t, 30*time.Second, "Abandoned", func() { got, err = s.Abandoned(ctx, 0, 10) })
+	if len(got) != 1 || got[0].Key.Tenant != alpha {
+		t.Errorf("Abandoned = %+v, want alpha's call", got)
+	}
+	if err == nil || !containsAll(err.Error(), "shard 1") {
+		t.Errorf("Abandoned's error = %v, want one that names shard 1", err)
+	}
+	if accepted() == 0 {
+		t.Errorf("Abandoned never reached shard 1")
+	}
+
+	within(t, 30*time.Second, "Claim", func() {
+		_, err = s.Claim(ctx, store.Key{Tenant: beta, Method: "/svc/M", Key: "k"}, store.Request{Fingerprint: []byte("fp")})
+	})
+	if err == nil {
+		t.Errorf("a claim on the blackholed shard succeeded")
+	}
+}
+
+func TestShardedSweepersSweepTheirShards(t *testing.T) {
+	_, a, b := twoShards(t)
+	for _, p := range []*pgxpool.Pool{a, b} {
+		insertKeys(t, p, "expired-", 30, "-1 hour")
+		insertKeys(t, p, "live-", 5, "1 hour")
+	}
+	// One sweeper per shard, as a sharded deployment runs them.
+	for i, p := range []*pgxpool.Pool{a, b} {
+		n, err := postgres.NewSweeper(p).Sweep(ctx)
+		if err != nil || n != 30 {
+			t.Fatalf("sweeper of shard %d deleted %d rows, %v; want 30", i, n, err)
+		}
+		if left := count(t, p, `SELECT count(*) FROM idempotency_keys`); left != 5 {
+			t.Fatalf("shard %d keeps %d keys, want the 5 live ones", i, left)
+		}
 	}
 }
 
