@@ -31,10 +31,12 @@ const ResultUnreadable Result = "unreadable"
 
 // Defaults of the Completer's options.
 const (
-	DefaultCompleteInterval    = 10 * time.Second
-	DefaultCompleteGrace       = 30 * time.Second
-	DefaultCompleteBatchSize   = 100
-	DefaultCompleteMaxAttempts = 8
+	DefaultCompleteInterval       = 10 * time.Second
+	DefaultCompleteGrace          = 30 * time.Second
+	DefaultCompleteBatchSize      = 100
+	DefaultCompleteMaxAttempts    = 8
+	DefaultCompleteListTimeout    = 10 * time.Second
+	DefaultCompleteAttemptTimeout = time.Minute
 )
 
 // Completer finishes leased calls whose callers are gone: a call of a method
@@ -57,8 +59,11 @@ const (
 // logged at ERROR and reported as [ResultUnreadable]; it never holds up the
 // others.
 //
-// A panic anywhere in one call's attempt is logged and leaves the call for
-// a later pass.
+// Each pass waits for the store's list at most [WithCompleteListTimeout]
+// (per database, on a sharded store: one that does not answer does not
+// hold up the others' calls), and each attempt to finish a call lasts at
+// most [WithCompleteAttemptTimeout]. A panic anywhere in one call's attempt
+// is logged and leaves the call for a later pass.
 //
 // The handler runs with the tenant and the allowlisted metadata
 // ([WithCompletionMetadata]) kept with the call, and with the call's key in
@@ -80,8 +85,9 @@ type completeHandler struct {
 }
 
 type completerOptions struct {
-	interval, grace time.Duration
-	batch, attempts int
+	interval, grace             time.Duration
+	batch, attempts             int
+	listTimeout, attemptTimeout time.Duration
 }
 
 // CompleterOption configures a [Completer].
@@ -131,6 +137,36 @@ func WithCompleteMaxAttempts(n int) CompleterOption {
 	}
 }
 
+// WithCompleteListTimeout bounds how long a pass waits for the store's
+// list of abandoned calls. A store of several databases (postgres's
+// NewSharded) asks them all at once, so this bounds each of them: the
+// calls of those that answered in time are taken on, and the pass's error
+// names the others, whose calls wait for a later pass. Default:
+// [DefaultCompleteListTimeout] (10 s); non-positive selects it.
+func WithCompleteListTimeout(d time.Duration) CompleterOption {
+	return func(o *completerOptions) {
+		if d > 0 {
+			o.listTimeout = d
+		}
+	}
+}
+
+// WithCompleteAttemptTimeout bounds each attempt to finish one call:
+// taking it over, running its handler, whose context ends then, and
+// recording its outcome (which, once the handler has returned, gets a few
+// seconds more, as on the server). An attempt that runs out fails as a
+// transient error does: the call is tried again later, and counts towards
+// [WithCompleteMaxAttempts]. Set it well above the handler's latency.
+// Default: [DefaultCompleteAttemptTimeout] (1 min); non-positive selects
+// it.
+func WithCompleteAttemptTimeout(d time.Duration) CompleterOption {
+	return func(o *completerOptions) {
+		if d > 0 {
+			o.attemptTimeout = d
+		}
+	}
+}
+
 // NewCompleter returns a Completer of the calls e serves. e's store must
 // keep completions (store.Completions: idem's PostgreSQL and memory stores
 // do); NewCompleter fails otherwise.
@@ -140,10 +176,12 @@ func NewCompleter(e *Engine, opts ...CompleterOption) (*Completer, error) {
 		return nil, fmt.Errorf("idem: the store (%T) does not keep completions", e.store)
 	}
 	o := completerOptions{
-		interval: DefaultCompleteInterval,
-		grace:    DefaultCompleteGrace,
-		batch:    DefaultCompleteBatchSize,
-		attempts: DefaultCompleteMaxAttempts,
+		interval:       DefaultCompleteInterval,
+		grace:          DefaultCompleteGrace,
+		batch:          DefaultCompleteBatchSize,
+		attempts:       DefaultCompleteMaxAttempts,
+		listTimeout:    DefaultCompleteListTimeout,
+		attemptTimeout: DefaultCompleteAttemptTimeout,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -182,9 +220,10 @@ type completionRun struct {
 // calls, one after the other, and returns how many it finished (recorded an
 // outcome for, a recorded failure included). A call another completer or a
 // retry holds is skipped; a call that fails transiently is left for a later
-// pass. The error reports a failure to list the calls; the calls the store
-// listed all the same (those of the shards that answered, for a store of
-// several databases) are taken on first.
+// pass. The error reports a failure to list the calls (within
+// [WithCompleteListTimeout]); the calls the store listed all the same
+// (those of the shards that answered, for a store of several databases)
+// are taken on first.
 func (c *Completer) Complete(ctx context.Context) (int, error) {
 	list, err := c.list(ctx)
 	done := 0
@@ -199,9 +238,11 @@ func (c *Completer) Complete(ctx context.Context) (int, error) {
 	return done, err
 }
 
-// list returns the abandoned calls the store lists. A panic of the
-// store's is an error of the pass.
+// list returns the abandoned calls the store lists within the list
+// timeout. A panic of the store's is an error of the pass.
 func (c *Completer) list(ctx context.Context) (list []store.Abandoned, err error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.listTimeout)
+	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			list, err = nil, fmt.Errorf("idem: listing abandoned calls panicked: %v", p)
@@ -228,10 +269,10 @@ func (c *Completer) Run(ctx context.Context) error {
 	}
 }
 
-// attempt runs complete for a. A panic on any of its paths (the store's,
-// say, while the call is given up; a panic of the handler or an
-// interceptor is the run's failure already) is logged and leaves the call
-// for a later pass: one call never stops the others.
+// attempt runs complete for a within the attempt timeout. A panic on any
+// of its paths (the store's, say, while the call is given up; a panic of
+// the handler or an interceptor is the run's failure already) is logged
+// and leaves the call for a later pass: one call never stops the others.
 func (c *Completer) attempt(ctx context.Context, a store.Abandoned) (done bool) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -239,6 +280,8 @@ func (c *Completer) attempt(ctx context.Context, a store.Abandoned) (done bool) 
 			c.engine.log(ctx, slog.LevelError, "idem: completing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
 		}
 	}()
+	ctx, cancel := context.WithTimeout(ctx, c.opts.attemptTimeout)
+	defer cancel()
 	return c.complete(ctx, a)
 }
 

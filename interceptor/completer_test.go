@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // provider stands for a payment provider that deduplicates charges by the
@@ -657,4 +659,147 @@ func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
 	if _, err := e.client.Do(forTenant("alpha", "alpha-1"), &testv1.DoRequest{Value: "alpha"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
 		t.Errorf("alpha's retry: %v (header %v), want a replay", err, header)
 	}
+}
+
+// blackholePool returns a pool of a "database" that accepts connections
+// and never answers, as a shard behind a broken network or a stuck proxy
+// does, and the number of connections it has accepted so far.
+func blackholePool(t *testing.T) (*pgxpool.Pool, func() int) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pool, err := pgxpool.New(context.Background(), "postgres://root@"+lis.Addr().String()+"/blackhole?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // first: it ends the connection attempts
+	return pool, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+}
+
+// passResult is what a Complete in a goroutine returned.
+type passResult struct {
+	n   int
+	err error
+}
+
+// completeWithin runs c.Complete with ctx and returns its result, failing
+// the test if it has not returned within d: a pass that never ends is
+// what the tests that use it guard against.
+func completeWithin(t *testing.T, ctx context.Context, c *interceptor.Completer, d time.Duration) passResult {
+	t.Helper()
+	done := make(chan passResult, 1)
+	go func() {
+		n, err := c.Complete(ctx)
+		done <- passResult{n, err}
+	}()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(d):
+		t.Fatalf("the completer's pass did not end within %v", d)
+		return passResult{}
+	}
+}
+
+// TestCompleterFinishesHealthyShardsBesideABlackholedOne: a shard that
+// accepts connections and never answers does not keep a pass from
+// finishing the abandoned calls of the other shard: each shard's listing
+// has its bound. The store's lock timeout, which bounds its wait for a
+// connection, is set to an hour, so that only the completer's bound
+// stands between the pass and the shard. Before, the pass waited for that
+// shard as long as its context lasted: for ever, under Run.
+func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
+	healthy := pgtest.NewPool(t)
+	if _, err := healthy.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
+		t.Fatal(err)
+	}
+	dark, accepted := blackholePool(t)
+	st := postgres.NewSharded([]*pgxpool.Pool{healthy, dark}, shardOf, postgres.WithLockTimeout(time.Hour))
+	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
+	completer := newCompleterOn(t, e, st, &logBuffer{}, interceptor.WithCompleteListTimeout(2*time.Second))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, key := range []string{"order-1", "order-2"} {
+		_, err := e.client.Do(forTenant("alpha", key), &testv1.DoRequest{Value: "alpha"})
+		wantCode(t, err, codes.Unknown)
+	}
+
+	r := completeWithin(t, t.Context(), completer, 30*time.Second)
+	if r.n != 2 {
+		t.Fatalf("Complete = %d, %v; want alpha's 2 calls finished", r.n, r.err)
+	}
+	if r.err == nil || !strings.Contains(r.err.Error(), "shard 1") {
+		t.Errorf("Complete's error = %v, want one that names shard 1", r.err)
+	}
+	if accepted() == 0 {
+		t.Errorf("the pass never reached shard 1")
+	}
+	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 2 {
+		t.Errorf("%d of alpha's calls recorded, want 2", k)
+	}
+}
+
+// TestCompleterBoundsEachAttempt: a call whose handler hangs (a provider
+// that never answers) is cut off at the attempt's bound and left for a
+// later pass; the pass goes on and finishes the other call. Before, the
+// pass waited for the hung handler as long as its context lasted.
+func TestCompleterBoundsEachAttempt(t *testing.T) {
+	eachCompletableStoreWith(t, []interceptor.CompleterOption{interceptor.WithCompleteAttemptTimeout(time.Second)}, func(t *testing.T, c *completable) {
+		var cut atomic.Bool
+		c.svc.setHook(crashFirstRun(func(ctx context.Context, key string) error {
+			if key == "hung" {
+				<-ctx.Done()
+				cut.Store(true)
+				return ctx.Err()
+			}
+			return nil
+		}))
+		abandon(t, c, "hung")
+		abandon(t, c, "fine")
+
+		r := completeWithin(t, t.Context(), c.completer, 30*time.Second)
+		if r.err != nil || r.n != 1 {
+			t.Fatalf("Complete = %d, %v; want the call that does not hang finished", r.n, r.err)
+		}
+		if !cut.Load() {
+			t.Error("the hung handler's context did not end")
+		}
+		var header metadata.MD
+		if _, err := c.client.Do(forAcme("fine"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			t.Errorf("retry of the finished call: %v (header %v), want a replay", err, header)
+		}
+		// The hung call is left for a later pass.
+		list, err := c.store.(store.Completions).Abandoned(t.Context(), 0, 10)
+		if err != nil || len(list) != 1 || list[0].Key.Key != "hung" {
+			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
+		}
+	})
 }

@@ -191,7 +191,7 @@ type Completions interface {
 	// kept request the store cannot read is listed too, with Unreadable
 	// set, rather than failing the whole list. A store of several
 	// databases may return, with an error, the calls of those that
-	// answered; callers take them on all the same.
+	// answered before ctx ended; callers take them on all the same.
 	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]Abandoned, error)
 }
 
