@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,13 +68,25 @@ const (
 //
 // The handler runs with the tenant and the allowlisted metadata
 // ([WithCompletionMetadata]) kept with the call, and with the call's key in
-// the incoming metadata; no other interceptor runs around it. A Completer
-// is safe for concurrent use.
+// the incoming metadata. The interceptors given to
+// [WithCompleteInterceptors] run around idem's, in the order given, as
+// they do on the server; without them no other interceptor runs. The
+// context carries a grpc.ServerTransportStream: grpc.Method reports the
+// method, and grpc.SetHeader, grpc.SendHeader and grpc.SetTrailer work; the
+// metadata set is recorded with the outcome and replayed to a retry, as on
+// a call the server receives. What still differs: there is no peer
+// (peer.FromContext reports none), no credentials and no transport, so
+// nothing is sent; the incoming metadata is only what was kept; the
+// deadline is the attempt's bound, not a client's; and the server's stats
+// handlers (otelgrpc's spans, say) do not see the run. Idem's metrics,
+// logs and outcome hook do, with [Outcome].Completion set.
+//
+// A Completer is safe for concurrent use.
 type Completer struct {
 	engine    *Engine
 	store     store.Completions
 	opts      completerOptions
-	intercept grpc.UnaryServerInterceptor // the engine's
+	intercept grpc.UnaryServerInterceptor // the options' interceptors, then the engine's
 	mu        sync.Mutex
 	handlers  map[string]completeHandler // by full method
 }
@@ -88,6 +101,7 @@ type completerOptions struct {
 	interval, grace             time.Duration
 	batch, attempts             int
 	listTimeout, attemptTimeout time.Duration
+	interceptors                []grpc.UnaryServerInterceptor
 }
 
 // CompleterOption configures a [Completer].
@@ -167,6 +181,21 @@ func WithCompleteAttemptTimeout(d time.Duration) CompleterOption {
 	}
 }
 
+// WithCompleteInterceptors sets unary server interceptors to run around
+// each call the Completer runs, the first outermost, as
+// grpc.ChainUnaryInterceptor runs them: pass those the server chains
+// before idem's interceptor (the ones that put an identity or a logger in
+// the context, or count calls), in the same order. Idem's own interceptor
+// always runs last, just around the handler: do not pass it, nor one that
+// needs what a completer's run lacks (a peer, credentials, metadata that
+// was not kept; see [Completer]). An interceptor that fails the call keeps
+// it from finishing; it is tried again at the next pass. Default: none.
+func WithCompleteInterceptors(interceptors ...grpc.UnaryServerInterceptor) CompleterOption {
+	return func(o *completerOptions) {
+		o.interceptors = append(o.interceptors, interceptors...)
+	}
+}
+
 // NewCompleter returns a Completer of the calls e serves. e's store must
 // keep completions (store.Completions: idem's PostgreSQL and memory stores
 // do); NewCompleter fails otherwise.
@@ -190,9 +219,28 @@ func NewCompleter(e *Engine, opts ...CompleterOption) (*Completer, error) {
 		engine:    e,
 		store:     cs,
 		opts:      o,
-		intercept: e.unary(),
+		intercept: chainUnary(append(slices.Clone(o.interceptors), e.unary())),
 		handlers:  map[string]completeHandler{},
 	}, nil
+}
+
+// chainUnary returns one interceptor that runs ics in turn, the first
+// outermost, as grpc.ChainUnaryInterceptor does. ics is not empty.
+func chainUnary(ics []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return ics[0](ctx, req, info, chainedHandler(ics, 0, info, handler))
+	}
+}
+
+// chainedHandler is the handler that interceptor i of ics calls: the next
+// interceptor, or, after the last one, handler.
+func chainedHandler(ics []grpc.UnaryServerInterceptor, i int, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) grpc.UnaryHandler {
+	if i == len(ics)-1 {
+		return handler
+	}
+	return func(ctx context.Context, req any) (any, error) {
+		return ics[i+1](ctx, req, info, chainedHandler(ics, i+1, info, handler))
+	}
 }
 
 var _ grpc.ServiceRegistrar = (*Completer)(nil)
@@ -309,6 +357,7 @@ func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
 	var outcome Result
 	cctx := context.WithValue(metadata.NewIncomingContext(ctx, md), completionCtxKey{}, completionRun{tenant: a.Key.Tenant})
 	cctx = context.WithValue(cctx, outcomeCtxKey{}, &outcome)
+	cctx = grpc.NewContextWithServerTransportStream(cctx, &completionStream{method: a.Completion.Method})
 	var decodeErr error
 	dec := func(req any) error {
 		m, ok := req.(proto.Message)
@@ -335,8 +384,9 @@ func (c *Completer) complete(ctx context.Context, a store.Abandoned) bool {
 	return false
 }
 
-// run calls the handler of h as grpc.Server would, with the engine's
-// interceptor around it, and turns a panic into an error.
+// run calls the handler of h as grpc.Server would, with the Completer's
+// interceptors and the engine's around it, and turns a panic into an
+// error.
 func (c *Completer) run(ctx context.Context, h completeHandler, dec func(any) error) (resp any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -411,3 +461,49 @@ func (c *Completer) report(ctx context.Context, a store.Abandoned, r Result) {
 // outcomeCtxKey carries where the Engine writes a call's result, for the
 // Completer.
 type outcomeCtxKey struct{}
+
+// completionStream is the grpc.ServerTransportStream of a call a Completer
+// runs. It keeps the response metadata set on it, as a server's stream
+// would before sending it, and sends nothing: the engine's adapter records
+// what the handler set with the outcome, as on a call the server receives.
+type completionStream struct {
+	method string
+
+	mu              sync.Mutex
+	header, trailer metadata.MD
+	sent            bool
+}
+
+// errHeaderSent is what grpc-go's stream answers to setting the header
+// once it was sent.
+var errHeaderSent = status.Error(codes.Internal, "transport: the stream is done or WriteHeader was already called")
+
+func (s *completionStream) Method() string { return s.method }
+
+func (s *completionStream) SetHeader(md metadata.MD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sent {
+		return errHeaderSent
+	}
+	s.header = metadata.Join(s.header, md)
+	return nil
+}
+
+func (s *completionStream) SendHeader(md metadata.MD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sent {
+		return errHeaderSent
+	}
+	s.header = metadata.Join(s.header, md)
+	s.sent = true
+	return nil
+}
+
+func (s *completionStream) SetTrailer(md metadata.MD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.trailer = metadata.Join(s.trailer, md)
+	return nil
+}

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -802,4 +803,83 @@ func TestCompleterBoundsEachAttempt(t *testing.T) {
 			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
 		}
 	})
+}
+
+// TestCompleterRecordsTheHandlersHeaders: a handler run by a completer
+// sets its response metadata with grpc.SetHeader and grpc.SetTrailer as on
+// a call the server receives, and the caller's retry gets it replayed.
+// Before, both failed for want of a server transport stream, and the
+// metadata was lost.
+func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		var setErr atomic.Value
+		c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
+			err := errors.Join(
+				grpc.SetHeader(ctx, metadata.Pairs("x-order-id", "o-9")),
+				grpc.SetTrailer(ctx, metadata.Pairs("x-charge-id", "ch-1")))
+			if err != nil {
+				setErr.Store(err)
+			}
+			return nil
+		}))
+		abandon(t, c, "order-h")
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v", n, err)
+		}
+		if err := setErr.Load(); err != nil {
+			t.Errorf("setting the response metadata in the completer's run: %v", err)
+		}
+		var header, trailer metadata.MD
+		if _, err := c.client.Do(forAcme("order-h"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(header.Get("x-order-id"), []string{"o-9"}) || len(header.Get(interceptor.ReplayedHeader)) != 1 ||
+			!slices.Equal(trailer.Get("x-charge-id"), []string{"ch-1"}) {
+			t.Errorf("the replay carries header %v and trailer %v; want the handler's x-order-id and x-charge-id", header, trailer)
+		}
+	})
+}
+
+// TestCompleterRunsItsInterceptors: the interceptors given to the
+// completer run around its calls in order, outside idem's, and what they
+// put in the context (an identity, say) reaches the handler.
+func TestCompleterRunsItsInterceptors(t *testing.T) {
+	type userKey struct{}
+	var (
+		mu    sync.Mutex
+		trace []string
+	)
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		trace = append(trace, s)
+	}
+	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		method, _ := grpc.Method(ctx)
+		note("outer " + info.FullMethod + " " + method)
+		return handler(context.WithValue(ctx, userKey{}, "u-7"), req)
+	}
+	inner := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		_, inLease := interceptor.KeyFromContext(ctx)
+		note(fmt.Sprintf("inner (key already claimed: %v)", inLease))
+		resp, err := handler(ctx, req)
+		note("inner done: " + status.Code(err).String())
+		return resp, err
+	}
+	c := newCompletable(t, true, interceptor.WithCompleteInterceptors(outer, inner))
+	c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
+		user, _ := ctx.Value(userKey{}).(string)
+		note("handler as " + user)
+		return nil
+	}))
+	abandon(t, c, "order-i")
+	if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v", n, err)
+	}
+	want := []string{"outer " + doMethod + " " + doMethod, "inner (key already claimed: false)", "handler as u-7", "inner done: OK"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(trace, want) {
+		t.Errorf("the completer's run went\n%q\nwant\n%q", trace, want)
+	}
 }
