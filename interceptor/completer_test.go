@@ -3,6 +3,10 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,11 +19,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // provider stands for a payment provider that deduplicates charges by the
@@ -54,42 +60,91 @@ type completable struct {
 	*env
 	completer *interceptor.Completer
 	engine    *interceptor.Engine
+	store     store.Store
+	outcomes  *outcomeLog
+	// completerLog holds what the completer's engine logged.
+	completerLog *logBuffer
+}
+
+// outcomeLog keeps the outcomes of the calls a completer ran, as the
+// outcome hook saw them.
+type outcomeLog struct {
+	mu   sync.Mutex
+	seen []interceptor.Outcome
+}
+
+func (l *outcomeLog) hook(_ context.Context, o interceptor.Outcome) {
+	if !o.Completion {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, o)
+}
+
+// results returns the results seen, in order.
+func (l *outcomeLog) results() []interceptor.Result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []interceptor.Result
+	for _, o := range l.seen {
+		out = append(out, o.Result)
+	}
+	return out
 }
 
 func eachCompletableStore(t *testing.T, f func(t *testing.T, c *completable)) {
 	t.Helper()
-	opts := []interceptor.ServerOption{
-		interceptor.WithLeased(time.Minute, doMethod),
-		interceptor.WithCompletion(doMethod),
-		interceptor.WithCompletionMetadata("x-user"),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
-	}
+	eachCompletableStoreWith(t, nil, f)
+}
+
+// eachCompletableStoreWith is eachCompletableStore with the completer's
+// options copts besides its own (no grace, three attempts).
+func eachCompletableStoreWith(t *testing.T, copts []interceptor.CompleterOption, f func(t *testing.T, c *completable)) {
+	t.Helper()
 	for _, mem := range []bool{false, true} {
 		name := "postgres"
 		if mem {
 			name = "memory"
 		}
 		t.Run(name, func(t *testing.T) {
-			var st store.Store
-			s := setup{memory: mem, opts: opts}
-			s.store = func(pool *pgxpool.Pool) store.Store {
-				st = postgres.New(pool)
-				return st
-			}
-			if mem {
-				st = memory.New()
-				s.memoryStore = st
-			}
-			e := newEnv(t, s)
-			engine := interceptor.NewEngine(st, opts...)
-			c, err := interceptor.NewCompleter(engine, interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3))
-			if err != nil {
-				t.Fatal(err)
-			}
-			testv1.RegisterTestServiceServer(c, e.svc)
-			f(t, &completable{env: e, completer: c, engine: engine})
+			f(t, newCompletable(t, mem, copts...))
 		})
 	}
+}
+
+// newCompletable returns a completable Do on store/memory, or, unless mem,
+// on PostgreSQL.
+func newCompletable(t *testing.T, mem bool, copts ...interceptor.CompleterOption) *completable {
+	t.Helper()
+	outcomes := &outcomeLog{}
+	opts := []interceptor.ServerOption{
+		interceptor.WithLeased(time.Minute, doMethod),
+		interceptor.WithCompletion(doMethod),
+		interceptor.WithCompletionMetadata("x-user"),
+		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+		interceptor.WithOutcomeHook(outcomes.hook),
+	}
+	var st store.Store
+	s := setup{memory: mem, opts: opts}
+	s.store = func(pool *pgxpool.Pool) store.Store {
+		st = postgres.New(pool)
+		return st
+	}
+	if mem {
+		st = memory.New()
+		s.memoryStore = st
+	}
+	e := newEnv(t, s)
+	log := &logBuffer{}
+	engine := interceptor.NewEngine(st, append(opts, interceptor.WithLogger(log.logger()))...)
+	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{
+		interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3)}, copts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testv1.RegisterTestServiceServer(c, e.svc)
+	return &completable{env: e, completer: c, engine: engine, store: st, outcomes: outcomes, completerLog: log}
 }
 
 // abandon makes a call whose handler passes the charge step and then dies,
@@ -335,4 +390,496 @@ func TestStepRunsOncePerCall(t *testing.T) {
 			t.Errorf("Step outside a leased call: %v", err)
 		}
 	})
+}
+
+// crashFirstRun returns a hook under which each key's first run dies, as a
+// crashed worker's would, and every later run calls then (nil: succeeds).
+func crashFirstRun(then func(ctx context.Context, key string) error) func(ctx context.Context, _ string) error {
+	var ran sync.Map
+	return func(ctx context.Context, _ string) error {
+		key, _ := interceptor.KeyFromContext(ctx)
+		if _, again := ran.LoadOrStore(key, true); !again {
+			panic("worker dies")
+		}
+		if then == nil {
+			return nil
+		}
+		return then(ctx, key)
+	}
+}
+
+// forAcme returns the outgoing context of a call of tenant acme with key.
+func forAcme(key string) context.Context {
+	return metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", "acme", "x-user", "u-7")
+}
+
+// logLine returns the line of log that contains every one of subs, or "".
+func logLine(log string, subs ...string) string {
+	for line := range strings.Lines(log) {
+		found := true
+		for _, s := range subs {
+			found = found && strings.Contains(line, s)
+		}
+		if found {
+			return line
+		}
+	}
+	return ""
+}
+
+// TestCompleterSetsAsideAnUnreadableCall: of three abandoned calls, one
+// whose kept metadata is damaged in its row is recorded as failed (its
+// retry gets FAILED_PRECONDITION, IDEMPOTENCY_NOT_COMPLETED), logged at
+// ERROR with its scope and counted, and the two others are finished in
+// the same pass. Before, the one row failed every pass's listing, and no
+// call was finished at all.
+func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
+	c := newCompletable(t, false)
+	c.svc.setHook(crashFirstRun(nil))
+	const secret = "card-4242-4242-4242"
+	for _, k := range []string{"u-1", "u-2", "u-3"} {
+		_, err := c.client.Do(forAcme(k), &testv1.DoRequest{Value: secret})
+		wantCode(t, err, codes.Unknown)
+	}
+	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'u-2'`)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
+	}
+
+	n, err := c.completer.Complete(t.Context())
+	if err != nil || n != 3 {
+		t.Fatalf("Complete = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
+	}
+	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
+WHERE key IN ('u-1', 'u-3') AND status = 'completed' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
+		t.Errorf("%d of the healthy calls recorded OK, want 2", k)
+	}
+	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
+WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_payload IS NULL AND request_metadata IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
+		t.Errorf("the damaged call is not recorded as FAILED_PRECONDITION without what was kept")
+	}
+	if runs := c.svc.count(); runs != 5 {
+		t.Errorf("%d runs, want 5: the three first, and the completer's of the healthy calls", runs)
+	}
+	log := c.completerLog.String()
+	if logLine(log, "level=ERROR", "cannot be read", "tenant=acme", "key=u-2", "method="+doMethod) == "" {
+		t.Errorf("no ERROR line names the damaged call:\n%s", log)
+	}
+	if strings.Contains(log, secret) {
+		t.Errorf("the log shows the request:\n%s", log)
+	}
+	if got := c.outcomes.results(); !slices.Equal(slices.Sorted(slices.Values(got)),
+		[]interceptor.Result{interceptor.ResultExecuted, interceptor.ResultExecuted, interceptor.ResultUnreadable}) {
+		t.Errorf("the completer reported %v, want two executed and one unreadable", got)
+	}
+
+	// Every retry of the damaged call gets the same final answer.
+	for range 2 {
+		_, err = c.client.Do(forAcme("u-2"), &testv1.DoRequest{Value: secret})
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
+			t.Fatalf("retry of the damaged call: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		}
+	}
+	if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+		t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+	}
+}
+
+// TestCompleterSetsAsideARequestThatDoesNotDecode: a kept request that is
+// not a request of its method is recorded as failed at once, without
+// running the handler, instead of being tried again at every pass.
+func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		req := &testv1.DoRequest{Value: "v"}
+		fp, err := fingerprint.NewHasher().Sum(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := store.Key{Tenant: "acme", Method: doMethod, Key: "garbled"}
+		lc, err := c.store.Lease(t.Context(), key, store.Request{Fingerprint: fp,
+			Completion: &store.Completion{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %+v, %v", lc, err)
+		}
+		// Its worker failed before any step: the claim stays, for a
+		// completer, with its lease ended.
+		if err := lc.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v; want the call recorded as failed", n, err)
+		}
+		if runs := c.svc.count(); runs != 0 {
+			t.Errorf("the handler ran %d times, want never", runs)
+		}
+		if got := c.outcomes.results(); !slices.Equal(got, []interceptor.Result{interceptor.ResultUnreadable}) {
+			t.Errorf("the completer reported %v, want unreadable", got)
+		}
+		if logLine(c.completerLog.String(), "level=ERROR", "cannot be read", "key=garbled", "not a request of") == "" {
+			t.Errorf("no ERROR line names the call:\n%s", c.completerLog.String())
+		}
+		_, err = c.client.Do(forAcme("garbled"), req)
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
+			t.Errorf("retry: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		}
+		if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+			t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+		}
+		if runs := c.svc.count(); runs != 0 {
+			t.Errorf("the handler ran %d times, want never", runs)
+		}
+	})
+}
+
+// completableOpts are the server options of the completer tests that
+// build their own store.
+var completableOpts = []interceptor.ServerOption{
+	interceptor.WithLeased(time.Minute, doMethod),
+	interceptor.WithCompletion(doMethod),
+	interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+}
+
+// newCompleterOn returns a completer of e's service on st, logging to log.
+func newCompleterOn(t *testing.T, e *env, st store.Store, log *logBuffer, copts ...interceptor.CompleterOption) *interceptor.Completer {
+	t.Helper()
+	engine := interceptor.NewEngine(st, append(slices.Clone(completableOpts), interceptor.WithLogger(log.logger()))...)
+	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{interceptor.WithCompleteGrace(0)}, copts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testv1.RegisterTestServiceServer(c, e.svc)
+	return c
+}
+
+// TestCompleterSurvivesAPanickingRoute: a shard route that panics for one
+// tenant, whose abandoned call has used up its attempts, is that call's
+// error: the pass goes on and finishes the healthy call listed after it.
+// Before, the completer's giveUp called the route outside any recover,
+// and the pass (and under Run, the process) died.
+func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
+	shards := twoShardDatabases(t)
+	var broken atomic.Bool
+	route := func(tenant string) int {
+		if tenant == "boom" && broken.Load() {
+			return []int{}[len(tenant)] // a bug: index out of range
+		}
+		return 0
+	}
+	st := postgres.NewSharded(shards, route)
+	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
+	log := &logBuffer{}
+	completer := newCompleterOn(t, e, st, log, interceptor.WithCompleteMaxAttempts(1))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, tenant := range []string{"boom", "alpha"} {
+		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
+		wantCode(t, err, codes.Unknown)
+	}
+	// boom's call has used up its attempt, and is listed first.
+	exec := func(sql string) {
+		if _, err := shards[0].Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE idempotency_keys SET takeovers = 1, locked_until = now() - interval '1 hour' WHERE tenant = 'boom'`)
+	broken.Store(true)
+
+	n, err := completer.Complete(t.Context())
+	if err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+	}
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 1 {
+		t.Errorf("alpha's call is not recorded")
+	}
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom' AND status = 'in_progress'`); k != 1 {
+		t.Errorf("boom's call is not left in progress")
+	}
+	if logLine(log.String(), "tenant=boom", postgres.ErrNoShard.Error(), "route panicked", "index out of range") == "" {
+		t.Errorf("the log does not say boom's route panicked:\n%s", log.String())
+	}
+	// The tenant's calls fail as those of a tenant without a shard do.
+	_, err = e.client.Do(forTenant("boom", "order-2"), &testv1.DoRequest{Value: "boom"})
+	wantCode(t, err, codes.Unavailable)
+}
+
+// panickyStore is store/memory, whose Lease panics for tenant boom once
+// armed: a driver's bug.
+type panickyStore struct {
+	*memory.Store
+	armed atomic.Bool
+}
+
+func (s *panickyStore) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
+	if key.Tenant == "boom" && s.armed.Load() {
+		panic("the store's driver crashed")
+	}
+	return s.Store.Lease(ctx, key, r, d)
+}
+
+// TestCompleterSurvivesAPanicInOneCall: whatever panics while one call is
+// taken on (here the store, while the completer gives the call up), the
+// pass goes on with the others.
+func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
+	ps := &panickyStore{Store: memory.New()}
+	e := serveEnv(t, setup{memory: true, opts: completableOpts}, nil, ps)
+	log := &logBuffer{}
+	completer := newCompleterOn(t, e, ps, log, interceptor.WithCompleteMaxAttempts(1))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, tenant := range []string{"boom", "alpha"} {
+		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
+		wantCode(t, err, codes.Unknown)
+	}
+	// boom's call is taken over once more, as by a retry that died too:
+	// it has used up its attempt.
+	list, err := ps.Abandoned(t.Context(), 0, 10)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("Abandoned = %v, %v", list, err)
+	}
+	for _, a := range list {
+		if a.Key.Tenant != "boom" {
+			continue
+		}
+		lc, err := ps.Lease(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		if err != nil || !lc.TookOver {
+			t.Fatalf("takeover: %+v, %v", lc, err)
+		}
+		if err := lc.Lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps.armed.Store(true)
+
+	n, err := completer.Complete(t.Context())
+	if err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+	}
+	if logLine(log.String(), "level=ERROR", "panicked", "tenant=boom", "the store's driver crashed") == "" {
+		t.Errorf("the log does not report boom's panic:\n%s", log.String())
+	}
+	var header metadata.MD
+	if _, err := e.client.Do(forTenant("alpha", "alpha-1"), &testv1.DoRequest{Value: "alpha"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		t.Errorf("alpha's retry: %v (header %v), want a replay", err, header)
+	}
+}
+
+// blackholePool returns a pool of a "database" that accepts connections
+// and never answers, as a shard behind a broken network or a stuck proxy
+// does, and the number of connections it has accepted so far.
+func blackholePool(t *testing.T) (*pgxpool.Pool, func() int) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pool, err := pgxpool.New(context.Background(), "postgres://root@"+lis.Addr().String()+"/blackhole?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // first: it ends the connection attempts
+	return pool, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+}
+
+// passResult is what a Complete in a goroutine returned.
+type passResult struct {
+	n   int
+	err error
+}
+
+// completeWithin runs c.Complete with ctx and returns its result, failing
+// the test if it has not returned within d: a pass that never ends is
+// what the tests that use it guard against.
+func completeWithin(t *testing.T, ctx context.Context, c *interceptor.Completer, d time.Duration) passResult {
+	t.Helper()
+	done := make(chan passResult, 1)
+	go func() {
+		n, err := c.Complete(ctx)
+		done <- passResult{n, err}
+	}()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(d):
+		t.Fatalf("the completer's pass did not end within %v", d)
+		return passResult{}
+	}
+}
+
+// TestCompleterFinishesHealthyShardsBesideABlackholedOne: a shard that
+// accepts connections and never answers does not keep a pass from
+// finishing the abandoned calls of the other shard: each shard's listing
+// has its bound. The store's lock timeout, which bounds its wait for a
+// connection, is set to an hour, so that only the completer's bound
+// stands between the pass and the shard. Before, the pass waited for that
+// shard as long as its context lasted: for ever, under Run.
+func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
+	healthy := pgtest.NewPool(t)
+	if _, err := healthy.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
+		t.Fatal(err)
+	}
+	dark, accepted := blackholePool(t)
+	st := postgres.NewSharded([]*pgxpool.Pool{healthy, dark}, shardOf, postgres.WithLockTimeout(time.Hour))
+	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
+	completer := newCompleterOn(t, e, st, &logBuffer{}, interceptor.WithCompleteListTimeout(2*time.Second))
+	e.svc.setHook(crashFirstRun(nil))
+	for _, key := range []string{"order-1", "order-2"} {
+		_, err := e.client.Do(forTenant("alpha", key), &testv1.DoRequest{Value: "alpha"})
+		wantCode(t, err, codes.Unknown)
+	}
+
+	r := completeWithin(t, t.Context(), completer, 30*time.Second)
+	if r.n != 2 {
+		t.Fatalf("Complete = %d, %v; want alpha's 2 calls finished", r.n, r.err)
+	}
+	if r.err == nil || !strings.Contains(r.err.Error(), "shard 1") {
+		t.Errorf("Complete's error = %v, want one that names shard 1", r.err)
+	}
+	if accepted() == 0 {
+		t.Errorf("the pass never reached shard 1")
+	}
+	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 2 {
+		t.Errorf("%d of alpha's calls recorded, want 2", k)
+	}
+}
+
+// TestCompleterBoundsEachAttempt: a call whose handler hangs (a provider
+// that never answers) is cut off at the attempt's bound and left for a
+// later pass; the pass goes on and finishes the other call. Before, the
+// pass waited for the hung handler as long as its context lasted.
+func TestCompleterBoundsEachAttempt(t *testing.T) {
+	eachCompletableStoreWith(t, []interceptor.CompleterOption{interceptor.WithCompleteAttemptTimeout(time.Second)}, func(t *testing.T, c *completable) {
+		var cut atomic.Bool
+		c.svc.setHook(crashFirstRun(func(ctx context.Context, key string) error {
+			if key == "hung" {
+				<-ctx.Done()
+				cut.Store(true)
+				return ctx.Err()
+			}
+			return nil
+		}))
+		abandon(t, c, "hung")
+		abandon(t, c, "fine")
+
+		r := completeWithin(t, t.Context(), c.completer, 30*time.Second)
+		if r.err != nil || r.n != 1 {
+			t.Fatalf("Complete = %d, %v; want the call that does not hang finished", r.n, r.err)
+		}
+		if !cut.Load() {
+			t.Error("the hung handler's context did not end")
+		}
+		var header metadata.MD
+		if _, err := c.client.Do(forAcme("fine"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			t.Errorf("retry of the finished call: %v (header %v), want a replay", err, header)
+		}
+		// The hung call is left for a later pass.
+		list, err := c.store.(store.Completions).Abandoned(t.Context(), 0, 10)
+		if err != nil || len(list) != 1 || list[0].Key.Key != "hung" {
+			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
+		}
+	})
+}
+
+// TestCompleterRecordsTheHandlersHeaders: a handler run by a completer
+// sets its response metadata with grpc.SetHeader and grpc.SetTrailer as on
+// a call the server receives, and the caller's retry gets it replayed.
+// Before, both failed for want of a server transport stream, and the
+// metadata was lost.
+func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
+	eachCompletableStore(t, func(t *testing.T, c *completable) {
+		var setErr atomic.Value
+		c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
+			err := errors.Join(
+				grpc.SetHeader(ctx, metadata.Pairs("x-order-id", "o-9")),
+				grpc.SetTrailer(ctx, metadata.Pairs("x-charge-id", "ch-1")))
+			if err != nil {
+				setErr.Store(err)
+			}
+			return nil
+		}))
+		abandon(t, c, "order-h")
+		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Complete = %d, %v", n, err)
+		}
+		if err := setErr.Load(); err != nil {
+			t.Errorf("setting the response metadata in the completer's run: %v", err)
+		}
+		var header, trailer metadata.MD
+		if _, err := c.client.Do(forAcme("order-h"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(header.Get("x-order-id"), []string{"o-9"}) || len(header.Get(interceptor.ReplayedHeader)) != 1 ||
+			!slices.Equal(trailer.Get("x-charge-id"), []string{"ch-1"}) {
+			t.Errorf("the replay carries header %v and trailer %v; want the handler's x-order-id and x-charge-id", header, trailer)
+		}
+	})
+}
+
+// TestCompleterRunsItsInterceptors: the interceptors given to the
+// completer run around its calls in order, outside idem's, and what they
+// put in the context (an identity, say) reaches the handler.
+func TestCompleterRunsItsInterceptors(t *testing.T) {
+	type userKey struct{}
+	var (
+		mu    sync.Mutex
+		trace []string
+	)
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		trace = append(trace, s)
+	}
+	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		method, _ := grpc.Method(ctx)
+		note("outer " + info.FullMethod + " " + method)
+		return handler(context.WithValue(ctx, userKey{}, "u-7"), req)
+	}
+	inner := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		_, inLease := interceptor.KeyFromContext(ctx)
+		note(fmt.Sprintf("inner (key already claimed: %v)", inLease))
+		resp, err := handler(ctx, req)
+		note("inner done: " + status.Code(err).String())
+		return resp, err
+	}
+	c := newCompletable(t, true, interceptor.WithCompleteInterceptors(outer, inner))
+	c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
+		user, _ := ctx.Value(userKey{}).(string)
+		note("handler as " + user)
+		return nil
+	}))
+	abandon(t, c, "order-i")
+	if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Complete = %d, %v", n, err)
+	}
+	want := []string{"outer " + doMethod + " " + doMethod, "inner (key already claimed: false)", "handler as u-7", "inner done: OK"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(trace, want) {
+		t.Errorf("the completer's run went\n%q\nwant\n%q", trace, want)
+	}
 }

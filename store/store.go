@@ -171,6 +171,12 @@ type Abandoned struct {
 	// Takeovers counts how often the key was taken over since it was
 	// first claimed.
 	Takeovers int
+	// Unreadable, when not nil, says why the store could not read what it
+	// kept of the call (a damaged row, say): Key, Fingerprint and
+	// Takeovers are set, Completion may be incomplete. The call cannot be
+	// run again; a completer takes it over and records it as failed, so
+	// that it stops being listed and its retries get an answer.
+	Unreadable error
 }
 
 // Completions is implemented by stores that keep, for leased calls that
@@ -181,9 +187,11 @@ type Completions interface {
 	// whose lease ran out more than grace × 2^Takeovers ago (so that each
 	// failed attempt waits twice as long as the one before), and which
 	// have not expired. A completer takes one over with Lease, with the
-	// same fingerprint and completion, as a retry would. A store of
-	// several databases may return, with an error, the calls of those
-	// that answered; callers take them on all the same.
+	// same fingerprint and completion, as a retry would. A call whose
+	// kept request the store cannot read is listed too, with Unreadable
+	// set, rather than failing the whole list. A store of several
+	// databases may return, with an error, the calls of those that
+	// answered before ctx ended; callers take them on all the same.
 	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]Abandoned, error)
 }
 

@@ -285,13 +285,21 @@ LIMIT $2`
 // Abandoned implements [store.Completions]. A sharded store (see
 // [NewSharded]) asks every shard at once for up to limit calls and takes
 // them in turn, one of each shard's at a time, up to limit in all, so that
-// no shard starves the others. When some shards fail, it returns the calls the
-// others found together with an error that names the failed shards by
-// index: one shard that cannot be reached does not keep the calls of the
-// others from being completed.
+// no shard starves the others. When some shards fail, or have not answered
+// when ctx ends, it returns the calls the others found together with an
+// error that names those shards by index: one shard that cannot be reached
+// does not keep the calls of the others from being completed. Each shard's
+// listing waits at most the lock timeout ([WithLockTimeout]) for a
+// connection of its pool, as a claim does; the query itself runs under
+// ctx, so bound ctx (the interceptor's Completer does, per pass) to bound
+// a shard that stops answering on a connection already open.
+//
+// A call whose kept metadata or method cannot be read (a damaged row) is
+// listed with [store.Abandoned].Unreadable set, without its metadata; the
+// other calls are listed as usual.
 func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
 	if len(s.shards) == 1 {
-		return abandonedOn(ctx, s.shards[0], grace, limit)
+		return s.abandonedOn(ctx, s.shards[0], grace, limit)
 	}
 	found := make([][]store.Abandoned, len(s.shards))
 	errs := make([]error, len(s.shards))
@@ -302,7 +310,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		}
 		wg.Go(func() {
 			var err error
-			if found[i], err = abandonedOn(ctx, pool, grace, limit); err != nil {
+			if found[i], err = s.abandonedOn(ctx, pool, grace, limit); err != nil {
 				errs[i] = fmt.Errorf("postgres: shard %d: %w", i, err)
 			}
 		})
@@ -324,27 +332,37 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 	return out, errors.Join(errs...)
 }
 
-// abandonedOn lists the abandoned calls of one database.
-func abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
-	rows, err := pool.Query(ctx, abandoned, grace.Seconds(), limit)
+// abandonedOn lists the abandoned calls of one database. A row whose kept
+// request cannot be read is listed with Unreadable set: it must not hide
+// the others.
+func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+	if pool == nil {
+		return nil, nil // no tenant's key can be there
+	}
+	conn, err := s.acquire(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
+	defer rows.Close()
 	var out []store.Abandoned
 	for rows.Next() {
 		var (
-			a  store.Abandoned
-			md []byte
+			a      store.Abandoned
+			method *string // NULL only in a damaged row
+			md     []byte
 		)
+		// Every column scans into a type that takes any value it can
+		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&a.Completion.Method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
-			rows.Close()
+			&method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		if a.Completion.Metadata, err = decodeMetadata(md); err != nil {
-			rows.Close()
-			return nil, err
-		}
+		a.Unreadable = readKept(&a.Completion, method, md)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {

@@ -141,6 +141,9 @@ func (s *Store) Check(ctx context.Context) error {
 	case 0:
 		return fmt.Errorf("%w: the store has no shards", ErrNoShard)
 	case 1:
+		if s.shards[0] == nil {
+			return fmt.Errorf("%w: its pool is nil", ErrNoShard)
+		}
 		return check(ctx, s.shards[0])
 	}
 	var errs []error

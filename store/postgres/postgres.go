@@ -57,7 +57,9 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // (-1, say, for a tenant that is not served here, or is being moved), a
 // nil pool or a nil route fails the call with an error that wraps
 // [ErrNoShard] before any database is touched; the interceptor answers
-// UNAVAILABLE with a retry delay.
+// UNAVAILABLE with a retry delay. So does a route that panics: the panic
+// is recovered, and its value is in the error (which the interceptor logs,
+// and never shows the client).
 //
 // Each shard needs idem's schema ([Migrate] it) and, to delete expired
 // keys, a [Sweeper] of its own; an [Inbox] records a message's id on the
@@ -71,18 +73,24 @@ func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...O
 }
 
 // ErrNoShard reports a tenant for which the route of a sharded Store (see
-// [NewSharded]) gave no shard: an index out of range or a nil pool. Nothing
-// was sent to any database. It is none of package store's sentinel errors,
-// so the interceptor answers UNAVAILABLE and clients retry later: a route
-// may refuse a tenant for a while, on purpose, while it moves.
+// [NewSharded]) gave no shard: an index out of range, a nil pool, or a
+// panic of the route. Nothing was sent to any database. It is none of
+// package store's sentinel errors, so the interceptor answers UNAVAILABLE
+// and clients retry later: a route may refuse a tenant for a while, on
+// purpose, while it moves.
 var ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
 
-// shardOf returns the pool of tenant's shard.
+// shardOf returns the pool of tenant's shard. A route that panics is the
+// tenant's error, not the process's: the panic is turned into an error
+// that wraps ErrNoShard and quotes the panic's value.
 func (s *Store) shardOf(tenant string) (*pgxpool.Pool, error) {
 	if s.route == nil {
 		return s.shards[0], nil
 	}
-	i := s.route(tenant)
+	i, err := s.routeOf(tenant)
+	if err != nil {
+		return nil, err
+	}
 	if i < 0 || i >= len(s.shards) {
 		return nil, fmt.Errorf("%w: the route returned %d, and the store has %d shards", ErrNoShard, i, len(s.shards))
 	}
@@ -90,6 +98,16 @@ func (s *Store) shardOf(tenant string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("%w: the route returned %d, whose pool is nil", ErrNoShard, i)
 	}
 	return s.shards[i], nil
+}
+
+// routeOf calls the route for tenant, recovering from its panic.
+func (s *Store) routeOf(tenant string) (i int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: the route panicked: %v", ErrNoShard, p)
+		}
+	}()
+	return s.route(tenant), nil
 }
 
 func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *Store {

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"errors"
 	"hash/fnv"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -263,6 +264,20 @@ func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 	}
 }
 
+// releaseKept leases k, kept for completion, and releases it, as a call
+// that failed transiently before any step does: the claim stays, its
+// lease ended, so Abandoned lists it at once.
+func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
+	t.Helper()
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Hour)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease %v: %+v, %v", k, lc, err)
+	}
+	if err := lc.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	s, a, b := twoShards(t)
 	for _, k := range []store.Key{
@@ -380,6 +395,157 @@ func TestShardedCheckNamesTheShardThatIsNotReady(t *testing.T) {
 	}
 	if err := postgres.NewSharded(nil, byName).Check(ctx); !errors.Is(err, postgres.ErrNoShard) {
 		t.Fatalf("Check of a store without shards: %v, want ErrNoShard", err)
+	}
+	// A store of one shard whose pool is nil says so, rather than panic.
+	one := postgres.NewSharded([]*pgxpool.Pool{nil}, byName)
+	if err := one.Check(ctx); !errors.Is(err, postgres.ErrNoShard) {
+		t.Fatalf("Check of a store whose one pool is nil: %v, want ErrNoShard", err)
+	}
+	if got, err := one.Abandoned(ctx, 0, 10); err != nil || len(got) != 0 {
+		t.Fatalf("Abandoned of a store whose one pool is nil: %+v, %v; want none", got, err)
+	}
+}
+
+// TestShardedRoutePanicIsTheTenantsError: a route that panics for a
+// tenant fails that tenant's claims and leases with ErrNoShard, quoting
+// the panic, and touches nothing; other tenants, Abandoned and Check go
+// on. Before, the panic went up through the store into whoever called it.
+func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
+	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
+	s := postgres.NewSharded([]*pgxpool.Pool{a, b}, func(tenant string) int {
+		if tenant == "boom" {
+			return []int{}[len(tenant)] // a bug: index out of range
+		}
+		return byName(tenant)
+	})
+	k := store.Key{Tenant: "boom", Method: "/svc/M", Key: "k"}
+	wantPanicError := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, postgres.ErrNoShard) || !containsAll(err.Error(), "route panicked", "index out of range") {
+			t.Errorf("%s: %v; want ErrNoShard quoting the route's panic", what, err)
+		}
+		for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidKey} {
+			if errors.Is(err, sentinel) {
+				t.Errorf("%s: %v is %v, want none of store's sentinels", what, err, sentinel)
+			}
+		}
+	}
+	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	wantPanicError("Claim", err)
+	if c.Txn != nil || c.Entry != nil {
+		t.Errorf("Claim = %+v, want nothing", c)
+	}
+	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Minute)
+	wantPanicError("Lease", err)
+	if lc.Lease != nil || lc.Entry != nil {
+		t.Errorf("Lease = %+v, want nothing", lc)
+	}
+
+	// The other tenants, the listing of abandoned calls and the schema
+	// check do not call the route for boom, and go on.
+	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	if got, err := s.Abandoned(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Key.Tenant != alpha {
+		t.Errorf("Abandoned = %+v, %v; want alpha's call", got, err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`) + count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom'`); n != 0 {
+		t.Errorf("%d keys of boom written, want none", n)
+	}
+}
+
+// blackholePool returns a pool of a "database" that accepts connections
+// and never answers, as a shard behind a broken network or a stuck proxy
+// does, and the number of connections it has accepted so far.
+func blackholePool(t *testing.T) (*pgxpool.Pool, func() int) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pool, err := pgxpool.New(ctx, "postgres://root@"+lis.Addr().String()+"/blackhole?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // first: it ends the connection attempts
+	return pool, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+}
+
+// within runs f and fails the test if it has not returned within d.
+func within(t *testing.T, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
+	}
+}
+
+// TestShardedBlackholedShardIsBoundedByTheLockTimeout: a shard that
+// accepts connections and never answers holds up neither Abandoned,
+// whose other shards' calls come back with an error naming it, nor a
+// claim of one of its tenants: each waits at most the lock timeout for a
+// connection. Before, Abandoned waited for the shard as long as its
+// context lasted, for ever without a deadline.
+func TestShardedBlackholedShardIsBoundedByTheLockTimeout(t *testing.T) {
+	a := pgtest.NewPool(t)
+	dark, accepted := blackholePool(t)
+	s := postgres.NewSharded([]*pgxpool.Pool{a, dark}, byName, postgres.WithLockTimeout(500*time.Millisecond))
+	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+
+	var (
+		got []store.Abandoned
+		err error
+	)
+	within(t, 30*time.Second, "Abandoned", func() { got, err = s.Abandoned(ctx, 0, 10) })
+	if len(got) != 1 || got[0].Key.Tenant != alpha {
+		t.Errorf("Abandoned = %+v, want alpha's call", got)
+	}
+	if err == nil || !containsAll(err.Error(), "shard 1") {
+		t.Errorf("Abandoned's error = %v, want one that names shard 1", err)
+	}
+	if accepted() == 0 {
+		t.Errorf("Abandoned never reached shard 1")
+	}
+
+	within(t, 30*time.Second, "Claim", func() {
+		_, err = s.Claim(ctx, store.Key{Tenant: beta, Method: "/svc/M", Key: "k"}, store.Request{Fingerprint: []byte("fp")})
+	})
+	if err == nil {
+		t.Errorf("a claim on the blackholed shard succeeded")
 	}
 }
 

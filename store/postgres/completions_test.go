@@ -1,0 +1,53 @@
+package postgres_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
+)
+
+// TestAbandonedListsADamagedRowFlagged: a row whose kept metadata or
+// method cannot be read is listed with Unreadable set, and the other rows
+// as usual. Before, one such row failed the whole list ("a list kept in
+// idempotency_keys is malformed"), and no call could be completed.
+func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	s := postgres.New(pool)
+	kept := &store.Completion{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
+	for _, k := range []string{"healthy", "bad-metadata", "no-method"} {
+		lc, err := s.Lease(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Completion: kept}, time.Hour)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease %s: %+v, %v", k, lc, err)
+		}
+		if err := lc.Lease.Release(ctx); err != nil { // kept, its lease ended
+			t.Fatal(err)
+		}
+	}
+	exec(t, pool, `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'bad-metadata'`)
+	exec(t, pool, `UPDATE idempotency_keys SET request_method = NULL WHERE key = 'no-method'`)
+
+	list, err := s.Abandoned(ctx, 0, 10)
+	if err != nil || len(list) != 3 {
+		t.Fatalf("Abandoned = %+v, %v; want the 3 calls", list, err)
+	}
+	byKey := map[string]store.Abandoned{}
+	for _, a := range list {
+		byKey[a.Key.Key] = a
+	}
+	if a := byKey["healthy"]; a.Unreadable != nil || a.Completion.Method != kept.Method || !slices.Equal(a.Completion.Metadata["x-user"], []string{"u-7"}) {
+		t.Errorf("the healthy call is listed as %+v", a)
+	}
+	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method"} {
+		a := byKey[k]
+		if a.Unreadable == nil || a.Key.Tenant != "t" || string(a.Fingerprint) != "fp" {
+			t.Errorf("%s is listed as %+v; want it flagged unreadable, with its key and fingerprint", k, a)
+		} else if !strings.Contains(a.Unreadable.Error(), column) {
+			t.Errorf("%s's error %q does not name the damaged column, %s", k, a.Unreadable, column)
+		}
+	}
+}
