@@ -279,7 +279,7 @@ func requestKeys(m *method, call Call) ([]string, error) {
 	case len(call.Keys) == 1 && call.Keys[0] == v:
 		return call.Keys, nil
 	}
-	return nil, keysDiffer(fieldName(m.keyField))
+	return nil, keysDiffer(string(m.keyField.Name()))
 }
 
 // fieldName names fd for a client: its name, and its JSON name when that
