@@ -414,11 +414,21 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	if t.takeover {
 		record = recordOver
 	}
+	// The handler ran under the session's lock_timeout; the record waits
+	// at most the store's, set for what is left of the transaction in the
+	// same round trip: a key's row that a session outside idem's lock
+	// holds (an insert not yet committed, a row it locked) makes the
+	// record fail with lock_not_available, store.ErrInUse, rather than wait
+	// for it without a bound, and commit whenever it ends.
 	br := t.conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
+		{SQL: t.store.setLockTimeout},
 		{SQL: record, Arguments: t.recordArgs(out)},
 		{SQL: "COMMIT"},
 	}})
-	err := readComplete(br)
+	_, err := br.Exec() // setLockTimeout
+	if err == nil {
+		err = readComplete(br)
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
