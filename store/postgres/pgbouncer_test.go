@@ -170,7 +170,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	)
 	err = other.QueryRow(ctx, `SELECT current_setting('lock_timeout'),
 		coalesce(current_setting('idem.lock_timeout', true), ''),
-		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
 		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&timeout, &idemTimeout, &advisory, &prepared)
 	if err != nil {
 		t.Fatal(err)
