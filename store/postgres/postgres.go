@@ -105,7 +105,8 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
 		// restoreLockTimeout can put it back before the handler runs: the
-		// bound applies to the claim, not to the handler's statements.
+		// bound applies to the claim (and, set again, to the record), not
+		// to the handler's statements.
 		// Both settings last until the transaction ends, as SET LOCAL
 		// would.
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
