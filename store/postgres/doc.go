@@ -23,19 +23,20 @@
 // serializes the claims of one key; a key already completed needs none, so
 // its replays run side by side. The handler gets the open transaction from
 // [TxFromContext] as a pgx.Tx (the one pgx began, with Commit and Rollback
-// refused). When it returns, one INSERT of the completed row, which raises
-// when it writes nothing, and COMMIT travel together in one more round
-// trip. A recorded error rolls the transaction back, so the handler's
-// writes are discarded, and records the error in a transaction of its own
-// under the key's lock taken again. A crash or a lost connection before
+// refused). When it returns, the lock timeout, one INSERT of the completed
+// row, which raises when it writes nothing, and COMMIT travel together in
+// one more round trip. A recorded error rolls the transaction back, so the
+// handler's writes are discarded, and records the error in a transaction of
+// its own under the key's lock taken again. A crash or a lost connection before
 // COMMIT leaves nothing behind. A claim that finds the key completed
 // answers after its one round trip and rolls back in the background.
 //
 // A second request with the same key waits on the first one's advisory lock
 // for at most the lock timeout ([WithLockTimeout]); then it reads the row
 // the first committed (and replays it) or gives up with store.ErrInUse. The
-// session's lock_timeout is restored before the handler runs, so the bound
-// applies to the claim only.
+// session's lock_timeout is restored before the handler runs, and the lock
+// timeout set again for the record, so the bound applies to idem's
+// statements, not to the handler's.
 //
 // The advisory lock is an optimization; the primary key is the guarantee.
 // Where a claim gets past the lock without seeing the row its holder
@@ -48,7 +49,11 @@
 //
 // The lock timeout bounds every wait of a claim, atomic or leased, the
 // wait for a table lock too (a LOCK TABLE, a migration's ALTER TABLE, a
-// CREATE INDEX), and on every connection. pgx prepares (or describes) the
+// CREATE INDEX), and on every connection. It bounds the record's waits,
+// and those of a lease's writes, as well: behind a key's row that a session
+// outside idem's lock holds (an INSERT of it not yet committed, a SELECT …
+// FOR UPDATE), a record gives up with store.ErrInUse, committing nothing,
+// rather than wait for that session to end. pgx prepares (or describes) the
 // statements of a batch it has not cached in a round trip of its own,
 // before the batch's BEGIN; so on a connection that has not yet claimed, or
 // whose claim failed (pgx then drops the batch's statements from its
@@ -63,9 +68,12 @@
 // [Store.Lease] claims a key for a handler that runs outside the claim's
 // transaction: one round trip takes the key's advisory lock, inserts the
 // row (or takes over one whose lease ran out under the same request, or
-// that expired) with locked_until and a random fencing token, and commits. Extending the lease, saving a recovery
-// point, recording the outcome and releasing are then one statement each,
-// every one matching the row only while its token is current. A recovery
+// that expired) with locked_until and a random fencing token, and commits.
+// Extending the lease, saving a recovery point, recording the outcome and
+// releasing are then one statement each, in a transaction of its own under
+// the lock timeout (BEGIN, the lock timeout, the statement and COMMIT: one
+// round trip, three the first time on a connection, as for a claim), every
+// one matching the row only while its token is current. A recovery
 // point that store.RecoveryPoint.Validate refuses is refused before any
 // round trip.
 //

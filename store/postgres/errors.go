@@ -40,8 +40,11 @@ const keyTablePrimaryKey = "idempotency_keys_pkey"
 
 // interpretError translates PostgreSQL errors into the sentinel errors of
 // package store by SQLSTATE, keeping the original error in the chain. A
-// unique violation counts as a conflict only on the key table's primary
-// key: a claim that got past the key's lock met the row another request
+// lock_not_available is a wait of idem's that the lock timeout ended (for
+// another claim of the key, a key's row someone holds, a table lock) or a
+// NOWAIT that found the table locked: the key is in use. A unique
+// violation counts as a conflict only on the key table's primary key: a
+// claim that got past the key's lock met the row another request
 // committed.
 func interpretError(err error) error {
 	var pgErr *pgconn.PgError

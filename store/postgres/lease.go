@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -87,10 +88,13 @@ const maxLeaseRounds = 3
 // Lease implements [store.Store]. The claim is one round trip (BEGIN, the
 // lock timeout, the key's advisory lock, the insert or takeover, the read
 // of the holder and COMMIT travel together; the first claim on a connection
-// costs more, as for Claim) and commits at once; each later
-// write of the lease is one statement of its own. The lease's expires_at is
-// set on the first claim and kept by takeovers. Like Claim, it refuses a
-// key that breaks the rules of [store.Key.Validate] with
+// costs more, as for Claim) and commits at once; each later write of the
+// lease is one statement in a transaction of its own, one round trip, whose
+// lock waits the lock timeout bounds: behind a lock on the key's row or the
+// table it gives up with an error that wraps [store.ErrInUse] (not
+// store.ErrLeaseLost: the lease is still the caller's). The lease's
+// expires_at is set on the first claim and kept by takeovers. Like Claim,
+// it refuses a key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
 // and every later write of its Lease run on the tenant's shard, and a
@@ -176,7 +180,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
-		l = &lease{pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
+		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
@@ -205,6 +209,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 
 // lease is a held leased claim.
 type lease struct {
+	store    *Store
 	pool     *pgxpool.Pool // of the key's shard
 	id       pgtype.UUID
 	tenant   string
@@ -410,12 +415,41 @@ func (l *lease) Release(ctx context.Context) error {
 
 // exec runs a statement guarded by the lease's token and reports
 // store.ErrLeaseLost when it matched no row, then and from then on.
+//
+// The statement runs in a transaction of its own under the lock timeout,
+// as a claim does (see [Store.sendBounded]): BEGIN, the lock timeout, the
+// statement and COMMIT travel together in one round trip. Behind a lock on
+// the key's row (a session outside idem's lock that holds it) or on the
+// table, the write gives up after the lock timeout with store.ErrInUse,
+// having changed nothing, rather than wait for as long as ctx lets it and
+// then, its caller gone, take effect whenever the lock ends. It waits at
+// most the lock timeout for a connection of the pool, too.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 	if l.lost.Load() {
 		return store.ErrLeaseLost
 	}
-	args = append([]any{l.id, l.token, l.tenant}, args...)
-	tag, err := l.pool.Exec(ctx, sql, args...)
+	conn, err := l.store.acquire(ctx, l.pool)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
+	br, _, err := l.store.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
+		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant}, args...)},
+		{SQL: "COMMIT"},
+	})
+	if err != nil {
+		return interpretError(err)
+	}
+	tag, err := br.Exec()
+	if err == nil {
+		var commit pgconn.CommandTag
+		if commit, err = br.Exec(); err == nil && commit.String() != "COMMIT" {
+			err = errors.New("postgres: the write of a lease was rolled back")
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return interpretError(err)
 	}

@@ -31,9 +31,22 @@ func holdTableLock(t *testing.T, dsn, lock string) (release func()) {
 	if _, err := conn.Exec(ctx, "BEGIN; LOCK TABLE idempotency_keys IN "+lock+" MODE"); err != nil {
 		t.Fatal(err)
 	}
-	release = func() { _ = conn.Close(ctx) } // closing rolls back
+	release = rollbackAndClose(conn)
 	t.Cleanup(release)
 	return release
+}
+
+// rollbackAndClose returns the function that ends conn's transaction,
+// waiting for the server to have rolled it back (a connection closed
+// with its transaction open is rolled back too, but after Close has
+// returned), and closes conn. It may be called more than once.
+func rollbackAndClose(conn *pgx.Conn) func() {
+	return func() {
+		if !conn.IsClosed() {
+			_, _ = conn.Exec(ctx, "ROLLBACK")
+		}
+		_ = conn.Close(ctx)
+	}
 }
 
 // TestClaimBehindTableLockIsBounded claims keys while another transaction
@@ -89,11 +102,17 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 
 // claimsGiveUpBehindTableLock holds lock on idempotency_keys on a
 // connection of its own to lockDSN, and checks that claims and leases of s,
-// twice each, give up with store.ErrInUse rather than wait; then it lets
-// the lock go and checks that key is claimed and completed once, counting
-// its rows through pool.
+// twice each, and the writes of a lease taken before the lock (extend,
+// save a step, record), give up with store.ErrInUse rather than wait; then
+// it lets the lock go and checks that key is claimed and completed once,
+// and the lease recorded, counting their rows through pool.
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
+	leased := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
+	lc, err := s.Lease(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
+	}
 	release := holdTableLock(t, lockDSN, lock)
 	// Far longer than the lock timeout: an unbounded wait ends here, with
 	// context.DeadlineExceeded instead of ErrInUse.
@@ -107,12 +126,35 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
 	}
+	for _, w := range []struct {
+		name  string
+		write func(ctx context.Context) error
+	}{
+		{"extend", func(ctx context.Context) error { return lc.Lease.Extend(ctx, time.Hour) }},
+		{"save", func(ctx context.Context) error {
+			return lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+		}},
+		{"record", func(ctx context.Context) error {
+			return lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+		}},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
+		err := w.write(cctx)
+		cancel()
+		if !errors.Is(err, store.ErrInUse) {
+			t.Fatalf("lease %s behind the table lock: %v, want ErrInUse", w.name, err)
+		}
+	}
 
 	release()
 	claimAndComplete(t, s, key)
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, key.Key).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d completed rows for the key (%v), want 1", n, err)
+	if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+		t.Fatalf("record of the lease once the lock is gone: %v", err)
+	}
+	var n, recorded int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND recovery_point IS NULL)
+		FROM idempotency_keys WHERE status = 'completed'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
+		t.Fatalf("%d completed rows for the key and %d for the lease without a recovery point (%v), want 1 each", n, recorded, err)
 	}
 }
 
@@ -140,21 +182,24 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 }
 
 // TestClaimRoundTrips counts the round trips on the wire of claims on one
-// connection: bounding the lock wait of a connection's first claim must
-// cost nothing once the connection has claimed. A warm claim is one round
-// trip; three in QueryExecModeDescribeExec, where pgx describes every
-// statement of every batch in a round trip of its own, so the transaction
-// is always opened in one before.
+// connection, and of the records that follow them: bounding the lock waits
+// of a connection's first claim, and those of every record, must cost
+// nothing once the connection has claimed and recorded. A warm claim is
+// one round trip, and so is a warm record, atomic or leased; in
+// QueryExecModeDescribeExec, where pgx describes every statement of every
+// batch in a round trip of its own, so the transaction is always opened in
+// one before, a claim and a leased record cost three, an atomic record
+// (whose transaction is open) two.
 func TestClaimRoundTrips(t *testing.T) {
 	for _, tc := range []struct {
-		mode pgx.QueryExecMode
-		warm int64
+		mode                     pgx.QueryExecMode
+		warm, atomicRec, leasRec int64
 	}{
-		{pgx.QueryExecModeCacheStatement, 1},
-		{pgx.QueryExecModeCacheDescribe, 1},
-		{pgx.QueryExecModeDescribeExec, 3},
-		{pgx.QueryExecModeExec, 1},
-		{pgx.QueryExecModeSimpleProtocol, 1},
+		{pgx.QueryExecModeCacheStatement, 1, 1, 1},
+		{pgx.QueryExecModeCacheDescribe, 1, 1, 1},
+		{pgx.QueryExecModeDescribeExec, 3, 2, 3},
+		{pgx.QueryExecModeExec, 1, 1, 1},
+		{pgx.QueryExecModeSimpleProtocol, 1, 1, 1},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			t.Parallel()
@@ -178,32 +223,44 @@ func TestClaimRoundTrips(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := postgres.New(pool)
-			var atomicTrips, leaseTrips []int64
+			var atomicTrips, atomicRecords, leaseTrips, leaseRecords []int64
+			count := func(into *[]int64, f func() error) {
+				t.Helper()
+				before := trips.Load()
+				if err := f(); err != nil {
+					t.Fatal(err)
+				}
+				*into = append(*into, trips.Load()-before)
+			}
 			for i := range 3 {
 				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
-				before := trips.Load()
-				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
-				if err != nil || c.Txn == nil {
-					t.Fatalf("claim: %+v, %v", c, err)
-				}
-				atomicTrips = append(atomicTrips, trips.Load()-before)
-				if err := c.Txn.Release(ctx); err != nil {
-					t.Fatal(err)
-				}
-				before = trips.Load()
-				l, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
-				if err != nil || l.Lease == nil {
-					t.Fatalf("lease: %+v, %v", l, err)
-				}
-				leaseTrips = append(leaseTrips, trips.Load()-before)
-				if err := l.Lease.Release(ctx); err != nil {
-					t.Fatal(err)
-				}
+				var c store.Claim
+				count(&atomicTrips, func() (err error) {
+					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
+						err = fmt.Errorf("claim of a new key: %+v", c)
+					}
+					return err
+				})
+				count(&atomicRecords, func() error { return c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
+				k.Key += "-lease"
+				var l store.LeaseClaim
+				count(&leaseTrips, func() (err error) {
+					if l, err = s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
+						err = fmt.Errorf("lease of a new key: %+v", l)
+					}
+					return err
+				})
+				count(&leaseRecords, func() error { return l.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
 			}
-			t.Logf("round trips of three atomic claims %v, of three leased claims %v", atomicTrips, leaseTrips)
+			t.Logf("round trips of three atomic claims %v and their records %v, of three leased claims %v and their records %v",
+				atomicTrips, atomicRecords, leaseTrips, leaseRecords)
 			for i := 1; i < 3; i++ {
 				if atomicTrips[i] != tc.warm || leaseTrips[i] != tc.warm {
 					t.Fatalf("warm claims took %v (atomic) and %v (leased) round trips, want %d each", atomicTrips[1:], leaseTrips[1:], tc.warm)
+				}
+				if atomicRecords[i] != tc.atomicRec || leaseRecords[i] != tc.leasRec {
+					t.Fatalf("warm records took %v (atomic) and %v (leased) round trips, want %d and %d",
+						atomicRecords[1:], leaseRecords[1:], tc.atomicRec, tc.leasRec)
 				}
 			}
 		})
@@ -231,4 +288,219 @@ func (c *tripConn) Read(p []byte) (int, error) {
 		c.wrote.Store(false)
 	}
 	return n, err
+}
+
+// holdKeyRow runs sql, with args, in a transaction of its own on dsn and
+// keeps the transaction open, as a session outside idem's lock would (an
+// application's, an operator's, a script's): an INSERT of a key's row not
+// yet committed, a SELECT … FOR UPDATE of it. It returns the function that
+// rolls the transaction back.
+func holdKeyRow(t *testing.T, dsn, sql string, args ...any) (release func()) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release = rollbackAndClose(conn)
+	t.Cleanup(release)
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatal(err)
+	}
+	return release
+}
+
+// Statements of the key-row tests: the outside session's insert of a key's
+// row (in progress, as a claim of another system's would leave it), the
+// committed row of a key that expired, and the outside session's lock of a
+// key's row. $1 to $3 are the key's tenant, method and key.
+var (
+	insertKeyRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
+		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', now() + interval '1 hour')`
+	insertExpiredRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
+		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', 'completed', 0, now() - interval '1 hour')`
+	lockKeyRow = `SELECT FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3 FOR UPDATE`
+)
+
+// TestRecordBehindLockedKeyRowIsBounded records the outcome of a claim
+// whose key's row another session holds locked outside idem's lock: a row
+// it inserted and has not committed (the claim cannot see it, so it owns
+// the key and runs the handler), or an expired row it locked (the claim
+// takes it over). The record, a success or a recorded error, must give up
+// with store.ErrInUse after the lock timeout, commit nothing, and leave
+// the key to a retry once the other session is gone; and so must leased
+// mode's writes (extend, save a step, record, release) behind a row lock.
+// In every QueryExecMode.
+func TestRecordBehindLockedKeyRowIsBounded(t *testing.T) {
+	const lockTimeout = 300 * time.Millisecond
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement,
+		pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec,
+		pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.NewDatabase(t)
+			pool := newPool(t, dsn, mode)
+			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
+			recordsGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout)
+			leaseWritesGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout)
+		})
+	}
+}
+
+// recordsGiveUpBehindLockedKeyRow checks the records of s behind a key's
+// row that a session of its own on lockDSN holds, reading rows through
+// pool, which must have a table w.
+func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS w (key text)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		takeover bool // the row is committed, expired, and locked
+		code     codes.Code
+	}{
+		{"uncommitted insert/success", false, codes.OK},
+		{"uncommitted insert/recorded error", false, codes.InvalidArgument},
+		{"locked expired row/success", true, codes.OK},
+		{"locked expired row/recorded error", true, codes.InvalidArgument},
+	} {
+		k := store.Key{Tenant: "t", Method: "/svc/M", Key: tc.name}
+		args := []any{k.Tenant, k.Method, k.Key}
+		// run claims k, writes a row of w and records tc.code.
+		run := func(ctx context.Context) error {
+			t.Helper()
+			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			if err != nil || c.Txn == nil {
+				t.Fatalf("%s: claim: %+v, %v; want to own the key", tc.name, c, err)
+			}
+			defer func() { _ = c.Txn.Release(ctx) }()
+			tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+			if _, err := tx.Exec(ctx, `INSERT INTO w VALUES ($1)`, k.Key); err != nil {
+				t.Fatal(err)
+			}
+			return c.Txn.Complete(ctx, store.Outcome{Code: tc.code, Body: []byte("r")})
+		}
+		rows := func() (writes, completed int) {
+			t.Helper()
+			err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w WHERE key = $3),
+				(SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3
+					AND status = 'completed' AND expires_at > now())`, args...).Scan(&writes, &completed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return writes, completed
+		}
+
+		var release func()
+		if tc.takeover {
+			if _, err := pool.Exec(ctx, insertExpiredRow, args...); err != nil {
+				t.Fatal(err)
+			}
+			release = holdKeyRow(t, lockDSN, lockKeyRow, args...)
+		} else {
+			release = holdKeyRow(t, lockDSN, insertKeyRow, args...)
+		}
+		// Far longer than the lock timeout: an unbounded wait ends here,
+		// with context.DeadlineExceeded instead of ErrInUse.
+		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
+		err := run(cctx)
+		cancel()
+		if !errors.Is(err, store.ErrInUse) {
+			t.Errorf("%s: record behind the locked key row: %v, want ErrInUse", tc.name, err)
+		}
+		if w, c := rows(); w != 0 || c != 0 {
+			t.Fatalf("%s: a record that gave up committed %d writes and %d completed keys, want none", tc.name, w, c)
+		}
+
+		release()
+		if err := run(ctx); err != nil {
+			t.Fatalf("%s: retry once the row is free: %v", tc.name, err)
+		}
+		wantWrites := 1
+		if tc.code != codes.OK {
+			wantWrites = 0 // a recorded error discards the writes
+		}
+		if w, c := rows(); w != wantWrites || c != 1 {
+			t.Fatalf("%s: after the retry %d writes and %d completed keys, want %d and 1", tc.name, w, c, wantWrites)
+		}
+	}
+}
+
+// leaseWritesGiveUpBehindLockedKeyRow leases two keys of s and locks their
+// rows in a session of its own on lockDSN: extending, saving a step,
+// recording and releasing must each give up with store.ErrInUse (not
+// ErrLeaseLost: the lease is still the caller's) and change nothing; once
+// the session is gone the lease records.
+func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration) {
+	t.Helper()
+	held := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased"}
+	released := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
+	var leases []store.Lease
+	for _, k := range []store.Key{held, released} {
+		l, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		if err != nil || l.Lease == nil {
+			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
+		}
+		leases = append(leases, l.Lease)
+	}
+	before := func() string {
+		t.Helper()
+		var rows string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+			FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}()
+	release := holdKeyRow(t, lockDSN, `SELECT FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key IN ($3, $4) FOR UPDATE`,
+		held.Tenant, held.Method, held.Key, released.Key)
+
+	for _, w := range []struct {
+		name  string
+		write func(ctx context.Context) error
+	}{
+		{"extend", func(ctx context.Context) error { return leases[0].Extend(ctx, time.Hour) }},
+		{"save", func(ctx context.Context) error {
+			return leases[0].SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+		}},
+		{"record", func(ctx context.Context) error {
+			return leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+		}},
+		{"release", func(ctx context.Context) error { return leases[1].Release(ctx) }},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
+		err := w.write(cctx)
+		cancel()
+		if !errors.Is(err, store.ErrInUse) || errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("lease %s behind the locked key row: %v, want ErrInUse", w.name, err)
+		}
+	}
+	if _, ok := leases[0].RecoveryPoint(); ok {
+		t.Fatal("a save that gave up set the lease's recovery point")
+	}
+
+	release()
+	var after string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+		FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatalf("the writes that gave up changed the rows:\n%s\nwant\n%s", after, before)
+	}
+	// The record that gave up left the lease the caller's.
+	if err := leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+		t.Fatalf("record once the row is free: %v", err)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, held.Key).Scan(&status); err != nil || status != "completed" {
+		t.Fatalf("the leased key is %q (%v), want completed", status, err)
+	}
 }

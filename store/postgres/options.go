@@ -26,13 +26,17 @@ type Option func(*options)
 // claim fails with store.ErrInUse, which the interceptor answers with
 // ABORTED and a retry hint. It bounds the claim's waits for table locks
 // too (a LOCK TABLE or a migration's ALTER TABLE of idempotency_keys), on a
-// new connection as on one that has claimed before. The bound applies to
-// the claim only; the handler's own statements run under the session's
-// setting. A claim also waits at most this long for a connection of the
-// pool, and fails (the interceptor answers UNAVAILABLE) rather than queue
-// behind claims that wait for a busy key. Default: [DefaultLockTimeout]
-// (2 s). Values below one millisecond are raised to one millisecond, since
-// PostgreSQL reads zero as "wait forever".
+// new connection as on one that has claimed before. It bounds the record
+// as well, and in leased mode every write of a lease (extend, save a step,
+// record, release): behind the key's row that another session holds
+// locked, or a table lock, they give up with store.ErrInUse. The bound
+// applies to idem's statements only; the handler's own statements run
+// under the session's setting. A claim, and a lease's write, also waits at
+// most this long for a connection of the pool, and fails (the interceptor
+// answers UNAVAILABLE) rather than queue behind claims that wait for a
+// busy key. Default: [DefaultLockTimeout] (2 s). Values below one
+// millisecond are raised to one millisecond, since PostgreSQL reads zero
+// as "wait forever".
 func WithLockTimeout(d time.Duration) Option {
 	return func(o *options) { o.lockTimeout = max(d, time.Millisecond) }
 }

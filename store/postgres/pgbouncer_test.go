@@ -88,6 +88,25 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 	}
 }
 
+// TestPgBouncerRecordBehindLockedKeyRowIsBounded records outcomes, and
+// writes leases, through PgBouncer while a session of its own, straight to
+// PostgreSQL, holds the key's row locked outside idem's lock: each gives
+// up with store.ErrInUse after the lock timeout, and the key is recorded
+// once the session is gone.
+func TestPgBouncerRecordBehindLockedKeyRowIsBounded(t *testing.T) {
+	const lockTimeout = 300 * time.Millisecond
+	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
+	direct := pgtest.NewDatabase(t)
+	dsn, err := b.ConnString(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := bouncedPool(t, dsn, 4)
+	s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
+	recordsGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout)
+	leaseWritesGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout)
+}
+
 // TestPgBouncerLeavesNoSessionState runs every kind of claim through a
 // PgBouncer with one server connection, which the claims' transactions
 // therefore take turns on, and then looks at that connection from another
@@ -151,7 +170,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	)
 	err = other.QueryRow(ctx, `SELECT current_setting('lock_timeout'),
 		coalesce(current_setting('idem.lock_timeout', true), ''),
-		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
 		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&timeout, &idemTimeout, &advisory, &prepared)
 	if err != nil {
 		t.Fatal(err)

@@ -123,7 +123,8 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
 		// restoreLockTimeout can put it back before the handler runs: the
-		// bound applies to the claim, not to the handler's statements.
+		// bound applies to the claim (and, set again, to the record), not
+		// to the handler's statements.
 		// Both settings last until the transaction ends, as SET LOCAL
 		// would.
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
@@ -432,11 +433,21 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	if t.takeover {
 		record = recordOver
 	}
+	// The handler ran under the session's lock_timeout; the record waits
+	// at most the store's, set for what is left of the transaction in the
+	// same round trip: a key's row that a session outside idem's lock
+	// holds (an insert not yet committed, a row it locked) makes the
+	// record fail with lock_not_available, store.ErrInUse, rather than wait
+	// for it without a bound, and commit whenever it ends.
 	br := t.conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
+		{SQL: t.store.setLockTimeout},
 		{SQL: record, Arguments: t.recordArgs(out)},
 		{SQL: "COMMIT"},
 	}})
-	err := readComplete(br)
+	_, err := br.Exec() // setLockTimeout
+	if err == nil {
+		err = readComplete(br)
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
