@@ -180,7 +180,22 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 }
 
 func TestClaimWaitIsBounded(t *testing.T) {
-	s := postgres.New(pgtest.NewPool(t), postgres.WithLockTimeout(50*time.Millisecond))
+	pool := pgtest.NewPool(t)
+	// The lock timeout also bounds the wait for a pool connection: open
+	// the two the claims need first, so that on a busy machine the second
+	// claim waits for the key, not for a connection to be opened.
+	conns := make([]*pgxpool.Conn, 2)
+	for i := range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	s := postgres.New(pool, postgres.WithLockTimeout(50*time.Millisecond))
 	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
