@@ -36,10 +36,11 @@ marked (idem.v1.field).key = true, is excluded too: it names the request,
 it is not part of it. By default, only the marked fields are excluded.
 
 Excluding costs nothing for message types that cannot hold an excluded
-field, nor for requests in which no excluded field is set. Otherwise the
-excluded fields are cut out of the request's encoding in one pass over its
-bytes (types with extensions or groups use a shallow copy of the request
-instead); the request itself is never modified.
+field. A request of another type in which no excluded field is set costs
+only a look at the fields that could hold one, and is encoded as it is.
+Otherwise the excluded fields are cleared on a copy of the request
+(proto.Clone), which is encoded instead, at the cost of that copy. The
+request itself is never modified.
 
 # What counts as the same request
 

@@ -475,8 +475,9 @@ type stripCheck struct {
 	t     *testing.T
 	h     *fingerprint.Hasher
 	names []protoreflect.FullName
-	// wire reports whether Sum is expected to strip on the wire.
-	wire bool
+	// often reports whether at least a tenth of the random messages must
+	// have an excluded field set, for the check to have tested stripping.
+	often bool
 	// changed counts the messages that had an excluded field set.
 	changed int
 }
@@ -501,24 +502,10 @@ func (c *stripCheck) check(name string, m proto.Message) {
 	if err == nil && !bytes.Equal(full, want) {
 		c.changed++
 	}
-	// If m cannot be encoded, stripWire has nothing to strip: Sum strips a
-	// copy instead.
-	wireErr := err != nil
 
 	got, err := fingerprint.Stripped(c.h, m)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("%s: stripped() = %x, %v\nwant %x\nmessage: %v", name, got, err, want, describe(m))
-	}
-	wire, ok, err := fingerprint.WireStripped(c.h, m)
-	if ok != c.wire {
-		t.Fatalf("%s: stripped on the wire: %t, want %t", name, ok, c.wire)
-	}
-	if ok && wireErr != (err != nil) || ok && !wireErr && !bytes.Equal(wire, want) {
-		t.Fatalf("%s: stripWire = %x, %v\nwant %x\nmessage: %v", name, wire, err, want, describe(m))
-	}
-	copied, err := fingerprint.CopyStripped(c.h, m)
-	if err != nil || !bytes.Equal(copied, want) {
-		t.Fatalf("%s: stripped copy = %x, %v\nwant %x\nmessage: %v", name, copied, err, want, describe(m))
 	}
 	digest := sha256.Sum256(want)
 	if fp := mustSum(t, c.h, m); fp[0] != fingerprint.Version || !bytes.Equal(fp[1:], digest[:]) {
@@ -526,7 +513,7 @@ func (c *stripCheck) check(name string, m proto.Message) {
 	}
 }
 
-func TestStripWireEqualsReference(t *testing.T) {
+func TestStrippedEqualsReference(t *testing.T) {
 	nodes := nodeFile(t)
 	p2 := proto2File(t)
 	nodeDesc := nodes.Messages().ByName("Node")
@@ -598,7 +585,7 @@ func TestStripWireEqualsReference(t *testing.T) {
 
 	type hasher struct {
 		names []protoreflect.FullName
-		wire  bool
+		often bool
 	}
 	suites := []struct {
 		name     string
@@ -614,15 +601,15 @@ func TestStripWireEqualsReference(t *testing.T) {
 			newMsg: generated(&everything{}),
 			depth:  2,
 			hashers: []hasher{
-				{wire: true},
-				{wire: true, names: []protoreflect.FullName{
+				{often: true},
+				{often: true, names: []protoreflect.FullName{
 					"idem.test.v1.Everything.text",
 					"idem.test.v1.Everything.Inner.name",
 					"idem.test.v1.Everything.numbers",
 					"idem.test.v1.Everything.labels",
 					"idem.test.v1.Everything.choice_number",
 				}},
-				{wire: true, names: []protoreflect.FullName{
+				{often: true, names: []protoreflect.FullName{
 					"idem.test.v1.Everything.by_name",
 					"idem.test.v1.Everything.Inner.tags",
 					"idem.test.v1.Everything.inner",
@@ -636,14 +623,14 @@ func TestStripWireEqualsReference(t *testing.T) {
 			newMsg: dynamic(everythingDesc),
 			depth:  2,
 			hashers: []hasher{
-				{wire: true},
-				{wire: true, names: []protoreflect.FullName{"idem.test.v1.Everything.choice_text", "idem.test.v1.Everything.Inner.tags"}},
+				{often: true},
+				{often: true, names: []protoreflect.FullName{"idem.test.v1.Everything.choice_text", "idem.test.v1.Everything.Inner.tags"}},
 			},
 		},
 		{
 			name:    "CreatePaymentRequest",
 			newMsg:  generated(&testv1.CreatePaymentRequest{}),
-			hashers: []hasher{{wire: true}},
+			hashers: []hasher{{often: true}},
 		},
 		{
 			name:     "Struct",
@@ -651,13 +638,13 @@ func TestStripWireEqualsReference(t *testing.T) {
 			depth:    5,
 			pMessage: 0.8,
 			hashers: []hasher{
-				{wire: true, names: []protoreflect.FullName{"google.protobuf.Value.string_value"}},
-				{wire: true, names: []protoreflect.FullName{
+				{often: true, names: []protoreflect.FullName{"google.protobuf.Value.string_value"}},
+				{often: true, names: []protoreflect.FullName{
 					"google.protobuf.Value.number_value",
 					"google.protobuf.Value.null_value",
 					"google.protobuf.ListValue.values",
 				}},
-				{wire: false}, // nothing to strip
+				{often: false}, // nothing to strip
 			},
 		},
 		{
@@ -666,8 +653,8 @@ func TestStripWireEqualsReference(t *testing.T) {
 			depth:    4,
 			pMessage: 0.06,
 			hashers: []hasher{
-				{wire: true},
-				{wire: true, names: []protoreflect.FullName{
+				{often: true},
+				{often: true, names: []protoreflect.FullName{
 					"fptest.Node.name",
 					"fptest.Node.by_string",
 					"fptest.Node.children",
@@ -681,18 +668,17 @@ func TestStripWireEqualsReference(t *testing.T) {
 			newMsg: dynamic(reqDesc),
 			depth:  3,
 			hashers: []hasher{
-				{wire: true},
-				// A group that holds an excluded field is stripped as a
-				// copy.
-				{wire: false, names: []protoreflect.FullName{"fptest2.Req2.value", "fptest2.Req2.Grp.keep"}},
+				{often: true},
+				// A group that holds an excluded field.
+				{often: true, names: []protoreflect.FullName{"fptest2.Req2.value", "fptest2.Req2.Grp.keep"}},
 			},
 		},
 		{
-			// Extendable: stripped as a copy.
+			// Extendable: extensions are inspected at run time.
 			name:    "Ext2",
 			newMsg:  dynamic(extDesc),
 			depth:   3,
-			hashers: []hasher{{wire: false}},
+			hashers: []hasher{{often: true}},
 		},
 	}
 
@@ -700,7 +686,7 @@ func TestStripWireEqualsReference(t *testing.T) {
 	for _, s := range suites {
 		t.Run(s.name, func(t *testing.T) {
 			for _, hs := range s.hashers {
-				c := &stripCheck{t: t, h: fingerprint.NewHasher(fingerprint.WithExcludedFields(hs.names...)), names: hs.names, wire: hs.wire}
+				c := &stripCheck{t: t, h: fingerprint.NewHasher(fingerprint.WithExcludedFields(hs.names...)), names: hs.names, often: hs.often}
 				for i, m := range s.fixed {
 					c.check(fmt.Sprintf("%v fixed %d", hs.names, i), m)
 				}
@@ -710,7 +696,7 @@ func TestStripWireEqualsReference(t *testing.T) {
 					f.fill(m, s.depth, false)
 					c.check(fmt.Sprintf("%v random %d", hs.names, i), m.Interface())
 				}
-				if hs.wire && c.changed < random/10 {
+				if hs.often && c.changed < random/10 {
 					t.Errorf("%v: only %d of %d random messages had an excluded field set", hs.names, c.changed, random+len(s.fixed))
 				}
 			}
@@ -718,8 +704,8 @@ func TestStripWireEqualsReference(t *testing.T) {
 	}
 }
 
-// TestStripErrors checks that Sum fails exactly where encoding a stripped
-// copy fails.
+// TestStripErrors checks that Sum fails exactly where encoding the
+// request fails once its excluded fields are cleared.
 func TestStripErrors(t *testing.T) {
 	p2 := proto2File(t)
 	reqDesc := p2.Messages().ByName("Req2")
@@ -756,18 +742,15 @@ func TestStripErrors(t *testing.T) {
 		"invalid utf-8 in map key":     {&everything{ByName: map[string]*inner{"\xff": {Secret: "s"}}}, true},
 	}
 	for name, tt := range tests {
-		_, err := h.Sum(tt.m)
-		_, copyErr := fingerprint.CopyStripped(h, tt.m)
-		if (err != nil) != tt.wantErr || (copyErr != nil) != tt.wantErr {
-			t.Errorf("%s: Sum error %v, stripped copy error %v, want error: %t", name, err, copyErr, tt.wantErr)
+		if _, err := h.Sum(tt.m); (err != nil) != tt.wantErr {
+			t.Errorf("%s: Sum error %v, want error: %t", name, err, tt.wantErr)
 		}
 	}
 }
 
-// TestStripWireFallback checks an encoding that stripWire cannot parse: a
-// group whose unknown fields are malformed hides its end. Sum strips a copy
-// instead.
-func TestStripWireFallback(t *testing.T) {
+// TestStripMalformedGroup strips a request whose group holds malformed
+// unknown fields, which hide the group's end in the encoding.
+func TestStripMalformedGroup(t *testing.T) {
 	reqDesc := proto2File(t).Messages().ByName("Req2")
 	fields := reqDesc.Fields()
 	m := dynamicpb.NewMessage(reqDesc)
@@ -778,9 +761,6 @@ func TestStripWireFallback(t *testing.T) {
 	grp.SetUnknown([]byte{0xff})
 
 	h := fingerprint.NewHasher()
-	if _, ok, err := fingerprint.WireStripped(h, m); !ok || err == nil {
-		t.Fatalf("stripWire: stripped on the wire %t, error %v; want an error", ok, err)
-	}
 	want := referenceStripped(t, m, nil)
 	if got, err := fingerprint.Stripped(h, m); err != nil || !bytes.Equal(got, want) {
 		t.Errorf("stripped() = %x, %v; want %x", got, err, want)
