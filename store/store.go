@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 )
 
 // ErrInUse reports that another request holds the key and the bounded wait
@@ -115,8 +115,9 @@ type Entry struct {
 
 // Outcome is the result of a call, as recorded and replayed.
 type Outcome struct {
-	// Code is the gRPC status code of the call.
-	Code codes.Code
+	// Code is the status code of the call (google.rpc.Code, which gRPC and
+	// Connect share).
+	Code code.Code
 	// Body is the serialized response message when Code is OK, and the
 	// serialized google.rpc.Status otherwise. When NotCached is set it holds
 	// a reference to the response instead.

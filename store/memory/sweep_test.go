@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -48,7 +48,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim %d: %+v, %v", i, c, err)
 		}
-		if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+		if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 		}
 	}
 	// A lease whose key expired is lost, even though its lease still runs.
-	if err := l.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != store.ErrLeaseLost {
+	if err := l.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != store.ErrLeaseLost {
 		t.Errorf("Complete of a lease whose key expired: %v, want ErrLeaseLost", err)
 	}
 }

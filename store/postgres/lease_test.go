@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -51,13 +51,13 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	for name, err := range map[string]error{
 		"extend":   first.Lease.Extend(ctx, time.Minute),
 		"save":     first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
-		"complete": first.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("stale")}),
+		"complete": first.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale %s: %v, want ErrLeaseLost", name, err)
 		}
 	}
-	if err := second.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("mine")}); err != nil {
+	if err := second.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("mine")}); err != nil {
 		t.Fatal(err)
 	}
 	var body []byte

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -135,7 +135,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 			return lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+			return lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 	} {
 		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
@@ -148,7 +148,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 
 	release()
 	claimAndComplete(t, s, key)
-	if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record of the lease once the lock is gone: %v", err)
 	}
 	var n, recorded int
@@ -168,7 +168,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
-	if err := c.Txn.Complete(cctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := c.Txn.Complete(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
@@ -176,7 +176,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
-	if err := l.Lease.Complete(cctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := l.Lease.Complete(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -241,7 +241,7 @@ func TestClaimRoundTrips(t *testing.T) {
 					}
 					return err
 				})
-				count(&atomicRecords, func() error { return c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
+				count(&atomicRecords, func() error { return c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
 				var l store.LeaseClaim
 				count(&leaseTrips, func() (err error) {
@@ -250,7 +250,7 @@ func TestClaimRoundTrips(t *testing.T) {
 					}
 					return err
 				})
-				count(&leaseRecords, func() error { return l.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
+				count(&leaseRecords, func() error { return l.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 			}
 			t.Logf("round trips of three atomic claims %v and their records %v, of three leased claims %v and their records %v",
 				atomicTrips, atomicRecords, leaseTrips, leaseRecords)
@@ -364,12 +364,12 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 	for _, tc := range []struct {
 		name     string
 		takeover bool // the row is committed, expired, and locked
-		code     codes.Code
+		code     code.Code
 	}{
-		{"uncommitted insert/success", false, codes.OK},
-		{"uncommitted insert/recorded error", false, codes.InvalidArgument},
-		{"locked expired row/success", true, codes.OK},
-		{"locked expired row/recorded error", true, codes.InvalidArgument},
+		{"uncommitted insert/success", false, code.Code_OK},
+		{"uncommitted insert/recorded error", false, code.Code_INVALID_ARGUMENT},
+		{"locked expired row/success", true, code.Code_OK},
+		{"locked expired row/recorded error", true, code.Code_INVALID_ARGUMENT},
 	} {
 		k := store.Key{Tenant: "t", Method: "/svc/M", Key: tc.name}
 		args := []any{k.Tenant, k.Method, k.Key}
@@ -424,7 +424,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			t.Fatalf("%s: retry once the row is free: %v", tc.name, err)
 		}
 		wantWrites := 1
-		if tc.code != codes.OK {
+		if tc.code != code.Code_OK {
 			wantWrites = 0 // a recorded error discards the writes
 		}
 		if w, c := rows(); w != wantWrites || c != 1 {
@@ -471,7 +471,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 			return leases[0].SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+			return leases[0].Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 		{"release", func(ctx context.Context) error { return leases[1].Release(ctx) }},
 	} {
@@ -496,7 +496,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		t.Fatalf("the writes that gave up changed the rows:\n%s\nwant\n%s", after, before)
 	}
 	// The record that gave up left the lease the caller's.
-	if err := leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := leases[0].Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record once the row is free: %v", err)
 	}
 	var status string

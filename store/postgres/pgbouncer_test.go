@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -133,7 +133,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.InvalidArgument, Body: []byte("st")}); err != nil {
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
 	}
 	// The owner pins the only server connection, so the duplicate waits

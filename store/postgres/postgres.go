@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -345,10 +345,10 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 	var (
 		e      foundEntry
 		status string
-		code   *int32
+		rcode  *int32
 		lease  float64
 	)
-	err := row.Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
+	err := row.Scan(&status, &e.Fingerprint, &rcode, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
@@ -363,8 +363,8 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 	default:
 		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
 	}
-	if code != nil {
-		e.Outcome.Code = codes.Code(*code)
+	if rcode != nil {
+		e.Outcome.Code = code.Code(*rcode)
 	}
 	e.LeaseRemaining = time.Duration(lease * float64(time.Second))
 	return &e, nil
@@ -426,7 +426,7 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 		return errFinished
 	}
 	defer func() { _ = t.finish(ctx) }()
-	if out.Code != codes.OK {
+	if out.Code != code.Code_OK {
 		return interpretError(t.recordError(ctx, out))
 	}
 	record := recordInsert

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/store"
@@ -88,7 +88,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}) })
 			waitForAdvisoryLockWaiter(t, pool)
 			write(first, "first")
-			if err := first.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("first")}); err != nil {
+			if err := first.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("first")}); err != nil {
 				t.Fatal(err)
 			}
 			wg.Wait()
@@ -96,7 +96,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				t.Fatalf("second claim: %+v, %v; want a Txn, as its snapshot predates the first's commit", second, err2)
 			}
 			write(second, "second")
-			err = second.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("second")})
+			err = second.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("second")})
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("second record: %v, want store.ErrConflict", err)
 			}
@@ -187,7 +187,7 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 	if err != nil || old.Txn == nil {
 		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
 	}
-	if err := old.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("new")}); err != nil {
+	if err := old.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("new")}); err != nil {
 		t.Fatal(err)
 	}
 	leased, err := s.Lease(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
@@ -197,7 +197,7 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 	if p, ok := leased.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
 		t.Fatalf("recovery point after the takeover: %+v, %v", p, ok)
 	}
-	if err := leased.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("leased")}); err != nil {
+	if err := leased.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("leased")}); err != nil {
 		t.Fatal(err)
 	}
 	var rows int

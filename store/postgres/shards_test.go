@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -74,7 +74,7 @@ func claimAndWrite(t *testing.T, s *postgres.Store, k store.Key, body string) st
 	if err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2) RETURNING db`, k.Tenant, k.Key).Scan(&db); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(body)}); err != nil {
+	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -160,7 +160,7 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 				t.Error(err)
 			}
 			time.Sleep(50 * time.Millisecond) // the others queue behind the key
-			if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+			if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -193,7 +193,7 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + interval '50 minutes'`, beta); n != 1 {
 		t.Fatalf("shard 1 holds %d rows of beta's lease with its recovery point and extended lease, want 1", n)
 	}
-	if err := l.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("charged")}); err != nil {
+	if err := l.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
@@ -247,7 +247,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	if err := short.Lease.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Extend of the fenced lease: %v, want ErrLeaseLost", err)
 	}
-	if err := taker.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+	if err := taker.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -308,7 +308,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover of %v: %+v, %v", c.Key, lc, err)
 		}
-		if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(c.Key.Key)}); err != nil {
+		if err := lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(c.Key.Key)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -37,10 +37,10 @@ var claimCases = []testCase{
 			out  store.Outcome
 		}{
 			{"OK", okOutcome("response")},
-			{"OKEmpty", store.Outcome{Code: codes.OK}},
+			{"OKEmpty", store.Outcome{Code: code.Code_OK}},
 			{"DeterministicError", errorOutcome()},
-			{"NotCachedWithReference", store.Outcome{Code: codes.OK, Body: []byte("order-42"), NotCached: true}},
-			{"NotCachedWithoutReference", store.Outcome{Code: codes.OK, NotCached: true}},
+			{"NotCachedWithReference", store.Outcome{Code: code.Code_OK, Body: []byte("order-42"), NotCached: true}},
+			{"NotCachedWithoutReference", store.Outcome{Code: code.Code_OK, NotCached: true}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				k := key

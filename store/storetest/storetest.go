@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/store"
@@ -95,16 +95,16 @@ func wantAbout(t *testing.T, what string, got, want time.Time) {
 
 // okOutcome returns an OK outcome whose body names what recorded it.
 func okOutcome(body string) store.Outcome {
-	return store.Outcome{Code: codes.OK, Body: []byte(body)}
+	return store.Outcome{Code: code.Code_OK, Body: []byte(body)}
 }
 
 // errorOutcome is a deterministic error, recorded as its google.rpc.Status.
 func errorOutcome() store.Outcome {
-	body, err := proto.Marshal(status.New(codes.InvalidArgument, "amount must be positive").Proto())
+	body, err := proto.Marshal(&spb.Status{Code: int32(code.Code_INVALID_ARGUMENT), Message: "amount must be positive"})
 	if err != nil {
 		panic(err)
 	}
-	return store.Outcome{Code: codes.InvalidArgument, Body: body}
+	return store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: body}
 }
 
 // claimTxn claims k and fails the test unless it gets a Txn. The Txn is

@@ -1,4 +1,4 @@
-package interceptor
+package idem
 
 import (
 	"bytes"
@@ -9,10 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -22,33 +20,42 @@ import (
 
 // Engine runs keyed unary calls for a transport: it checks the key, claims
 // it in the store, runs the handler, records its outcome and replays it.
-// [UnaryServerInterceptor] is an Engine behind grpc-go's interceptor API;
-// the adapters for other transports (connect-go, grpc-gateway) use one
-// too, so that every transport serves one contract, with one store, one
-// fingerprint and one scope: a gRPC call and its retry over HTTP are the
-// same operation.
+// Each transport's adapter is an Engine behind that transport's API: the
+// gRPC interceptor (package interceptor), the connect-go interceptor
+// (package idemconnect), and, through the gRPC server it proxies to,
+// grpc-gateway (package idemgateway). So every transport serves one
+// contract, with one store, one fingerprint and one scope: a gRPC call and
+// its retry over HTTP are the same operation.
 //
-// Most programs need not use an Engine directly. It is safe for concurrent
-// use.
+// An Engine is safe for concurrent use.
 type Engine struct {
 	store   store.Store
-	opts    *serverOptions
+	opts    *options
 	hasher  *fingerprint.Hasher
 	methods *methods
 	obs     *observer
 }
 
-// NewEngine returns an Engine on s, configured as [UnaryServerInterceptor]
-// is.
-func NewEngine(s store.Store, opts ...ServerOption) *Engine {
-	o := evaluateServerOptions(opts)
+// New returns an Engine on s. It checks the per-method options against the
+// protobuf registry: a method an option names must be a unary method of a
+// registered service, so that a misspelt name fails here, at start-up,
+// rather than being ignored.
+func New(s store.Store, opts ...Option) (*Engine, error) {
+	if s == nil {
+		return nil, errors.New("idem: New needs a store")
+	}
+	o := evaluateOptions(opts)
+	ms := newMethods(o)
+	if err := ms.check(); err != nil {
+		return nil, err
+	}
 	return &Engine{
 		store:   s,
 		opts:    o,
 		hasher:  fingerprint.NewHasher(o.fingerprint...),
-		methods: newMethods(o),
+		methods: ms,
 		obs:     newObserver(o),
-	}
+	}, nil
 }
 
 // Call is one unary call as its transport received it.
@@ -60,22 +67,37 @@ type Call struct {
 	// HTTP Idempotency-Key header): none when it carried none. More than one
 	// value is refused.
 	Keys []string
+	// KeyError, when set, says why the transport could not decode the key
+	// it carried from its syntax (an HTTP Idempotency-Key header that is
+	// neither a Structured Field String nor a bare token, see
+	// [ParseHTTPKey]). The call is refused as a key [ValidateKey] refuses
+	// is, on every method, and Keys is not read.
+	KeyError error
 	// Request is the request message.
 	Request proto.Message
+	// Header is the request metadata, with lower-case names (gRPC metadata
+	// as it is; HTTP headers lower-cased, -bin values decoded). The tenant
+	// resolver reads it, and a method that may be finished keeps the
+	// entries [WithFinishHeaders] names.
+	Header map[string][]string
 }
 
-// Reply is what a handler answered: its message (nil with an error) and
-// the response metadata it set, which is recorded with the outcome and
-// replayed with it.
+// Reply is what a handler answered: its message (nil with an error), the
+// response metadata it set, which is recorded with the outcome and
+// replayed with it, and, with an error, that error as the transport sends
+// it.
 type Reply struct {
 	Message         proto.Message
-	Header, Trailer metadata.MD
+	Header, Trailer map[string][]string
+	// Status is the handler's error as a google.rpc.Status, as the
+	// transport would send it. Without one, an error counts as UNKNOWN with
+	// its text as the message.
+	Status *spb.Status
 }
 
 // Handler runs the handler of a call with ctx, which carries what idem
 // hands the handler (the key's transaction, its lease, its scope for
-// outbound calls). Its error, if any, is the handler's: a status error, or
-// any other, which counts as UNKNOWN.
+// outbound calls).
 type Handler func(ctx context.Context) (Reply, error)
 
 // Answer is what the transport sends back for a call, besides the error
@@ -84,10 +106,11 @@ type Answer struct {
 	// Message is the response, decoded (nil with an error).
 	Message proto.Message
 	// Header and Trailer are the response metadata idem adds to what the
-	// handler set itself: the replay marker ([ReplayedHeader]), on a
-	// replay, the metadata the handler had set, and, with a RetryInfo of
-	// idem's, the [PushbackTrailer]. Send them.
-	Header, Trailer metadata.MD
+	// handler set itself: the replay marker ([ReplayedHeader]) and, on a
+	// replay, the metadata the handler had set. Send them.
+	Header, Trailer map[string][]string
+	// Result is how idem settled the call.
+	Result Result
 
 	// wire is Message as a binary protobuf codec must send it, when that
 	// differs from Message: see WireMessage.
@@ -107,13 +130,20 @@ func (a Answer) WireMessage() proto.Message {
 }
 
 // Handle runs call: the handler once per key, its recorded outcome to every
-// retry. It returns the answer and the call's error as a status error (see
-// the package documentation for the codes), and reports the call's
-// outcome to the hook ([WithOutcomeHook]).
+// retry. Its error is the handler's own, returned as the handler returned
+// it, or an [*Error] of idem's (its own refusals and a recorded error
+// replayed), which the transport maps to its wire. It reports the call's
+// outcome to the metrics, traces and hook ([WithOutcomeHook]).
 func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, error) {
 	c := &callState{engine: e, method: call.Method, started: time.Now()}
-	ans, err := e.handle(ctx, c, call, h)
-	ans = c.pushback(ans, err)
+	run, _ := ctx.Value(finishCtxKey{}).(*finishRun)
+	c.finishing = run != nil
+	ans, err := e.handle(ctx, c, call, run, h)
+	c.result = ans.Result
+	c.replayed = ans.Result == ResultReplayed || ans.Result == ResultRebuilt
+	if run != nil {
+		run.result = ans.Result
+	}
 	e.report(ctx, c)
 	return ans, err
 }
@@ -131,60 +161,55 @@ type callState struct {
 	key           store.Key
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
-	completion    bool      // the call is run by a Completer
+	finishing     bool      // the call is run by a Finisher
 }
 
-// settle sets the call's result.
-func (c *callState) settle(r Result) {
-	c.result = r
+// refuse is the answer of a call idem settled as r without running it.
+func refuse(r Result, err error) (Answer, error) {
+	return Answer{Result: r}, err
 }
 
-func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler) (Answer, error) {
+func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finishRun, h Handler) (Answer, error) {
 	m := e.methods.lookup(call.Method)
 	c.m = m
 	c.mode = ModeAtomic
 	if m.leased {
 		c.mode = ModeLeased
 	}
+	if call.KeyError != nil {
+		return refuse(ResultInvalidKey, invalidKey(call.KeyError.Error()))
+	}
 	keys, err := requestKeys(m, call)
 	if err != nil {
-		c.settle(ResultInvalidKey)
-		return Answer{}, err
+		return refuse(ResultInvalidKey, err)
 	}
 	key, ok, err := keyFrom(keys)
 	if err != nil {
-		c.settle(ResultInvalidKey)
-		return Answer{}, invalidKey(err.Error())
+		return refuse(ResultInvalidKey, invalidKey(err.Error()))
 	}
 	if m.exempt {
 		// idem stands aside, and ignores a key, but not a malformed one
 		// (checked above): that is the client's bug to hear about.
-		c.settle(ResultPassthrough)
 		return e.passThrough(ctx, h)
 	}
 	if !ok {
 		if m.required {
-			c.settle(ResultMissingKey)
-			return Answer{}, missingKey(call.Method)
+			return refuse(ResultMissingKey, missingKey(call.Method))
 		}
-		c.settle(ResultPassthrough)
 		return e.passThrough(ctx, h)
 	}
 	if m.output == nil {
-		c.settle(ResultStoreError)
-		return Answer{}, status.Errorf(codes.Internal, "idem: %s is not in the protobuf registry, so its responses cannot be replayed", call.Method)
+		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: "+call.Method+" is not in the protobuf registry, so its responses cannot be replayed"))
 	}
 	if call.Request == nil {
-		c.settle(ResultStoreError)
-		return Answer{}, status.Errorf(codes.Internal, "idem: %s has no request message", call.Method)
+		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: "+call.Method+" has no request message"))
 	}
-	tenant, err := e.tenant(ctx, c)
+	tenant, err := e.tenant(ctx, call, run)
 	if err != nil {
-		c.settle(ResultInvalidKey)
-		if _, ok := status.FromError(err); ok {
-			return Answer{}, err
+		if ie := (*Error)(nil); errors.As(err, &ie) {
+			return refuse(ResultInvalidKey, ie)
 		}
-		return Answer{}, status.Error(codes.Unauthenticated, err.Error())
+		return refuse(ResultInvalidKey, newError(code.Code_UNAUTHENTICATED, err.Error()))
 	}
 	scope := call.Method
 	if m.scope != "" {
@@ -193,13 +218,11 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	skey := store.Key{Tenant: tenant, Method: scope, Key: key}
 	c.key = skey
 	if err := skey.Validate(); err != nil {
-		c.settle(ResultInvalidKey)
-		return Answer{}, scopeInvalid(err)
+		return refuse(ResultInvalidKey, scopeInvalid(err))
 	}
 	fp, err := e.hasher.Sum(call.Request)
 	if err != nil {
-		c.settle(ResultInvalidKey)
-		return Answer{}, status.Error(codes.InvalidArgument, "idem: "+err.Error())
+		return refuse(ResultInvalidKey, newError(code.Code_INVALID_ARGUMENT, "idem: "+err.Error()))
 	}
 
 	ctx = withRequestKey(ctx, skey)
@@ -211,10 +234,10 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, h Handler)
 	c.claim = t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
-		return Answer{}, e.storeError(ctx, c, "claiming the idempotency key", err)
+		return e.storeError(ctx, c, "claiming the idempotency key", err)
 	}
 	if claim.Entry != nil {
-		return e.replay(ctx, c, call, h, fp, claim.Entry)
+		return e.replay(ctx, c, h, fp, claim.Entry)
 	}
 	defer func() { _ = claim.Txn.Release(ctx) }()
 	return e.execute(claim.Txn.Context(ctx), c, h, claim.Txn)
@@ -232,27 +255,26 @@ func keyFrom(keys []string) (key string, ok bool, err error) {
 	return "", true, errTooManyKeys(len(keys))
 }
 
-// tenant returns the call's tenant: the one a Completer kept with the
-// call, or the resolver's.
-func (e *Engine) tenant(ctx context.Context, c *callState) (string, error) {
-	if t, ok := ctx.Value(completionCtxKey{}).(completionRun); ok {
-		c.completion = true
-		return t.tenant, nil
+// tenant returns the call's tenant: the one a Finisher kept with the call,
+// or the resolver's.
+func (e *Engine) tenant(ctx context.Context, call Call, run *finishRun) (string, error) {
+	if run != nil {
+		return run.tenant, nil
 	}
-	return e.opts.tenant.Tenant(ctx)
+	return e.opts.tenant(ctx, call.Header)
 }
 
-// completion returns what a Completer needs to run call again: its method,
-// its request in deterministic encoding, and the allowlisted metadata.
-func (e *Engine) completion(ctx context.Context, call Call) (*store.Completion, error) {
+// finishing returns what a Finisher needs to run call again: its method,
+// its request in deterministic encoding, and the request metadata
+// [WithFinishHeaders] names.
+func (e *Engine) finishing(call Call) (*store.Completion, error) {
 	req, err := proto.MarshalOptions{Deterministic: true}.Marshal(call.Request)
 	if err != nil {
 		return nil, err
 	}
 	c := &store.Completion{Method: call.Method, Request: req, Metadata: map[string][]string{}}
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, k := range e.opts.completeMetadata {
-		if v := md.Get(k); len(v) > 0 {
+	for _, k := range e.opts.finishHeaders {
+		if v := call.Header[k]; len(v) > 0 {
 			c.Metadata[k] = v
 		}
 	}
@@ -294,7 +316,7 @@ func fieldName(fd protoreflect.FieldDescriptor) string {
 // passThrough runs a call idem stands aside from.
 func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 	r, err := h(ctx)
-	return Answer{Message: r.Message}, err
+	return Answer{Message: r.Message, Result: ResultPassthrough}, err
 }
 
 // lease runs a call in leased mode: the claim is committed before the
@@ -309,15 +331,14 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 // releases the claim. When recording the outcome of a handler that
 // succeeded or failed deterministically fails, the claim stays in progress
 // and its lease runs out on its own, so that a retry takes the call over
-// (resuming from its recovery point) rather than running it afresh.
+// (resuming after its recorded steps) rather than running it afresh.
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
 	m, key := c.m, c.key
 	r := store.Request{Fingerprint: fp, TTL: m.ttl}
-	if m.complete {
+	if m.finish {
 		var err error
-		if r.Completion, err = e.completion(ctx, call); err != nil {
-			c.settle(ResultStoreError)
-			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the request for completion failed", err)
+		if r.Completion, err = e.finishing(call); err != nil {
+			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the request for finishing failed", err))
 		}
 	}
 	cctx, t := e.obs.start(ctx, c, spanClaim)
@@ -325,13 +346,13 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
 	if errors.Is(err, store.ErrCorrupt) {
-		return Answer{}, e.stepsUnreadable(ctx, c, err)
+		return refuse(ResultStoreError, e.stepsUnreadable(ctx, c, err))
 	}
 	if err != nil {
-		return Answer{}, e.storeError(ctx, c, "leasing the idempotency key", err)
+		return e.storeError(ctx, c, "leasing the idempotency key", err)
 	}
 	if lc.Entry != nil {
-		return e.replay(ctx, c, call, h, fp, lc.Entry)
+		return e.replay(ctx, c, h, fp, lc.Entry)
 	}
 	l := lc.Lease
 	c.tookOver = lc.TookOver
@@ -354,19 +375,17 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	rec := &leaseRecorder{lease: l, stop: stop}
 	ans, err := e.execute(hctx, c, func(ctx context.Context) (Reply, error) {
 		r, err := h(ctx)
-		release = err != nil && !e.opts.classifier.Deterministic(status.Convert(err))
+		release = err != nil && !e.opts.classifier(statusOf(r, err))
 		return r, err
 	}, rec)
 	stop()
 	if errors.Is(err, store.ErrLeaseLost) || errors.Is(context.Cause(hctx), store.ErrLeaseLost) {
-		c.settle(ResultLeaseLost)
 		e.log(ctx, slog.LevelWarn, "idem: the lease on an idempotency key was lost (it ran out and another request took the key over, or a failover lost the key's row); this call's outcome was not recorded", key, nil)
-		return Answer{}, leaseLost(e.opts.retryDelay)
+		return refuse(ResultLeaseLost, leaseLost(e.opts.retryDelay))
 	}
 	if rec.err != nil {
-		c.settle(ResultStoreError)
 		e.log(ctx, slog.LevelError, "idem: storage failed while recording the outcome of a leased call; its claim stays in progress until the lease runs out", key, rec.err)
-		return Answer{}, notRecorded(min(m.lease, maxLeaseRetryDelay), e.detail(rec.err))
+		return refuse(ResultStoreError, notRecorded(min(m.lease, maxLeaseRetryDelay), e.detail(rec.err)))
 	}
 	return ans, err
 }
@@ -394,77 +413,82 @@ type recorder interface {
 	Complete(ctx context.Context, out store.Outcome) error
 }
 
+// statusOf is the status of a handler's error: the one its transport
+// gave, else UNKNOWN with the error's text.
+func statusOf(r Reply, err error) *spb.Status {
+	if r.Status != nil {
+		return r.Status
+	}
+	if ie := (*Error)(nil); errors.As(err, &ie) {
+		return ie.status
+	}
+	return &spb.Status{Code: int32(code.Code_UNKNOWN), Message: err.Error()}
+}
+
 // execute runs the handler and records its outcome in rec. On an error it
 // records nothing and leaves the claim to the caller's deferred release.
 func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recorder) (Answer, error) {
 	m, key := c.m, c.key
 	r, herr := h(ctx)
 	if herr != nil {
-		st := status.Convert(herr)
-		if !e.opts.classifier.Deterministic(st) {
-			c.settle(ResultTransient)
-			return Answer{}, herr // the deferred release discards the claim
+		st := statusOf(r, herr)
+		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {
+			return refuse(ResultTransient, herr) // the deferred release discards the claim
 		}
-		body, _, err := encodeOutcome(st.Code(), st.Proto(), r.Header, r.Trailer)
+		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer)
 		if err != nil {
-			c.settle(ResultStoreError)
-			return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the error failed", err)
+			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the error failed", err))
 		}
-		if err := e.complete(ctx, c, rec, store.Outcome{Code: st.Code(), Body: body}); err != nil {
-			return Answer{}, err
+		if a, err := e.record(ctx, c, rec, store.Outcome{Code: code.Code(st.GetCode()), Body: body}); err != nil {
+			return a, err
 		}
-		c.settle(ResultExecuted)
-		return Answer{Header: expiresHeader(c.expires)}, st.Err()
+		return Answer{Header: expiresHeader(c.expires), Result: ResultExecuted}, herr
 	}
 	if r.Message == nil {
-		c.settle(ResultStoreError)
-		return Answer{}, status.Error(codes.Internal, "idem: the handler returned no response message")
+		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: the handler returned no response message"))
 	}
-	body, payload, err := encodeOutcome(codes.OK, r.Message, r.Header, r.Trailer)
+	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer)
 	if err != nil {
-		c.settle(ResultStoreError)
-		return Answer{}, e.internalError(ctx, key, codes.Internal, "encoding the response failed", err)
+		return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the response failed", err))
 	}
-	out := store.Outcome{Code: codes.OK, Body: body}
+	out := store.Outcome{Body: body}
 	if len(payload) > e.opts.maxStored {
 		// Too large to keep: record a reference, or nothing, instead.
-		out = store.Outcome{Code: codes.OK, NotCached: true}
+		out = store.Outcome{NotCached: true}
 		if m.loader != nil {
 			if out.Body, err = m.loader.Reference(ctx, r.Message); err != nil {
-				c.settle(ResultTransient)
-				return Answer{}, err
+				return refuse(ResultTransient, err)
 			}
 		}
 	}
-	if err := e.complete(ctx, c, rec, out); err != nil {
-		return Answer{}, err
+	if a, err := e.record(ctx, c, rec, out); err != nil {
+		return a, err
 	}
-	c.settle(ResultExecuted)
-	ans := Answer{Message: r.Message, Header: expiresHeader(c.expires)}
+	ans := Answer{Message: r.Message, Header: expiresHeader(c.expires), Result: ResultExecuted}
 	if m.raw {
 		ans.wire = rawMessage(m, payload)
 	}
 	return ans, nil
 }
 
-// complete records out in rec, timing it. A failure is returned as the
+// record records out in rec, timing it. A failure is returned as the
 // status the client gets, except a leased call's, which is passed on as it
 // is, for lease to report (and log).
-func (e *Engine) complete(ctx context.Context, c *callState, rec recorder, out store.Outcome) error {
+func (e *Engine) record(ctx context.Context, c *callState, rec recorder, out store.Outcome) (Answer, error) {
 	rctx, t := e.obs.start(ctx, c, spanRecord)
 	err := rec.Complete(rctx, out)
 	c.record = t.end(err)
 	if err == nil {
-		return nil
+		return Answer{}, nil
 	}
 	if _, leased := rec.(*leaseRecorder); leased || errors.Is(err, store.ErrLeaseLost) {
-		return err
+		return refuse(ResultStoreError, err)
 	}
 	return e.storeError(ctx, c, "recording the outcome", err)
 }
 
 // leaseRecorder records the outcome of a leased call. It stops the
-// heartbeat first, so that the heartbeat never mistakes the completed claim
+// heartbeat first, so that the heartbeat never mistakes the recorded claim
 // for a lost lease, and records on a context detached from the caller's
 // (bounded by leaseRecordTimeout), so that an outcome reached after the
 // caller has gone is still kept. It keeps the error of the record.
@@ -525,34 +549,29 @@ func (e *Engine) heartbeat(ctx context.Context, key store.Key, l store.Lease, d 
 }
 
 // replay answers a call whose key another request took.
-func (e *Engine) replay(ctx context.Context, c *callState, call Call, h Handler, fp []byte, en *store.Entry) (Answer, error) {
+func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte, en *store.Entry) (Answer, error) {
 	m, key := c.m, c.key
 	if !bytes.Equal(en.Fingerprint, fp) {
-		c.settle(ResultReused)
-		return Answer{}, keyReused()
+		return refuse(ResultReused, keyReused())
 	}
 	if en.State != store.Completed {
-		c.settle(ResultInUse)
 		delay := e.opts.retryDelay
 		if en.LeaseRemaining > 0 {
 			delay = min(en.LeaseRemaining, maxLeaseRetryDelay)
 		}
-		return Answer{}, keyInUse(delay)
+		return refuse(ResultInUse, keyInUse(delay))
 	}
 	if en.Outcome.NotCached {
 		return e.rebuild(ctx, c, h, en)
 	}
 	rec, err := decode(m, en.Outcome)
 	if err != nil {
-		c.settle(ResultStoreError)
 		e.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
-		return Answer{}, status.Error(codes.Internal, "idem: the recorded outcome of this request is unreadable")
+		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: the recorded outcome of this request is unreadable"))
 	}
-	c.settle(ResultReplayed)
-	c.replayed = true
-	ans := Answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer}
-	if en.Outcome.Code != codes.OK {
-		return ans, status.ErrorProto(rec.msg.(*spb.Status))
+	ans := Answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer, Result: ResultReplayed}
+	if en.Outcome.Code != 0 {
+		return ans, &Error{status: rec.msg.(*spb.Status)}
 	}
 	ans.Message = rec.msg
 	if m.raw {
@@ -571,37 +590,40 @@ func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, en *store
 	case m.loader != nil:
 		resp, err := m.loader.Load(ctx, en.Outcome.Body)
 		if err != nil {
-			c.settle(ResultStoreError)
-			if _, ok := status.FromError(err); ok {
-				return Answer{}, err
+			if ie := (*Error)(nil); errors.As(err, &ie) {
+				return refuse(ResultStoreError, err)
 			}
-			return Answer{}, e.internalError(ctx, key, codes.Unavailable, "rebuilding the response failed", err)
+			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_UNAVAILABLE, "rebuilding the response failed", err))
 		}
-		c.settle(ResultRebuilt)
-		c.replayed = true
-		return Answer{Message: resp, Header: replayHeader(nil, en.ExpiresAt)}, nil
+		return Answer{Message: resp, Header: replayHeader(nil, en.ExpiresAt), Result: ResultRebuilt}, nil
 	case m.rerun:
-		c.settle(ResultRerun)
 		r, err := h(ctx)
-		return Answer{Message: r.Message}, err
+		return Answer{Message: r.Message, Result: ResultRerun}, err
 	}
-	c.settle(ResultNotCached)
-	return Answer{}, notCached()
+	return refuse(ResultNotCached, notCached())
 }
 
 // expiresHeader is the header that tells the client when its key stops
 // counting; none when the time is unknown.
-func expiresHeader(t time.Time) metadata.MD {
+func expiresHeader(t time.Time) map[string][]string {
 	if t.IsZero() {
 		return nil
 	}
-	return metadata.Pairs(ExpiresHeader, t.UTC().Format(time.RFC3339))
+	return map[string][]string{ExpiresHeader: {t.UTC().Format(time.RFC3339)}}
 }
 
 // replayHeader is the header of a replay: the recorded one, the replay
 // marker and the key's expiry.
-func replayHeader(recorded metadata.MD, expires time.Time) metadata.MD {
-	return metadata.Join(recorded, metadata.Pairs(ReplayedHeader, "true"), expiresHeader(expires))
+func replayHeader(recorded map[string][]string, expires time.Time) map[string][]string {
+	h := make(map[string][]string, len(recorded)+2)
+	for k, v := range recorded {
+		h[k] = v
+	}
+	h[ReplayedHeader] = append(h[ReplayedHeader][:len(h[ReplayedHeader]):len(h[ReplayedHeader])], "true")
+	if !expires.IsZero() {
+		h[ExpiresHeader] = append(h[ExpiresHeader][:len(h[ExpiresHeader]):len(h[ExpiresHeader])], expires.UTC().Format(time.RFC3339))
+	}
+	return h
 }
 
 // rawMessage returns an empty response whose unknown fields are body, so that

@@ -1,4 +1,4 @@
-package interceptor
+package idem
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
@@ -18,7 +17,7 @@ import (
 )
 
 // instrumentationScope names the meter and the tracer of the interceptors.
-const instrumentationScope = "github.com/idemkit/idem/interceptor"
+const instrumentationScope = "github.com/idemkit/idem"
 
 // The attributes idem sets on metrics, spans and log lines. None of them
 // carries the key, the tenant or the fingerprint.
@@ -41,12 +40,21 @@ var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 // and logs"). Default: the global provider, [otel.GetMeterProvider], which
 // forwards to the provider a program sets later with otel.SetMeterProvider;
 // nil selects the default.
-func WithMeterProvider(mp metric.MeterProvider) Option {
-	return option{
-		server: func(o *serverOptions) { o.meterProvider = mp },
+func WithMeterProvider(mp metric.MeterProvider) ObserveOption {
+	return observeOption{
+		engine: func(o *options) { o.meterProvider = mp },
 		client: func(o *clientOptions) { o.meterProvider = mp },
 	}
 }
+
+// observeOption is an option of both an Engine and a client.
+type observeOption struct {
+	engine optionFunc
+	client clientOptionFunc
+}
+
+func (o observeOption) apply(e *options)             { o.engine(e) }
+func (o observeOption) applyClient(c *clientOptions) { o.client(c) }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider of the spans
 // the server interceptor starts around claiming a key (idem.claim) and
@@ -55,8 +63,8 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // when that span is recorded. The attributes and events idem puts on the
 // call's span need no provider. Default: the global
 // provider, [otel.GetTracerProvider]; nil selects the default.
-func WithTracerProvider(tp trace.TracerProvider) ServerOption {
-	return serverOption(func(o *serverOptions) { o.tracerProvider = tp })
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(o *options) { o.tracerProvider = tp })
 }
 
 // observer holds the instruments and the tracer of an [Engine].
@@ -95,7 +103,7 @@ type methodAttrs struct {
 // newObserver returns the observer of an Engine configured by o. A meter
 // whose instruments cannot be created hands the error to otel.Handle and
 // yields instruments that record nothing, as OpenTelemetry prescribes.
-func newObserver(o *serverOptions) *observer {
+func newObserver(o *options) *observer {
 	mp := o.meterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -120,7 +128,7 @@ func newObserver(o *serverOptions) *observer {
 	obs := &observer{
 		tracer: tp.Tracer(instrumentationScope),
 		requests: counter("idem.server.requests", "{request}",
-			"Calls the idem server interceptor settled, by method, mode and outcome."),
+			"Calls idem settled, by method, mode and outcome."),
 		claim: histogram("idem.claim.duration",
 			"How long claiming an idempotency key took, waits on a busy key included."),
 		record: histogram("idem.record.duration",
@@ -200,14 +208,6 @@ func (o *observer) observe(ctx context.Context, c *callState) {
 		if c.result == ResultInUse {
 			span.AddEvent("idem.key_in_use", trace.WithAttributes(attribute.Float64(attrClaimWait, c.claim.Seconds())))
 		}
-	}
-	// The logging interceptor of go-grpc-middleware v2 keeps its fields in
-	// the context it hands down the chain and reads them back for its
-	// "finished call" line: AddFields updates them there (InjectFields
-	// would make a new context, which that line never sees). Without a
-	// logging interceptor before idem there are no fields to add to.
-	if logging.ExtractFields(ctx) != nil {
-		logging.AddFields(ctx, logging.Fields{attrOutcome, string(c.result), attrReplayed, c.replayed})
 	}
 }
 

@@ -1,6 +1,10 @@
-package interceptor
+package idem
 
 import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +20,8 @@ import (
 // method is the idempotency policy of one RPC, read once from its
 // descriptor.
 type method struct {
+	// found: the method is in the registry.
+	found bool
 	// exempt methods are safe to retry as they are (idempotency_level
 	// IDEMPOTENT or NO_SIDE_EFFECTS) and bypass idem.
 	exempt bool
@@ -47,23 +53,23 @@ type method struct {
 	keyField protoreflect.FieldDescriptor
 	// streaming methods are refused keys.
 	streaming bool
-	// complete keeps a leased call's request for a Completer.
-	complete bool
+	// finish keeps a leased call's request for a Finisher.
+	finish bool
 }
 
 // methods caches policies by full method name.
 type methods struct {
 	files *protoregistry.Files
 	types *protoregistry.Types
-	opts  *serverOptions // per-method options, which override the descriptor; nil on the client
-	cache sync.Map       // string -> *method
+	opts  *options // per-method options, which override the descriptor
+	cache sync.Map // string -> *method
 }
 
 // newMethods returns a cache of the policies of the methods in the global
 // protobuf registry, with the per-method options of o (nil: none).
-func newMethods(o *serverOptions) *methods {
+func newMethods(o *options) *methods {
 	if o == nil {
-		o = &defaultServerOptions
+		o = evaluateOptions(nil) // a client's: the descriptors alone
 	}
 	return &methods{files: protoregistry.GlobalFiles, types: protoregistry.GlobalTypes, opts: o}
 }
@@ -80,16 +86,51 @@ func (ms *methods) lookup(fullMethod string) *method {
 		}
 	}
 	if m.lease <= 0 {
-		m.lease = DefaultLease
+		m.lease = defaultLease
 	}
 	m.loader = ms.opts.loaders[fullMethod]
 	m.rerun = m.rerun || ms.opts.rerun[fullMethod]
-	m.complete = m.complete || ms.opts.complete[fullMethod]
+	m.finish = m.finish || ms.opts.finish[fullMethod]
 	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
 	return actual.(*method)
 }
 
 // resolve reads the policy of "/pkg.Service/Method" from the registry. A
+// check returns an error naming every method the per-method options name
+// that is not a unary method of a service in the protobuf registry: a
+// misspelt name would otherwise leave its method without the policy meant
+// for it, silently.
+func (ms *methods) check() error {
+	var errs []error
+	seen := map[string]bool{}
+	checkOne := func(option, fullMethod string) {
+		if seen[option+fullMethod] {
+			return
+		}
+		seen[option+fullMethod] = true
+		m := ms.resolve(fullMethod)
+		switch {
+		case !m.found:
+			errs = append(errs, fmt.Errorf("idem: %s names %q, which is not a method of a service in the protobuf registry (want \"/pkg.Service/Method\", and the service's generated package imported)", option, fullMethod))
+		case m.streaming:
+			errs = append(errs, fmt.Errorf("idem: %s names %q, which streams; idem keys unary methods", option, fullMethod))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.leases)) {
+		checkOne("WithLeased", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.loaders)) {
+		checkOne("WithLoader", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.rerun)) {
+		checkOne("WithRerunWhenNotCached", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.finish)) {
+		checkOne("WithFinish", name)
+	}
+	return errors.Join(errs...)
+}
+
 // method the registry does not know takes a key when the client sends one.
 func (ms *methods) resolve(fullMethod string) *method {
 	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
@@ -101,7 +142,7 @@ func (ms *methods) resolve(fullMethod string) *method {
 	if !ok {
 		return &method{}
 	}
-	m := &method{}
+	m := &method{found: true}
 	if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok && opts != nil {
 		switch opts.GetIdempotencyLevel() {
 		case descriptorpb.MethodOptions_IDEMPOTENT, descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
@@ -114,7 +155,7 @@ func (ms *methods) resolve(fullMethod string) *method {
 			m.rerun = p.GetRerunWhenNotCached()
 			m.ttl = p.GetTtl().AsDuration()
 			m.scope = p.GetScope()
-			m.complete = p.GetComplete()
+			m.finish = p.GetFinish()
 		}
 	}
 	m.streaming = md.IsStreamingClient() || md.IsStreamingServer()

@@ -1,4 +1,4 @@
-package interceptor
+package idem
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// ErrNotLeased is returned by [SaveRecoveryPoint] outside a call in leased
+// ErrNotLeased is returned by [Step] outside a call in leased
 // mode: an atomic call's writes commit all together or not at all, so it
 // has no steps to resume from.
-var ErrNotLeased = errors.New("idem: recovery points need a call in leased mode")
+var ErrNotLeased = errors.New("idem: steps need a call in leased mode")
 
 type leaseCtxKey struct{}
 
@@ -67,63 +67,17 @@ func (l *callLease) confirm(ctx context.Context, name string) error {
 	return nil
 }
 
-// SaveRecoveryPoint records that the leased call handled in ctx reached step,
-// with a small payload to resume from (a provider's charge id, say). It is
-// durable when SaveRecoveryPoint returns, so a retry that takes the key over
-// after a crash finds it with [LastRecoveryPoint] and resumes there instead
-// of starting again.
-//
-// Name steps in the order the handler reaches them, e.g. "created",
-// "charge_sent", "charge_confirmed"; [LastRecoveryPoint] returns the last
-// one, and every step is kept among the call's steps (see [Step], which
-// runs and saves a step in one go). A step name
-// is 1 to store.MaxStepLength (255) bytes of valid UTF-8 without control
-// characters, and data at most store.MaxRecoveryDataBytes (64 KiB).
-//
-// It returns [ErrNotLeased] outside a leased call; an error wrapping
-// store.ErrInvalidRecoveryPoint, naming the rule, for a step or data that
-// breaks it (nothing is saved); and store.ErrLeaseLost when a retry has
-// taken the key over (the handler should stop: its outcome will not be
-// recorded, and its context ends with that cause).
-func SaveRecoveryPoint(ctx context.Context, step string, data []byte) error {
-	l, ok := leaseFrom(ctx)
-	if !ok {
-		return ErrNotLeased
-	}
-	p := store.RecoveryPoint{Step: step, Data: data}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	if errors.Is(context.Cause(ctx), store.ErrLeaseLost) {
-		return store.ErrLeaseLost
-	}
-	return l.fenced(l.SaveRecoveryPoint(ctx, p))
-}
-
-// LastRecoveryPoint returns the last recovery point saved for the key of the
-// leased call handled in ctx: by this call, or by an earlier attempt whose
-// lease this call took over. It reports false when there is none, or
-// outside a leased call.
-func LastRecoveryPoint(ctx context.Context) (step string, data []byte, ok bool) {
-	l, ok := leaseFrom(ctx)
-	if !ok {
-		return "", nil, false
-	}
-	p, ok := l.RecoveryPoint()
-	return p.Step, p.Data, ok
-}
-
 // Step runs fn as the step called name of the leased call handled in ctx,
 // once for the call however often it is taken over. On the call's first
 // run it runs fn, with a context whose outbound calls carry the step's
 // child key ([ContextWithStep], so that a provider deduplicates a step that
-// ran but whose result was lost), saves fn's result as the recovery point
+// ran but whose result was lost), saves fn's result under
 // name, among the call's steps ([store.Lease.Steps]), and returns it. When
 // the call was taken over after an earlier attempt saved the step, a retry
-// or a [Completer], it returns the saved result without running fn. Every
+// or a [Finisher], it returns the saved result without running fn. Every
 // step's result is kept, not only the last one:
 //
-//	chargeID, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+//	chargeID, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 //		resp, err := provider.Charge(ctx, req) // carries the step's child key
 //		return []byte(resp.GetChargeId()), err
 //	})
@@ -145,8 +99,9 @@ func LastRecoveryPoint(ctx context.Context) (step string, data []byte, ok bool) 
 // make every side effect of a step idempotent downstream for that reason.
 //
 // The result is saved on a context detached from the caller's, so that a
-// step that ran is kept even after its caller has gone. Names and results
-// follow the rules of [SaveRecoveryPoint], and a call keeps at most
+// step that ran is kept even after its caller has gone. A name is 1 to
+// store.MaxStepLength bytes of UTF-8, a result at most
+// store.MaxRecoveryDataBytes, and a call keeps at most
 // store.MaxSteps steps of store.MaxStepsBytes in all: a name or a result
 // that breaks them is refused with an error wrapping
 // store.ErrInvalidRecoveryPoint (for a name, before fn runs). fn's error is

@@ -1,4 +1,4 @@
-package interceptor
+package idem
 
 import (
 	"context"
@@ -49,10 +49,10 @@ const (
 	// ResultTransient: the handler failed with an error that is not
 	// deterministic, and the key was released for a retry.
 	ResultTransient Result = "transient"
-	// ResultNotCompleted: a Completer gave up on an abandoned call and
+	// ResultNotFinished: a Finisher gave up on an abandoned call and
 	// recorded it as failed (FAILED_PRECONDITION, reason
-	// IDEMPOTENCY_NOT_COMPLETED).
-	ResultNotCompleted Result = "not_completed"
+	// IDEMPOTENCY_NOT_FINISHED).
+	ResultNotFinished Result = "not_finished"
 )
 
 // Mode is how a method's key is held while its handler runs.
@@ -87,8 +87,8 @@ type Outcome struct {
 	Record time.Duration
 	// Duration is how long the whole call took in idem, handler included.
 	Duration time.Duration
-	// Completion reports that a [Completer] ran the call, its caller gone.
-	Completion bool
+	// Finishing reports that a [Finisher] ran the call, its caller gone.
+	Finishing bool
 }
 
 // WithOutcomeHook sets a function called once per call the server
@@ -97,30 +97,27 @@ type Outcome struct {
 // the answer is decided and before it is sent, so keep it quick. A hook that
 // panics does not change the call's answer; the panic is logged. Default:
 // none.
-func WithOutcomeHook(hook func(ctx context.Context, o Outcome)) ServerOption {
-	return serverOption(func(o *serverOptions) { o.hook = hook })
+func WithOutcomeHook(hook func(ctx context.Context, o Outcome)) Option {
+	return optionFunc(func(o *options) { o.hook = hook })
 }
 
-// report records the outcome of c: in the metrics, on the call's span and
-// log fields, to the hook, and to a Completer that runs the call.
+// report records the outcome of c: in the metrics, on the call's span,
+// and to the hook.
 func (e *Engine) report(ctx context.Context, c *callState) {
-	if p, ok := ctx.Value(outcomeCtxKey{}).(*Result); ok {
-		*p = c.result
-	}
 	e.obs.observe(ctx, c)
 	hook := e.opts.hook
 	if hook == nil {
 		return
 	}
 	o := Outcome{
-		Method:     c.method,
-		Mode:       c.mode,
-		Result:     c.result,
-		Replayed:   c.replayed,
-		Claim:      c.claim,
-		Record:     c.record,
-		Duration:   time.Since(c.started),
-		Completion: c.completion,
+		Method:    c.method,
+		Mode:      c.mode,
+		Result:    c.result,
+		Replayed:  c.replayed,
+		Claim:     c.claim,
+		Record:    c.record,
+		Duration:  time.Since(c.started),
+		Finishing: c.finishing,
 	}
 	defer func() {
 		if p := recover(); p != nil {

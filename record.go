@@ -1,4 +1,4 @@
-package interceptor
+package idem
 
 import (
 	"encoding/binary"
@@ -8,9 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -41,7 +40,7 @@ const (
 )
 
 // maxCode is the largest gRPC status code.
-const maxCode = codes.Unauthenticated
+const maxCode = code.Code_UNAUTHENTICATED
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -55,9 +54,9 @@ func envelopeSum(code, payload []byte) uint32 {
 // encodeOutcome returns the envelope of msg recorded with code and the
 // response metadata of r worth recording (see recordable), in one
 // allocation, and the payload within it: the bytes every reply sends.
-func encodeOutcome(code codes.Code, msg proto.Message, header, trailer metadata.MD) (body, payload []byte, err error) {
-	if code > maxCode {
-		return nil, nil, fmt.Errorf("status code %d is not a gRPC code", code)
+func encodeOutcome(c code.Code, msg proto.Message, header, trailer map[string][]string) (body, payload []byte, err error) {
+	if c < 0 || c > maxCode {
+		return nil, nil, fmt.Errorf("status code %d is not a gRPC code", c)
 	}
 	meta := appendMetadata(appendMetadata(nil, metaHeader, header), metaTrailer, trailer)
 	head := envelopeHeader
@@ -79,7 +78,7 @@ func encodeOutcome(code codes.Code, msg proto.Message, header, trailer metadata.
 		return nil, nil, err
 	}
 	payload = body[head:]
-	body[1] = byte(code)
+	body[1] = byte(c)
 	binary.BigEndian.PutUint32(body[2:envelopeHeader], envelopeSum(body[1:2], body[envelopeHeader:]))
 	return body, payload, nil
 }
@@ -94,7 +93,7 @@ const (
 // appendMetadata appends to b the entries of md worth recording, as field
 // num, keys sorted so that a response's record does not depend on map
 // order.
-func appendMetadata(b []byte, num protowire.Number, md metadata.MD) []byte {
+func appendMetadata(b []byte, num protowire.Number, md map[string][]string) []byte {
 	keys := make([]string, 0, len(md))
 	for k := range md {
 		if recordable(k) {
@@ -117,7 +116,7 @@ func appendMetadata(b []byte, num protowire.Number, md metadata.MD) []byte {
 }
 
 // parseMetadata reads the entries appendMetadata wrote.
-func parseMetadata(b []byte) (header, trailer metadata.MD, err error) {
+func parseMetadata(b []byte) (header, trailer map[string][]string, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 || typ != protowire.BytesType || (num != metaHeader && num != metaTrailer) {
@@ -146,9 +145,9 @@ func parseMetadata(b []byte) (header, trailer metadata.MD, err error) {
 			md = &trailer
 		}
 		if *md == nil {
-			*md = metadata.MD{}
+			*md = map[string][]string{}
 		}
-		md.Append(kv[0], kv[1])
+		(*md)[kv[0]] = append((*md)[kv[0]], kv[1])
 	}
 	return header, trailer, nil
 }
@@ -192,12 +191,12 @@ func decode(m *method, out store.Outcome) (recorded, error) {
 	if err != nil {
 		return recorded{}, err
 	}
-	if out.Code != codes.OK {
+	if out.Code != code.Code_OK {
 		st := new(spb.Status)
 		if err := proto.Unmarshal(r.payload, st); err != nil {
 			return recorded{}, err
 		}
-		if codes.Code(st.GetCode()) != out.Code {
+		if code.Code(st.GetCode()) != out.Code {
 			return recorded{}, errors.New("recorded status code does not match its row")
 		}
 		r.msg = st
@@ -221,7 +220,7 @@ type recorded struct {
 	// payload is msg's recorded encoding, which replies send.
 	payload []byte
 	// header and trailer are the response metadata recorded with it.
-	header, trailer metadata.MD
+	header, trailer map[string][]string
 }
 
 // openEnvelope returns the payload of out's body, with its metadata, and
@@ -235,7 +234,7 @@ func openEnvelope(out store.Outcome) (r recorded, enveloped bool, err error) {
 	switch {
 	case len(b) < envelopeHeader:
 		return recorded{}, true, errors.New("recorded outcome is shorter than its envelope")
-	case codes.Code(b[1]) != out.Code:
+	case code.Code(b[1]) != out.Code:
 		return recorded{}, true, fmt.Errorf("recorded outcome has code %d, its row %d", b[1], out.Code)
 	case binary.BigEndian.Uint32(b[2:envelopeHeader]) != envelopeSum(b[1:2], b[envelopeHeader:]):
 		return recorded{}, true, errors.New("recorded outcome fails its checksum")
