@@ -80,19 +80,21 @@ type Call struct {
 	// resolver reads it, and a method that may be finished keeps the
 	// entries [WithFinishHeaders] names.
 	Header map[string][]string
+	// Status reads the google.rpc.Status an error of the transport's
+	// carries (a gRPC status error, a *connect.Error), and reports false
+	// for an error that carries none. idem reads the handler's errors with
+	// it (to classify and record them), and passes on as they are the
+	// errors that carry one from the tenant resolver and a [Loader]. Nil
+	// reads only an [*Error].
+	Status func(error) (*spb.Status, bool)
 }
 
-// Reply is what a handler answered: its message (nil with an error), the
-// response metadata it set, which is recorded with the outcome and
-// replayed with it, and, with an error, that error as the transport sends
-// it.
+// Reply is what a handler answered: its message (nil with an error) and
+// the response metadata it set, which is recorded with the outcome and
+// replayed with it.
 type Reply struct {
 	Message         proto.Message
 	Header, Trailer map[string][]string
-	// Status is the handler's error as a google.rpc.Status, as the
-	// transport would send it. Without one, an error counts as UNKNOWN with
-	// its text as the message.
-	Status *spb.Status
 }
 
 // Handler runs the handler of a call with ctx, which carries what idem
@@ -135,7 +137,7 @@ func (a Answer) WireMessage() proto.Message {
 // replayed), which the transport maps to its wire. It reports the call's
 // outcome to the metrics, traces and hook ([WithOutcomeHook]).
 func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, error) {
-	c := &callState{engine: e, method: call.Method, started: time.Now()}
+	c := &callState{engine: e, method: call.Method, started: time.Now(), statusOf: call.Status}
 	run, _ := ctx.Value(finishCtxKey{}).(*finishRun)
 	c.finishing = run != nil
 	ans, err := e.handle(ctx, c, call, run, h)
@@ -162,6 +164,29 @@ type callState struct {
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
+
+	statusOf func(error) (*spb.Status, bool) // Call.Status
+}
+
+// status returns the google.rpc.Status err carries, and whether it carries
+// one: an [*Error]'s, or one the transport reads.
+func (c *callState) status(err error) (*spb.Status, bool) {
+	if ie := (*Error)(nil); errors.As(err, &ie) {
+		return ie.status, true
+	}
+	if c.statusOf != nil {
+		return c.statusOf(err)
+	}
+	return nil, false
+}
+
+// handlerStatus is the status of a handler's error: the one it carries,
+// else UNKNOWN with the error's text, as gRPC and Connect send it.
+func (c *callState) handlerStatus(err error) *spb.Status {
+	if st, ok := c.status(err); ok {
+		return st
+	}
+	return &spb.Status{Code: int32(code.Code_UNKNOWN), Message: err.Error()}
 }
 
 // refuse is the answer of a call idem settled as r without running it.
@@ -206,8 +231,8 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	}
 	tenant, err := e.tenant(ctx, call, run)
 	if err != nil {
-		if ie := (*Error)(nil); errors.As(err, &ie) {
-			return refuse(ResultInvalidKey, ie)
+		if _, ok := c.status(err); ok {
+			return refuse(ResultInvalidKey, err)
 		}
 		return refuse(ResultInvalidKey, newError(code.Code_UNAUTHENTICATED, err.Error()))
 	}
@@ -375,7 +400,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	rec := &leaseRecorder{lease: l, stop: stop}
 	ans, err := e.execute(hctx, c, func(ctx context.Context) (Reply, error) {
 		r, err := h(ctx)
-		release = err != nil && !e.opts.classifier(statusOf(r, err))
+		release = err != nil && !e.opts.classifier(c.handlerStatus(err))
 		return r, err
 	}, rec)
 	stop()
@@ -413,25 +438,13 @@ type recorder interface {
 	Complete(ctx context.Context, out store.Outcome) error
 }
 
-// statusOf is the status of a handler's error: the one its transport
-// gave, else UNKNOWN with the error's text.
-func statusOf(r Reply, err error) *spb.Status {
-	if r.Status != nil {
-		return r.Status
-	}
-	if ie := (*Error)(nil); errors.As(err, &ie) {
-		return ie.status
-	}
-	return &spb.Status{Code: int32(code.Code_UNKNOWN), Message: err.Error()}
-}
-
 // execute runs the handler and records its outcome in rec. On an error it
 // records nothing and leaves the claim to the caller's deferred release.
 func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recorder) (Answer, error) {
 	m, key := c.m, c.key
 	r, herr := h(ctx)
 	if herr != nil {
-		st := statusOf(r, herr)
+		st := c.handlerStatus(herr)
 		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {
 			return refuse(ResultTransient, herr) // the deferred release discards the claim
 		}
@@ -590,7 +603,7 @@ func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, en *store
 	case m.loader != nil:
 		resp, err := m.loader.Load(ctx, en.Outcome.Body)
 		if err != nil {
-			if ie := (*Error)(nil); errors.As(err, &ie) {
+			if _, ok := c.status(err); ok {
 				return refuse(ResultStoreError, err)
 			}
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_UNAVAILABLE, "rebuilding the response failed", err))

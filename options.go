@@ -83,8 +83,9 @@ func evaluateOptions(opts []Option) *options {
 // Keys are scoped by tenant: the same key from two tenants names two
 // independent operations. Derive it from the caller's authenticated
 // identity (a verified token, a client certificate), never only from a
-// value the client can choose freely. An error refuses the call: an
-// [*Error] as it is, any other as UNAUTHENTICATED. Default: every caller
+// value the client can choose freely. An error refuses the call: one that
+// carries a status (an [*Error], a gRPC status error, a *connect.Error) as
+// it is, any other as UNAUTHENTICATED. Default: every caller
 // shares one scope, the empty tenant.
 func WithTenant(tenant func(ctx context.Context, header map[string][]string) (string, error)) Option {
 	return optionFunc(func(o *options) { o.tenant = tenant })
@@ -191,8 +192,9 @@ type Loader interface {
 	// handler's transaction, after the handler. An error fails the call
 	// as a transient one: nothing is recorded.
 	Reference(ctx context.Context, resp proto.Message) ([]byte, error)
-	// Load rebuilds the response from what Reference returned. An
-	// [*Error] reaches the client as it is; any other error is answered
+	// Load rebuilds the response from what Reference returned. An error
+	// that carries a status (an [*Error], a gRPC status error, a
+	// *connect.Error) reaches the client as it is; any other is answered
 	// UNAVAILABLE.
 	Load(ctx context.Context, ref []byte) (proto.Message, error)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -41,6 +42,7 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 		Keys:    md.Get(idem.KeyHeader),
 		Request: msg,
 		Header:  md,
+		Status:  grpcStatus,
 	}
 	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
 		cs := &capturingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
@@ -50,13 +52,10 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 		resp, err := handler(ctx, req)
 		r := idem.Reply{Header: cs.header, Trailer: cs.trailer}
 		if err != nil {
-			r.Status = status.Convert(err).Proto()
 			return r, err
 		}
 		if r.Message, _ = resp.(proto.Message); r.Message == nil {
-			err := status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp)
-			r.Status = status.Convert(err).Proto()
-			return r, err
+			return r, status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp)
 		}
 		return r, nil
 	})
@@ -89,6 +88,15 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 		return nil, err
 	}
 	return ans.WireMessage(), nil
+}
+
+// grpcStatus reads the status of a gRPC status error.
+func grpcStatus(err error) (*spb.Status, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	return st.Proto(), true
 }
 
 // capturingStream keeps the response metadata a handler sets, for idem to

@@ -71,7 +71,7 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 		header[idem.KeyHeader] = keys
 	}
 	msg, _ := req.Any().(proto.Message)
-	call := idem.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header}
+	call := idem.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header, Status: connectStatus}
 
 	var resp connect.AnyResponse // the handler's response, when it ran
 	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
@@ -79,7 +79,6 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 		resp, herr = next(ctx, req)
 		r := idem.Reply{}
 		if herr != nil {
-			r.Status = statusOf(herr)
 			var ce *connect.Error
 			if errors.As(herr, &ce) {
 				r.Header = toMetadata(ce.Meta())
@@ -93,9 +92,7 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 			r.Trailer = join(r.Trailer, toMetadata(info.ResponseTrailer()))
 		}
 		if r.Message, _ = resp.Any().(proto.Message); r.Message == nil {
-			err := connect.NewError(connect.CodeInternal, fmt.Errorf("idem: response is %T, not a protobuf message", resp.Any()))
-			r.Status = statusOf(err)
-			return r, err
+			return r, connect.NewError(connect.CodeInternal, fmt.Errorf("idem: response is %T, not a protobuf message", resp.Any()))
 		}
 		return r, nil
 	})
@@ -281,6 +278,16 @@ func statusOf(err error) *spb.Status {
 		return p
 	}
 	return &spb.Status{Code: int32(connect.CodeOf(err)), Message: err.Error()}
+}
+
+// connectStatus reads the status of an error as connect-go sends it: a
+// *connect.Error's, or a context error's code.
+func connectStatus(err error) (*spb.Status, bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) && connect.CodeOf(err) == connect.CodeUnknown {
+		return nil, false
+	}
+	return statusOf(err), true
 }
 
 // detailAny returns d as the google.protobuf.Any of a google.rpc.Status.
