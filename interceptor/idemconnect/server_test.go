@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
@@ -458,5 +462,97 @@ func TestKeyedStreamIsRefused(t *testing.T) {
 			t.Errorf("a stream without a key: %d messages, %v", n, err)
 		}
 		_ = stream.Close()
+	})
+}
+
+// A handler's error that wraps an error of idem's (one its own outbound
+// call got, say) is the handler's: sent with the handler's code and
+// metadata, as it is recorded and replayed.
+func TestHandlerErrorWrappingIdemsIsTheHandlers(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	e.svc.setHook(func(context.Context, int) error {
+		ce := connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("the ledger refused the call: %w", idem.StreamKeyRefused("/ledger.v1.Ledger/Watch")))
+		ce.Meta().Set("X-Decline", "ledger")
+		return ce
+	})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		client := e.payments(p)
+		key := p.header("wrapped-" + p.name)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		first := wantCode(t, err, connect.CodeFailedPrecondition)
+		if got := first.Meta().Get("X-Decline"); got != "ledger" {
+			t.Errorf("the handler's error metadata X-Decline = %q on the first answer", got)
+		}
+		_, err = client.CallUnary(t.Context(), keyed(payment(1250), key))
+		again := wantCode(t, err, connect.CodeFailedPrecondition)
+		if first.Message() != again.Message() || again.Meta().Get(idem.HTTPReplayedHeader) != "true" {
+			t.Errorf("replay %v (replayed %q), want %v replayed", again, again.Meta().Get(idem.HTTPReplayedHeader), first)
+		}
+	})
+}
+
+// Over Connect, a handler's error with a RetryInfo carries Retry-After, on
+// its first answer as on its replays.
+func TestHandlerRetryInfoIsRetryAfter(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	e.svc.setHook(func(context.Context, int) error {
+		ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("the account is being audited"))
+		d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)})
+		if err != nil {
+			return err
+		}
+		ce.AddDetail(d)
+		return ce
+	})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		want := ""
+		if p.name == "connect" || p.name == "connect+json" {
+			want = "2"
+		}
+		client := e.payments(p)
+		key := p.header("audited-" + p.name)
+		for _, attempt := range []string{"first answer", "replay"} {
+			_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+			ce := wantCode(t, err, connect.CodeFailedPrecondition)
+			if got := ce.Meta().Get("Retry-After"); got != want {
+				t.Errorf("%s: Retry-After %q, want %q", attempt, got, want)
+			}
+		}
+	})
+}
+
+// A handler that returns its context's error is classified by that error's
+// code, CANCELLED or DEADLINE_EXCEEDED, not as UNKNOWN: a classifier that
+// records every other code lets its retry run again.
+func TestHandlerContextErrorIsClassifiedByItsCode(t *testing.T) {
+	transient := func(st *spb.Status) bool {
+		switch code.Code(st.GetCode()) {
+		case code.Code_CANCELLED, code.Code_DEADLINE_EXCEEDED, code.Code_UNAVAILABLE:
+			return false
+		}
+		return true
+	}
+	e := newEnv(t, setup{memory: true, opts: []idem.Option{idem.WithClassifier(transient)}})
+	var want int
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run%2 == 1 {
+				return context.Canceled
+			}
+			return nil
+		})
+		client := e.payments(p)
+		key := p.header("canceled-" + p.name)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		wantCode(t, err, connect.CodeCanceled)
+		resp, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		if err != nil {
+			t.Fatalf("the retry: %v, want it run again", err)
+		}
+		want += 2
+		if runs, _ := e.svc.executions(); runs != want || resp.Header().Get(idem.HTTPReplayedHeader) != "" {
+			t.Errorf("%d executions (replayed %q), want %d", runs, resp.Header().Get(idem.HTTPReplayedHeader), want)
+		}
 	})
 }
