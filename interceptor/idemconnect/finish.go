@@ -30,11 +30,9 @@ func FinishHandler[Req, Res any](f *idem.Finisher, procedure string, fn func(con
 			return connect.NewError(connect.CodeInternal, errFinishType(procedure, msg))
 		}
 		req := connect.NewRequest(m)
-		for k, vs := range header {
-			for _, v := range vs {
-				req.Header().Add(k, v)
-			}
-		}
+		// The kept header is metadata, with -bin values decoded: the
+		// handler reads them encoded, as a client sent them.
+		addMetadata(req.Header(), header)
 		_, err := serve(ctx, e, procedure, &finishRequest{AnyRequest: req}, func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
 			return fn(ctx, req)
 		})

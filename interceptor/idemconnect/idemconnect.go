@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -73,9 +76,11 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 	msg, _ := req.Any().(proto.Message)
 	call := idem.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header, Status: connectStatus}
 
-	var resp connect.AnyResponse // the handler's response, when it ran
+	var (
+		resp connect.AnyResponse // the handler's response, when it ran
+		herr error               // the handler's error, as it returned it
+	)
 	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
-		var herr error
 		resp, herr = next(ctx, req)
 		r := idem.Reply{}
 		if herr != nil {
@@ -100,7 +105,7 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 		err = connect.NewError(connect.CodeInternal, errors.New("idem: no response message to send"))
 	}
 	if err != nil {
-		return nil, errorOf(err, ans, protocol)
+		return nil, errorOf(err, herr, ans, protocol)
 	}
 	return responseOf(ans, resp, binaryProto(req)), nil
 }
@@ -224,33 +229,67 @@ func binaryProto(req connect.AnyRequest) bool {
 	return false
 }
 
-// errorOf returns err, the handler's own or an [*idem.Error], as the error
-// to send, with the metadata of ans. The handler's own error goes as it is
-// when there is no metadata to add.
-func errorOf(err error, ans idem.Answer, protocol string) error {
-	var ie *idem.Error
-	if !errors.As(err, &ie) {
-		if len(ans.Header) == 0 && len(ans.Trailer) == 0 {
-			return err
-		}
-		ce := connectError(statusOf(err))
-		var hce *connect.Error
-		if errors.As(err, &hce) {
-			mergeHeader(ce.Meta(), hce.Meta())
-		}
-		addMetadata(ce.Meta(), ans.Header)
-		addMetadata(ce.Meta(), ans.Trailer)
-		return ce
+// errorOf returns err, the handler's own error herr (nil when the handler
+// did not fail) or idem's answer, as the error to send, with the metadata
+// of ans. The handler's own error goes as it is when there is nothing to
+// add. Over the Connect protocol an error with a RetryInfo also carries
+// RFC 9110's Retry-After, which the IETF draft answers a key in use with,
+// for plain HTTP clients: the handler's as well as idem's, so that a
+// recorded error and its replays say the same.
+func errorOf(err, herr error, ans idem.Answer, protocol string) error {
+	ie, idems := idemsAnswer(err, herr)
+	st := statusOf(err)
+	if idems {
+		st = ie.Status()
 	}
-	ce := connectError(ie.Status())
+	retryAfter := ""
+	if protocol == connect.ProtocolConnect {
+		retryAfter = retryAfterOf(st)
+	}
+	if !idems && len(ans.Header) == 0 && len(ans.Trailer) == 0 && retryAfter == "" {
+		return err
+	}
+	ce := connectError(st)
+	var hce *connect.Error
+	if !idems && errors.As(err, &hce) {
+		mergeHeader(ce.Meta(), hce.Meta())
+	}
 	addMetadata(ce.Meta(), ans.Header)
 	addMetadata(ce.Meta(), ans.Trailer)
-	if v, ok := ie.RetryAfter(); ok && protocol == connect.ProtocolConnect {
-		// RFC 9110's Retry-After, which the IETF draft answers a key in
-		// use with, for HTTP clients of the Connect protocol.
-		ce.Meta().Set("Retry-After", v)
+	if retryAfter != "" {
+		ce.Meta().Set("Retry-After", retryAfter)
 	}
 	return ce
+}
+
+// idemsAnswer returns err, which Handle returned, as idem's answer, and
+// whether it is one rather than the handler's own error herr: a handler's
+// error that wraps an *idem.Error (one a handler got from idem's outgoing
+// keys, say) is still the handler's, sent and recorded with the handler's
+// status. Handle returns the handler's error as it is, and its own answers
+// after the handler ran unwrapped.
+func idemsAnswer(err, herr error) (*idem.Error, bool) {
+	if ie, ok := err.(*idem.Error); ok && err != herr {
+		return ie, true
+	}
+	if herr != nil {
+		return nil, false
+	}
+	var ie *idem.Error
+	return ie, errors.As(err, &ie)
+}
+
+// retryAfterOf returns the delay of the RetryInfo in st as the value of a
+// Retry-After header: whole seconds, rounded up; "" when st has none.
+func retryAfterOf(st *spb.Status) string {
+	for _, a := range st.GetDetails() {
+		var ri errdetails.RetryInfo
+		if a.MessageIs(&ri) && a.UnmarshalTo(&ri) == nil && ri.GetRetryDelay() != nil {
+			d := max(ri.GetRetryDelay().AsDuration(), 0)
+			return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+		}
+	}
+	return ""
 }
 
 // connectError returns st as a *connect.Error with the same code, message
@@ -277,7 +316,14 @@ func statusOf(err error) *spb.Status {
 		}
 		return p
 	}
-	return &spb.Status{Code: int32(connect.CodeOf(err)), Message: err.Error()}
+	c := connect.CodeUnknown
+	switch {
+	case errors.Is(err, context.Canceled):
+		c = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		c = connect.CodeDeadlineExceeded
+	}
+	return &spb.Status{Code: int32(c), Message: err.Error()}
 }
 
 // connectStatus reads the status of an error as connect-go sends it: a
