@@ -169,9 +169,10 @@ type callState struct {
 }
 
 // status returns the google.rpc.Status err carries, and whether it carries
-// one: an [*Error]'s, or one the transport reads.
+// one: an [*Error]'s (not wrapped: a transport sends a wrapped one as it
+// sends any other error), or one the transport reads.
 func (c *callState) status(err error) (*spb.Status, bool) {
-	if ie := (*Error)(nil); errors.As(err, &ie) {
+	if ie, ok := err.(*Error); ok {
 		return ie.status, true
 	}
 	if c.statusOf != nil {

@@ -330,10 +330,11 @@ func statusOf(err error) *spb.Status {
 // *connect.Error's, or a context error's code.
 func connectStatus(err error) (*spb.Status, bool) {
 	var ce *connect.Error
-	if !errors.As(err, &ce) && connect.CodeOf(err) == connect.CodeUnknown {
+	st := statusOf(err)
+	if !errors.As(err, &ce) && st.GetCode() == int32(connect.CodeUnknown) {
 		return nil, false
 	}
-	return statusOf(err), true
+	return st, true
 }
 
 // detailAny returns d as the google.protobuf.Any of a google.rpc.Status.
