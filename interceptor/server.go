@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 
@@ -60,8 +59,7 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 		return r, nil
 	})
 	trailer := metadata.MD(ans.Trailer)
-	var ie *idem.Error
-	if errors.As(err, &ie) {
+	if ie, ok := err.(*idem.Error); ok {
 		err = status.ErrorProto(ie.Status())
 		if d, ok := ie.RetryDelay(); ok {
 			trailer = metadata.Join(trailer, metadata.Pairs(PushbackTrailer, strconv.FormatInt(d.Milliseconds(), 10)))
