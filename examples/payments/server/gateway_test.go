@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
-	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -242,7 +242,7 @@ func TestMixedTransports(t *testing.T) {
 		return curl(t, srv.httpURL, fmt.Sprintf(`curl -i http://127.0.0.1:8080/v1/payments -H 'Content-Type: application/json' -H 'X-Tenant-Id: acme' -H 'Idempotency-Key: %s' -d '%s'`, key, reqJSON))
 	}
 	keyed := func(key string) context.Context {
-		return metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, key, "x-tenant-id", "acme")
+		return metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, key, "x-tenant-id", "acme")
 	}
 
 	t.Run("gRPC, then HTTP", func(t *testing.T) {
@@ -269,8 +269,8 @@ func TestMixedTransports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := header.Get(interceptor.ReplayedHeader); len(v) != 1 || v[0] != "true" || !proto.Equal(again, &first) {
-			t.Fatalf("gRPC retry: %v, %s %v; want %v, replayed", again, interceptor.ReplayedHeader, v, &first)
+		if v := header.Get(idem.ReplayedHeader); len(v) != 1 || v[0] != "true" || !proto.Equal(again, &first) {
+			t.Fatalf("gRPC retry: %v, %s %v; want %v, replayed", again, idem.ReplayedHeader, v, &first)
 		}
 	})
 
