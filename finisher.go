@@ -343,7 +343,7 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 	return true
 }
 
-// report reports the outcome r of a's call, which the Completer recorded
+// report reports the outcome r of a's call, which the Finisher recorded
 // without running it.
 func (f *Finisher) report(ctx context.Context, a store.Abandoned, r Result) {
 	method := a.Completion.Method

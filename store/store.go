@@ -182,7 +182,7 @@ type Abandoned struct {
 
 // Completions is implemented by stores that keep, for leased calls that
 // opted in, what a completer needs to finish them when their callers are
-// gone (see interceptor.Completer).
+// gone (see idem.Finisher).
 type Completions interface {
 	// Abandoned returns up to limit leased calls, kept with a Completion,
 	// whose lease ran out more than grace × 2^Takeovers ago (so that each

@@ -233,7 +233,10 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 			if err != nil {
 				return nil, err
 			}
-			srv := s.server(e.pool)
+			srv, err := s.server(e.pool)
+			if err != nil {
+				return nil, err
+			}
 			go func() { _ = srv.Serve(lis) }()
 			defer srv.Stop()
 			target = lis.Addr().String()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -29,7 +30,11 @@ func ExampleNew() {
 		postgres.WithLockTimeout(500*time.Millisecond), // duplicates give up sooner
 		postgres.WithTTL(72*time.Hour),                 // clients retry for up to three days
 	)
-	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(s)))
+	engine, err := idem.New(s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 }
 
 func ExampleTxFromContext() {
@@ -99,7 +104,11 @@ func ExampleNewSharded() {
 	}
 	// Handlers write through postgres.TxFromContext: the transaction is on
 	// the caller's shard.
-	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(s)))
+	engine, err := idem.New(s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 
 	// A consumer records each message on the shard whose data it changes.
 	inboxes := make([]*postgres.Inbox, len(shards))

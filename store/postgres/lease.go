@@ -296,7 +296,7 @@ LIMIT $2`
 // does not keep the calls of the others from being completed. Each shard's
 // listing waits at most the lock timeout ([WithLockTimeout]) for a
 // connection of its pool, as a claim does; the query itself runs under
-// ctx, so bound ctx (the interceptor's Completer does, per pass) to bound
+// ctx, so bound ctx (idem's Finisher does, per pass) to bound
 // a shard that stops answering on a connection already open.
 //
 // A call whose kept metadata or method cannot be read (a damaged row) is

@@ -327,8 +327,8 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 		{pgx.QueryExecModeExec, code.Code_OK},
 		{pgx.QueryExecModeSimpleProtocol, code.Code_OK},
 	} {
-		code := tc.code
-		t.Run(tc.mode.String()+"/"+code.String(), func(t *testing.T) {
+		oc := tc.code
+		t.Run(tc.mode.String()+"/"+oc.String(), func(t *testing.T) {
 			pool := newPool(t, pgtest.NewDatabase(t), tc.mode)
 			if _, err := pool.Exec(ctx, `CREATE TABLE w (v int)`); err != nil {
 				t.Fatal(err)
@@ -345,7 +345,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				if _, err := tx.Exec(ctx, `INSERT INTO w VALUES (1)`); err != nil {
 					t.Fatal(err)
 				}
-				return c.Txn.Complete(ctx, store.Outcome{Code: code, Body: []byte("r")})
+				return c.Txn.Complete(ctx, store.Outcome{Code: oc, Body: []byte("r")})
 			}
 			rows := func() (writes, keys int) {
 				t.Helper()
@@ -372,7 +372,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				t.Fatalf("retry: %v", err)
 			}
 			wantWrites := 1
-			if code != code.Code_OK {
+			if oc != code.Code_OK {
 				wantWrites = 0 // a recorded error discards the writes
 			}
 			if w, k := rows(); w != wantWrites || k != 1 {

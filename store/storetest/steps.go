@@ -54,7 +54,7 @@ var stepCases = []testCase{
 	}},
 
 	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, _ Config) {
-		// What interceptor.Step relies on: an owner whose key was taken
+		// What idem.Step relies on: an owner whose key was taken
 		// over learns it from Extend, before it runs a step, and from
 		// then on every write of its lease fails; the new owner's steps
 		// stand.

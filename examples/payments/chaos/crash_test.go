@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
@@ -97,7 +97,7 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	req := &paymentsv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250, Currency: "EUR", TraceId: "first"}
 	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-1", paymentsvc.TenantHeader, "acme")
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-1", paymentsvc.TenantHeader, "acme")
 	conn := dial(t, crash.addr)
 	defer conn.Close()
 	_, err := paymentsv1.NewPaymentServiceClient(conn).CreatePayment(
@@ -141,7 +141,7 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	if resp.GetPayment().GetId() != paymentID {
 		t.Fatalf("retry got payment %q, the committed one is %s", resp.GetPayment().GetId(), paymentID)
 	}
-	if !slices.Contains(header.Get(interceptor.ReplayedHeader), "true") {
+	if !slices.Contains(header.Get(idem.ReplayedHeader), "true") {
 		t.Fatalf("retry not marked as a replay; header %v", header)
 	}
 	// The row holds the response in an envelope of six bytes (0x00, the
