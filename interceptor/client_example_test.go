@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
@@ -90,7 +91,7 @@ func ExampleContextWithStep() {
 	// Inside a keyed handler, name the steps whose order may vary; here two
 	// charges run concurrently, so per-method ordinals would not be stable
 	// across a retry of the request. Each charge carries the request's
-	// child key for its step, interceptor.ChildKey(ctx, part.step).
+	// child key for its step, idem.ChildKey(ctx, part.step).
 	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
 	handler := func(ctx context.Context) error {
 		errs := make(chan error, 2)
@@ -99,7 +100,7 @@ func ExampleContextWithStep() {
 			cents int64
 		}{{"charge-goods", 1250}, {"charge-shipping", 490}} {
 			go func() {
-				_, err := payments.CreatePayment(interceptor.ContextWithStep(ctx, part.step),
+				_, err := payments.CreatePayment(idem.ContextWithStep(ctx, part.step),
 					&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
 				errs <- err
 			}()
@@ -113,7 +114,7 @@ func ExampleContextWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
 	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
-	ctx := interceptor.ContextWithKey(context.Background(), "invoice-2024-0042")
+	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
 	_, _ = payments.CreatePayment(ctx, &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
 }
 

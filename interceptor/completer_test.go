@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
@@ -35,9 +36,13 @@ type provider struct {
 	charges map[string]int // by key: calls received
 }
 
+// providerKeys gives the key each charge carries, as idem's client
+// interceptors would: the child key of the step that Step names in ctx.
+var providerKeys = idem.NewOutgoingKeys()
+
 func (p *provider) charge(ctx context.Context) string {
-	step, _ := interceptor.StepFromContext(ctx) // set by Step
-	key, _ := interceptor.ChildKey(ctx, step)
+	keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
+	key := keys[0]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.charges == nil {
@@ -54,12 +59,12 @@ func (p *provider) distinct() int {
 	return len(p.charges)
 }
 
-// completable is a leased, completable Do on a store of each kind, with a
-// completer on the same engine.
+// completable is a leased, finishable Do on a store of each kind, with a
+// finisher on the same engine.
 type completable struct {
 	*env
-	completer *interceptor.Completer
-	engine    *interceptor.Engine
+	completer *idem.Finisher
+	engine    *idem.Engine
 	store     store.Store
 	outcomes  *outcomeLog
 	// completerLog holds what the completer's engine logged.
@@ -70,11 +75,11 @@ type completable struct {
 // outcome hook saw them.
 type outcomeLog struct {
 	mu   sync.Mutex
-	seen []interceptor.Outcome
+	seen []idem.Outcome
 }
 
-func (l *outcomeLog) hook(_ context.Context, o interceptor.Outcome) {
-	if !o.Completion {
+func (l *outcomeLog) hook(_ context.Context, o idem.Outcome) {
+	if !o.Finishing {
 		return
 	}
 	l.mu.Lock()
@@ -83,10 +88,10 @@ func (l *outcomeLog) hook(_ context.Context, o interceptor.Outcome) {
 }
 
 // results returns the results seen, in order.
-func (l *outcomeLog) results() []interceptor.Result {
+func (l *outcomeLog) results() []idem.Result {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []interceptor.Result
+	var out []idem.Result
 	for _, o := range l.seen {
 		out = append(out, o.Result)
 	}
@@ -95,12 +100,13 @@ func (l *outcomeLog) results() []interceptor.Result {
 
 func eachCompletableStore(t *testing.T, f func(t *testing.T, c *completable)) {
 	t.Helper()
-	eachCompletableStoreWith(t, nil, f)
+	eachCompletableStoreWith(t, idem.FinisherConfig{}, f)
 }
 
-// eachCompletableStoreWith is eachCompletableStore with the completer's
-// options copts besides its own (no grace, three attempts).
-func eachCompletableStoreWith(t *testing.T, copts []interceptor.CompleterOption, f func(t *testing.T, c *completable)) {
+// eachCompletableStoreWith is eachCompletableStore with the finisher
+// configured by cfg, whose zero Grace and MaxAttempts select the tests'
+// own (no grace, three attempts).
+func eachCompletableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *testing.T, c *completable)) {
 	t.Helper()
 	for _, mem := range []bool{false, true} {
 		name := "postgres"
@@ -108,22 +114,24 @@ func eachCompletableStoreWith(t *testing.T, copts []interceptor.CompleterOption,
 			name = "memory"
 		}
 		t.Run(name, func(t *testing.T) {
-			f(t, newCompletable(t, mem, copts...))
+			f(t, newCompletable(t, mem, cfg))
 		})
 	}
 }
 
 // newCompletable returns a completable Do on store/memory, or, unless mem,
-// on PostgreSQL.
-func newCompletable(t *testing.T, mem bool, copts ...interceptor.CompleterOption) *completable {
+// on PostgreSQL, with a finisher configured by cfg (a zero Grace and
+// MaxAttempts select no grace and three attempts) that runs ics around its
+// calls.
+func newCompletable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.UnaryServerInterceptor) *completable {
 	t.Helper()
 	outcomes := &outcomeLog{}
-	opts := []interceptor.ServerOption{
-		interceptor.WithLeased(time.Minute, doMethod),
-		interceptor.WithCompletion(doMethod),
-		interceptor.WithCompletionMetadata("x-user"),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
-		interceptor.WithOutcomeHook(outcomes.hook),
+	opts := []idem.Option{
+		idem.WithLeased(time.Minute, doMethod),
+		idem.WithFinish(doMethod),
+		idem.WithFinishHeaders("x-user"),
+		idem.WithTenant(tenantFromMetadata),
+		idem.WithOutcomeHook(outcomes.hook),
 	}
 	var st store.Store
 	s := setup{memory: mem, opts: opts}
@@ -137,13 +145,11 @@ func newCompletable(t *testing.T, mem bool, copts ...interceptor.CompleterOption
 	}
 	e := newEnv(t, s)
 	log := &logBuffer{}
-	engine := interceptor.NewEngine(st, append(opts, interceptor.WithLogger(log.logger()))...)
-	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{
-		interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(3)}, copts...)...)
-	if err != nil {
-		t.Fatal(err)
+	engine := newEngine(t, st, append(opts, idem.WithLogger(log.logger()))...)
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 3
 	}
-	testv1.RegisterTestServiceServer(c, e.svc)
+	c := newFinisher(t, engine, cfg, e.svc, ics...)
 	return &completable{env: e, completer: c, engine: engine, store: st, outcomes: outcomes, completerLog: log}
 }
 
@@ -172,7 +178,7 @@ func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
 			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-user")) == 1 {
 				users.Store(md.Get("x-user")[0], true)
 			}
-			if _, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+			if _, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 				return []byte(p.charge(ctx)), nil
 			}); err != nil {
 				return err
@@ -185,7 +191,7 @@ func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
 		})
 		abandon(t, c, "order-1")
 
-		n, err := c.completer.Complete(t.Context())
+		n, err := c.completer.Finish(t.Context())
 		if err != nil || n != 1 {
 			t.Fatalf("Complete = %d, %v; want the abandoned call finished", n, err)
 		}
@@ -198,10 +204,10 @@ func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
 		// The caller's late retry replays the outcome the completer recorded.
 		var header metadata.MD
 		ctx := metadata.AppendToOutgoingContext(withKey("order-1"), "x-tenant-id", "acme")
-		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("late retry: %v (header %v), want a replay", err, header)
 		}
-		if n, _ := c.completer.Complete(t.Context()); n != 0 {
+		if n, _ := c.completer.Finish(t.Context()); n != 0 {
 			t.Errorf("a second pass completed %d calls, want none", n)
 		}
 		if c.pool != nil {
@@ -219,7 +225,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		var finishRuns atomic.Int32
 		crash.Store(true)
 		c.svc.setHook(func(ctx context.Context, _ string) error {
-			if _, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+			if _, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 				return []byte(p.charge(ctx)), nil
 			}); err != nil {
 				return err
@@ -232,15 +238,11 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 			return nil
 		})
 		abandon(t, c, "order-2")
-		other, err := interceptor.NewCompleter(c.engine, interceptor.WithCompleteGrace(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		testv1.RegisterTestServiceServer(other, c.svc)
+		other := newFinisher(t, c.engine, idem.FinisherConfig{}, c.svc)
 		var wg sync.WaitGroup
 		var retryErr error
-		wg.Go(func() { _, _ = c.completer.Complete(t.Context()) })
-		wg.Go(func() { _, _ = other.Complete(t.Context()) })
+		wg.Go(func() { _, _ = c.completer.Finish(t.Context()) })
+		wg.Go(func() { _, _ = other.Finish(t.Context()) })
 		wg.Go(func() {
 			ctx := metadata.AppendToOutgoingContext(withKey("order-2"), "x-tenant-id", "acme")
 			_, retryErr = c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
@@ -260,7 +262,7 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 		var runs atomic.Int32
 		c.svc.setHook(func(ctx context.Context, _ string) error {
 			if runs.Add(1) == 1 {
-				if err := interceptor.SaveRecoveryPoint(ctx, "started", nil); err != nil {
+				if _, err := idem.Step(ctx, "started", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 					return err
 				}
 				panic("worker dies")
@@ -268,7 +270,7 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 			return status.Error(codes.FailedPrecondition, "the cart is empty")
 		})
 		abandon(t, c, "order-3")
-		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
 			t.Fatalf("Complete = %d, %v", n, err)
 		}
 		ctx := metadata.AppendToOutgoingContext(withKey("order-3"), "x-tenant-id", "acme")
@@ -303,17 +305,17 @@ func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
 		}
 		// The client gives up. The first pass fails as the call did, the
 		// second finishes it.
-		if n, err := c.completer.Complete(t.Context()); err != nil || n != 0 {
+		if n, err := c.completer.Finish(t.Context()); err != nil || n != 0 {
 			t.Fatalf("first pass: Complete = %d, %v; want the transient failure left for later", n, err)
 		}
-		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
 			t.Fatalf("second pass: Complete = %d, %v; want the call finished", n, err)
 		}
 		if runs.Load() != 3 {
 			t.Fatalf("%d runs, want the call's and two completer runs", runs.Load())
 		}
 		var header metadata.MD
-		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("late retry: %v (header %v), want a replay", err, header)
 		}
 		if runs.Load() != 3 {
@@ -325,7 +327,7 @@ func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
 func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 	eachCompletableStore(t, func(t *testing.T, c *completable) {
 		c.svc.setHook(func(ctx context.Context, _ string) error {
-			if err := interceptor.SaveRecoveryPoint(ctx, "started", nil); err != nil {
+			if _, err := idem.Step(ctx, "started", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 				return err
 			}
 			return status.Error(codes.Unavailable, "the provider is down")
@@ -336,7 +338,7 @@ func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 		}
 		var total int
 		for range 5 {
-			n, err := c.completer.Complete(t.Context())
+			n, err := c.completer.Finish(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -347,8 +349,8 @@ func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 		}
 		_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
 		st := wantCode(t, err, codes.FailedPrecondition)
-		if info := errorInfo(st); info.GetReason() != interceptor.ReasonNotCompleted {
-			t.Errorf("reason %q, want %s", info.GetReason(), interceptor.ReasonNotCompleted)
+		if info := errorInfo(st); info.GetReason() != idem.ReasonNotFinished {
+			t.Errorf("reason %q, want %s", info.GetReason(), idem.ReasonNotFinished)
 		}
 		if n := c.svc.count(); n != 4 {
 			t.Errorf("%d executions, want the first and three completer attempts", n)
@@ -357,14 +359,14 @@ func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 }
 
 func TestStepRunsOncePerCall(t *testing.T) {
-	s := setup{opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}}
+	s := setup{opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}}
 	eachStore(t, s, func(t *testing.T, e *env) {
 		p := &provider{}
 		var fail atomic.Bool
 		fail.Store(true)
 		var got []string
 		e.svc.setHook(func(ctx context.Context, _ string) error {
-			charge, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+			charge, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 				return []byte(p.charge(ctx)), nil
 			})
 			if err != nil {
@@ -373,7 +375,7 @@ func TestStepRunsOncePerCall(t *testing.T) {
 			if fail.Swap(false) {
 				return status.Error(codes.Unavailable, "confirming failed") // the lease ends; the steps stay
 			}
-			ship, err := interceptor.Step(ctx, "ship", func(context.Context) ([]byte, error) { return []byte("sh_1"), nil })
+			ship, err := idem.Step(ctx, "ship", func(context.Context) ([]byte, error) { return []byte("sh_1"), nil })
 			got = []string{string(charge), string(ship)}
 			return err
 		})
@@ -385,8 +387,8 @@ func TestStepRunsOncePerCall(t *testing.T) {
 		if p.distinct() != 1 || len(got) != 2 || got[1] != "sh_1" {
 			t.Fatalf("%d charges, steps %v; want one charge and both steps", p.distinct(), got)
 		}
-		_, err = interceptor.Step(context.Background(), "x", nil)
-		if !errors.Is(err, interceptor.ErrNotLeased) {
+		_, err = idem.Step(context.Background(), "x", nil)
+		if !errors.Is(err, idem.ErrNotLeased) {
 			t.Errorf("Step outside a leased call: %v", err)
 		}
 	})
@@ -397,7 +399,7 @@ func TestStepRunsOncePerCall(t *testing.T) {
 func crashFirstRun(then func(ctx context.Context, key string) error) func(ctx context.Context, _ string) error {
 	var ran sync.Map
 	return func(ctx context.Context, _ string) error {
-		key, _ := interceptor.KeyFromContext(ctx)
+		key, _ := idem.KeyFromContext(ctx)
 		if _, again := ran.LoadOrStore(key, true); !again {
 			panic("worker dies")
 		}
@@ -429,12 +431,12 @@ func logLine(log string, subs ...string) string {
 
 // TestCompleterSetsAsideAnUnreadableCall: of three abandoned calls, one
 // whose kept metadata is damaged in its row is recorded as failed (its
-// retry gets FAILED_PRECONDITION, IDEMPOTENCY_NOT_COMPLETED), logged at
+// retry gets FAILED_PRECONDITION, IDEMPOTENCY_NOT_FINISHED), logged at
 // ERROR with its scope and counted, and the two others are finished in
 // the same pass. Before, the one row failed every pass's listing, and no
 // call was finished at all.
 func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
-	c := newCompletable(t, false)
+	c := newCompletable(t, false, idem.FinisherConfig{})
 	c.svc.setHook(crashFirstRun(nil))
 	const secret = "card-4242-4242-4242"
 	for _, k := range []string{"u-1", "u-2", "u-3"} {
@@ -446,7 +448,7 @@ func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
 		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
 	}
 
-	n, err := c.completer.Complete(t.Context())
+	n, err := c.completer.Finish(t.Context())
 	if err != nil || n != 3 {
 		t.Fatalf("Complete = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
 	}
@@ -469,18 +471,18 @@ WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_pa
 		t.Errorf("the log shows the request:\n%s", log)
 	}
 	if got := c.outcomes.results(); !slices.Equal(slices.Sorted(slices.Values(got)),
-		[]interceptor.Result{interceptor.ResultExecuted, interceptor.ResultExecuted, interceptor.ResultUnreadable}) {
+		[]idem.Result{idem.ResultExecuted, idem.ResultExecuted, idem.ResultUnreadable}) {
 		t.Errorf("the completer reported %v, want two executed and one unreadable", got)
 	}
 
 	// Every retry of the damaged call gets the same final answer.
 	for range 2 {
 		_, err = c.client.Do(forAcme("u-2"), &testv1.DoRequest{Value: secret})
-		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
-			t.Fatalf("retry of the damaged call: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != idem.ReasonNotFinished {
+			t.Fatalf("retry of the damaged call: %v, want reason %s", st.Details(), idem.ReasonNotFinished)
 		}
 	}
-	if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+	if n, err := c.completer.Finish(t.Context()); n != 0 || err != nil {
 		t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
 	}
 }
@@ -507,23 +509,23 @@ func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
 			t.Fatalf("Complete = %d, %v; want the call recorded as failed", n, err)
 		}
 		if runs := c.svc.count(); runs != 0 {
 			t.Errorf("the handler ran %d times, want never", runs)
 		}
-		if got := c.outcomes.results(); !slices.Equal(got, []interceptor.Result{interceptor.ResultUnreadable}) {
+		if got := c.outcomes.results(); !slices.Equal(got, []idem.Result{idem.ResultUnreadable}) {
 			t.Errorf("the completer reported %v, want unreadable", got)
 		}
 		if logLine(c.completerLog.String(), "level=ERROR", "cannot be read", "key=garbled", "not a request of") == "" {
 			t.Errorf("no ERROR line names the call:\n%s", c.completerLog.String())
 		}
 		_, err = c.client.Do(forAcme("garbled"), req)
-		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != interceptor.ReasonNotCompleted {
-			t.Errorf("retry: %v, want reason %s", st.Details(), interceptor.ReasonNotCompleted)
+		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != idem.ReasonNotFinished {
+			t.Errorf("retry: %v, want reason %s", st.Details(), idem.ReasonNotFinished)
 		}
-		if n, err := c.completer.Complete(t.Context()); n != 0 || err != nil {
+		if n, err := c.completer.Finish(t.Context()); n != 0 || err != nil {
 			t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
 		}
 		if runs := c.svc.count(); runs != 0 {
@@ -534,22 +536,38 @@ func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 
 // completableOpts are the server options of the completer tests that
 // build their own store.
-var completableOpts = []interceptor.ServerOption{
-	interceptor.WithLeased(time.Minute, doMethod),
-	interceptor.WithCompletion(doMethod),
-	interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+var completableOpts = []idem.Option{
+	idem.WithLeased(time.Minute, doMethod),
+	idem.WithFinish(doMethod),
+	idem.WithTenant(tenantFromMetadata),
 }
 
-// newCompleterOn returns a completer of e's service on st, logging to log.
-func newCompleterOn(t *testing.T, e *env, st store.Store, log *logBuffer, copts ...interceptor.CompleterOption) *interceptor.Completer {
+// newCompleterOn returns a finisher of e's service on st, configured by
+// cfg (a zero Grace selects none), logging to log.
+func newCompleterOn(t *testing.T, e *env, st store.Store, log *logBuffer, cfg idem.FinisherConfig) *idem.Finisher {
 	t.Helper()
-	engine := interceptor.NewEngine(st, append(slices.Clone(completableOpts), interceptor.WithLogger(log.logger()))...)
-	c, err := interceptor.NewCompleter(engine, append([]interceptor.CompleterOption{interceptor.WithCompleteGrace(0)}, copts...)...)
+	engine := newEngine(t, st, append(slices.Clone(completableOpts), idem.WithLogger(log.logger()))...)
+	return newFinisher(t, engine, cfg, e.svc)
+}
+
+// noGrace is the least grace a FinisherConfig can set (zero selects the
+// default): a call counts as abandoned as soon as its lease ran out.
+const noGrace = time.Nanosecond
+
+// newFinisher returns a finisher on engine configured by cfg (a zero Grace
+// selects noGrace), with svc registered on it through
+// interceptor.FinisherRegistrar, behind ics.
+func newFinisher(t *testing.T, engine *idem.Engine, cfg idem.FinisherConfig, svc testv1.TestServiceServer, ics ...grpc.UnaryServerInterceptor) *idem.Finisher {
+	t.Helper()
+	if cfg.Grace == 0 {
+		cfg.Grace = noGrace
+	}
+	f, err := idem.NewFinisher(engine, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	testv1.RegisterTestServiceServer(c, e.svc)
-	return c
+	testv1.RegisterTestServiceServer(interceptor.FinisherRegistrar(f, ics...), svc)
+	return f
 }
 
 // TestCompleterSurvivesAPanickingRoute: a shard route that panics for one
@@ -569,7 +587,7 @@ func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
 	st := postgres.NewSharded(shards, route)
 	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
 	log := &logBuffer{}
-	completer := newCompleterOn(t, e, st, log, interceptor.WithCompleteMaxAttempts(1))
+	completer := newCompleterOn(t, e, st, log, idem.FinisherConfig{MaxAttempts: 1})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -584,7 +602,7 @@ func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
 	exec(`UPDATE idempotency_keys SET takeovers = 1, locked_until = now() - interval '1 hour' WHERE tenant = 'boom'`)
 	broken.Store(true)
 
-	n, err := completer.Complete(t.Context())
+	n, err := completer.Finish(t.Context())
 	if err != nil || n != 1 {
 		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
 	}
@@ -623,7 +641,7 @@ func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
 	ps := &panickyStore{Store: memory.New()}
 	e := serveEnv(t, setup{memory: true, opts: completableOpts}, nil, ps)
 	log := &logBuffer{}
-	completer := newCompleterOn(t, e, ps, log, interceptor.WithCompleteMaxAttempts(1))
+	completer := newCompleterOn(t, e, ps, log, idem.FinisherConfig{MaxAttempts: 1})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -649,7 +667,7 @@ func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
 	}
 	ps.armed.Store(true)
 
-	n, err := completer.Complete(t.Context())
+	n, err := completer.Finish(t.Context())
 	if err != nil || n != 1 {
 		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
 	}
@@ -657,7 +675,7 @@ func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
 		t.Errorf("the log does not report boom's panic:\n%s", log.String())
 	}
 	var header metadata.MD
-	if _, err := e.client.Do(forTenant("alpha", "alpha-1"), &testv1.DoRequest{Value: "alpha"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if _, err := e.client.Do(forTenant("alpha", "alpha-1"), &testv1.DoRequest{Value: "alpha"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 		t.Errorf("alpha's retry: %v (header %v), want a replay", err, header)
 	}
 }
@@ -715,11 +733,11 @@ type passResult struct {
 // completeWithin runs c.Complete with ctx and returns its result, failing
 // the test if it has not returned within d: a pass that never ends is
 // what the tests that use it guard against.
-func completeWithin(t *testing.T, ctx context.Context, c *interceptor.Completer, d time.Duration) passResult {
+func completeWithin(t *testing.T, ctx context.Context, c *idem.Finisher, d time.Duration) passResult {
 	t.Helper()
 	done := make(chan passResult, 1)
 	go func() {
-		n, err := c.Complete(ctx)
+		n, err := c.Finish(ctx)
 		done <- passResult{n, err}
 	}()
 	select {
@@ -746,7 +764,7 @@ func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	dark, accepted := blackholePool(t)
 	st := postgres.NewSharded([]*pgxpool.Pool{healthy, dark}, shardOf, postgres.WithLockTimeout(time.Hour))
 	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
-	completer := newCompleterOn(t, e, st, &logBuffer{}, interceptor.WithCompleteListTimeout(2*time.Second))
+	completer := newCompleterOn(t, e, st, &logBuffer{}, idem.FinisherConfig{ListTimeout: 2 * time.Second})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, key := range []string{"order-1", "order-2"} {
 		_, err := e.client.Do(forTenant("alpha", key), &testv1.DoRequest{Value: "alpha"})
@@ -773,7 +791,7 @@ func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 // later pass; the pass goes on and finishes the other call. Before, the
 // pass waited for the hung handler as long as its context lasted.
 func TestCompleterBoundsEachAttempt(t *testing.T) {
-	eachCompletableStoreWith(t, []interceptor.CompleterOption{interceptor.WithCompleteAttemptTimeout(time.Second)}, func(t *testing.T, c *completable) {
+	eachCompletableStoreWith(t, idem.FinisherConfig{AttemptTimeout: time.Second}, func(t *testing.T, c *completable) {
 		var cut atomic.Bool
 		c.svc.setHook(crashFirstRun(func(ctx context.Context, key string) error {
 			if key == "hung" {
@@ -794,7 +812,7 @@ func TestCompleterBoundsEachAttempt(t *testing.T) {
 			t.Error("the hung handler's context did not end")
 		}
 		var header metadata.MD
-		if _, err := c.client.Do(forAcme("fine"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := c.client.Do(forAcme("fine"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Errorf("retry of the finished call: %v (header %v), want a replay", err, header)
 		}
 		// The hung call is left for a later pass.
@@ -823,7 +841,7 @@ func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
 			return nil
 		}))
 		abandon(t, c, "order-h")
-		if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
 			t.Fatalf("Complete = %d, %v", n, err)
 		}
 		if err := setErr.Load(); err != nil {
@@ -833,7 +851,7 @@ func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
 		if _, err := c.client.Do(forAcme("order-h"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(header.Get("x-order-id"), []string{"o-9"}) || len(header.Get(interceptor.ReplayedHeader)) != 1 ||
+		if !slices.Equal(header.Get("x-order-id"), []string{"o-9"}) || len(header.Get(idem.ReplayedHeader)) != 1 ||
 			!slices.Equal(trailer.Get("x-charge-id"), []string{"ch-1"}) {
 			t.Errorf("the replay carries header %v and trailer %v; want the handler's x-order-id and x-charge-id", header, trailer)
 		}
@@ -860,20 +878,20 @@ func TestCompleterRunsItsInterceptors(t *testing.T) {
 		return handler(context.WithValue(ctx, userKey{}, "u-7"), req)
 	}
 	inner := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		_, inLease := interceptor.KeyFromContext(ctx)
+		_, inLease := idem.KeyFromContext(ctx)
 		note(fmt.Sprintf("inner (key already claimed: %v)", inLease))
 		resp, err := handler(ctx, req)
 		note("inner done: " + status.Code(err).String())
 		return resp, err
 	}
-	c := newCompletable(t, true, interceptor.WithCompleteInterceptors(outer, inner))
+	c := newCompletable(t, true, idem.FinisherConfig{}, outer, inner)
 	c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
 		user, _ := ctx.Value(userKey{}).(string)
 		note("handler as " + user)
 		return nil
 	}))
 	abandon(t, c, "order-i")
-	if n, err := c.completer.Complete(t.Context()); err != nil || n != 1 {
+	if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
 		t.Fatalf("Complete = %d, %v", n, err)
 	}
 	want := []string{"outer " + doMethod + " " + doMethod, "inner (key already claimed: false)", "handler as u-7", "inner done: OK"}

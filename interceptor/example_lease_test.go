@@ -6,34 +6,32 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 func ExampleWithLeased() {
 	// Checkout calls a payment provider, which no database transaction can
 	// roll back: hold its keys with a two-minute lease instead.
-	_ = interceptor.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
+	_ = idem.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
 }
 
-func ExampleSaveRecoveryPoint() {
+func ExampleStep() {
 	// A leased handler that charges a provider once per key, even when a
-	// retry takes over from a worker that crashed after the charge.
+	// retry takes over from a worker that crashed after the charge: the
+	// step's saved result is returned without charging again.
 	charge := func(ctx context.Context) (string, error) { return "ch_1", nil }
 	handler := func(ctx context.Context) error {
-		step, data, _ := interceptor.LastRecoveryPoint(ctx)
-		chargeID := string(data)
-		if step != "charge_sent" {
-			var err error
+		chargeID, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 			// The provider's call carries ChildKey(ctx, "charge").
-			if chargeID, err = charge(interceptor.ContextWithStep(ctx, "charge")); err != nil {
-				return err
-			}
-			if err := interceptor.SaveRecoveryPoint(ctx, "charge_sent", []byte(chargeID)); err != nil {
-				return err
-			}
+			id, err := charge(ctx)
+			return []byte(id), err
+		})
+		if err != nil {
+			return err
 		}
 		// ... confirm the order with chargeID.
+		_ = chargeID
 		return nil
 	}
 	_ = handler
@@ -58,9 +56,9 @@ func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, err
 }
 
 func ExampleWithLoader() {
-	var loader interceptor.Loader = paymentLoader{}
-	_ = []interceptor.ServerOption{
-		interceptor.WithMaxStoredResponseBytes(64 << 10),
-		interceptor.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
+	var loader idem.Loader = paymentLoader{}
+	_ = []idem.Option{
+		idem.WithMaxStoredResponseBytes(64 << 10),
+		idem.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
 	}
 }

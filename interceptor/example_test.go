@@ -8,11 +8,12 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -27,8 +28,12 @@ func ExampleUnaryServerInterceptor() {
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
+	e, err := idem.New(postgres.New(pool))
+	if err != nil {
+		log.Fatal(err)
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		interceptor.UnaryServerInterceptor(postgres.New(pool)),
+		interceptor.UnaryServerInterceptor(e),
 	))
 	_ = srv // register services, then srv.Serve(listener)
 }
@@ -37,26 +42,32 @@ func ExampleWithTenant() {
 	// Scope keys by the authenticated caller. A real server reads the
 	// identity its authentication interceptor verified; this stand-in
 	// trusts a header.
-	tenant := interceptor.TenantFunc(func(ctx context.Context) (string, error) {
-		if v := metadata.ValueFromIncomingContext(ctx, "x-tenant-id"); len(v) == 1 {
+	tenant := func(ctx context.Context, header map[string][]string) (string, error) {
+		if v := header["x-tenant-id"]; len(v) == 1 {
 			return v[0], nil
 		}
 		return "", fmt.Errorf("no tenant")
-	})
-	_ = interceptor.WithTenant(tenant)
+	}
+	_ = idem.WithTenant(tenant)
 }
 
 func ExampleWithClassifier() {
 	// Record and replay PERMISSION_DENIED too, on top of the defaults.
-	classify := interceptor.ClassifierFunc(func(s *status.Status) bool {
-		return s.Code() == codes.PermissionDenied || interceptor.DefaultClassifier.Deterministic(s)
-	})
-	_ = interceptor.WithClassifier(classify)
+	classify := func(s *spb.Status) bool {
+		switch codes.Code(s.GetCode()) {
+		case codes.PermissionDenied, // and the defaults:
+			codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange,
+			codes.AlreadyExists, codes.NotFound:
+			return true
+		}
+		return false
+	}
+	_ = idem.WithClassifier(classify)
 }
 
 func ExampleKeyFromContext() {
 	handler := func(ctx context.Context) {
-		if key, ok := interceptor.KeyFromContext(ctx); ok {
+		if key, ok := idem.KeyFromContext(ctx); ok {
 			fmt.Println("handling", key)
 		}
 	}
@@ -64,8 +75,8 @@ func ExampleKeyFromContext() {
 }
 
 func ExampleValidateKey() {
-	fmt.Println(interceptor.ValidateKey("2f1c6b0e-4a53-4f5e-9b7a-1d2c3e4f5a6b"))
-	fmt.Println(interceptor.ValidateKey("has space"))
+	fmt.Println(idem.ValidateKey("2f1c6b0e-4a53-4f5e-9b7a-1d2c3e4f5a6b"))
+	fmt.Println(idem.ValidateKey("has space"))
 	// Output:
 	// <nil>
 	// must be visible ASCII (0x21-0x7E), got byte 0x20 at offset 3
@@ -77,7 +88,7 @@ func ExampleDeriveKey() {
 	// every retry of that request and different from the children of
 	// "order-7f3a" in any other tenant or method.
 	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
-	fmt.Println(interceptor.DeriveKey(parent, "charge"))
+	fmt.Println(idem.DeriveKey(parent, "charge"))
 	// Output: b710463d8d6589451baefeda0a9ef1576c53787e46f30a8113f2f406ab1d7774
 }
 
@@ -85,7 +96,7 @@ func ExampleChildKey() {
 	// A keyed handler that charges a provider over HTTP sends the child key
 	// of its "charge" step, so that a retried request charges once.
 	handler := func(ctx context.Context, charge *http.Request) (*http.Response, error) {
-		key, ok := interceptor.ChildKey(ctx, "charge")
+		key, ok := idem.ChildKey(ctx, "charge")
 		if !ok {
 			return nil, status.Error(codes.Internal, "not a keyed request")
 		}
