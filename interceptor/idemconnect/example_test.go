@@ -86,7 +86,10 @@ func ExampleNewInterceptor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	interceptors := connect.WithInterceptors(authn, idemconnect.NewInterceptor(engine))
+	interceptors := connect.WithInterceptors(
+		authn,
+		idemconnect.NewInterceptor(engine), // the engine of idem.New, as above
+	)
 	// A HandlerOption of your generated handler:
 	// mux.Handle(paymentsv1connect.NewPaymentServiceHandler(svc, interceptors))
 	_ = interceptors
