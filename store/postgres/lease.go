@@ -148,7 +148,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
+	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
 		{SQL: leaseClaim, Arguments: append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
 			completionArgs(r.Completion)...)},
@@ -433,7 +433,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		return err
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
-	br, _, err := l.store.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
+	br, _, err := l.store.sendBounded(ctx, conn.Conn(), l.store.modeOf(l.pool), true, []*pgx.QueuedQuery{
 		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant}, args...)},
 		{SQL: "COMMIT"},
 	})
