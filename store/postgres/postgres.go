@@ -215,7 +215,8 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
+        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL,
+        recovery_steps = NULL, step_names = NULL, step_results = NULL
     WHERE k.expires_at <= now()`
 	recordCheck = `
     RETURNING 1
