@@ -2,13 +2,9 @@ package postgres
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemkit/idem/store"
 )
 
 // sendBounded begins a transaction on conn and sends qs in it, with every
@@ -33,43 +29,42 @@ import (
 //   - QueryExecModeExec and QueryExecModeSimpleProtocol send each statement
 //     with the batch, and the server parses it after the ones before it
 //     ran: the batch is sent whole, one round trip.
-//   - QueryExecModeCacheStatement: the statements of qs that name
-//     idempotency_keys are prepared by name ([pgx.Conn.Prepare], with the
-//     SQL as the name, so a batch that queues the SQL runs the prepared
-//     statement). Prepare is idempotent, and a statement prepared so stays
-//     on the connection until it closes (a failed batch and the statement
-//     cache's capacity leave it), so only a connection's first use of a
-//     statement prepares it, outside any transaction: that wait is bounded
-//     by a context of the lock timeout ([Store.prepare]). The batch is then
-//     sent whole; the statements that name no table (BEGIN, the lock
-//     timeout, COMMIT) go through pgx's statement cache, whose preparing
+//   - QueryExecModeCacheStatement: the statements of qs whose parsing
+//     locks idempotency_keys are prepared by name ([pgx.Conn.Prepare], the
+//     SQL as the name, so that a batch that queues the SQL runs the
+//     prepared statement), inside a transaction under the lock timeout. A
+//     statement prepared so stays on the connection until it closes (a
+//     failed batch and the statement cache's capacity leave it), and pgx,
+//     not idem, knows which it holds ([preparedOn]): when it holds them
+//     all, the batch is sent whole; the others (BEGIN, the lock timeout, a
+//     try-lock, COMMIT) go through pgx's statement cache, whose preparing
 //     waits for nothing.
-//   - QueryExecModeCacheDescribe and QueryExecModeDescribeExec describe
-//     a statement whose description pgx does not hold in a round trip
-//     before the batch, and keep no statement on the server that idem
-//     could prepare instead (a transaction-mode pooler may run each round
-//     trip on another server connection). So the transaction is begun and
-//     the lock timeout set first, in a round trip of their own, and qs
-//     sent after: whatever pgx describes, it describes inside the
-//     transaction, under the lock timeout.
+//   - QueryExecModeCacheDescribe and QueryExecModeDescribeExec describe a
+//     statement whose description pgx does not hold in a round trip before
+//     the batch, and keep no statement on the server that idem could
+//     prepare instead (a transaction-mode pooler may run each round trip
+//     on another server connection).
+//
+// Where a statement may be parsed before the batch (the last case, and the
+// first use of a statement on a connection in the one before), the
+// transaction is begun and the lock timeout set first, in a round trip of
+// their own, and qs sent after: whatever is prepared or described, it is
+// inside the transaction, under the lock timeout.
 func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, waits bool, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
-	switch mode {
-	case pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec:
-		// One simple query, one round trip, nothing to describe.
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
-		if err != nil {
-			return nil, nil, err
-		}
-		b := &pgx.Batch{QueuedQueries: qs}
-		if !waits {
-			// Read, and discarded, by the caller's Close.
-			b.Queue(restoreLockTimeout)
-		}
-		return conn.SendBatch(ctx, b), tx, nil
-	case pgx.QueryExecModeCacheStatement:
-		if err := s.prepare(ctx, conn, qs); err != nil {
-			return nil, nil, err
-		}
+	switch {
+	case mode == pgx.QueryExecModeCacheDescribe, mode == pgx.QueryExecModeDescribeExec:
+		return s.beginFirst(ctx, conn, waits, qs, nil)
+	case mode == pgx.QueryExecModeCacheStatement && !preparedOn(conn, qs):
+		return s.beginFirst(ctx, conn, waits, qs, func() error {
+			for _, q := range qs {
+				if parseLocksTable(q.SQL) {
+					if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -89,36 +84,61 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, mode pgx.QueryE
 	return br, br.Tx(), nil
 }
 
+// beginFirst begins a transaction on conn and sets the lock timeout, in one
+// simple query, one round trip with nothing to prepare or describe; then
+// it calls prepare, if not nil, and sends qs. On an error the transaction
+// is left open, as a failed batch leaves it: the caller rolls it back or
+// closes the connection.
+func (s *Store) beginFirst(ctx context.Context, conn *pgx.Conn, waits bool, qs []*pgx.QueuedQuery, prepare func() error) (pgx.BatchResults, pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
+	if err != nil {
+		return nil, nil, err
+	}
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return nil, nil, err
+		}
+	}
+	b := &pgx.Batch{QueuedQueries: qs}
+	if !waits {
+		// Read, and discarded, by the caller's Close.
+		b.Queue(restoreLockTimeout)
+	}
+	return conn.SendBatch(ctx, b), tx, nil
+}
+
 // restoreLockTimeout puts back the session's lock_timeout, which
 // setLockTimeout kept in idem.lock_timeout.
 const restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"
 
-// prepare prepares on conn, by name, the statements of qs that name
-// idempotency_keys, each with its SQL as its name. A statement conn has
-// prepared already costs nothing: pgx answers from what it holds. One it
-// has not is prepared outside any transaction, so the wait for a lock on
-// the table is bounded by a context of the lock timeout: when it runs out,
-// pgx ends the wait as it ends any wait whose context ended (by default it
-// closes the connection, which the pool then replaces), and prepare fails
-// with an error that wraps [store.ErrInUse], as a claim behind the table's
-// lock does.
-func (s *Store) prepare(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) error {
-	pctx, cancel := context.WithTimeout(ctx, s.lockTimeout)
-	defer cancel()
-	for _, q := range qs {
-		if !strings.Contains(q.SQL, "idempotency_keys") {
-			continue
-		}
-		if _, err := conn.Prepare(pctx, q.SQL, q.SQL); err != nil {
-			if ctx.Err() == nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%w: %w", errPrepareTimedOut, err)
-			}
-			return err
-		}
-	}
-	return nil
+// parseLocksTable reports whether parsing sql, one of idem's statements,
+// locks idempotency_keys: every statement that names it but LOCK TABLE,
+// which locks it when it runs.
+func parseLocksTable(sql string) bool {
+	return strings.Contains(sql, "idempotency_keys") && !strings.HasPrefix(sql, "LOCK TABLE")
 }
 
-// errPrepareTimedOut reports a statement of idem's whose preparing waited
-// the lock timeout for a lock on idempotency_keys.
-var errPrepareTimedOut = fmt.Errorf("%w: preparing a statement waited the lock timeout for a lock on idempotency_keys", store.ErrInUse)
+// preparedOn reports whether conn holds, prepared by name, every statement
+// of qs whose parsing locks idempotency_keys. It asks pgx: Conn.Prepare of
+// a statement already prepared with the same name and SQL returns it, and
+// one given a context that has ended sends nothing and fails at once. A
+// pgx that answered otherwise would cost a claim a round trip more (the
+// transaction begun first every time), never an unbounded wait;
+// TestClaimRoundTrips would see it.
+func preparedOn(conn *pgx.Conn, qs []*pgx.QueuedQuery) bool {
+	for _, q := range qs {
+		if parseLocksTable(q.SQL) {
+			if _, err := conn.Prepare(endedContext, q.SQL, q.SQL); err != nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// endedContext is a context that has ended.
+var endedContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

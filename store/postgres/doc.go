@@ -57,17 +57,15 @@
 // tables it names, so none of idem's is parsed outside its transaction
 // without a bound: in pgx's exec and simple_protocol modes the server
 // parses each statement of a batch after its BEGIN and lock timeout ran;
-// in cache_statement, pgx's default, idem prepares its statements on a
-// connection by name the first time it uses them there, which waits at
-// most the lock timeout (when that runs out pgx ends the wait, by default
-// by closing the connection, and the claim fails with store.ErrInUse), and
-// runs them from then on without preparing them again; in cache_describe
-// and describe_exec, which keep no statement on the server, the claim
-// begins the transaction and sets the lock timeout in a round trip of its
-// own, and pgx describes the statements inside it. So a claim costs one
-// round trip in exec, simple_protocol and cache_statement (the first on a
-// connection four: three to prepare), two in cache_describe (three the
-// first time) and three in describe_exec.
+// in cache_statement, pgx's default, idem prepares its statements by name
+// the first time a connection uses them, inside a transaction begun first
+// under the lock timeout, and runs them from then on without preparing
+// them again; in cache_describe and describe_exec, which keep no statement
+// on the server, the claim always begins the transaction and sets the lock
+// timeout in a round trip of its own, and pgx describes the statements
+// inside it. So a claim costs one round trip in exec, simple_protocol and
+// cache_statement (the first on a connection four, the second two), two in
+// cache_describe (three the first time) and three in describe_exec.
 //
 // # Leased mode
 //
