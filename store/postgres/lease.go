@@ -35,8 +35,8 @@ const (
 	// for a completer.
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
-     request_method, request_payload, request_metadata)
-VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8, $9, $10, $11)
+     request_method, request_payload, request_header_names, request_header_values)
+VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8, $9, $10, $11, $12)
 ON CONFLICT (id) DO UPDATE
 SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     request_hash = excluded.request_hash, status = 'in_progress',
@@ -49,14 +49,21 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
     recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END,
     recovery_steps = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_steps END,
+    step_names = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.step_names END,
+    step_results = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.step_results END,
     takeovers = CASE WHEN k.expires_at <= now() THEN 0 ELSE k.takeovers + 1 END,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
-    request_metadata = coalesce(excluded.request_metadata, k.request_metadata)
+    request_metadata = CASE WHEN excluded.request_method IS NULL THEN k.request_metadata END,
+    request_header_names = CASE WHEN excluded.request_method IS NULL THEN k.request_header_names
+        ELSE excluded.request_header_names END,
+    request_header_values = CASE WHEN excluded.request_method IS NULL THEN k.request_header_values
+        ELSE excluded.request_header_values END
 WHERE k.expires_at <= now()
    OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers > 0, request_method IS NOT NULL`
+RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_results,
+    expires_at, takeovers > 0, request_method IS NOT NULL`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -66,13 +73,19 @@ RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers >
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > now()`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $4 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $4, recovery_data = $5, recovery_steps = $6, updated_at = now()` + leaseWhere
+	// leaseSave writes the last recovery point and every step; the
+	// previous version's list of the steps (recovery_steps) is cleared, so
+	// that only the arrays hold them from then on.
+	leaseSave = `UPDATE idempotency_keys
+SET recovery_point = $4, recovery_data = $5, step_names = $6, step_results = $7, recovery_steps = NULL,
+    updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a completer: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
 SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6,
     locked_until = NULL, updated_at = now(),
-    request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
+    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    request_header_names = NULL, request_header_values = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has a recovery point or
 	// keeps its request for a completer, instead of deleting it, so that a
@@ -99,9 +112,11 @@ const maxLeaseRounds = 3
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
 // and every later write of its Lease run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
-// saved steps (column recovery_steps) cannot be decoded fails with an error
-// wrapping [store.ErrCorrupt], and its lease is ended at once, so that every
-// claim of it fails so, until the row is deleted or expires.
+// saved steps cannot be read (step_names and step_results do not pair up,
+// or a list the previous version kept in recovery_steps does not decode)
+// fails with an error wrapping [store.ErrCorrupt], and its lease is ended
+// at once, so that every claim of it fails so, until the row is deleted
+// or expires.
 func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeaseClaim{}, err
@@ -148,7 +163,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
+	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
 		{SQL: leaseClaim, Arguments: append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
 			completionArgs(r.Completion)...)},
@@ -169,12 +184,14 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	var (
 		step     *string
 		data     []byte
-		steps    []byte
+		oldSteps []byte
+		names    []*string // a NULL name only in a damaged row
+		results  [][]byte
 		tookOver bool
 		kept     bool
 		corrupt  error // the steps are unreadable: store.ErrCorrupt
 	)
-	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver, &kept)
+	err = br.QueryRow().Scan(&step, &data, &oldSteps, &names, &results, &expiresAt, &tookOver, &kept)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -184,7 +201,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 		if step != nil {
 			l.point = &store.RecoveryPoint{Step: *step, Data: data}
 		}
-		if l.steps, err = decodeSteps(steps); err != nil {
+		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
 	}
@@ -250,7 +267,8 @@ func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) er
 	if err != nil {
 		return err
 	}
-	if err := l.exec(ctx, leaseSave, p.Step, p.Data, encodeSteps(steps)); err != nil {
+	names, results := stepArrays(steps)
+	if err := l.exec(ctx, leaseSave, p.Step, p.Data, names, results); err != nil {
 		return err
 	}
 	l.point, l.steps = &p, steps
@@ -271,15 +289,17 @@ func (l *lease) Steps() []store.RecoveryPoint {
 // none, which a takeover leaves as they are.
 func completionArgs(c *store.Completion) []any {
 	if c == nil {
-		return []any{nil, nil, nil}
+		return []any{nil, nil, nil, nil}
 	}
-	return []any{c.Method, c.Request, encodeMetadata(c.Metadata)}
+	names, values := headerArrays(c.Metadata)
+	return []any{c.Method, c.Request, names, values}
 }
 
 // abandoned finds leased calls kept with a completion whose lease ran out
 // more than $1 × 2^takeovers seconds ago (at most 2^16), and which have not
 // expired; those another transaction holds are skipped.
-const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload, request_metadata, takeovers
+const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload,
+    request_metadata, request_header_names, request_header_values, takeovers
 FROM idempotency_keys
 WHERE status = 'in_progress' AND request_payload IS NOT NULL
   AND locked_until <= now() - $1 * power(2, least(takeovers, 16)) * interval '1 second'
@@ -360,14 +380,16 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 			a      store.Abandoned
 			method *string // NULL only in a damaged row
 			md     []byte
+			names  []*string // NULL elements only in a damaged row
+			values []*string
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
+			&method, &a.Completion.Request, &md, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		a.Unreadable = readKept(&a.Completion, method, md)
+		a.Unreadable = readKept(&a.Completion, method, md, names, values)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
@@ -433,7 +455,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		return err
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
-	br, _, err := l.store.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
+	br, _, err := l.store.sendBounded(ctx, conn.Conn(), l.store.modeOf(l.pool), true, []*pgx.QueuedQuery{
 		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant}, args...)},
 		{SQL: "COMMIT"},
 	})

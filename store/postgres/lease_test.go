@@ -3,9 +3,12 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
@@ -128,5 +131,109 @@ func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("%s after the lease was found lost: %v, want ErrLeaseLost", name, err)
 		}
+	}
+}
+
+// TestStepsAndMetadataLandInArrays: a lease's steps are written to
+// step_names and step_results, and a kept call's metadata to
+// request_header_names and request_header_values, which an operator can
+// query; the previous version's columns are left empty. In every
+// QueryExecMode, since pgx encodes the arrays differently in each.
+func TestStepsAndMetadataLandInArrays(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement,
+		pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec,
+		pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			stepsAndMetadataLandInArrays(t, newPool(t, pgtest.NewDatabase(t), mode))
+		})
+	}
+}
+
+func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
+	s := postgres.New(pool)
+	kept := &store.Completion{Method: "/svc/Charge", Request: []byte("req"),
+		Metadata: map[string][]string{"x-user": {"u-7"}, "x-roles": {"a", "b"}}}
+	lc, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp"), Completion: kept}, time.Minute)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	for _, p := range []store.RecoveryPoint{{Step: "reserve", Data: []byte("r1")}, {Step: "charge"}, {Step: "reserve", Data: []byte("r2")}} {
+		if err := lc.Lease.SaveRecoveryPoint(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		names, headerNames, headerValues []string
+		results                          [][]byte
+		oldSteps, oldMetadata            []byte
+		point                            string
+	)
+	err = pool.QueryRow(ctx, `SELECT step_names, step_results, request_header_names, request_header_values,
+		recovery_steps, request_metadata, recovery_point FROM idempotency_keys`).
+		Scan(&names, &results, &headerNames, &headerValues, &oldSteps, &oldMetadata, &point)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(names, []string{"reserve", "charge"}) || len(results) != 2 ||
+		string(results[0]) != "r2" || results[1] != nil {
+		t.Errorf("step_names %q, step_results %q; want reserve=r2 and charge with no data (NULL)", names, results)
+	}
+	if !slices.Equal(headerNames, []string{"x-roles", "x-roles", "x-user"}) || !slices.Equal(headerValues, []string{"a", "b", "u-7"}) {
+		t.Errorf("request_header_names %q, request_header_values %q; want x-roles=a, x-roles=b, x-user=u-7", headerNames, headerValues)
+	}
+	if oldSteps != nil || oldMetadata != nil || point != "reserve" {
+		t.Errorf("recovery_steps %x, request_metadata %x, recovery_point %q; want NULL, NULL and the last step", oldSteps, oldMetadata, point)
+	}
+	// What the arrays hold is what a takeover reads.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now()`); err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || second.Lease == nil {
+		t.Fatalf("takeover: %+v, %v", second, err)
+	}
+	if got, want := second.Lease.Steps(), []store.RecoveryPoint{{Step: "reserve", Data: []byte("r2")}, {Step: "charge"}}; !sameSteps(got, want) {
+		t.Errorf("steps after the takeover %v, want %v", got, want)
+	}
+	if err := second.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys
+		WHERE request_header_names IS NULL AND request_header_values IS NULL AND request_method IS NULL`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("%d rows without the kept request after the record (%v), want 1", left, err)
+	}
+}
+
+// TestLeaseOfUnpairedStepArraysIsCorrupt: step arrays that do not pair up
+// (damaged outside idem) make the key's steps unreadable, as a damaged
+// list of the previous version's does.
+func TestLeaseOfUnpairedStepArraysIsCorrupt(t *testing.T) {
+	for name, damage := range map[string]string{
+		"lengths": `step_results = step_results[1:0]`,
+		"null":    `step_names = ARRAY[NULL]::text[]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			pool := pgtest.NewPool(t)
+			s := postgres.New(pool)
+			lc, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			if err != nil || lc.Lease == nil {
+				t.Fatalf("lease: %+v, %v", lc, err)
+			}
+			if err := lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now(), `+damage); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
+				t.Fatalf("claim of a key with unpaired step arrays: %+v, %v; want store.ErrCorrupt", c, err)
+			}
+		})
 	}
 }

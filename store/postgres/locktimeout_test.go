@@ -182,37 +182,57 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 }
 
 // TestClaimRoundTrips counts the round trips on the wire of claims on one
-// connection, and of the records that follow them: bounding the lock waits
-// of a connection's first claim, and those of every record, must cost
-// nothing once the connection has claimed and recorded. A warm claim is
-// one round trip, and so is a warm record, atomic or leased; in
-// QueryExecModeDescribeExec, where pgx describes every statement of every
-// batch in a round trip of its own, so the transaction is always opened in
-// one before, a claim and a leased record cost three, an atomic record
-// (whose transaction is open) two.
+// connection, and of the records that follow them, in every QueryExecMode:
+// bounding the lock waits of a connection's first claim, and those of
+// every record, must cost nothing once the connection has claimed and
+// recorded, except where pgx describes statements before a batch. It pins
+// what sendBounded relies on in pgx:
+//
+//   - in exec and simple_protocol, a batch is one round trip, the first on a
+//     connection too;
+//   - in cache_statement, a statement prepared with Conn.Prepare (its SQL as
+//     its name) runs from a batch that queues its SQL with no round trip
+//     more, Prepare of it with a context that has ended answers whether it
+//     is prepared without sending anything, and it stays prepared after a
+//     batch that failed: a warm claim is one round trip, and the first
+//     claim after one that failed behind a table lock prepares nothing
+//     again but the statements without a table that pgx's own cache drops
+//     then (a round trip to deallocate them, one to prepare them);
+//   - in cache_describe, pgx keeps a statement's description once it has
+//     described it: a warm claim is the transaction's BEGIN and then one
+//     batch, two round trips;
+//   - in describe_exec, pgx describes every batch's statements in a round
+//     trip of their own, inside the transaction begun before: three.
 func TestClaimRoundTrips(t *testing.T) {
+	// Round trips of an atomic claim, its record, a leased claim and its
+	// record.
+	type trips [4]int64
 	for _, tc := range []struct {
-		mode                     pgx.QueryExecMode
-		warm, atomicRec, leasRec int64
+		mode                pgx.QueryExecMode
+		first, second, warm trips
+		afterFailed         int64 // the atomic claim after one that failed
 	}{
-		{pgx.QueryExecModeCacheStatement, 1, 1, 1},
-		{pgx.QueryExecModeCacheDescribe, 1, 1, 1},
-		{pgx.QueryExecModeDescribeExec, 3, 2, 3},
-		{pgx.QueryExecModeExec, 1, 1, 1},
-		{pgx.QueryExecModeSimpleProtocol, 1, 1, 1},
+		// The second claim prepares the BEGIN of the batch that the
+		// first, which begins its transaction on its own, did not send.
+		{pgx.QueryExecModeCacheStatement, trips{4, 2, 4, 3}, trips{2, 1, 1, 1}, trips{1, 1, 1, 1}, 3},
+		{pgx.QueryExecModeCacheDescribe, trips{3, 2, 3, 3}, trips{2, 1, 2, 2}, trips{2, 1, 2, 2}, 3},
+		{pgx.QueryExecModeDescribeExec, trips{3, 2, 3, 3}, trips{3, 2, 3, 3}, trips{3, 2, 3, 3}, 3},
+		{pgx.QueryExecModeExec, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, 1},
+		{pgx.QueryExecModeSimpleProtocol, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, 1},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			t.Parallel()
-			cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+			dsn := pgtest.NewDatabase(t)
+			cfg, err := pgxpool.ParseConfig(dsn)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg.MaxConns = 1
 			cfg.ConnConfig.DefaultQueryExecMode = tc.mode
 			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-			var trips atomic.Int64
+			var n atomic.Int64
 			cfg.ConnConfig.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, conn net.Conn) (net.Conn, error) {
-				return &tripConn{Conn: conn, trips: &trips}, nil
+				return &tripConn{Conn: conn, trips: &n}, nil
 			}
 			pool, err := pgxpool.NewWithConfig(ctx, cfg)
 			if err != nil {
@@ -222,46 +242,69 @@ func TestClaimRoundTrips(t *testing.T) {
 			if err := pool.Ping(ctx); err != nil {
 				t.Fatal(err)
 			}
-			s := postgres.New(pool)
-			var atomicTrips, atomicRecords, leaseTrips, leaseRecords []int64
-			count := func(into *[]int64, f func() error) {
+			s := postgres.New(pool, postgres.WithLockTimeout(300*time.Millisecond))
+			count := func(f func() error) int64 {
 				t.Helper()
-				before := trips.Load()
+				before := n.Load()
 				if err := f(); err != nil {
 					t.Fatal(err)
 				}
-				*into = append(*into, trips.Load()-before)
+				return n.Load() - before
 			}
+			var got []trips
 			for i := range 3 {
 				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
-				var c store.Claim
-				count(&atomicTrips, func() (err error) {
+				var (
+					tr trips
+					c  store.Claim
+					l  store.LeaseClaim
+				)
+				tr[0] = count(func() (err error) {
 					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
 						err = fmt.Errorf("claim of a new key: %+v", c)
 					}
 					return err
 				})
-				count(&atomicRecords, func() error { return c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				tr[1] = count(func() error { return c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
-				var l store.LeaseClaim
-				count(&leaseTrips, func() (err error) {
+				tr[2] = count(func() (err error) {
 					if l, err = s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
 						err = fmt.Errorf("lease of a new key: %+v", l)
 					}
 					return err
 				})
-				count(&leaseRecords, func() error { return l.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				tr[3] = count(func() error { return l.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				got = append(got, tr)
 			}
-			t.Logf("round trips of three atomic claims %v and their records %v, of three leased claims %v and their records %v",
-				atomicTrips, atomicRecords, leaseTrips, leaseRecords)
-			for i := 1; i < 3; i++ {
-				if atomicTrips[i] != tc.warm || leaseTrips[i] != tc.warm {
-					t.Fatalf("warm claims took %v (atomic) and %v (leased) round trips, want %d each", atomicTrips[1:], leaseTrips[1:], tc.warm)
-				}
-				if atomicRecords[i] != tc.atomicRec || leaseRecords[i] != tc.leasRec {
-					t.Fatalf("warm records took %v (atomic) and %v (leased) round trips, want %d and %d",
-						atomicRecords[1:], leaseRecords[1:], tc.atomicRec, tc.leasRec)
-				}
+
+			// A claim that fails behind a table lock, on the same
+			// connection, and the next one.
+			release := holdTableLock(t, dsn, "SHARE ROW EXCLUSIVE")
+			if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+				t.Fatalf("claim behind the table lock: %v, want ErrInUse", err)
+			}
+			release()
+			var c store.Claim
+			afterFailed := count(func() (err error) {
+				c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				return err
+			})
+			if err := c.Txn.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round trips of an atomic claim, its record, a leased claim and its record, three times: %v; "+
+				"of a claim after one that failed: %d", got, afterFailed)
+			if got[0] != tc.first {
+				t.Errorf("the first claims and records took %v round trips, want %v", got[0], tc.first)
+			}
+			if got[1] != tc.second {
+				t.Errorf("the second claims and records took %v round trips, want %v", got[1], tc.second)
+			}
+			if got[2] != tc.warm {
+				t.Errorf("warm claims and records took %v round trips, want %v", got[2], tc.warm)
+			}
+			if afterFailed != tc.afterFailed {
+				t.Errorf("the claim after one that failed took %d round trips, want %d", afterFailed, tc.afterFailed)
 			}
 		})
 	}

@@ -27,6 +27,10 @@ type Store struct {
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
 	setLockTimeout    string
+
+	// modes holds the QueryExecMode each pool's connections are configured
+	// with, read once: sendBounded sends by it.
+	modes map[*pgxpool.Pool]pgx.QueryExecMode
 }
 
 var (
@@ -35,9 +39,9 @@ var (
 )
 
 // New returns a Store on pool. The claim always runs on pool, so point it at
-// the primary, never a read replica. The pool's QueryExecMode is honoured,
-// so a pool configured for a transaction-mode connection pooler works as
-// it is.
+// the primary, never a read replica. The pool's QueryExecMode
+// (ConnConfig.DefaultQueryExecMode, read once, here) is honoured, so a pool
+// configured for a transaction-mode connection pooler works as it is.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return newStore([]*pgxpool.Pool{pool}, nil, opts)
 }
@@ -115,7 +119,14 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 	for _, opt := range opts {
 		opt(&o)
 	}
+	modes := make(map[*pgxpool.Pool]pgx.QueryExecMode, len(shards))
+	for _, pool := range shards {
+		if pool != nil {
+			modes[pool] = pool.Config().ConnConfig.DefaultQueryExecMode
+		}
+	}
 	return &Store{
+		modes:             modes,
 		shards:            shards,
 		route:             route,
 		ttl:               o.ttl,
@@ -130,6 +141,11 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
 			o.lockTimeout.Milliseconds()),
 	}
+}
+
+// modeOf returns the QueryExecMode of pool's connections.
+func (s *Store) modeOf(pool *pgxpool.Pool) pgx.QueryExecMode {
+	return s.modes[pool]
 }
 
 const (
@@ -199,7 +215,8 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
+        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL,
+        recovery_steps = NULL, step_names = NULL, step_results = NULL
     WHERE k.expires_at <= now()`
 	recordCheck = `
     RETURNING 1
@@ -222,7 +239,8 @@ FROM recorded`
 // its transaction back in the background before the connection returns to
 // the pool. One that finds the key's lock taken by a claim still running
 // waits for it in a second round trip. The first claim on a connection
-// costs three round trips more (see the package's overview).
+// costs more, and so does every claim in pgx's cache_describe and
+// describe_exec modes (see the package's overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's lock hold their connections meanwhile, and
@@ -249,7 +267,8 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	if err != nil {
 		return store.Claim{}, err
 	}
-	tx, entry, now, err := s.claim(ctx, conn.Conn(), sc, key)
+	mode := s.modeOf(pool)
+	tx, entry, now, err := s.claim(ctx, conn.Conn(), mode, sc, key)
 	switch {
 	case err != nil:
 		_ = abandon(ctx, conn)
@@ -260,7 +279,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
 	ttl := s.ttlOf(r)
-	t := &txn{store: s, conn: conn, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), takeover: entry != nil}
+	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
 }
@@ -293,8 +312,8 @@ func (s *Store) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn,
 // and its answer is not settled, waits for it; it leaves the transaction
 // open. It returns the transaction and the entry found (nil when the key
 // has no row).
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
-	br, tx, err := s.sendBounded(ctx, conn, false, []*pgx.QueuedQuery{
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
+	br, tx, err := s.sendBounded(ctx, conn, mode, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
 		{SQL: tryKey, Arguments: []any{lockClass, sc.lock}},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
@@ -391,6 +410,7 @@ const cleanupTimeout = 5 * time.Second
 type txn struct {
 	store    *Store
 	conn     *pgxpool.Conn // nil once finished
+	mode     pgx.QueryExecMode
 	key      store.Key
 	scope    scope
 	fp       []byte
@@ -471,7 +491,7 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 	if err := t.tx.Tx.Rollback(ctx); err != nil {
 		return err
 	}
-	br, _, err := t.store.sendBounded(ctx, t.conn.Conn(), true, []*pgx.QueuedQuery{
+	br, _, err := t.store.sendBounded(ctx, t.conn.Conn(), t.mode, true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{t.scope.id, lockClass, t.scope.lock, t.key.Tenant, t.key.Method, t.key.Key}},
 		{SQL: recordOver, Arguments: t.recordArgs(out)},
 		{SQL: "COMMIT"},

@@ -1,8 +1,11 @@
 package postgres_test
 
 import (
+	"bytes"
 	"errors"
 	"io/fs"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -254,4 +257,92 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 		t.Fatalf("Check after Migrate: %v", err)
 	}
 	claimAndComplete(t, s, key)
+}
+
+// TestMigration0007 takes an installation of the schema before migration
+// 0007 (built by its down migration) with rows as the previous version
+// wrote them: a leased call's steps in recovery_steps, a call saved before
+// steps were kept with its recovery point alone, and a call kept for a
+// completer with its metadata in request_metadata. After Migrate each reads
+// as before: the same steps, the same last recovery point, the same
+// metadata; the lone recovery point is the call's one step, in the arrays.
+func TestMigration0007(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	down, err := fs.ReadFile(migrations.FS, "0007_step_and_header_arrays.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(string(down))
+	exec(`DELETE FROM idem_schema_migrations WHERE version = 7`)
+
+	// The previous version's encoding: entries (field 1) of a name (1)
+	// and a value (2). Steps reserve=r1, charge=ch_1, empty=""; metadata
+	// x-multi=a, x-multi=b, x-user=u-7.
+	const (
+		oldSteps    = `\x0a0d0a0772657365727665120272310a0e0a06636861726765120463685f310a090a05656d7074791200`
+		oldMetadata = `\x0a0c0a07782d6d756c74691201610a0c0a07782d6d756c74691201620a0d0a06782d757365721203752d37`
+	)
+	id := pgtest.KeyIDSQL("'acme'", "'/svc/M'", "$1::text")
+	leased := `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
+    recovery_point, recovery_data, recovery_steps, request_method, request_payload, request_metadata)
+VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now() - interval '1 hour', 7, $2, $3, $4, $5, $6, $7)`
+	exec(leased, "steps", "empty", []byte{}, oldSteps, nil, nil, nil)
+	exec(leased, "point", "charge_sent", []byte("ch_42"), nil, nil, nil, nil)
+	exec(leased, "kept", nil, nil, nil, "/svc/Charge", []byte("request"), oldMetadata)
+
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	var names, results string
+	if err := pool.QueryRow(ctx, `SELECT step_names::text, step_results::text FROM idempotency_keys WHERE key = 'point'`).Scan(&names, &results); err != nil {
+		t.Fatal(err)
+	}
+	if names != `{charge_sent}` || results != `{"\\x63685f3432"}` {
+		t.Fatalf("the lone recovery point moved to step_names %s, step_results %s; want {charge_sent} and ch_42", names, results)
+	}
+
+	s := postgres.New(pool)
+	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
+	for _, tc := range []struct {
+		key   string
+		steps []store.RecoveryPoint
+	}{
+		{"steps", []store.RecoveryPoint{{Step: "reserve", Data: []byte("r1")}, {Step: "charge", Data: []byte("ch_1")}, {Step: "empty"}}},
+		{"point", []store.RecoveryPoint{{Step: "charge_sent", Data: []byte("ch_42")}}},
+	} {
+		lc, err := s.Lease(ctx, k(tc.key), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		if err != nil || lc.Lease == nil || !lc.TookOver {
+			t.Fatalf("%s: takeover after the migration: %+v, %v", tc.key, lc, err)
+		}
+		if got := lc.Lease.Steps(); !sameSteps(got, tc.steps) {
+			t.Errorf("%s: steps after the migration %v, want %v", tc.key, got, tc.steps)
+		}
+		last := tc.steps[len(tc.steps)-1]
+		if p, ok := lc.Lease.RecoveryPoint(); !ok || p.Step != last.Step || !bytes.Equal(p.Data, last.Data) {
+			t.Errorf("%s: recovery point after the migration %+v, %v; want %+v", tc.key, p, ok, last)
+		}
+	}
+
+	list, err := s.Abandoned(ctx, 0, 10)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("Abandoned after the migration: %+v, %v; want the kept call", list, err)
+	}
+	want := map[string][]string{"x-multi": {"a", "b"}, "x-user": {"u-7"}}
+	if a := list[0]; a.Unreadable != nil || a.Key != k("kept") || a.Completion.Method != "/svc/Charge" ||
+		string(a.Completion.Request) != "request" || !maps.EqualFunc(a.Completion.Metadata, want, slices.Equal) {
+		t.Fatalf("the kept call after the migration: %+v, want its method, request and metadata %v", a, want)
+	}
+}
+
+// sameSteps reports whether a and b hold the same steps in the same order.
+func sameSteps(a, b []store.RecoveryPoint) bool {
+	return slices.EqualFunc(a, b, func(p, q store.RecoveryPoint) bool {
+		return p.Step == q.Step && bytes.Equal(p.Data, q.Data)
+	})
 }
