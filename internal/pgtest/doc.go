@@ -1,19 +1,9 @@
-// Package pgtest provides PostgreSQL for tests and demos: it finds a
-// server, or starts a throwaway one, and hands out isolated databases with
-// idem's schema already applied. Use it to test your handlers as they run in
-// production, through the interceptor on a real transaction (see the
-// example): store/memory has no transaction to hand them.
-//
-// # Stability
-//
-// [NewDatabase], [NewPool], [Run], [Start], [Server.CreateDatabase],
-// [Server.ConnString], [Server.Close] and [KeyIDSQL] are supported and follow
-// the module's versioning. The helpers that own and break servers,
-// [StartCluster], [Server.Restart] and those for poolers and standbys
-// ([StartPgBouncer], [NewPgBouncer], [PgBouncer], [StartReplicated],
-// [NewReplicated] and [Replicated]), exist for idem's own
-// fault tests; they are documented, but outside the compatibility promise,
-// and may change in any minor release.
+// Package pgtest is the PostgreSQL machinery of idem's own tests, demos
+// and load generator: it finds a server, or starts a throwaway one, and
+// hands out isolated databases with idem's schema already applied; it also
+// starts servers that tests may break, a PgBouncer in front of one, and a
+// primary with a standby. It is internal: users test their handlers with
+// the small public package store/postgres/pgtest, which is built on it.
 //
 // # Finding a server
 //

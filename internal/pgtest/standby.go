@@ -59,8 +59,7 @@ type Replicated struct {
 // port number; [Replicated.CreateDatabase] returns a connection string
 // that names both hosts, as a client of a primary with a standby does.
 // [Replicated.KillPrimary] and [Replicated.Promote] fail the primary over.
-// It is for idem's own failover tests and outside the module's
-// compatibility promise.
+// It is for idem's own failover tests.
 func StartReplicated(ctx context.Context, opts ReplicationOptions) (*Replicated, error) {
 	r, err := startReplicated(ctx, defaultDiscovery(), opts)
 	if err != nil {

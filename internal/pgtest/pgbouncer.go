@@ -74,8 +74,7 @@ type PgBouncerOptions struct {
 // reachable through it, so a database made by [Server.CreateDatabase] or
 // [NewDatabase] is too. It is safe for concurrent use.
 //
-// It is for idem's tests of the store behind a transaction-mode pooler,
-// outside the compatibility promise (see the package documentation).
+// It is for idem's tests of the store behind a transaction-mode pooler.
 type PgBouncer struct {
 	srv  *Server
 	host string
