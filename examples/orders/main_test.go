@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemkit/idem/examples/orders/inventorysvc"
 	"github.com/idemkit/idem/examples/orders/ordersvc"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }

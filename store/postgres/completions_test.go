@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // TestAbandonedListsADamagedRowFlagged: a row whose kept metadata or

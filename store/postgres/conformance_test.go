@@ -3,9 +3,9 @@ package postgres_test
 import (
 	"testing"
 
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 	"github.com/idemkit/idem/store/storetest"
 )
 

@@ -8,9 +8,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // binDir holds the server binaries the tests build, once per test run.
