@@ -201,11 +201,10 @@ func startPgBouncer(ctx context.Context, s *Server, bin string, backend *pgconn.
 func (b *PgBouncer) config(backend *pgconn.Config, opts PgBouncerOptions) string {
 	// Every database name, the per-test ones included, goes to the server,
 	// logging in as the role pgtest uses.
-	target := map[string]string{
-		"host": backend.Host, "port": strconv.Itoa(int(backend.Port)), "user": backend.User,
-	}
+	target := "host=" + iniValue(backend.Host) + " port=" + strconv.Itoa(int(backend.Port)) +
+		" user=" + iniValue(backend.User)
 	if backend.Password != "" {
-		target["password"] = backend.Password
+		target += " password=" + iniValue(backend.Password)
 	}
 	tlsMode := "disable"
 	if requiresTLS(backend) {
@@ -231,8 +230,14 @@ logfile = %s
 pidfile = %s
 log_connections = 0
 log_disconnections = 0
-`, keywordValue(target), b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
+`, target, b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
 		b.logFile, filepath.Join(b.dir, "pgbouncer.pid")) + queryWaitTimeout(opts.QueryWaitTimeout)
+}
+
+// iniValue quotes v as a value of a [databases] entry of pgbouncer.ini,
+// which PgBouncer reads with a quote written twice inside quotes.
+func iniValue(v string) string {
+	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
 }
 
 // queryWaitTimeout returns the query_wait_timeout line for d, or nothing
