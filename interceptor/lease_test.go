@@ -21,10 +21,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 const doMethod = testv1.TestService_Do_FullMethodName

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestTamperedRecordIsNotReplayed changes recorded rows as someone with

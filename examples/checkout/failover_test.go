@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // newReplicatedSystem is newSystem with the checkout database on a primary

@@ -36,7 +36,7 @@ import (
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func main() {

@@ -35,8 +35,8 @@ import (
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func main() {

@@ -90,7 +90,7 @@ func (c *clock) advance(d time.Duration) {
 // own that stands for the transport's server span, and returns the span.
 func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler idem.Handler) (idem.Answer, error, sdktrace.ReadOnlySpan) {
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := e.Handle(ctx, idem.Call{Method: method, Keys: keys, Request: req}, handler)
+	ans, err := e.Handle(ctx, idem.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
@@ -111,9 +111,18 @@ func echo(req *testv1.DoRequest) idem.Handler {
 // fail is a handler that fails with code c.
 func fail(c codes.Code) idem.Handler {
 	return func(context.Context) (idem.Reply, error) {
-		st := status.New(c, "failed")
-		return idem.Reply{Status: st.Proto()}, st.Err()
+		return idem.Reply{}, status.Error(c, "failed")
 	}
+}
+
+// grpcStatus reads the status of a gRPC status error, as the gRPC adapter
+// does.
+func grpcStatus(err error) (*spb.Status, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	return st.Proto(), true
 }
 
 // want is what one call must report.

@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // gatewayServer runs the server with -http-listen: gRPC and HTTP/JSON on

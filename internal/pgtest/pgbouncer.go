@@ -74,8 +74,7 @@ type PgBouncerOptions struct {
 // reachable through it, so a database made by [Server.CreateDatabase] or
 // [NewDatabase] is too. It is safe for concurrent use.
 //
-// It is for idem's tests of the store behind a transaction-mode pooler,
-// outside the compatibility promise (see the package documentation).
+// It is for idem's tests of the store behind a transaction-mode pooler.
 type PgBouncer struct {
 	srv  *Server
 	host string
@@ -202,11 +201,10 @@ func startPgBouncer(ctx context.Context, s *Server, bin string, backend *pgconn.
 func (b *PgBouncer) config(backend *pgconn.Config, opts PgBouncerOptions) string {
 	// Every database name, the per-test ones included, goes to the server,
 	// logging in as the role pgtest uses.
-	target := map[string]string{
-		"host": backend.Host, "port": strconv.Itoa(int(backend.Port)), "user": backend.User,
-	}
+	target := "host=" + iniValue(backend.Host) + " port=" + strconv.Itoa(int(backend.Port)) +
+		" user=" + iniValue(backend.User)
 	if backend.Password != "" {
-		target["password"] = backend.Password
+		target += " password=" + iniValue(backend.Password)
 	}
 	tlsMode := "disable"
 	if requiresTLS(backend) {
@@ -232,8 +230,14 @@ logfile = %s
 pidfile = %s
 log_connections = 0
 log_disconnections = 0
-`, keywordValue(target), b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
+`, target, b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
 		b.logFile, filepath.Join(b.dir, "pgbouncer.pid")) + queryWaitTimeout(opts.QueryWaitTimeout)
+}
+
+// iniValue quotes v as a value of a [databases] entry of pgbouncer.ini,
+// which PgBouncer reads with a quote written twice inside quotes.
+func iniValue(v string) string {
+	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
 }
 
 // queryWaitTimeout returns the query_wait_timeout line for d, or nothing

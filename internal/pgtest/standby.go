@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // replicationTimeout bounds waiting for the standby to stream from the
@@ -59,8 +62,7 @@ type Replicated struct {
 // port number; [Replicated.CreateDatabase] returns a connection string
 // that names both hosts, as a client of a primary with a standby does.
 // [Replicated.KillPrimary] and [Replicated.Promote] fail the primary over.
-// It is for idem's own failover tests and outside the module's
-// compatibility promise.
+// It is for idem's own failover tests.
 func StartReplicated(ctx context.Context, opts ReplicationOptions) (*Replicated, error) {
 	r, err := startReplicated(ctx, defaultDiscovery(), opts)
 	if err != nil {
@@ -174,23 +176,12 @@ func (r *Replicated) CreateDatabase(ctx context.Context) (string, error) {
 	if err := r.waitReplayed(ctx); err != nil {
 		return "", err
 	}
-	cfg, err := splitKeywordValue(connString)
+	cfg, err := pgconn.ParseConfig(connString)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("parse connection string: %w", err)
 	}
-	dbname := ""
-	for _, p := range cfg {
-		if p.key == "dbname" {
-			dbname = p.raw
-		}
-	}
-	return keywordValue(map[string]string{
-		"host":                 r.Primary.cluster.dir + "," + r.Standby.cluster.dir,
-		"port":                 clusterPort + "," + clusterPort,
-		"user":                 clusterUserName,
-		"dbname":               dbname,
-		"target_session_attrs": "read-write",
-	}), nil
+	dirs := []string{r.Primary.cluster.dir, r.Standby.cluster.dir}
+	return clusterConnString(dirs, cfg.Database, url.Values{"target_session_attrs": {"read-write"}}), nil
 }
 
 // waitReplayed waits until the standby has replayed the primary's WAL as

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -118,16 +119,14 @@ func (d discovery) newCluster(ctx context.Context) (*cluster, error) {
 		return nil, err
 	}
 	c := &cluster{
-		dir:     dir,
-		dataDir: filepath.Join(dir, "data"),
-		logFile: filepath.Join(dir, "postgres.log"),
-		binDir:  binDir,
-		pgCtl:   filepath.Join(binDir, "pg_ctl"),
-		connString: keywordValue(map[string]string{
-			"host": dir, "port": clusterPort, "user": clusterUserName, "dbname": "postgres",
-		}),
-		runAs: runAs,
-		env:   childEnv(),
+		dir:        dir,
+		dataDir:    filepath.Join(dir, "data"),
+		logFile:    filepath.Join(dir, "postgres.log"),
+		binDir:     binDir,
+		pgCtl:      filepath.Join(binDir, "pg_ctl"),
+		connString: clusterConnString([]string{dir}, "postgres", nil),
+		runAs:      runAs,
+		env:        childEnv(),
 	}
 	if runAs != nil {
 		if err := os.Chown(dir, int(runAs.uid), int(runAs.gid)); err != nil {
@@ -257,7 +256,7 @@ func runCommand(ctx context.Context, timeout time.Duration, runAs *osUser, dir s
 // that of initdb in PATH, else pg_config --bindir, else the newest version
 // that d.binGlobs match.
 func (d discovery) findBinDir(ctx context.Context) (string, error) {
-	path := d.getenv("PATH")
+	path := os.Getenv("PATH")
 	var candidates []string
 	if p := lookPath("initdb", path); p != "" {
 		// Follow symlinks: pg_ctl finds postgres next to its real self.
@@ -384,6 +383,23 @@ func reachable(dir string, u *osUser) bool {
 			return true
 		}
 	}
+}
+
+// clusterConnString returns a URL for the database dbname of the throwaway
+// clusters listening in the directories dirs, tried in that order, with
+// the settings of params added.
+func clusterConnString(dirs []string, dbname string, params url.Values) string {
+	q := url.Values{"host": {strings.Join(dirs, ",")}, "port": {clusterPort}}
+	for k, v := range params {
+		q[k] = v
+	}
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User(clusterUserName),
+		Path:     "/" + dbname,
+		RawQuery: q.Encode(),
+	}
+	return u.String()
 }
 
 // childEnv is the environment for PostgreSQL programs: this process's,

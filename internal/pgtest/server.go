@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -182,23 +180,22 @@ func (s *Server) isClosed() bool {
 	}
 }
 
-// discovery finds a server. Its fields stand for the process's surroundings,
-// so that tests can pretend another environment.
+// discovery finds a server. It reads DATABASE_URL, PATH and, through pgx,
+// the PG* variables from the process's environment, which tests set with
+// t.Setenv.
 type discovery struct {
-	// getenv reads an environment variable.
-	getenv func(string) string
 	// binGlobs are where server binaries are looked for after PATH and
 	// pg_config.
 	binGlobs []string
 }
 
 func defaultDiscovery() discovery {
-	return discovery{getenv: os.Getenv, binGlobs: defaultBinGlobs}
+	return discovery{binGlobs: defaultBinGlobs}
 }
 
 // start finds a server in the documented order.
 func (d discovery) start(ctx context.Context) (*Server, error) {
-	if dbURL := d.getenv("DATABASE_URL"); dbURL != "" {
+	if dbURL := os.Getenv("DATABASE_URL"); dbURL != "" {
 		s, err := openServer(ctx, dbURL, "DATABASE_URL", urlProbeTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("DATABASE_URL is set, but %w\n%s", err, howToGetPostgres)
@@ -207,10 +204,14 @@ func (d discovery) start(ctx context.Context) (*Server, error) {
 	}
 	tried := []string{"DATABASE_URL: not set"}
 
-	defaults, where, err := d.libpqDefaults()
+	// The libpq defaults are what the empty connection string reaches: pgx
+	// reads the PG* variables and fills in the rest as libpq does.
+	where := "PG* environment variables"
+	defaults, err := pgconn.ParseConfig("")
 	if err == nil {
+		where = fmt.Sprintf("host=%s port=%d user=%s", defaults.Host, defaults.Port, defaults.User)
 		var s *Server
-		s, err = openServer(ctx, defaults, "the libpq defaults ("+where+")", defaultsProbeTimeout)
+		s, err = openServer(ctx, "", "the libpq defaults ("+where+")", defaultsProbeTimeout)
 		if err == nil {
 			return s, nil
 		}
@@ -250,188 +251,36 @@ const howToGetPostgres = `To get PostgreSQL, either set DATABASE_URL to a server
 server package so that a throwaway cluster can be started (e.g. apt-get install postgresql,
 dnf install postgresql-server, brew install postgresql).`
 
-// envKeywords maps the environment variables libpq reads to their
-// connection string keywords.
-var envKeywords = map[string]string{
-	"PGHOST":               "host",
-	"PGPORT":               "port",
-	"PGDATABASE":           "dbname",
-	"PGUSER":               "user",
-	"PGPASSWORD":           "password",
-	"PGPASSFILE":           "passfile",
-	"PGAPPNAME":            "application_name",
-	"PGCONNECT_TIMEOUT":    "connect_timeout",
-	"PGSSLMODE":            "sslmode",
-	"PGSSLKEY":             "sslkey",
-	"PGSSLCERT":            "sslcert",
-	"PGSSLCERTMODE":        "sslcertmode",
-	"PGSSLSNI":             "sslsni",
-	"PGSSLROOTCERT":        "sslrootcert",
-	"PGSSLPASSWORD":        "sslpassword",
-	"PGSSLNEGOTIATION":     "sslnegotiation",
-	"PGTARGETSESSIONATTRS": "target_session_attrs",
-	"PGSERVICE":            "service",
-	"PGSERVICEFILE":        "servicefile",
-	"PGTZ":                 "timezone",
-	"PGOPTIONS":            "options",
-	"PGMINPROTOCOLVERSION": "min_protocol_version",
-	"PGMAXPROTOCOLVERSION": "max_protocol_version",
-	"PGCHANNELBINDING":     "channel_binding",
-	"PGREQUIREAUTH":        "require_auth",
-}
-
-// libpqDefaults returns a keyword/value connection string for what libpq
-// would connect to without one: the PG* variables of d.getenv, and where
-// those leave host, port or user open, the defaults pgx fills in (the local
-// socket directory, 5432, the OS user name). where describes it without
-// secrets, for messages.
-//
-// pgx reads the process environment too; the explicit keywords override it,
-// so with d.getenv = os.Getenv this is exactly libpq's behaviour.
-func (d discovery) libpqDefaults() (connString, where string, err error) {
-	settings := make(map[string]string)
-	for env, keyword := range envKeywords {
-		if v := d.getenv(env); v != "" {
-			settings[keyword] = v
-		}
-	}
-	cfg, err := pgconn.ParseConfig(keywordValue(settings))
-	if err != nil {
-		return "", "PG* environment variables", err
-	}
-	if settings["host"] == "" {
-		settings["host"] = cfg.Host
-	}
-	if settings["port"] == "" {
-		settings["port"] = fmt.Sprint(cfg.Port)
-	}
-	if settings["user"] == "" && cfg.User != "" {
-		settings["user"] = cfg.User
-	}
-	where = keywordValue(map[string]string{
-		"host": settings["host"], "port": settings["port"], "user": settings["user"],
-	})
-	return keywordValue(settings), where, nil
-}
-
-// keywordValue renders settings as a keyword/value connection string, in a
-// fixed order with host, port, user and dbname first.
-func keywordValue(settings map[string]string) string {
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	rank := map[string]int{"host": 1, "port": 2, "user": 3, "dbname": 4}
-	sort.Slice(keys, func(i, j int) bool {
-		ri, rj := rank[keys[i]], rank[keys[j]]
-		if ri == 0 {
-			ri = len(rank) + 1
-		}
-		if rj == 0 {
-			rj = len(rank) + 1
-		}
-		if ri != rj {
-			return ri < rj
-		}
-		return keys[i] < keys[j]
-	})
-	var b strings.Builder
-	for _, k := range keys {
-		if b.Len() > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(quoteValue(settings[k]))
-	}
-	return b.String()
-}
-
-// quoteValue quotes a keyword/value connection string value if it needs it.
-func quoteValue(v string) string {
-	if v != "" && !strings.ContainsAny(v, " \t\n\r\v\f'\\") {
-		return v
-	}
-	r := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
-	return "'" + r.Replace(v) + "'"
-}
-
 // isURL reports whether connString is in URL form rather than keyword/value.
 func isURL(connString string) bool {
 	return strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://")
 }
 
-// withDatabase returns connString with its database replaced by dbname,
-// keeping everything else, such as password and sslmode, as it was.
+// withDatabase returns connString with its database replaced by dbname, one
+// of pgtest's own names, which need no quoting, keeping everything else,
+// such as password and sslmode, as it was. It appends a dbname setting in
+// connString's own form, a query parameter of a URL or a keyword of a
+// keyword/value string: libpq and pgx both take the last of a repeated
+// setting, and a URL's parameters over its path. pgx's parser checks the
+// result.
 func withDatabase(connString, dbname string) (string, error) {
-	if !isURL(connString) {
-		pairs, err := splitKeywordValue(connString)
-		if err != nil {
-			return "", err
-		}
-		var b strings.Builder
-		for _, p := range pairs {
-			if p.key == "dbname" || p.key == "database" {
-				continue
-			}
-			b.WriteString(p.key + "=" + p.raw + " ")
-		}
-		b.WriteString("dbname=" + quoteValue(dbname))
-		return b.String(), nil
+	var out string
+	switch {
+	case !isURL(connString):
+		out = strings.TrimLeft(connString+" dbname="+dbname, " ")
+	case strings.Contains(connString, "?"):
+		out = connString + "&dbname=" + dbname
+	default:
+		out = connString + "?dbname=" + dbname
 	}
-	u, err := url.Parse(connString)
+	cfg, err := pgconn.ParseConfig(out)
 	if err != nil {
-		return "", fmt.Errorf("parse connection URL: %w", err)
+		return "", fmt.Errorf("parse connection string: %w", err)
 	}
-	u.Path = "/" + dbname
-	u.RawPath = ""
-	if q := u.Query(); q.Has("dbname") || q.Has("database") {
-		q.Del("dbname")
-		q.Del("database")
-		u.RawQuery = q.Encode()
+	if cfg.Database != dbname {
+		return "", fmt.Errorf("connection string names database %q after setting %q", cfg.Database, dbname)
 	}
-	return u.String(), nil
-}
-
-// keywordValuePair is a keyword of a keyword/value connection string and
-// its value as written, quotes and escapes included.
-type keywordValuePair struct{ key, raw string }
-
-// splitKeywordValue splits a keyword/value connection string into its
-// pairs, following libpq's rules for quotes and backslashes.
-func splitKeywordValue(s string) ([]keywordValuePair, error) {
-	const space = " \t\n\r\v\f"
-	var pairs []keywordValuePair
-	for s = strings.TrimLeft(s, space); s != ""; s = strings.TrimLeft(s, space) {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 {
-			return nil, errors.New("invalid keyword/value connection string")
-		}
-		key := strings.TrimRight(s[:eq], space)
-		s = strings.TrimLeft(s[eq+1:], space)
-		end := 0
-		if strings.HasPrefix(s, "'") {
-			for end = 1; end < len(s) && s[end] != '\''; end++ {
-				if s[end] == '\\' {
-					end++
-				}
-			}
-			if end >= len(s) {
-				return nil, errors.New("unterminated quoted string in connection string")
-			}
-			end++ // the closing quote
-		} else {
-			for ; end < len(s) && !strings.ContainsRune(space, rune(s[end])); end++ {
-				if s[end] == '\\' {
-					end++
-				}
-			}
-			end = min(end, len(s))
-		}
-		pairs = append(pairs, keywordValuePair{key: key, raw: s[:end]})
-		s = s[end:]
-	}
-	return pairs, nil
+	return out, nil
 }
 
 // openServer connects to the server connString reaches and checks that pgtest
@@ -443,20 +292,20 @@ func openServer(ctx context.Context, connString, source string, timeout time.Dur
 	if err != nil {
 		return nil, fmt.Errorf("parse connection string: %w", err)
 	}
-	candidates := []string{cfg.Database}
-	if cfg.Database == "" {
-		candidates = []string{"postgres", "template1"}
-	}
 	var conn *pgx.Conn
-	var adminString string
-	for _, db := range candidates {
-		adminString, err = withDatabase(connString, db)
-		if err != nil {
-			return nil, err
-		}
+	adminString := connString
+	if cfg.Database != "" {
 		conn, err = connect(ctx, adminString, timeout)
-		if pgErrorCode(err) != invalidCatalogName {
-			break
+	} else {
+		for _, db := range []string{"postgres", "template1"} {
+			adminString, err = withDatabase(connString, db)
+			if err != nil {
+				return nil, err
+			}
+			conn, err = connect(ctx, adminString, timeout)
+			if pgErrorCode(err) != invalidCatalogName {
+				break
+			}
 		}
 	}
 	if err != nil {

@@ -3,11 +3,13 @@ package pgtest
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -19,8 +21,17 @@ func TestReplicated(t *testing.T) {
 	r, connString := NewReplicated(t, ReplicationOptions{Synchronous: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if !strings.Contains(connString, r.Primary.cluster.dir+","+r.Standby.cluster.dir) ||
-		!strings.Contains(connString, "target_session_attrs=read-write") {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	for _, fb := range append([]*pgconn.FallbackConfig{{Host: cfg.Host}}, cfg.Fallbacks...) {
+		if !slices.Contains(hosts, fb.Host) {
+			hosts = append(hosts, fb.Host)
+		}
+	}
+	if !slices.Equal(hosts, []string{r.Primary.cluster.dir, r.Standby.cluster.dir}) || cfg.ValidateConnect == nil {
 		t.Fatalf("connection string %q does not name the primary and then the standby, read-write", connString)
 	}
 	pool, err := pgxpool.New(ctx, connString)
@@ -117,7 +128,8 @@ func TestReplicatedNoBaseBackup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d := discovery{getenv: env(map[string]string{"PATH": t.TempDir()}), binGlobs: []string{bin}}
+	t.Setenv("PATH", t.TempDir())
+	d := discovery{binGlobs: []string{bin}}
 	_, err := startReplicated(context.Background(), d, ReplicationOptions{})
 	if err == nil || !strings.Contains(err.Error(), "no pg_basebackup in "+bin) {
 		t.Fatalf("start without pg_basebackup: %v, want an error that names it", err)
