@@ -587,16 +587,8 @@ func TestShardByHashSpreadsTheSuitesTenants(t *testing.T) {
 func TestShardedConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
 		shards := []*pgxpool.Pool{pgtest.NewPool(t), pgtest.NewPool(t)}
-		// Connected before the case starts: Abandoned asks both shards,
-		// also one the case has not used yet, and opening a connection
-		// then, on a busy machine, can outlast the leases of 100 ms that
-		// the Completions cases time.
-		for _, p := range shards {
-			if err := p.Ping(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return postgres.NewSharded(shards, shardByHash, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.NewSharded(shards, shardByHash,
+			postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }
 
