@@ -162,6 +162,7 @@ var claimCases = []testCase{
 	}},
 
 	{name: "WaitForOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		owner := claimTxn(t, s, key, fp)
 		start := time.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})

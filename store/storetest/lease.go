@@ -488,6 +488,7 @@ var leaseCases = []testCase{
 	}},
 
 	{name: "LeaseWaitForAtomicOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		_ = claimTxn(t, s, key, fp)
 		start := time.Now()
 		c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)

@@ -126,6 +126,38 @@ func wantAbout(t *testing.T, what string, got, want time.Time) {
 	}
 }
 
+// warm holds n claims of keys of their own at once, and releases them,
+// before a case with a short lock timeout: a store that opens connections
+// as claims need them (and bounds that wait by the lock timeout, as the
+// PostgreSQL store does) has them open by then, so that the case's claims
+// wait for the key, not for a new connection on a busy machine. A round
+// whose claims fail is tried again, while the connections come up.
+func warm(t *testing.T, s store.Store, n int) {
+	t.Helper()
+	const rounds = 20
+	var err error
+	for range rounds {
+		var txns []store.Txn
+		for i := range n {
+			k := store.Key{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
+			var c store.Claim
+			if c, err = s.Claim(t.Context(), k, store.Request{Fingerprint: fp}); err != nil {
+				break
+			}
+			if c.Txn != nil {
+				txns = append(txns, c.Txn)
+			}
+		}
+		for _, txn := range txns {
+			_ = txn.Release(context.Background())
+		}
+		if err == nil {
+			return
+		}
+	}
+	t.Fatalf("%d claims of free keys failed %d times in a row, the last with %v", n, rounds, err)
+}
+
 // okOutcome returns an OK outcome whose body names what recorded it.
 func okOutcome(body string) store.Outcome {
 	return store.Outcome{Code: codes.OK, Body: []byte(body)}
