@@ -32,11 +32,11 @@ const (
 	// Its last columns tell a takeover from a fresh claim (an insert, and
 	// the takeover of an expired row, leave takeovers at 0; a takeover of a
 	// run-out lease counts one more) and whether the row keeps a request
-	// for a completer.
+	// for a completer. $13 is the time (see [Store.now]).
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
      request_method, request_payload, request_header_names, request_header_values)
-VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8, $9, $10, $11, $12)
+VALUES ($1, $2, $3, $4, $5, coalesce($13::timestamptz, now()) + $6 * interval '1 second', coalesce($13::timestamptz, now()) + $7 * interval '1 second', $8, $9, $10, $11, $12)
 ON CONFLICT (id) DO UPDATE
 SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     request_hash = excluded.request_hash, status = 'in_progress',
@@ -44,14 +44,14 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     locked_until = excluded.locked_until,
     fencing_token = excluded.fencing_token,
     updated_at = now(),
-    created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
-    expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END,
-    recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
-    recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END,
-    recovery_steps = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_steps END,
-    step_names = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.step_names END,
-    step_results = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.step_results END,
-    takeovers = CASE WHEN k.expires_at <= now() THEN 0 ELSE k.takeovers + 1 END,
+    created_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN now() ELSE k.created_at END,
+    expires_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN excluded.expires_at ELSE k.expires_at END,
+    recovery_point = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_point END,
+    recovery_data = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_data END,
+    recovery_steps = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_steps END,
+    step_names = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_names END,
+    step_results = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_results END,
+    takeovers = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN 0 ELSE k.takeovers + 1 END,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
     request_metadata = CASE WHEN excluded.request_method IS NULL THEN k.request_metadata END,
@@ -59,8 +59,8 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
         ELSE excluded.request_header_names END,
     request_header_values = CASE WHEN excluded.request_method IS NULL THEN k.request_header_values
         ELSE excluded.request_header_values END
-WHERE k.expires_at <= now()
-   OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
+WHERE k.expires_at <= coalesce($13::timestamptz, now())
+   OR (k.status = 'in_progress' AND k.locked_until <= coalesce($13::timestamptz, now()) AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
 RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_results,
     expires_at, takeovers > 0, request_method IS NOT NULL`
@@ -70,19 +70,20 @@ RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_result
 	// The id alone finds the row; the tenant ($3) is there for engines that
 	// distribute the table by tenant (Citus), where a statement that names
 	// the tenant runs on that tenant's shard only, not on every shard.
+	// $4 is the time (see [Store.now]).
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
-    AND status = 'in_progress' AND expires_at > now()`
-	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $4 * interval '1 second'` + leaseWhere
+    AND status = 'in_progress' AND expires_at > coalesce($4::timestamptz, now())`
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()) + $5 * interval '1 second'` + leaseWhere
 	// leaseSave writes the last recovery point and every step; the
 	// previous version's list of the steps (recovery_steps) is cleared, so
 	// that only the arrays hold them from then on.
 	leaseSave = `UPDATE idempotency_keys
-SET recovery_point = $4, recovery_data = $5, step_names = $6, step_results = $7, recovery_steps = NULL,
+SET recovery_point = $5, recovery_data = $6, step_names = $7, step_results = $8, recovery_steps = NULL,
     updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a completer: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6,
+SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
     locked_until = NULL, updated_at = now(),
     request_method = NULL, request_payload = NULL, request_metadata = NULL,
     request_header_names = NULL, request_header_values = NULL` + leaseWhere
@@ -90,7 +91,7 @@ SET status = 'completed', response_code = $4, response = $5, response_not_cached
 	// leaseEnd ends the lease of a claim that has a recovery point or
 	// keeps its request for a completer, instead of deleting it, so that a
 	// retry or a completer takes over (and resumes).
-	leaseEnd = `UPDATE idempotency_keys SET locked_until = now(), updated_at = now()` + leaseWhere
+	leaseEnd = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()), updated_at = now()` + leaseWhere
 )
 
 // maxLeaseRounds bounds the rounds of a leased claim that finds the key's
@@ -160,14 +161,15 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	if err != nil {
 		return nil, expiresAt, nil, err
 	}
+	now := s.now()
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
-		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: leaseClaim, Arguments: append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
-			completionArgs(r.Completion)...)},
-		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
+		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
+			completionArgs(r.Completion)...), now)},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
@@ -296,14 +298,15 @@ func completionArgs(c *store.Completion) []any {
 }
 
 // abandoned finds leased calls kept with a completion whose lease ran out
-// more than $1 × 2^takeovers seconds ago (at most 2^16), and which have not
-// expired; those another transaction holds are skipped.
+// more than $1 × 2^takeovers seconds ago (at most 2^16) by the time $3
+// (see [Store.now]), and which have not expired; those another
+// transaction holds are skipped.
 const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload,
     request_metadata, request_header_names, request_header_values, takeovers
 FROM idempotency_keys
 WHERE status = 'in_progress' AND request_payload IS NOT NULL
-  AND locked_until <= now() - $1 * power(2, least(takeovers, 16)) * interval '1 second'
-  AND expires_at > now()
+  AND locked_until <= coalesce($3::timestamptz, now()) - $1 * power(2, least(takeovers, 16)) * interval '1 second'
+  AND expires_at > coalesce($3::timestamptz, now())
 ORDER BY locked_until
 LIMIT $2`
 
@@ -369,7 +372,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit)
+	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit, s.now())
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -456,7 +459,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
 	br, _, err := l.store.sendBounded(ctx, conn.Conn(), l.store.modeOf(l.pool), true, []*pgx.QueuedQuery{
-		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant}, args...)},
+		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant, l.store.now()}, args...)},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {

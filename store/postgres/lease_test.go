@@ -18,7 +18,8 @@ import (
 
 func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	pool := pgtest.NewPool(t)
-	s := postgres.New(pool)
+	clock := newTestClock()
+	s := postgres.New(pool, postgres.WithClock(clock.Now))
 	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
@@ -36,7 +37,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 		t.Fatalf("LeaseRemaining = %v, want in (0, 300ms]", r)
 	}
 
-	time.Sleep(400 * time.Millisecond)
+	clock.Add(400 * time.Millisecond)
 	// Run out, but another fingerprint: never taken over.
 	other, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || other.Entry == nil {

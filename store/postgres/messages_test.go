@@ -212,17 +212,19 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 	inbox := postgres.NewInbox(pool, "shipping")
 	const copies = 20
 	var (
-		wg         sync.WaitGroup
+		wg, called sync.WaitGroup
 		runs, dups atomic.Int32
 		errs       = make(chan error, copies)
 	)
+	called.Add(copies)
 	for range copies {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			called.Done()
 			dup, err := inbox.ProcessOnce(ctx, "order-4", func(tx pgx.Tx) error {
 				runs.Add(1)
-				time.Sleep(50 * time.Millisecond) // hold the row while others arrive
+				called.Wait() // hold the row until every copy was delivered
 				return ship("order-4", "shipping")(tx)
 			})
 			if err != nil {

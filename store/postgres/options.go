@@ -11,6 +11,7 @@ const (
 type options struct {
 	lockTimeout time.Duration
 	ttl         time.Duration
+	now         func() time.Time // nil: the database's clock
 }
 
 var defaultOptions = options{
@@ -52,4 +53,21 @@ func WithTTL(ttl time.Duration) Option {
 		}
 		o.ttl = ttl
 	}
+}
+
+// WithClock sets the clock by which the store's statements tell the time:
+// a key's expiry, a lease's end, how long ago a lease ran out. Each
+// statement is given the clock's time as a parameter in place of the
+// database's now(), as river's are, so that a test can move time forward
+// instead of sleeping. It must be safe for concurrent use, and every
+// store that shares the database must read the same clock: two clocks
+// that disagree disagree about whether a lease ran out or a key expired.
+// The lock timeout and the waits for a connection are measured in real
+// time, whatever the clock says; a [Sweeper] and an [Inbox] keep the
+// database's clock, and so do the columns created_at and updated_at,
+// which no statement compares. Default: the database's clock
+// (now(), the start of the statement's transaction), one clock for every
+// server that shares the database. A nil clock selects the default.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now }
 }

@@ -35,7 +35,7 @@ func TestPgBouncerConformance(t *testing.T) {
 	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
 		pool := bouncedPool(t, b.NewDatabase(t), 4)
-		return postgres.New(pool, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.New(pool, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }
 

@@ -152,19 +152,21 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 	s := postgres.New(pool, postgres.WithLockTimeout(5*time.Second))
 	var (
 		owners, entries atomic.Int32
-		wg              sync.WaitGroup
+		wg, called      sync.WaitGroup
 	)
+	called.Add(32)
 	for range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			called.Done()
 			c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 			switch {
 			case err != nil:
 				t.Error(err)
 			case c.Txn != nil:
 				owners.Add(1)
-				time.Sleep(50 * time.Millisecond) // others queue on the row
+				called.Wait() // the others called Claim while the key is held
 				if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 					t.Error(err)
 				}

@@ -139,11 +139,14 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 		mu     sync.Mutex
 		owners = map[string]int{}
 		wg     sync.WaitGroup
+		called sync.WaitGroup
 	)
+	called.Add(32)
 	for i := range 32 {
 		tenant := []string{alpha, beta}[i%2]
 		wg.Go(func() {
 			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: "dup"}
+			called.Done()
 			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
 			if err != nil {
 				t.Error(err)
@@ -159,7 +162,7 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2)`, k.Tenant, k.Key); err != nil {
 				t.Error(err)
 			}
-			time.Sleep(50 * time.Millisecond) // the others queue behind the key
+			called.Wait() // the others called Claim while the key is held
 			if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 				t.Error(err)
 			}
@@ -176,7 +179,8 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 }
 
 func TestShardedLeaseWritesToItsShard(t *testing.T) {
-	s, a, b := twoShards(t)
+	clock := newTestClock()
+	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
 	k := store.Key{Tenant: beta, Method: "/svc/Charge", Key: "k"}
 	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
@@ -190,7 +194,7 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
-WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + interval '50 minutes'`, beta); n != 1 {
+WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
 		t.Fatalf("shard 1 holds %d rows of beta's lease with its recovery point and extended lease, want 1", n)
 	}
 	if err := l.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
@@ -227,7 +231,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	if err := released.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= now()`, alpha); n != 1 || keysOf(t, a, alpha) != 1 {
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= $2`, alpha, clock.Now()); n != 1 || keysOf(t, a, alpha) != 1 {
 		t.Fatalf("shard 0: %d released rows with a recovery point, %d keys of alpha; want 1 and 1", n, keysOf(t, a, alpha))
 	}
 	if keysOf(t, b, alpha) != 0 {
@@ -239,7 +243,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	if err != nil || short.Lease == nil {
 		t.Fatalf("lease: %+v, %v", short, err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	clock.Add(200 * time.Millisecond)
 	taker, err := s.Lease(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || !taker.TookOver {
 		t.Fatalf("takeover: %+v, %v", taker, err)
@@ -254,8 +258,8 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 
 var completion = &store.Completion{Method: "/svc/Charge", Request: []byte("request")}
 
-// abandonLease leases k, kept for completion, for a lease that runs out at
-// once, and leaves it.
+// abandonLease leases k, kept for completion, for a lease of a millisecond,
+// and leaves it.
 func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 	t.Helper()
 	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Millisecond)
@@ -279,7 +283,8 @@ func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
 }
 
 func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
-	s, a, b := twoShards(t)
+	clock := newTestClock()
+	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
 	for _, k := range []store.Key{
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a1"},
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a2"},
@@ -288,7 +293,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	} {
 		abandonLease(t, s, k)
 	}
-	time.Sleep(20 * time.Millisecond)
+	clock.Add(20 * time.Millisecond)
 
 	got, err := s.Abandoned(ctx, 0, 10)
 	if err != nil || len(got) != 4 {
@@ -334,9 +339,10 @@ func TestShardedAbandonedSurvivesAFailedShard(t *testing.T) {
 	}
 	down.Close() // every query of a closed pool fails
 	route := func(tenant string) int { return byName(tenant) }
-	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route)
+	clock := newTestClock()
+	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route, postgres.WithClock(clock.Now))
 	abandonLease(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
-	time.Sleep(20 * time.Millisecond)
+	clock.Add(20 * time.Millisecond)
 
 	got, err := s.Abandoned(ctx, 0, 10)
 	if len(got) != 1 || got[0].Key.Tenant != alpha {
@@ -587,16 +593,8 @@ func TestShardByHashSpreadsTheSuitesTenants(t *testing.T) {
 func TestShardedConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
 		shards := []*pgxpool.Pool{pgtest.NewPool(t), pgtest.NewPool(t)}
-		// Connected before the case starts: Abandoned asks both shards,
-		// also one the case has not used yet, and opening a connection
-		// then, on a busy machine, can outlast the leases of 100 ms that
-		// the Completions cases time.
-		for _, p := range shards {
-			if err := p.Ping(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return postgres.NewSharded(shards, shardByHash, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.NewSharded(shards, shardByHash,
+			postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }
 

@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,19 +46,14 @@ var claimCases = []testCase{
 			t.Run(tc.name, func(t *testing.T) {
 				k := key
 				k.Key = tc.name
-				before := time.Now()
+				claimed := cfg.Now()
 				txn := claimTxn(t, s, k, fp)
 				if err := txn.Complete(t.Context(), tc.out); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
-				after := time.Now()
 				e := claimEntry(t, s, k, fp)
 				wantCompleted(t, e, fp, tc.out)
-				// Clocks of another process may differ a little.
-				const slack = 2 * time.Second
-				if e.ExpiresAt.Before(before.Add(cfg.TTL-slack)) || e.ExpiresAt.After(after.Add(cfg.TTL+slack)) {
-					t.Errorf("ExpiresAt %v, want about %v after the claim (%v)", e.ExpiresAt, cfg.TTL, before)
-				}
+				wantAbout(t, "ExpiresAt", e.ExpiresAt, claimed.Add(cfg.TTL))
 			})
 		}
 	}},
@@ -137,14 +133,19 @@ var claimCases = []testCase{
 	{name: "ConcurrentClaimsHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
 		const n = 50
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(200 * time.Millisecond) // the others arrive and wait
+				// The others have all called Claim while the key is held:
+				// they wait for it, or find it completed.
+				called.Wait()
 				if err := c.Txn.Complete(t.Context(), okOutcome("owner")); err != nil {
 					r.err(err)
 				}
@@ -161,6 +162,7 @@ var claimCases = []testCase{
 	}},
 
 	{name: "WaitForOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		owner := claimTxn(t, s, key, fp)
 		start := time.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
@@ -203,19 +205,21 @@ var claimCases = []testCase{
 		first := claimTxn(t, s, key, fp)
 		const n = 10
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		released := make(chan error, 1)
 		go func() {
-			time.Sleep(300 * time.Millisecond) // the others are waiting by now
+			called.Wait() // the others all called Claim while the key was held
 			released <- first.Release(context.Background())
 		}()
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(100 * time.Millisecond)
 				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
@@ -234,13 +238,15 @@ var claimCases = []testCase{
 		}
 	}},
 
-	{name: "ExpiredKeyIsFree", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsFree", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL / 2)
+		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first")) // not yet
+		cfg.advance(cfg.TTL/2 + 300*time.Millisecond)
 		// Expired counts as absent: even another fingerprint runs afresh.
 		again := claimTxn(t, s, key, other)
 		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
@@ -250,7 +256,7 @@ var claimCases = []testCase{
 	}},
 
 	{name: "ExpiryIsClaimTimePlusTTL", run: func(t *testing.T, s store.Store, cfg Config) {
-		before := time.Now()
+		before := cfg.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
@@ -273,9 +279,9 @@ var claimCases = []testCase{
 		wantAbout(t, "the lease's expiry", l.ExpiresAt, before.Add(cfg.TTL))
 	}},
 
-	{name: "RequestTTLOverridesTheStores", long: true, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "RequestTTLOverridesTheStores", run: func(t *testing.T, s store.Store, cfg Config) {
 		const ttl = time.Second // the store's is an hour
-		before := time.Now()
+		before := cfg.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp, TTL: ttl})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
@@ -292,27 +298,30 @@ var claimCases = []testCase{
 			t.Fatal(err)
 		}
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
-		time.Sleep(ttl + 300*time.Millisecond)
+		cfg.advance(ttl + 300*time.Millisecond)
 		claimTxn(t, s, key, fp)
 		_ = takeLease(t, s, leaseKey, fp, time.Minute)
 	}},
 
-	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", long: true, cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		const n = 20
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(100 * time.Millisecond)
+				called.Wait() // the others called Claim while the key was held
 				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
@@ -386,9 +395,9 @@ var claimCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
 	}},
 
-	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
-		time.Sleep(400 * time.Millisecond)
+		cfg.advance(400 * time.Millisecond)
 		// Only Lease takes a run-out lease over; an atomic claim does not.
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		switch {

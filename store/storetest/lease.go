@@ -17,7 +17,8 @@ import (
 const (
 	shortLease = 300 * time.Millisecond
 	longLease  = time.Minute
-	// runOut is how long to sleep for a short lease to run out, with margin.
+	// runOut is how far to move the clock for a short lease to run out,
+	// with margin.
 	runOut = shortLease + 300*time.Millisecond
 )
 
@@ -72,7 +73,7 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "TakeoverKeepsRecoveryPoint", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "TakeoverKeepsRecoveryPoint", run: func(t *testing.T, s store.Store, cfg Config) {
 		first := takeLease(t, s, key, fp, shortLease)
 		data := []byte("ch_1")
 		for _, p := range []store.RecoveryPoint{{Step: "created"}, {Step: "charge_sent", Data: data}} {
@@ -82,7 +83,7 @@ var leaseCases = []testCase{
 		}
 		copy(data, "XXXX") // the store kept its own copy
 		wantPoint(t, first, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
 		wantPoint(t, second, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
 		// The takeover holds the new lease length.
@@ -97,12 +98,12 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("second"))
 	}},
 
-	{name: "TakeoverIsReported", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "TakeoverIsReported", run: func(t *testing.T, s store.Store, cfg Config) {
 		first := takeLeaseClaim(t, s, key, fp, shortLease)
 		if first.TookOver {
 			t.Errorf("the lease of a free key reports a takeover")
 		}
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		second := takeLeaseClaim(t, s, key, fp, longLease)
 		if !second.TookOver {
 			t.Errorf("the lease of a key whose lease ran out reports no takeover")
@@ -136,9 +137,9 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		e := leaseEntry(t, s, key, other, longLease)
 		wantInProgress(t, e, fp)
 		if e.LeaseRemaining != 0 {
@@ -151,13 +152,13 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
-	{name: "ExtendKeepsLeaseLive", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ExtendKeepsLeaseLive", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(shortLease / 3)
+		cfg.advance(shortLease / 3)
 		if err := l.Extend(t.Context(), longLease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
-		time.Sleep(runOut) // past the lease's first end
+		cfg.advance(runOut) // past the lease's first end
 		e := leaseEntry(t, s, key, fp, longLease)
 		wantInProgress(t, e, fp)
 		if e.LeaseRemaining < longLease/2 {
@@ -168,7 +169,7 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "StaleOwnerIsFenced", long: true, run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StaleOwnerIsFenced", run: func(t *testing.T, s store.Store, cfg Config) {
 		for _, tc := range []struct {
 			name  string
 			write func(ctx context.Context, l store.Lease) error
@@ -198,7 +199,6 @@ var leaseCases = []testCase{
 					if err := owner.Extend(t.Context(), 0); err != nil {
 						t.Fatalf("Extend: %v", err)
 					}
-					time.Sleep(100 * time.Millisecond)
 					third := takeLease(t, s, k, fp, longLease)
 					wantPoint(t, third, store.RecoveryPoint{Step: "second"})
 					if err := third.Release(t.Context()); err != nil {
@@ -228,7 +228,7 @@ var leaseCases = []testCase{
 				if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "first"}); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(runOut)
+				cfg.advance(runOut)
 				owner := takeLease(t, s, k, fp, longLease)
 				if err := owner.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "second"}); err != nil {
 					t.Fatal(err)
@@ -248,9 +248,9 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "StaleOwnerIsFencedAfterKeyWasFreedAndLeasedAgain", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StaleOwnerIsFencedAfterKeyWasFreedAndLeasedAgain", run: func(t *testing.T, s store.Store, cfg Config) {
 		stale := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
 		if err := second.Release(t.Context()); err != nil {
 			t.Fatal(err)
@@ -345,12 +345,12 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "ConcurrentTakeoversHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ConcurrentTakeoversHaveOneOwner", run: func(t *testing.T, s store.Store, cfg Config) {
 		stale := takeLease(t, s, key, fp, shortLease)
 		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
@@ -382,13 +382,13 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "ExpiredKeyIsLeasedAfresh", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsLeasedAfresh", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// The lease outlives the key: expiry wins.
 		stale := takeLease(t, s, key, fp, longLease)
 		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		c := takeLeaseClaim(t, s, key, other, longLease)
 		if c.TookOver {
 			t.Errorf("the lease of an expired key reports a takeover")
@@ -404,11 +404,11 @@ var leaseCases = []testCase{
 		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
 	}},
 
-	{name: "ExpiredLeaseWritesNothing", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredLeaseWritesNothing", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// Nobody took the expired key over, but it counts as absent: its
 		// holder can neither extend, save, record nor release it.
 		l := takeLease(t, s, key, fp, longLease)
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		for name, err := range map[string]error{
 			"Extend":            l.Extend(t.Context(), longLease),
 			"SaveRecoveryPoint": l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "late"}),
@@ -453,15 +453,29 @@ var leaseCases = []testCase{
 				k := key
 				k.Key = tc.name
 				txn := claimTxn(t, s, k, fp)
-				errc := make(chan error, 1)
+				type result struct {
+					c   store.LeaseClaim
+					err error
+				}
+				calling, leased := make(chan struct{}), make(chan result, 1)
 				go func() {
-					time.Sleep(300 * time.Millisecond)
-					errc <- tc.finish(txn)
+					close(calling)
+					c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
+					leased <- result{c, err}
 				}()
-				c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
-				if ferr := <-errc; ferr != nil {
+				<-calling
+				select {
+				case r := <-leased:
+					// It must wait for the atomic owner, which has not
+					// finished, for up to the lock timeout.
+					t.Fatalf("Lease of a key held by an atomic claim returned %s, %v before the claim finished", describeLeaseClaim(r.c), r.err)
+				default:
+				}
+				if ferr := tc.finish(txn); ferr != nil {
 					t.Fatalf("the atomic owner's %s: %v", tc.name, ferr)
 				}
+				r := <-leased
+				c, err := r.c, r.err
 				if err != nil {
 					t.Fatalf("Lease of a key held by an atomic claim: %v", err)
 				}
@@ -474,6 +488,7 @@ var leaseCases = []testCase{
 	}},
 
 	{name: "LeaseWaitForAtomicOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		_ = claimTxn(t, s, key, fp)
 		start := time.Now()
 		c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)

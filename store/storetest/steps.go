@@ -40,20 +40,20 @@ var stepCases = []testCase{
 		wantPoint(t, l, point("reserve", "r2"))
 	}},
 
-	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, cfg Config) {
 		first := takeLease(t, s, key, fp, 200*time.Millisecond)
 		for _, p := range []store.RecoveryPoint{point("reserve", "r1"), point("charge", "ch_1")} {
 			if err := first.SaveRecoveryPoint(t.Context(), p); err != nil {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond)
+		cfg.advance(300 * time.Millisecond)
 		second := takeLease(t, s, key, fp, time.Minute)
 		wantSteps(t, second, point("reserve", "r1"), point("charge", "ch_1"))
 		wantPoint(t, second, point("charge", "ch_1"))
 	}},
 
-	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, cfg Config) {
 		// What idem.Step relies on: an owner whose key was taken
 		// over learns it from Extend, before it runs a step, and from
 		// then on every write of its lease fails; the new owner's steps
@@ -62,7 +62,7 @@ var stepCases = []testCase{
 		if err := stale.SaveRecoveryPoint(t.Context(), point("s1", "r1")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		owner := takeLease(t, s, key, fp, longLease)
 		if err := owner.SaveRecoveryPoint(t.Context(), point("s2", "c1")); err != nil {
 			t.Fatal(err)
@@ -141,7 +141,7 @@ func abandonedKeys(t *testing.T, c store.Completions, grace time.Duration) []sto
 }
 
 var completionCases = []testCase{
-	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
 		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
@@ -152,7 +152,7 @@ var completionCases = []testCase{
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned during the lease: %v", got)
 		}
-		time.Sleep(250 * time.Millisecond)
+		cfg.advance(250 * time.Millisecond)
 		if got := abandonedKeys(t, c, time.Hour); len(got) != 0 {
 			t.Fatalf("Abandoned within the grace period: %v", got)
 		}
@@ -169,7 +169,7 @@ var completionCases = []testCase{
 
 		// Taken over as a retry would: counted, and spaced further.
 		taker := takeLease(t, s, key, fp, 100*time.Millisecond)
-		time.Sleep(250 * time.Millisecond)
+		cfg.advance(250 * time.Millisecond)
 		if got := abandonedKeys(t, c, 100*time.Millisecond); len(got) != 0 {
 			t.Fatalf("Abandoned after a takeover, before twice the grace: %v", got)
 		}
@@ -212,7 +212,7 @@ var completionCases = []testCase{
 		}
 	}},
 
-	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
 		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
@@ -221,19 +221,19 @@ var completionCases = []testCase{
 		if err := lc.Lease.Complete(t.Context(), okOutcome("done")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		cfg.advance(150 * time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned lists a completed call: %v", got)
 		}
 	}},
 
-	{name: "ExpiredCallIsNotListed", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredCallIsNotListed", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
 		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned lists an expired call: %v", got)
 		}

@@ -16,18 +16,52 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Config is the timing a case needs from the store it builds.
+// Config is what a case needs from the store it builds: its timing, and the
+// clock it tells the time by.
 type Config struct {
 	// TTL is how long a key is kept before it counts as absent.
 	TTL time.Duration
 	// LockTimeout bounds how long a claim waits for a concurrent atomic
-	// owner of the same key.
+	// owner of the same key. It is measured in real time.
 	LockTimeout time.Duration
+	// Now is the clock by which the store must tell the time: when a key
+	// expires, when a lease runs out, how long ago it did. It is the
+	// case's own, and stands still until the case moves it forward, so
+	// that no case sleeps for a key to expire or a lease to run out.
+	Now func() time.Time
+
+	clock *clock // moves Now
 }
+
+// advance moves the case's clock forward by d.
+func (c Config) advance(d time.Duration) { c.clock.advance(d) }
 
 // defaultConfig is the timing of cases that do not wait for expiry or for
 // the lock timeout: long enough never to run out during a case.
 var defaultConfig = Config{TTL: time.Hour, LockTimeout: 10 * time.Second}
+
+// clockStart is where the clock of every case starts: far from the real
+// time, so that a store that reads another clock beside Config.Now fails
+// the cases instead of passing them by chance.
+var clockStart = time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+
+// clock is the clock of a case: it moves only when the case says so.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
 
 // Run runs the conformance cases against stores built by newStore, each
 // case as a parallel subtest of t with a new, empty store of its own.
@@ -48,14 +82,16 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
 				t.Run(c.name, func(t *testing.T) {
-					if c.long && testing.Short() {
-						t.Skip("waits for keys to expire: runs without -short")
-					}
 					t.Parallel()
 					cfg := defaultConfig
-					if c.cfg != (Config{}) {
-						cfg = c.cfg
+					if c.cfg.TTL != 0 {
+						cfg.TTL = c.cfg.TTL
 					}
+					if c.cfg.LockTimeout != 0 {
+						cfg.LockTimeout = c.cfg.LockTimeout
+					}
+					cfg.clock = &clock{now: clockStart}
+					cfg.Now = cfg.clock.Now
 					s := newStore(t, cfg)
 					c.run(t, s, cfg)
 				})
@@ -66,10 +102,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 
 type testCase struct {
 	name string
-	// long cases wait a second or more for keys or leases to run out by
-	// the store's clock; they are left out under go test -short.
-	long bool
-	cfg  Config // zero: defaultConfig
+	cfg  Config // TTL and LockTimeout; zero: defaultConfig's
 	run  func(t *testing.T, s store.Store, cfg Config)
 }
 
@@ -84,13 +117,45 @@ var (
 // claim of key.
 var leaseKey = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
 
-// wantAbout fails the test unless got is within a few seconds of want:
-// times of the store's clock, which may run apart from the test's.
+// wantAbout fails the test unless got is want, to the second: times of
+// the case's clock, which a store may keep less precisely.
 func wantAbout(t *testing.T, what string, got, want time.Time) {
 	t.Helper()
-	if d := got.Sub(want).Abs(); d > 5*time.Second {
+	if d := got.Sub(want).Abs(); d >= time.Second {
 		t.Errorf("%s is %v, %v from %v", what, got, d, want)
 	}
+}
+
+// warm holds n claims of keys of their own at once, and releases them,
+// before a case with a short lock timeout: a store that opens connections
+// as claims need them (and bounds that wait by the lock timeout, as the
+// PostgreSQL store does) has them open by then, so that the case's claims
+// wait for the key, not for a new connection on a busy machine. A round
+// whose claims fail is tried again, while the connections come up.
+func warm(t *testing.T, s store.Store, n int) {
+	t.Helper()
+	const rounds = 20
+	var err error
+	for range rounds {
+		var txns []store.Txn
+		for i := range n {
+			k := store.Key{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
+			var c store.Claim
+			if c, err = s.Claim(t.Context(), k, store.Request{Fingerprint: fp}); err != nil {
+				break
+			}
+			if c.Txn != nil {
+				txns = append(txns, c.Txn)
+			}
+		}
+		for _, txn := range txns {
+			_ = txn.Release(context.Background())
+		}
+		if err == nil {
+			return
+		}
+	}
+	t.Fatalf("%d claims of free keys failed %d times in a row, the last with %v", n, rounds, err)
 }
 
 // okOutcome returns an OK outcome whose body names what recorded it.
