@@ -93,7 +93,10 @@ type Call struct {
 // the response metadata it set, which is recorded with the outcome and
 // replayed with it.
 type Reply struct {
-	Message         proto.Message
+	// Message is the response (nil with an error).
+	Message proto.Message
+	// Header and Trailer are the response metadata the handler set, with
+	// lower-case names.
 	Header, Trailer map[string][]string
 }
 
