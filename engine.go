@@ -76,16 +76,16 @@ type Call struct {
 	// Request is the request message.
 	Request proto.Message
 	// Header is the request metadata, with lower-case names (gRPC metadata
-	// as it is; HTTP headers lower-cased, -bin values decoded). The tenant
-	// resolver reads it, and a method that may be finished keeps the
-	// entries [WithFinishHeaders] names.
+	// as it is; HTTP headers lower-cased, -bin values decoded). The
+	// [WithTenant] function reads it, and a method that may be finished
+	// keeps the entries [WithFinishHeaders] names.
 	Header map[string][]string
 	// Status reads the google.rpc.Status an error of the transport's
 	// carries (a gRPC status error, a *connect.Error), and reports false
 	// for an error that carries none. idem reads the handler's errors with
 	// it (to classify and record them), and passes on as they are the
-	// errors that carry one from the tenant resolver and a [Loader]. Nil
-	// reads only an [*Error].
+	// errors that carry one from the [WithTenant] function and a
+	// [Loader]. Nil reads only an [*Error].
 	Status func(error) (*spb.Status, bool)
 }
 
@@ -93,7 +93,10 @@ type Call struct {
 // the response metadata it set, which is recorded with the outcome and
 // replayed with it.
 type Reply struct {
-	Message         proto.Message
+	// Message is the response (nil with an error).
+	Message proto.Message
+	// Header and Trailer are the response metadata the handler set, with
+	// lower-case names.
 	Header, Trailer map[string][]string
 }
 

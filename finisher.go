@@ -31,14 +31,16 @@ const ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
 const ResultUnreadable Result = "unreadable"
 
 // FinisherConfig configures a [Finisher]. A zero field selects its
-// default.
+// default; so does a negative one, except Grace.
 type FinisherConfig struct {
 	// Interval is how long [Finisher.Run] waits between passes.
 	// Default: 10 s.
 	Interval time.Duration
 	// Grace is how long after a lease ran out a call counts as abandoned,
 	// for its own retry to take it over first; it doubles after each
-	// attempt to finish the call that failed. Default: 30 s.
+	// attempt to finish the call that failed. Default: 30 s. A negative
+	// Grace means none: a call counts as abandoned as soon as its lease
+	// ran out, and failed attempts add no wait.
 	Grace time.Duration
 	// BatchSize is how many calls a pass takes on at most. Default: 100.
 	BatchSize int
@@ -55,7 +57,8 @@ type FinisherConfig struct {
 	AttemptTimeout time.Duration
 }
 
-// withDefaults returns c with its zero fields set to their defaults.
+// withDefaults returns c with its zero fields set to their defaults, and a
+// negative Grace to none.
 func (c FinisherConfig) withDefaults() FinisherConfig {
 	set := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
@@ -63,7 +66,12 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 		}
 	}
 	set(&c.Interval, 10*time.Second)
-	set(&c.Grace, 30*time.Second)
+	switch {
+	case c.Grace == 0:
+		c.Grace = 30 * time.Second
+	case c.Grace < 0:
+		c.Grace = 0
+	}
 	set(&c.ListTimeout, 10*time.Second)
 	set(&c.AttemptTimeout, time.Minute)
 	if c.BatchSize <= 0 {

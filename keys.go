@@ -22,17 +22,15 @@ const (
 	ExpiresHeader = "idempotency-key-expires"
 )
 
-// MaxKeyLength is the longest key accepted, in bytes.
-const MaxKeyLength = 255
-
 // ValidateKey reports whether key is an acceptable idempotency key: 1 to
-// [MaxKeyLength] bytes, each visible ASCII (0x21 to 0x7E).
+// [store.MaxKeyLength] (255) bytes, each visible ASCII (0x21 to 0x7E). Its
+// error says what is wrong, without the key.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("must not be empty")
 	}
-	if len(key) > MaxKeyLength {
-		return fmt.Errorf("must be at most %d bytes, got %d", MaxKeyLength, len(key))
+	if len(key) > store.MaxKeyLength {
+		return fmt.Errorf("must be at most %d bytes, got %d", store.MaxKeyLength, len(key))
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {

@@ -72,7 +72,7 @@ func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
 // never forwarded. When req carries its key in its field marked
 // (idem.v1.field).key, For adds no key of idem's: the field's is the
 // call's. The keys are values, decoded from their transport's syntax. An
-// error is a status error that fails the call before it is sent:
+// error is an [*Error] that fails the call before it is sent:
 // INVALID_ARGUMENT for a key set with [ContextWithKey] that [ValidateKey]
 // refuses. Each call of For with a key counts in the metric
 // idem.client.keys (see [WithMeterProvider]): call it once per logical

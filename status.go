@@ -47,8 +47,8 @@ const (
 	// violation on idempotency-key says what is wrong.
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonScopeInvalid: the call's scope (its tenant, as the server's
-	// TenantResolver found it, or its method) cannot hold an idempotency
-	// key; see store.Key.Validate. The same call fails again.
+	// [WithTenant] function found it, or its method) cannot hold an
+	// idempotency key; see store.Key.Validate. The same call fails again.
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
 )
 

@@ -110,7 +110,7 @@ func TestShardedStoreServesEachTenantFromItsShard(t *testing.T) {
 	}
 }
 
-func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
+func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	shards := twoShardDatabases(t)
 	st := postgres.NewSharded(shards, shardOf)
 	opts := []idem.Option{
@@ -120,10 +120,10 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
 	engine := newEngine(t, st, opts...)
-	completer := newFinisher(t, engine, idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, engine, idem.FinisherConfig{}, e.svc)
 
 	// Each tenant's first run dies, as a crashed worker's would; the
-	// completer's run finishes it.
+	// finisher's run finishes it.
 	var (
 		mu       sync.Mutex
 		runs     = map[string]int{}
@@ -153,9 +153,9 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 		}
 	}
 
-	n, err := completer.Finish(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if err != nil || n != 2 {
-		t.Fatalf("Complete = %d, %v; want the 2 abandoned calls, one on each shard, finished", n, err)
+		t.Fatalf("Finish = %d, %v; want the 2 abandoned calls, one on each shard, finished", n, err)
 	}
 	for i, tenant := range []string{"alpha", "beta"} {
 		mu.Lock()
@@ -170,7 +170,7 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 		if n := countOn(t, shards[1-i], `SELECT count(*) FROM idempotency_keys WHERE tenant = $1`, tenant); n != 0 {
 			t.Errorf("shard %d holds %d keys of %s, want none", 1-i, n, tenant)
 		}
-		// The caller's late retry replays what the completer recorded.
+		// The caller's late retry replays what the finisher recorded.
 		var header metadata.MD
 		if _, err := e.client.Do(forTenant(tenant, "order-1"), &testv1.DoRequest{Value: tenant}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Errorf("%s's late retry: %v (header %v), want a replay", tenant, err, header)
@@ -178,7 +178,7 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	}
 }
 
-func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
+func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	shards := twoShardDatabases(t)
 	down, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
 	if err != nil {
@@ -194,7 +194,7 @@ func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	completer := newFinisher(t, newEngine(t, st, opts...), idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, newEngine(t, st, opts...), idem.FinisherConfig{}, e.svc)
 	var crashed sync.Map
 	e.svc.setHook(func(_ context.Context, value string) error {
 		if _, again := crashed.LoadOrStore(value, true); !again {
@@ -205,12 +205,12 @@ func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	_, err = e.client.Do(forTenant("beta", "order-1"), &testv1.DoRequest{Value: "beta"})
 	wantCode(t, err, codes.Unknown)
 
-	n, err := completer.Finish(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if n != 1 {
-		t.Fatalf("Complete = %d, %v; want beta's call finished though shard 1 is down", n, err)
+		t.Fatalf("Finish = %d, %v; want beta's call finished though shard 1 is down", n, err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "shard 1") {
-		t.Fatalf("Complete's error = %v, want one that names shard 1", err)
+		t.Fatalf("Finish's error = %v, want one that names shard 1", err)
 	}
 	if n := countOn(t, shards[1], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'beta' AND status = 'completed'`); n != 1 {
 		t.Fatalf("shard 2 holds %d completed calls of beta, want 1", n)

@@ -59,19 +59,19 @@ func (p *provider) distinct() int {
 	return len(p.charges)
 }
 
-// completable is a leased, finishable Do on a store of each kind, with a
+// finishable is a leased, finishable Do on a store of each kind, with a
 // finisher on the same engine.
-type completable struct {
+type finishable struct {
 	*env
-	completer *idem.Finisher
-	engine    *idem.Engine
-	store     store.Store
-	outcomes  *outcomeLog
-	// completerLog holds what the completer's engine logged.
-	completerLog *logBuffer
+	finisher *idem.Finisher
+	engine   *idem.Engine
+	store    store.Store
+	outcomes *outcomeLog
+	// finisherLog holds what the finisher's engine logged.
+	finisherLog *logBuffer
 }
 
-// outcomeLog keeps the outcomes of the calls a completer ran, as the
+// outcomeLog keeps the outcomes of the calls a finisher ran, as the
 // outcome hook saw them.
 type outcomeLog struct {
 	mu   sync.Mutex
@@ -98,15 +98,15 @@ func (l *outcomeLog) results() []idem.Result {
 	return out
 }
 
-func eachCompletableStore(t *testing.T, f func(t *testing.T, c *completable)) {
+func eachFinishableStore(t *testing.T, f func(t *testing.T, c *finishable)) {
 	t.Helper()
-	eachCompletableStoreWith(t, idem.FinisherConfig{}, f)
+	eachFinishableStoreWith(t, idem.FinisherConfig{}, f)
 }
 
-// eachCompletableStoreWith is eachCompletableStore with the finisher
+// eachFinishableStoreWith is eachFinishableStore with the finisher
 // configured by cfg, whose zero Grace and MaxAttempts select the tests'
 // own (no grace, three attempts).
-func eachCompletableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *testing.T, c *completable)) {
+func eachFinishableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *testing.T, c *finishable)) {
 	t.Helper()
 	for _, mem := range []bool{false, true} {
 		name := "postgres"
@@ -114,16 +114,16 @@ func eachCompletableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *t
 			name = "memory"
 		}
 		t.Run(name, func(t *testing.T) {
-			f(t, newCompletable(t, mem, cfg))
+			f(t, newFinishable(t, mem, cfg))
 		})
 	}
 }
 
-// newCompletable returns a completable Do on store/memory, or, unless mem,
+// newFinishable returns a finishable Do on store/memory, or, unless mem,
 // on PostgreSQL, with a finisher configured by cfg (a zero Grace and
 // MaxAttempts select no grace and three attempts) that runs ics around its
 // calls.
-func newCompletable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.UnaryServerInterceptor) *completable {
+func newFinishable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.UnaryServerInterceptor) *finishable {
 	t.Helper()
 	outcomes := &outcomeLog{}
 	opts := []idem.Option{
@@ -150,13 +150,13 @@ func newCompletable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc
 		cfg.MaxAttempts = 3
 	}
 	c := newFinisher(t, engine, cfg, e.svc, ics...)
-	return &completable{env: e, completer: c, engine: engine, store: st, outcomes: outcomes, completerLog: log}
+	return &finishable{env: e, finisher: c, engine: engine, store: st, outcomes: outcomes, finisherLog: log}
 }
 
 // abandon makes a call whose handler passes the charge step and then dies,
 // as a crashed worker's would: the call's claim is left with its lease run
 // out, and the client gets an error.
-func abandon(t *testing.T, c *completable, key string) {
+func abandon(t *testing.T, c *finishable, key string) {
 	t.Helper()
 	ctx := metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", "acme", "x-user", "u-7")
 	_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
@@ -165,8 +165,8 @@ func abandon(t *testing.T, c *completable, key string) {
 	}
 }
 
-func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherFinishesAnAbandonedCall(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		p := &provider{}
 		var (
 			crash      atomic.Bool
@@ -191,24 +191,24 @@ func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
 		})
 		abandon(t, c, "order-1")
 
-		n, err := c.completer.Finish(t.Context())
+		n, err := c.finisher.Finish(t.Context())
 		if err != nil || n != 1 {
-			t.Fatalf("Complete = %d, %v; want the abandoned call finished", n, err)
+			t.Fatalf("Finish = %d, %v; want the abandoned call finished", n, err)
 		}
 		if p.distinct() != 1 || finishRuns.Load() != 1 {
 			t.Fatalf("%d charges and %d finished runs, want 1 and 1", p.distinct(), finishRuns.Load())
 		}
 		if _, ok := users.Load("u-7"); !ok {
-			t.Error("the completer's run did not see the allowlisted metadata")
+			t.Error("the finisher's run did not see the allowlisted metadata")
 		}
-		// The caller's late retry replays the outcome the completer recorded.
+		// The caller's late retry replays the outcome the finisher recorded.
 		var header metadata.MD
 		ctx := metadata.AppendToOutgoingContext(withKey("order-1"), "x-tenant-id", "acme")
 		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("late retry: %v (header %v), want a replay", err, header)
 		}
-		if n, _ := c.completer.Finish(t.Context()); n != 0 {
-			t.Errorf("a second pass completed %d calls, want none", n)
+		if n, _ := c.finisher.Finish(t.Context()); n != 0 {
+			t.Errorf("a second pass finished %d calls, want none", n)
 		}
 		if c.pool != nil {
 			if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE request_payload IS NOT NULL`); k != 0 {
@@ -218,8 +218,8 @@ func TestCompleterFinishesAnAbandonedCall(t *testing.T) {
 	})
 }
 
-func TestCompletersAndALateRetryRace(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinishersAndALateRetryRace(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		p := &provider{}
 		var crash atomic.Bool
 		var finishRuns atomic.Int32
@@ -241,7 +241,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		other := newFinisher(t, c.engine, idem.FinisherConfig{}, c.svc)
 		var wg sync.WaitGroup
 		var retryErr error
-		wg.Go(func() { _, _ = c.completer.Finish(t.Context()) })
+		wg.Go(func() { _, _ = c.finisher.Finish(t.Context()) })
 		wg.Go(func() { _, _ = other.Finish(t.Context()) })
 		wg.Go(func() {
 			ctx := metadata.AppendToOutgoingContext(withKey("order-2"), "x-tenant-id", "acme")
@@ -257,8 +257,8 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 	})
 }
 
-func TestCompleterRecordsADeterministicError(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherRecordsADeterministicError(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		var runs atomic.Int32
 		c.svc.setHook(func(ctx context.Context, _ string) error {
 			if runs.Add(1) == 1 {
@@ -270,8 +270,8 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 			return status.Error(codes.FailedPrecondition, "the cart is empty")
 		})
 		abandon(t, c, "order-3")
-		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
-			t.Fatalf("Complete = %d, %v", n, err)
+		if n, err := c.finisher.Finish(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Finish = %d, %v", n, err)
 		}
 		ctx := metadata.AppendToOutgoingContext(withKey("order-3"), "x-tenant-id", "acme")
 		_, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
@@ -284,14 +284,14 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 	})
 }
 
-// TestCompleterRetriesATransientFailureBeforeAnyStep: a completable call
+// TestFinisherRetriesATransientFailureBeforeAnyStep: a finishable call
 // that fails transiently before it saves a step (its first step timed out
 // at the provider, say) keeps its claim and its request, with the lease
-// ended, and so does a completer run that fails alike: a later pass
+// ended, and so does a finisher run that fails alike: a later pass
 // finishes it. Releasing such a claim as a plain leased one (deleting it)
 // would leave whatever the step did half done, with no one to finish it.
-func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherRetriesATransientFailureBeforeAnyStep(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		var runs atomic.Int32
 		c.svc.setHook(func(context.Context, string) error {
 			if runs.Add(1) <= 2 {
@@ -305,14 +305,14 @@ func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
 		}
 		// The client gives up. The first pass fails as the call did, the
 		// second finishes it.
-		if n, err := c.completer.Finish(t.Context()); err != nil || n != 0 {
-			t.Fatalf("first pass: Complete = %d, %v; want the transient failure left for later", n, err)
+		if n, err := c.finisher.Finish(t.Context()); err != nil || n != 0 {
+			t.Fatalf("first pass: Finish = %d, %v; want the transient failure left for later", n, err)
 		}
-		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
-			t.Fatalf("second pass: Complete = %d, %v; want the call finished", n, err)
+		if n, err := c.finisher.Finish(t.Context()); err != nil || n != 1 {
+			t.Fatalf("second pass: Finish = %d, %v; want the call finished", n, err)
 		}
 		if runs.Load() != 3 {
-			t.Fatalf("%d runs, want the call's and two completer runs", runs.Load())
+			t.Fatalf("%d runs, want the call's and two finisher runs", runs.Load())
 		}
 		var header metadata.MD
 		if _, err := c.client.Do(ctx, &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
@@ -324,8 +324,8 @@ func TestCompleterRetriesATransientFailureBeforeAnyStep(t *testing.T) {
 	})
 }
 
-func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherGivesUpAfterItsAttempts(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		c.svc.setHook(func(ctx context.Context, _ string) error {
 			if _, err := idem.Step(ctx, "started", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 				return err
@@ -338,7 +338,7 @@ func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 		}
 		var total int
 		for range 5 {
-			n, err := c.completer.Finish(t.Context())
+			n, err := c.finisher.Finish(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +353,7 @@ func TestCompleterGivesUpAfterItsAttempts(t *testing.T) {
 			t.Errorf("reason %q, want %s", info.GetReason(), idem.ReasonNotFinished)
 		}
 		if n := c.svc.count(); n != 4 {
-			t.Errorf("%d executions, want the first and three completer attempts", n)
+			t.Errorf("%d executions, want the first and three finisher attempts", n)
 		}
 	})
 }
@@ -429,14 +429,14 @@ func logLine(log string, subs ...string) string {
 	return ""
 }
 
-// TestCompleterSetsAsideAnUnreadableCall: of three abandoned calls, one
+// TestFinisherSetsAsideAnUnreadableCall: of three abandoned calls, one
 // whose kept metadata is damaged in its row is recorded as failed (its
 // retry gets FAILED_PRECONDITION, IDEMPOTENCY_NOT_FINISHED), logged at
 // ERROR with its scope and counted, and the two others are finished in
 // the same pass. Before, the one row failed every pass's listing, and no
 // call was finished at all.
-func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
-	c := newCompletable(t, false, idem.FinisherConfig{})
+func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
+	c := newFinishable(t, false, idem.FinisherConfig{})
 	c.svc.setHook(crashFirstRun(nil))
 	const secret = "card-4242-4242-4242"
 	for _, k := range []string{"u-1", "u-2", "u-3"} {
@@ -448,9 +448,9 @@ func TestCompleterSetsAsideAnUnreadableCall(t *testing.T) {
 		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
 	}
 
-	n, err := c.completer.Finish(t.Context())
+	n, err := c.finisher.Finish(t.Context())
 	if err != nil || n != 3 {
-		t.Fatalf("Complete = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
+		t.Fatalf("Finish = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
 	}
 	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
 WHERE key IN ('u-1', 'u-3') AND status = 'completed' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
@@ -461,9 +461,9 @@ WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_pa
 		t.Errorf("the damaged call is not recorded as FAILED_PRECONDITION without what was kept")
 	}
 	if runs := c.svc.count(); runs != 5 {
-		t.Errorf("%d runs, want 5: the three first, and the completer's of the healthy calls", runs)
+		t.Errorf("%d runs, want 5: the three first, and the finisher's of the healthy calls", runs)
 	}
-	log := c.completerLog.String()
+	log := c.finisherLog.String()
 	if logLine(log, "level=ERROR", "cannot be read", "tenant=acme", "key=u-2", "method="+doMethod) == "" {
 		t.Errorf("no ERROR line names the damaged call:\n%s", log)
 	}
@@ -472,7 +472,7 @@ WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_pa
 	}
 	if got := c.outcomes.results(); !slices.Equal(slices.Sorted(slices.Values(got)),
 		[]idem.Result{idem.ResultExecuted, idem.ResultExecuted, idem.ResultUnreadable}) {
-		t.Errorf("the completer reported %v, want two executed and one unreadable", got)
+		t.Errorf("the finisher reported %v, want two executed and one unreadable", got)
 	}
 
 	// Every retry of the damaged call gets the same final answer.
@@ -482,16 +482,16 @@ WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_pa
 			t.Fatalf("retry of the damaged call: %v, want reason %s", st.Details(), idem.ReasonNotFinished)
 		}
 	}
-	if n, err := c.completer.Finish(t.Context()); n != 0 || err != nil {
-		t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+	if n, err := c.finisher.Finish(t.Context()); n != 0 || err != nil {
+		t.Errorf("the next pass: Finish = %d, %v; want nothing left", n, err)
 	}
 }
 
-// TestCompleterSetsAsideARequestThatDoesNotDecode: a kept request that is
+// TestFinisherSetsAsideARequestThatDoesNotDecode: a kept request that is
 // not a request of its method is recorded as failed at once, without
 // running the handler, instead of being tried again at every pass.
-func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		req := &testv1.DoRequest{Value: "v"}
 		fp, err := fingerprint.NewHasher().Sum(req)
 		if err != nil {
@@ -504,29 +504,29 @@ func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 			t.Fatalf("lease: %+v, %v", lc, err)
 		}
 		// Its worker failed before any step: the claim stays, for a
-		// completer, with its lease ended.
+		// finisher, with its lease ended.
 		if err := lc.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 
-		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
-			t.Fatalf("Complete = %d, %v; want the call recorded as failed", n, err)
+		if n, err := c.finisher.Finish(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Finish = %d, %v; want the call recorded as failed", n, err)
 		}
 		if runs := c.svc.count(); runs != 0 {
 			t.Errorf("the handler ran %d times, want never", runs)
 		}
 		if got := c.outcomes.results(); !slices.Equal(got, []idem.Result{idem.ResultUnreadable}) {
-			t.Errorf("the completer reported %v, want unreadable", got)
+			t.Errorf("the finisher reported %v, want unreadable", got)
 		}
-		if logLine(c.completerLog.String(), "level=ERROR", "cannot be read", "key=garbled", "not a request of") == "" {
-			t.Errorf("no ERROR line names the call:\n%s", c.completerLog.String())
+		if logLine(c.finisherLog.String(), "level=ERROR", "cannot be read", "key=garbled", "not a request of") == "" {
+			t.Errorf("no ERROR line names the call:\n%s", c.finisherLog.String())
 		}
 		_, err = c.client.Do(forAcme("garbled"), req)
 		if st := wantCode(t, err, codes.FailedPrecondition); errorInfo(st).GetReason() != idem.ReasonNotFinished {
 			t.Errorf("retry: %v, want reason %s", st.Details(), idem.ReasonNotFinished)
 		}
-		if n, err := c.completer.Finish(t.Context()); n != 0 || err != nil {
-			t.Errorf("the next pass: Complete = %d, %v; want nothing left", n, err)
+		if n, err := c.finisher.Finish(t.Context()); n != 0 || err != nil {
+			t.Errorf("the next pass: Finish = %d, %v; want nothing left", n, err)
 		}
 		if runs := c.svc.count(); runs != 0 {
 			t.Errorf("the handler ran %d times, want never", runs)
@@ -534,33 +534,29 @@ func TestCompleterSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 	})
 }
 
-// completableOpts are the server options of the completer tests that
+// finishableOpts are the server options of the finisher tests that
 // build their own store.
-var completableOpts = []idem.Option{
+var finishableOpts = []idem.Option{
 	idem.WithLeased(time.Minute, doMethod),
 	idem.WithFinish(doMethod),
 	idem.WithTenant(tenantFromMetadata),
 }
 
-// newCompleterOn returns a finisher of e's service on st, configured by
+// newFinisherOn returns a finisher of e's service on st, configured by
 // cfg (a zero Grace selects none), logging to log.
-func newCompleterOn(t *testing.T, e *env, st store.Store, log *logBuffer, cfg idem.FinisherConfig) *idem.Finisher {
+func newFinisherOn(t *testing.T, e *env, st store.Store, log *logBuffer, cfg idem.FinisherConfig) *idem.Finisher {
 	t.Helper()
-	engine := newEngine(t, st, append(slices.Clone(completableOpts), idem.WithLogger(log.logger()))...)
+	engine := newEngine(t, st, append(slices.Clone(finishableOpts), idem.WithLogger(log.logger()))...)
 	return newFinisher(t, engine, cfg, e.svc)
 }
 
-// noGrace is the least grace a FinisherConfig can set (zero selects the
-// default): a call counts as abandoned as soon as its lease ran out.
-const noGrace = time.Nanosecond
-
 // newFinisher returns a finisher on engine configured by cfg (a zero Grace
-// selects noGrace), with svc registered on it through
+// selects none, as a negative one does), with svc registered on it through
 // interceptor.FinisherRegistrar, behind ics.
 func newFinisher(t *testing.T, engine *idem.Engine, cfg idem.FinisherConfig, svc testv1.TestServiceServer, ics ...grpc.UnaryServerInterceptor) *idem.Finisher {
 	t.Helper()
 	if cfg.Grace == 0 {
-		cfg.Grace = noGrace
+		cfg.Grace = -1 // no grace: a call is abandoned once its lease ran out
 	}
 	f, err := idem.NewFinisher(engine, cfg)
 	if err != nil {
@@ -570,12 +566,12 @@ func newFinisher(t *testing.T, engine *idem.Engine, cfg idem.FinisherConfig, svc
 	return f
 }
 
-// TestCompleterSurvivesAPanickingRoute: a shard route that panics for one
+// TestFinisherSurvivesAPanickingRoute: a shard route that panics for one
 // tenant, whose abandoned call has used up its attempts, is that call's
 // error: the pass goes on and finishes the healthy call listed after it.
-// Before, the completer's giveUp called the route outside any recover,
+// Before, the finisher's giveUp called the route outside any recover,
 // and the pass (and under Run, the process) died.
-func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
+func TestFinisherSurvivesAPanickingRoute(t *testing.T) {
 	shards := twoShardDatabases(t)
 	var broken atomic.Bool
 	route := func(tenant string) int {
@@ -585,9 +581,9 @@ func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
 		return 0
 	}
 	st := postgres.NewSharded(shards, route)
-	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
+	e := serveEnv(t, setup{opts: finishableOpts}, nil, st)
 	log := &logBuffer{}
-	completer := newCompleterOn(t, e, st, log, idem.FinisherConfig{MaxAttempts: 1})
+	finisher := newFinisherOn(t, e, st, log, idem.FinisherConfig{MaxAttempts: 1})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -602,9 +598,9 @@ func TestCompleterSurvivesAPanickingRoute(t *testing.T) {
 	exec(`UPDATE idempotency_keys SET takeovers = 1, locked_until = now() - interval '1 hour' WHERE tenant = 'boom'`)
 	broken.Store(true)
 
-	n, err := completer.Finish(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if err != nil || n != 1 {
-		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+		t.Fatalf("Finish = %d, %v; want alpha's call finished", n, err)
 	}
 	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 1 {
 		t.Errorf("alpha's call is not recorded")
@@ -634,14 +630,14 @@ func (s *panickyStore) Lease(ctx context.Context, key store.Key, r store.Request
 	return s.Store.Lease(ctx, key, r, d)
 }
 
-// TestCompleterSurvivesAPanicInOneCall: whatever panics while one call is
-// taken on (here the store, while the completer gives the call up), the
+// TestFinisherSurvivesAPanicInOneCall: whatever panics while one call is
+// taken on (here the store, while the finisher gives the call up), the
 // pass goes on with the others.
-func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
+func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 	ps := &panickyStore{Store: memory.New()}
-	e := serveEnv(t, setup{memory: true, opts: completableOpts}, nil, ps)
+	e := serveEnv(t, setup{memory: true, opts: finishableOpts}, nil, ps)
 	log := &logBuffer{}
-	completer := newCompleterOn(t, e, ps, log, idem.FinisherConfig{MaxAttempts: 1})
+	finisher := newFinisherOn(t, e, ps, log, idem.FinisherConfig{MaxAttempts: 1})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -667,9 +663,9 @@ func TestCompleterSurvivesAPanicInOneCall(t *testing.T) {
 	}
 	ps.armed.Store(true)
 
-	n, err := completer.Finish(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if err != nil || n != 1 {
-		t.Fatalf("Complete = %d, %v; want alpha's call finished", n, err)
+		t.Fatalf("Finish = %d, %v; want alpha's call finished", n, err)
 	}
 	if logLine(log.String(), "level=ERROR", "panicked", "tenant=boom", "the store's driver crashed") == "" {
 		t.Errorf("the log does not report boom's panic:\n%s", log.String())
@@ -724,16 +720,16 @@ func blackholePool(t *testing.T) (*pgxpool.Pool, func() int) {
 	}
 }
 
-// passResult is what a Complete in a goroutine returned.
+// passResult is what a Finish in a goroutine returned.
 type passResult struct {
 	n   int
 	err error
 }
 
-// completeWithin runs c.Complete with ctx and returns its result, failing
+// finishWithin runs c.Finish with ctx and returns its result, failing
 // the test if it has not returned within d: a pass that never ends is
 // what the tests that use it guard against.
-func completeWithin(t *testing.T, ctx context.Context, c *idem.Finisher, d time.Duration) passResult {
+func finishWithin(t *testing.T, ctx context.Context, c *idem.Finisher, d time.Duration) passResult {
 	t.Helper()
 	done := make(chan passResult, 1)
 	go func() {
@@ -744,39 +740,39 @@ func completeWithin(t *testing.T, ctx context.Context, c *idem.Finisher, d time.
 	case r := <-done:
 		return r
 	case <-time.After(d):
-		t.Fatalf("the completer's pass did not end within %v", d)
+		t.Fatalf("the finisher's pass did not end within %v", d)
 		return passResult{}
 	}
 }
 
-// TestCompleterFinishesHealthyShardsBesideABlackholedOne: a shard that
+// TestFinisherFinishesHealthyShardsBesideABlackholedOne: a shard that
 // accepts connections and never answers does not keep a pass from
 // finishing the abandoned calls of the other shard: each shard's listing
 // has its bound. The store's lock timeout, which bounds its wait for a
-// connection, is set to an hour, so that only the completer's bound
+// connection, is set to an hour, so that only the finisher's bound
 // stands between the pass and the shard. Before, the pass waited for that
 // shard as long as its context lasted: for ever, under Run.
-func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
+func TestFinisherFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	healthy := pgtest.NewPool(t)
 	if _, err := healthy.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
 		t.Fatal(err)
 	}
 	dark, accepted := blackholePool(t)
 	st := postgres.NewSharded([]*pgxpool.Pool{healthy, dark}, shardOf, postgres.WithLockTimeout(time.Hour))
-	e := serveEnv(t, setup{opts: completableOpts}, nil, st)
-	completer := newCompleterOn(t, e, st, &logBuffer{}, idem.FinisherConfig{ListTimeout: 2 * time.Second})
+	e := serveEnv(t, setup{opts: finishableOpts}, nil, st)
+	finisher := newFinisherOn(t, e, st, &logBuffer{}, idem.FinisherConfig{ListTimeout: 2 * time.Second})
 	e.svc.setHook(crashFirstRun(nil))
 	for _, key := range []string{"order-1", "order-2"} {
 		_, err := e.client.Do(forTenant("alpha", key), &testv1.DoRequest{Value: "alpha"})
 		wantCode(t, err, codes.Unknown)
 	}
 
-	r := completeWithin(t, t.Context(), completer, 30*time.Second)
+	r := finishWithin(t, t.Context(), finisher, 30*time.Second)
 	if r.n != 2 {
-		t.Fatalf("Complete = %d, %v; want alpha's 2 calls finished", r.n, r.err)
+		t.Fatalf("Finish = %d, %v; want alpha's 2 calls finished", r.n, r.err)
 	}
 	if r.err == nil || !strings.Contains(r.err.Error(), "shard 1") {
-		t.Errorf("Complete's error = %v, want one that names shard 1", r.err)
+		t.Errorf("Finish's error = %v, want one that names shard 1", r.err)
 	}
 	if accepted() == 0 {
 		t.Errorf("the pass never reached shard 1")
@@ -786,12 +782,12 @@ func TestCompleterFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	}
 }
 
-// TestCompleterBoundsEachAttempt: a call whose handler hangs (a provider
+// TestFinisherBoundsEachAttempt: a call whose handler hangs (a provider
 // that never answers) is cut off at the attempt's bound and left for a
 // later pass; the pass goes on and finishes the other call. Before, the
 // pass waited for the hung handler as long as its context lasted.
-func TestCompleterBoundsEachAttempt(t *testing.T) {
-	eachCompletableStoreWith(t, idem.FinisherConfig{AttemptTimeout: time.Second}, func(t *testing.T, c *completable) {
+func TestFinisherBoundsEachAttempt(t *testing.T) {
+	eachFinishableStoreWith(t, idem.FinisherConfig{AttemptTimeout: time.Second}, func(t *testing.T, c *finishable) {
 		var cut atomic.Bool
 		c.svc.setHook(crashFirstRun(func(ctx context.Context, key string) error {
 			if key == "hung" {
@@ -804,9 +800,9 @@ func TestCompleterBoundsEachAttempt(t *testing.T) {
 		abandon(t, c, "hung")
 		abandon(t, c, "fine")
 
-		r := completeWithin(t, t.Context(), c.completer, 30*time.Second)
+		r := finishWithin(t, t.Context(), c.finisher, 30*time.Second)
 		if r.err != nil || r.n != 1 {
-			t.Fatalf("Complete = %d, %v; want the call that does not hang finished", r.n, r.err)
+			t.Fatalf("Finish = %d, %v; want the call that does not hang finished", r.n, r.err)
 		}
 		if !cut.Load() {
 			t.Error("the hung handler's context did not end")
@@ -823,13 +819,13 @@ func TestCompleterBoundsEachAttempt(t *testing.T) {
 	})
 }
 
-// TestCompleterRecordsTheHandlersHeaders: a handler run by a completer
+// TestFinisherRecordsTheHandlersHeaders: a handler run by a finisher
 // sets its response metadata with grpc.SetHeader and grpc.SetTrailer as on
 // a call the server receives, and the caller's retry gets it replayed.
 // Before, both failed for want of a server transport stream, and the
 // metadata was lost.
-func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
-	eachCompletableStore(t, func(t *testing.T, c *completable) {
+func TestFinisherRecordsTheHandlersHeaders(t *testing.T) {
+	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		var setErr atomic.Value
 		c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
 			err := errors.Join(
@@ -841,11 +837,11 @@ func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
 			return nil
 		}))
 		abandon(t, c, "order-h")
-		if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
-			t.Fatalf("Complete = %d, %v", n, err)
+		if n, err := c.finisher.Finish(t.Context()); err != nil || n != 1 {
+			t.Fatalf("Finish = %d, %v", n, err)
 		}
 		if err := setErr.Load(); err != nil {
-			t.Errorf("setting the response metadata in the completer's run: %v", err)
+			t.Errorf("setting the response metadata in the finisher's run: %v", err)
 		}
 		var header, trailer metadata.MD
 		if _, err := c.client.Do(forAcme("order-h"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
@@ -858,10 +854,10 @@ func TestCompleterRecordsTheHandlersHeaders(t *testing.T) {
 	})
 }
 
-// TestCompleterRunsItsInterceptors: the interceptors given to the
-// completer run around its calls in order, outside idem's, and what they
+// TestFinisherRunsItsInterceptors: the interceptors given to the
+// finisher run around its calls in order, outside idem's, and what they
 // put in the context (an identity, say) reaches the handler.
-func TestCompleterRunsItsInterceptors(t *testing.T) {
+func TestFinisherRunsItsInterceptors(t *testing.T) {
 	type userKey struct{}
 	var (
 		mu    sync.Mutex
@@ -884,20 +880,20 @@ func TestCompleterRunsItsInterceptors(t *testing.T) {
 		note("inner done: " + status.Code(err).String())
 		return resp, err
 	}
-	c := newCompletable(t, true, idem.FinisherConfig{}, outer, inner)
+	c := newFinishable(t, true, idem.FinisherConfig{}, outer, inner)
 	c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
 		user, _ := ctx.Value(userKey{}).(string)
 		note("handler as " + user)
 		return nil
 	}))
 	abandon(t, c, "order-i")
-	if n, err := c.completer.Finish(t.Context()); err != nil || n != 1 {
-		t.Fatalf("Complete = %d, %v", n, err)
+	if n, err := c.finisher.Finish(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Finish = %d, %v", n, err)
 	}
 	want := []string{"outer " + doMethod + " " + doMethod, "inner (key already claimed: false)", "handler as u-7", "inner done: OK"}
 	mu.Lock()
 	defer mu.Unlock()
 	if !slices.Equal(trace, want) {
-		t.Errorf("the completer's run went\n%q\nwant\n%q", trace, want)
+		t.Errorf("the finisher's run went\n%q\nwant\n%q", trace, want)
 	}
 }
