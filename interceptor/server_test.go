@@ -3,10 +3,8 @@ package interceptor_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +23,7 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store/postgres"
 )
 
@@ -56,16 +55,13 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The response is recorded in an envelope: 0x00, the code, a CRC-32C of
-	// code and payload, and the payload, the bytes the client got.
-	if len(body) < 6 || body[0] != 0 || body[1] != byte(code) {
-		t.Fatalf("recorded body %x does not start with 0x00 and code %d", body, code)
+	// The response is recorded in an idem.record.v1.Record (internal/record):
+	// its code, and the payload, the bytes the client got.
+	rec, err := record.Decode(body)
+	if err != nil || rec.Bare || int32(rec.Code) != code {
+		t.Fatalf("recorded body %x: %+v, %v; want a record of code %d", body, rec, err, code)
 	}
-	payload := body[6:]
-	sum := crc32.Update(crc32.Checksum(body[1:2], crc32.MakeTable(crc32.Castagnoli)), crc32.MakeTable(crc32.Castagnoli), payload)
-	if binary.BigEndian.Uint32(body[2:6]) != sum {
-		t.Fatalf("recorded checksum %x, want %x", body[2:6], sum)
-	}
+	payload := rec.Payload
 	if !bytes.Equal(payload, codec.last()) {
 		t.Fatalf("recorded payload %x, the client got %x", payload, codec.last())
 	}
