@@ -296,12 +296,12 @@ func (e *Engine) tenant(ctx context.Context, call Call, run *finishRun) (string,
 // finishing returns what a Finisher needs to run call again: its method,
 // its request in deterministic encoding, and the request metadata
 // [WithFinishHeaders] names.
-func (e *Engine) finishing(call Call) (*store.Completion, error) {
+func (e *Engine) finishing(call Call) (*store.Call, error) {
 	req, err := proto.MarshalOptions{Deterministic: true}.Marshal(call.Request)
 	if err != nil {
 		return nil, err
 	}
-	c := &store.Completion{Method: call.Method, Request: req, Metadata: map[string][]string{}}
+	c := &store.Call{Method: call.Method, Request: req, Metadata: map[string][]string{}}
 	for _, k := range e.opts.finishHeaders {
 		if v := call.Header[k]; len(v) > 0 {
 			c.Metadata[k] = v
@@ -366,12 +366,12 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	r := store.Request{Fingerprint: fp, TTL: m.ttl}
 	if m.finish {
 		var err error
-		if r.Completion, err = e.finishing(call); err != nil {
+		if r.Call, err = e.finishing(call); err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the request for finishing failed", err))
 		}
 	}
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	lc, err := e.store.Lease(cctx, key, r, m.lease)
+	lc, err := e.store.ClaimLeased(cctx, key, r, m.lease)
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
 	if errors.Is(err, store.ErrCorrupt) {
@@ -439,7 +439,7 @@ func extendTimeout(d time.Duration) time.Duration {
 // recorder is the owned claim execute records into: a store.Txn or a
 // leaseRecorder.
 type recorder interface {
-	Complete(ctx context.Context, out store.Outcome) error
+	Record(ctx context.Context, out store.Outcome) error
 }
 
 // execute runs the handler and records its outcome in rec. On an error it
@@ -493,7 +493,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 // is, for lease to report (and log).
 func (e *Engine) record(ctx context.Context, c *callState, rec recorder, out store.Outcome) (Answer, error) {
 	rctx, t := e.obs.start(ctx, c, spanRecord)
-	err := rec.Complete(rctx, out)
+	err := rec.Record(rctx, out)
 	c.record = t.end(err)
 	if err == nil {
 		return Answer{}, nil
@@ -515,11 +515,11 @@ type leaseRecorder struct {
 	err   error
 }
 
-func (r *leaseRecorder) Complete(ctx context.Context, out store.Outcome) error {
+func (r *leaseRecorder) Record(ctx context.Context, out store.Outcome) error {
 	r.stop()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseRecordTimeout)
 	defer cancel()
-	r.err = r.lease.Complete(ctx, out)
+	r.err = r.lease.Record(ctx, out)
 	return r.err
 }
 
@@ -571,7 +571,7 @@ func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte,
 	if !bytes.Equal(en.Fingerprint, fp) {
 		return refuse(ResultReused, keyReused())
 	}
-	if en.State != store.Completed {
+	if en.State != store.Recorded {
 		delay := e.opts.retryDelay
 		if en.LeaseRemaining > 0 {
 			delay = min(en.LeaseRemaining, maxLeaseRetryDelay)

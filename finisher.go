@@ -113,7 +113,7 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 // A Finisher is safe for concurrent use.
 type Finisher struct {
 	engine *Engine
-	store  store.Completions
+	store  store.Finishing
 	cfg    FinisherConfig
 
 	mu       sync.Mutex
@@ -128,9 +128,9 @@ type Finisher struct {
 type FinishFunc func(ctx context.Context, req proto.Message, header map[string][]string) error
 
 // NewFinisher returns a Finisher of the calls e serves. e's store must
-// keep what finishing needs (store.Completions); both of idem's stores do.
+// keep what finishing needs (store.Finishing); both of idem's stores do.
 func NewFinisher(e *Engine, cfg FinisherConfig) (*Finisher, error) {
-	cs, ok := e.store.(store.Completions)
+	cs, ok := e.store.(store.Finishing)
 	if !ok {
 		return nil, fmt.Errorf("idem: the store (%T) does not keep calls to finish", e.store)
 	}
@@ -235,7 +235,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
 	if a.Takeovers >= f.cfg.MaxAttempts {
 		return f.giveUp(ctx, a)
 	}
-	method := a.Completion.Method
+	method := a.Call.Method
 	f.mu.Lock()
 	run, ok := f.handlers[method]
 	f.mu.Unlock()
@@ -243,12 +243,12 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
 		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Key, nil)
 		return false
 	}
-	req, err := requestOf(method, a.Completion.Request)
+	req, err := requestOf(method, a.Call.Request)
 	if err != nil {
 		return f.setAside(ctx, a, fmt.Errorf("idem: the kept request is not a request of %s: %w", method, err))
 	}
-	header := make(map[string][]string, len(a.Completion.Metadata)+1)
-	for k, v := range a.Completion.Metadata {
+	header := make(map[string][]string, len(a.Call.Metadata)+1)
+	for k, v := range a.Call.Metadata {
 		header[k] = append([]string(nil), v...)
 	}
 	header[KeyHeader] = []string{a.Key.Key}
@@ -329,7 +329,7 @@ func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) b
 // replacing the outcome of a retry or another finisher that took the call
 // meanwhile. It reports whether the outcome was recorded.
 func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg string) bool {
-	lc, err := f.engine.store.Lease(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
+	lc, err := f.engine.store.ClaimLeased(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
 	if err != nil {
 		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Key, err)
 		return false
@@ -341,7 +341,7 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 		&errdetails.ErrorInfo{Reason: ReasonNotFinished, Domain: Domain}).status
 	body, _, err := encodeOutcome(code.Code_FAILED_PRECONDITION, st, nil, nil)
 	if err == nil {
-		err = lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_FAILED_PRECONDITION, Body: body})
+		err = lc.Lease.Record(ctx, store.Outcome{Code: code.Code_FAILED_PRECONDITION, Body: body})
 	}
 	if err != nil {
 		_ = lc.Lease.Release(ctx)
@@ -354,7 +354,7 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 // report reports the outcome r of a's call, which the Finisher recorded
 // without running it.
 func (f *Finisher) report(ctx context.Context, a store.Abandoned, r Result) {
-	method := a.Completion.Method
+	method := a.Call.Method
 	if method == "" {
 		method = a.Key.Method
 	}

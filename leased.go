@@ -101,10 +101,10 @@ func (l *callLease) confirm(ctx context.Context, name string) error {
 // The result is saved on a context detached from the caller's, so that a
 // step that ran is kept even after its caller has gone. A name is 1 to
 // store.MaxStepLength bytes of UTF-8, a result at most
-// store.MaxRecoveryDataBytes, and a call keeps at most
+// store.MaxStepResultBytes, and a call keeps at most
 // store.MaxSteps steps of store.MaxStepsBytes in all: a name or a result
 // that breaks them is refused with an error wrapping
-// store.ErrInvalidRecoveryPoint (for a name, before fn runs). fn's error is
+// store.ErrInvalidStep (for a name, before fn runs). fn's error is
 // returned as it is, and nothing is saved. Outside a leased call Step
 // returns [ErrNotLeased]. When the lease is lost it returns
 // store.ErrLeaseLost and the handler's context ends with that cause: the
@@ -114,15 +114,15 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 	if !ok {
 		return nil, ErrNotLeased
 	}
-	if err := (store.RecoveryPoint{Step: name}).Validate(); err != nil {
+	if err := (store.Step{Name: name}).Validate(); err != nil {
 		return nil, err
 	}
 	if errors.Is(context.Cause(ctx), store.ErrLeaseLost) {
 		return nil, store.ErrLeaseLost
 	}
 	for _, p := range l.Steps() {
-		if p.Step == name {
-			return p.Data, nil
+		if p.Name == name {
+			return p.Result, nil
 		}
 	}
 	if err := l.confirm(ctx, name); err != nil {
@@ -134,7 +134,7 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseRecordTimeout)
 	defer cancel()
-	if err := l.SaveRecoveryPoint(sctx, store.RecoveryPoint{Step: name, Data: data}); err != nil {
+	if err := l.SaveStep(sctx, store.Step{Name: name, Result: data}); err != nil {
 		return nil, l.fenced(err)
 	}
 	return data, nil

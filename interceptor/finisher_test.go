@@ -498,8 +498,8 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := store.Key{Tenant: "acme", Method: doMethod, Key: "garbled"}
-		lc, err := c.store.Lease(t.Context(), key, store.Request{Fingerprint: fp,
-			Completion: &store.Completion{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
+		lc, err := c.store.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp,
+			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %+v, %v", lc, err)
 		}
@@ -623,11 +623,11 @@ type panickyStore struct {
 	armed atomic.Bool
 }
 
-func (s *panickyStore) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
+func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	if key.Tenant == "boom" && s.armed.Load() {
 		panic("the store's driver crashed")
 	}
-	return s.Store.Lease(ctx, key, r, d)
+	return s.Store.ClaimLeased(ctx, key, r, d)
 }
 
 // TestFinisherSurvivesAPanicInOneCall: whatever panics while one call is
@@ -653,7 +653,7 @@ func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 		if a.Key.Tenant != "boom" {
 			continue
 		}
-		lc, err := ps.Lease(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		lc, err := ps.ClaimLeased(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover: %+v, %v", lc, err)
 		}
@@ -812,7 +812,7 @@ func TestFinisherBoundsEachAttempt(t *testing.T) {
 			t.Errorf("retry of the finished call: %v (header %v), want a replay", err, header)
 		}
 		// The hung call is left for a later pass.
-		list, err := c.store.(store.Completions).Abandoned(t.Context(), 0, 10)
+		list, err := c.store.(store.Finishing).Abandoned(t.Context(), 0, 10)
 		if err != nil || len(list) != 1 || list[0].Key.Key != "hung" {
 			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
 		}

@@ -522,8 +522,8 @@ type failingComplete struct {
 	failed atomic.Bool
 }
 
-func (s *failingComplete) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, key, r, d)
+func (s *failingComplete) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
 	}
@@ -535,11 +535,11 @@ type failingLease struct {
 	s *failingComplete
 }
 
-func (l *failingLease) Complete(ctx context.Context, out store.Outcome) error {
+func (l *failingLease) Record(ctx context.Context, out store.Outcome) error {
 	if l.s.failed.CompareAndSwap(false, true) {
 		return errors.New("write tcp 10.0.0.1:5432: connection reset by peer")
 	}
-	return l.Lease.Complete(ctx, out)
+	return l.Lease.Record(ctx, out)
 }
 
 // TestLeasedFailedRecordKeepsClaim: when recording the outcome of a handler
@@ -598,14 +598,14 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 }
 
 // TestStepRefusesInvalidPoint: a step name or result that no store can
-// keep is refused with store.ErrInvalidRecoveryPoint on every store, and
+// keep is refused with store.ErrInvalidStep on every store, and
 // nothing is saved.
 func TestStepRefusesInvalidPoint(t *testing.T) {
-	invalid := map[string]store.RecoveryPoint{
-		"NUL":              {Step: "charge\x00sent"},
-		"invalid UTF-8":    {Step: "charge\xffsent"},
-		"256-byte step":    {Step: strings.Repeat("s", store.MaxStepLength+1)},
-		"data past 64 KiB": {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+	invalid := map[string]store.Step{
+		"NUL":              {Name: "charge\x00sent"},
+		"invalid UTF-8":    {Name: "charge\xffsent"},
+		"256-byte step":    {Name: strings.Repeat("s", store.MaxStepLength+1)},
+		"data past 64 KiB": {Name: "charge_sent", Result: make([]byte, store.MaxStepResultBytes+1)},
 	}
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
@@ -619,7 +619,7 @@ func TestStepRefusesInvalidPoint(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				for name, p := range invalid {
-					_, errs[name] = idem.Step(ctx, p.Step, func(context.Context) ([]byte, error) { return p.Data, nil })
+					_, errs[name] = idem.Step(ctx, p.Name, func(context.Context) ([]byte, error) { return p.Result, nil })
 				}
 				// Had the step been saved, Step would return its result
 				// without running fn.
@@ -635,8 +635,8 @@ func TestStepRefusesInvalidPoint(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			for name, err := range errs {
-				if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
-					t.Errorf("Step with %s: %v, want store.ErrInvalidRecoveryPoint", name, err)
+				if !errors.Is(err, store.ErrInvalidStep) {
+					t.Errorf("Step with %s: %v, want store.ErrInvalidStep", name, err)
 				}
 			}
 			if saved {

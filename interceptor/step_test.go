@@ -25,8 +25,8 @@ type stallStore struct {
 	first *stallLease
 }
 
-func (s *stallStore) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, key, r, d)
+func (s *stallStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		s.mu.Lock()
 		if s.first == nil {

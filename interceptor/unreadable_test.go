@@ -67,8 +67,8 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 // failingLeaseStore fails every Lease as a lost connection would.
 type failingLeaseStore struct{ store.Store }
 
-func (failingLeaseStore) Lease(context.Context, store.Key, store.Request, time.Duration) (store.LeaseClaim, error) {
-	return store.LeaseClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
+func (failingLeaseStore) ClaimLeased(context.Context, store.Key, store.Request, time.Duration) (store.LeasedClaim, error) {
+	return store.LeasedClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
 }
 
 // TestTransientLeaseFailureIsNotDataLoss: a store that fails transiently is

@@ -145,7 +145,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 	if claim.Txn == nil {
 		return nil, errors.New("a fresh key was taken")
 	}
-	if err := claim.Txn.Complete(ctx, store.Outcome{Body: e.response}); err != nil {
+	if err := claim.Txn.Record(ctx, store.Outcome{Body: e.response}); err != nil {
 		return nil, err
 	}
 	clone, err := cloneStatement(ctx, pool)

@@ -147,7 +147,7 @@ var scenarios = []*scenario{
 			if err := e.insert(ctx, tx, req, key); err != nil {
 				return "", err
 			}
-			return executed, claim.Txn.Complete(ctx, store.Outcome{Body: e.response})
+			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
 		},
 	},
 	{

@@ -273,8 +273,8 @@ func (failingStore) Claim(context.Context, store.Key, store.Request) (store.Clai
 // losingStore hands out leases whose record finds them taken over.
 type losingStore struct{ store.Store }
 
-func (s losingStore) Lease(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, k, r, d)
+func (s losingStore) ClaimLeased(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, k, r, d)
 	if c.Lease != nil {
 		c.Lease = losingLease{c.Lease}
 	}
@@ -283,7 +283,7 @@ func (s losingStore) Lease(ctx context.Context, k store.Key, r store.Request, d 
 
 type losingLease struct{ store.Lease }
 
-func (losingLease) Complete(context.Context, store.Outcome) error { return store.ErrLeaseLost }
+func (losingLease) Record(context.Context, store.Outcome) error { return store.ErrLeaseLost }
 
 // refLoader records a reference and rebuilds a response from it.
 type refLoader struct{}
@@ -383,7 +383,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	abandoned, err := h.mem.Lease(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
+	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
 	if err != nil || abandoned.Lease == nil {
 		t.Fatalf("lease: %+v, %v", abandoned, err)
 	}

@@ -48,11 +48,11 @@ func TestClockIsTheStatementsTime(t *testing.T) {
 		t.Errorf("the claim expires at %v, want %v", c.ExpiresAt, want)
 	}
 	clock.Add(time.Minute) // while the handler runs: the record keeps the claim's time
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
 	leased := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "leased"}
-	l, err := s.Lease(ctx, leased, store.Request{Fingerprint: []byte("fp")}, 10*time.Minute)
+	l, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, 10*time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -86,7 +86,7 @@ func TestDefaultClockIsTheDatabases(t *testing.T) {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim: %+v, %v", c, err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
 	var stored time.Time

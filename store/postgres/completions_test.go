@@ -18,9 +18,9 @@ import (
 func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	kept := &store.Completion{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
+	kept := &store.Call{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
 	for _, k := range []string{"healthy", "bad-metadata", "no-method", "unpaired-headers"} {
-		lc, err := s.Lease(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Completion: kept}, time.Hour)
+		lc, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease %s: %+v, %v", k, lc, err)
 		}
@@ -40,7 +40,7 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	for _, a := range list {
 		byKey[a.Key.Key] = a
 	}
-	if a := byKey["healthy"]; a.Unreadable != nil || a.Completion.Method != kept.Method || !slices.Equal(a.Completion.Metadata["x-user"], []string{"u-7"}) {
+	if a := byKey["healthy"]; a.Unreadable != nil || a.Call.Method != kept.Method || !slices.Equal(a.Call.Metadata["x-user"], []string{"u-7"}) {
 		t.Errorf("the healthy call is listed as %+v", a)
 	}
 	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method",

@@ -69,7 +69,7 @@
 //
 // # Leased mode
 //
-// [Store.Lease] claims a key for a handler that runs outside the claim's
+// [Store.ClaimLeased] claims a key for a handler that runs outside the claim's
 // transaction: one round trip takes the key's advisory lock, inserts the
 // row (or takes over one whose lease ran out under the same request, or
 // that expired) with locked_until and a random fencing token, and commits.
@@ -78,7 +78,7 @@
 // the lock timeout (BEGIN, the lock timeout, the statement and COMMIT: one
 // round trip, more in some QueryExecModes, as for a claim), every
 // one matching the row only while its token is current. A recovery
-// point that store.RecoveryPoint.Validate refuses is refused before any
+// point that store.Step.Validate refuses is refused before any
 // round trip.
 //
 // # Poolers and distributed engines

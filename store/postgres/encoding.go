@@ -17,11 +17,11 @@ import (
 // by name, a name repeated for each of its values.
 
 // stepArrays returns steps as the values of step_names and step_results.
-func stepArrays(steps []store.RecoveryPoint) (names []string, results [][]byte) {
+func stepArrays(steps []store.Step) (names []string, results [][]byte) {
 	names = make([]string, len(steps))
 	results = make([][]byte, len(steps))
 	for i, p := range steps {
-		names[i], results[i] = p.Step, p.Data
+		names[i], results[i] = p.Name, p.Result
 	}
 	return names, results
 }
@@ -29,7 +29,7 @@ func stepArrays(steps []store.RecoveryPoint) (names []string, results [][]byte) 
 // readSteps returns the steps a row keeps: in old, its recovery_steps, when
 // the previous version wrote them (which leaves the arrays as they were),
 // else in its step_names and step_results.
-func readSteps(old []byte, names []*string, results [][]byte) ([]store.RecoveryPoint, error) {
+func readSteps(old []byte, names []*string, results [][]byte) ([]store.Step, error) {
 	if old != nil {
 		steps, err := decodeSteps(old)
 		if err != nil {
@@ -40,12 +40,12 @@ func readSteps(old []byte, names []*string, results [][]byte) ([]store.RecoveryP
 	if len(names) != len(results) {
 		return nil, fmt.Errorf("postgres: step_names holds %d steps and step_results %d", len(names), len(results))
 	}
-	steps := make([]store.RecoveryPoint, len(names))
+	steps := make([]store.Step, len(names))
 	for i, name := range names {
 		if name == nil {
 			return nil, fmt.Errorf("postgres: step %d of step_names is NULL", i+1)
 		}
-		steps[i] = store.RecoveryPoint{Step: *name, Data: results[i]}
+		steps[i] = store.Step{Name: *name, Result: results[i]}
 	}
 	return steps, nil
 }
@@ -133,10 +133,10 @@ func rangeEntries(b []byte, f func(name string, value []byte)) error {
 	return nil
 }
 
-func decodeSteps(b []byte) ([]store.RecoveryPoint, error) {
-	var steps []store.RecoveryPoint
+func decodeSteps(b []byte) ([]store.Step, error) {
+	var steps []store.Step
 	err := rangeEntries(b, func(name string, value []byte) {
-		steps = append(steps, store.RecoveryPoint{Step: name, Data: slices.Clone(value)})
+		steps = append(steps, store.Step{Name: name, Result: slices.Clone(value)})
 	})
 	return steps, err
 }

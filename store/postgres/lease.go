@@ -99,7 +99,7 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
 // sweeper deleted it).
 const maxLeaseRounds = 3
 
-// Lease implements [store.Store]. The claim is one round trip (BEGIN, the
+// ClaimLeased implements [store.Store]. The claim is one round trip (BEGIN, the
 // lock timeout, the key's advisory lock, the insert or takeover, the read
 // of the holder and COMMIT travel together; the first claim on a connection
 // costs more, as for Claim) and commits at once; each later write of the
@@ -111,20 +111,20 @@ const maxLeaseRounds = 3
 // it refuses a key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
-// and every later write of its Lease run on the tenant's shard, and a
+// and every later write of its ClaimLeased run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
 // saved steps cannot be read (step_names and step_results do not pair up,
 // or a list the previous version kept in recovery_steps does not decode)
 // fails with an error wrapping [store.ErrCorrupt], and its lease is ended
 // at once, so that every claim of it fails so, until the row is deleted
 // or expires.
-func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	pool, err := s.shardOf(key.Tenant)
 	if err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
@@ -138,18 +138,18 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			_ = l.exec(cctx, leaseEnd)
 			cancel()
-			return store.LeaseClaim{}, err
+			return store.LeasedClaim{}, err
 		case err != nil:
-			return store.LeaseClaim{}, interpretError(err)
+			return store.LeasedClaim{}, interpretError(err)
 		case l != nil:
-			return store.LeaseClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
+			return store.LeasedClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
 		case entry != nil && !entry.expired:
-			return store.LeaseClaim{Entry: &entry.Entry}, nil
+			return store.LeasedClaim{Entry: &entry.Entry}, nil
 		}
 		// The row the insert met was deleted, or expired, between the
 		// insert and the select: try again.
 	}
-	return store.LeaseClaim{}, store.ErrInUse
+	return store.LeasedClaim{}, store.ErrInUse
 }
 
 // lease runs one round of Lease. When the key's steps cannot be decoded it
@@ -168,7 +168,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
 		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
-			completionArgs(r.Completion)...), now)},
+			completionArgs(r.Call)...), now)},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
 	})
@@ -201,7 +201,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	default:
 		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
-			l.point = &store.RecoveryPoint{Step: *step, Data: data}
+			l.point = &store.Step{Name: *step, Result: data}
 		}
 		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
@@ -242,54 +242,54 @@ type lease struct {
 	lost atomic.Bool
 
 	mu       sync.Mutex
-	point    *store.RecoveryPoint
-	steps    []store.RecoveryPoint
+	point    *store.Step
+	steps    []store.Step
 	finished bool
 }
 
-func (l *lease) RecoveryPoint() (store.RecoveryPoint, bool) {
+func (l *lease) LastStep() (store.Step, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.point == nil {
-		return store.RecoveryPoint{}, false
+		return store.Step{}, false
 	}
 	return *l.point, true
 }
 
-func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 	// Refused before the round trip: a step name the text column cannot
 	// hold would otherwise fail with the driver's error.
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	p.Data = append([]byte(nil), p.Data...)
+	p.Result = append([]byte(nil), p.Result...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	steps, err := store.SaveStep(l.steps, p)
+	steps, err := store.MergeStep(l.steps, p)
 	if err != nil {
 		return err
 	}
 	names, results := stepArrays(steps)
-	if err := l.exec(ctx, leaseSave, p.Step, p.Data, names, results); err != nil {
+	if err := l.exec(ctx, leaseSave, p.Name, p.Result, names, results); err != nil {
 		return err
 	}
 	l.point, l.steps = &p, steps
 	return nil
 }
 
-func (l *lease) Steps() []store.RecoveryPoint {
+func (l *lease) Steps() []store.Step {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]store.RecoveryPoint, len(l.steps))
+	out := make([]store.Step, len(l.steps))
 	for i, p := range l.steps {
-		out[i] = store.RecoveryPoint{Step: p.Step, Data: slices.Clone(p.Data)}
+		out[i] = store.Step{Name: p.Name, Result: slices.Clone(p.Result)}
 	}
 	return out
 }
 
 // completionArgs are the arguments of leaseClaim that keep c: NULLs for
 // none, which a takeover leaves as they are.
-func completionArgs(c *store.Completion) []any {
+func completionArgs(c *store.Call) []any {
 	if c == nil {
 		return []any{nil, nil, nil, nil}
 	}
@@ -310,7 +310,7 @@ WHERE status = 'in_progress' AND request_payload IS NOT NULL
 ORDER BY locked_until
 LIMIT $2`
 
-// Abandoned implements [store.Completions]. A sharded store (see
+// Abandoned implements [store.Finishing]. A sharded store (see
 // [NewSharded]) asks every shard at once for up to limit calls and takes
 // them in turn, one of each shard's at a time, up to limit in all, so that
 // no shard starves the others. When some shards fail, or have not answered
@@ -389,10 +389,10 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&method, &a.Completion.Request, &md, &names, &values, &a.Takeovers); err != nil {
+			&method, &a.Call.Request, &md, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		a.Unreadable = readKept(&a.Completion, method, md, names, values)
+		a.Unreadable = readKept(&a.Call, method, md, names, values)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
@@ -405,7 +405,7 @@ func (l *lease) Extend(ctx context.Context, d time.Duration) error {
 	return l.exec(ctx, leaseExtend, d.Seconds())
 }
 
-func (l *lease) Complete(ctx context.Context, out store.Outcome) error {
+func (l *lease) Record(ctx context.Context, out store.Outcome) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.finished {

@@ -20,16 +20,16 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	clock := newTestClock()
 	s := postgres.New(pool, postgres.WithClock(clock.Now))
-	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
+	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
-	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}); err != nil {
+	if err := first.Lease.SaveStep(ctx, store.Step{Name: "charge_sent", Result: []byte("ch_1")}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Live lease: no takeover, and the entry says how long it still runs.
-	live, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	live, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || live.Entry == nil || live.Entry.State != store.InProgress {
 		t.Fatalf("claim during a live lease: %+v, %v", live, err)
 	}
@@ -39,29 +39,29 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 
 	clock.Add(400 * time.Millisecond)
 	// Run out, but another fingerprint: never taken over.
-	other, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	other, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || other.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v", other, err)
 	}
-	second, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}
-	p, ok := second.Lease.RecoveryPoint()
-	if !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
+	p, ok := second.Lease.LastStep()
+	if !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
 		t.Fatalf("recovery point after takeover = %+v, %v", p, ok)
 	}
 
 	for name, err := range map[string]error{
 		"extend":   first.Lease.Extend(ctx, time.Minute),
-		"save":     first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
-		"complete": first.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
+		"save":     first.Lease.SaveStep(ctx, store.Step{Name: "x"}),
+		"complete": first.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale %s: %v, want ErrLeaseLost", name, err)
 		}
 	}
-	if err := second.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("mine")}); err != nil {
+	if err := second.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("mine")}); err != nil {
 		t.Fatal(err)
 	}
 	var body []byte
@@ -78,11 +78,11 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
-	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+	if err := first.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")}); err != nil {
 		t.Fatal(err)
 	}
 	// The steps are damaged, and the worker dies: its lease runs out.
@@ -90,20 +90,20 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if !errors.Is(err, store.ErrCorrupt) || c.Lease != nil || c.Entry != nil {
 			t.Fatalf("claim %d of a key with unreadable steps: %+v, %v; want store.ErrCorrupt", i+1, c, err)
 		}
 	}
 	// Another request under the key is still told it is another request.
-	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || c.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v; want the entry", c, err)
 	}
 	// A failure of another kind is not corruption.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
+	if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
 	}
 }
@@ -114,7 +114,7 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || c.Lease == nil {
 		t.Fatalf("lease: %+v, %v", c, err)
 	}
@@ -127,7 +127,7 @@ func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 	pool.Close()
 	for name, err := range map[string]error{
 		"extend": c.Lease.Extend(ctx, time.Minute),
-		"save":   c.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
+		"save":   c.Lease.SaveStep(ctx, store.Step{Name: "x"}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("%s after the lease was found lost: %v, want ErrLeaseLost", name, err)
@@ -157,14 +157,14 @@ func TestStepsAndMetadataLandInArrays(t *testing.T) {
 
 func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 	s := postgres.New(pool)
-	kept := &store.Completion{Method: "/svc/Charge", Request: []byte("req"),
+	kept := &store.Call{Method: "/svc/Charge", Request: []byte("req"),
 		Metadata: map[string][]string{"x-user": {"u-7"}, "x-roles": {"a", "b"}}}
-	lc, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp"), Completion: kept}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
-	for _, p := range []store.RecoveryPoint{{Step: "reserve", Data: []byte("r1")}, {Step: "charge"}, {Step: "reserve", Data: []byte("r2")}} {
-		if err := lc.Lease.SaveRecoveryPoint(ctx, p); err != nil {
+	for _, p := range []store.Step{{Name: "reserve", Result: []byte("r1")}, {Name: "charge"}, {Name: "reserve", Result: []byte("r2")}} {
+		if err := lc.Lease.SaveStep(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -194,14 +194,14 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now()`); err != nil {
 		t.Fatal(err)
 	}
-	second, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}
-	if got, want := second.Lease.Steps(), []store.RecoveryPoint{{Step: "reserve", Data: []byte("r2")}, {Step: "charge"}}; !sameSteps(got, want) {
+	if got, want := second.Lease.Steps(), []store.Step{{Name: "reserve", Result: []byte("r2")}, {Name: "charge"}}; !sameSteps(got, want) {
 		t.Errorf("steps after the takeover %v, want %v", got, want)
 	}
-	if err := second.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+	if err := second.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 	var left int
@@ -222,17 +222,17 @@ func TestLeaseOfUnpairedStepArraysIsCorrupt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pool := pgtest.NewPool(t)
 			s := postgres.New(pool)
-			lc, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 			if err != nil || lc.Lease == nil {
 				t.Fatalf("lease: %+v, %v", lc, err)
 			}
-			if err := lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+			if err := lc.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now(), `+damage); err != nil {
 				t.Fatal(err)
 			}
-			if c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
+			if c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("claim of a key with unpaired step arrays: %+v, %v; want store.ErrCorrupt", c, err)
 			}
 		})

@@ -109,7 +109,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
 	leased := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
-	lc, err := s.Lease(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
 	}
@@ -122,7 +122,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 		if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
-		if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
 	}
@@ -132,10 +132,10 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	}{
 		{"extend", func(ctx context.Context) error { return lc.Lease.Extend(ctx, time.Hour) }},
 		{"save", func(ctx context.Context) error {
-			return lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+			return lc.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
+			return lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 	} {
 		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
@@ -148,7 +148,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 
 	release()
 	claimAndComplete(t, s, key)
-	if err := lc.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+	if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record of the lease once the lock is gone: %v", err)
 	}
 	var n, recorded int
@@ -168,15 +168,15 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
-	if err := c.Txn.Complete(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+	if err := c.Txn.Record(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
-	l, err := s.Lease(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	l, err := s.ClaimLeased(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
-	if err := l.Lease.Complete(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+	if err := l.Lease.Record(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -257,7 +257,7 @@ func TestClaimRoundTrips(t *testing.T) {
 				var (
 					tr trips
 					c  store.Claim
-					l  store.LeaseClaim
+					l  store.LeasedClaim
 				)
 				tr[0] = count(func() (err error) {
 					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
@@ -265,15 +265,15 @@ func TestClaimRoundTrips(t *testing.T) {
 					}
 					return err
 				})
-				tr[1] = count(func() error { return c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				tr[1] = count(func() error { return c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
 				tr[2] = count(func() (err error) {
-					if l, err = s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
+					if l, err = s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
 						err = fmt.Errorf("lease of a new key: %+v", l)
 					}
 					return err
 				})
-				tr[3] = count(func() error { return l.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				tr[3] = count(func() error { return l.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				got = append(got, tr)
 			}
 
@@ -428,7 +428,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			if _, err := tx.Exec(ctx, `INSERT INTO w VALUES ($1)`, k.Key); err != nil {
 				t.Fatal(err)
 			}
-			return c.Txn.Complete(ctx, store.Outcome{Code: tc.code, Body: []byte("r")})
+			return c.Txn.Record(ctx, store.Outcome{Code: tc.code, Body: []byte("r")})
 		}
 		rows := func() (writes, completed int) {
 			t.Helper()
@@ -487,7 +487,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	released := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
 	var leases []store.Lease
 	for _, k := range []store.Key{held, released} {
-		l, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 		}
@@ -511,10 +511,10 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	}{
 		{"extend", func(ctx context.Context) error { return leases[0].Extend(ctx, time.Hour) }},
 		{"save", func(ctx context.Context) error {
-			return leases[0].SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+			return leases[0].SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return leases[0].Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
+			return leases[0].Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 		{"release", func(ctx context.Context) error { return leases[1].Release(ctx) }},
 	} {
@@ -525,7 +525,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 			t.Errorf("lease %s behind the locked key row: %v, want ErrInUse", w.name, err)
 		}
 	}
-	if _, ok := leases[0].RecoveryPoint(); ok {
+	if _, ok := leases[0].LastStep(); ok {
 		t.Fatal("a save that gave up set the lease's recovery point")
 	}
 
@@ -539,7 +539,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		t.Fatalf("the writes that gave up changed the rows:\n%s\nwant\n%s", after, before)
 	}
 	// The record that gave up left the lease the caller's.
-	if err := leases[0].Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+	if err := leases[0].Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record once the row is free: %v", err)
 	}
 	var status string

@@ -133,7 +133,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
 	}
 	// The owner pins the only server connection, so the duplicate waits

@@ -35,8 +35,8 @@ type Store struct {
 }
 
 var (
-	_ store.Store       = (*Store)(nil)
-	_ store.Completions = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Finishing = (*Store)(nil)
 )
 
 // New returns a Store on pool. The claim always runs on pool, so point it at
@@ -345,7 +345,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMod
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	settled := entry != nil && entry.State == store.Completed && !entry.expired
+	settled := entry != nil && entry.State == store.Recorded && !entry.expired
 	if err != nil || locked || settled {
 		// A completed key needs no lock: its replays run side by side.
 		return tx, entry, now, err
@@ -391,7 +391,7 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 	}
 	switch status {
 	case "completed":
-		e.State = store.Completed
+		e.State = store.Recorded
 	case "in_progress":
 		e.State = store.InProgress
 	default:
@@ -457,7 +457,7 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	return tx, ok
 }
 
-func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
+func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	if t.conn == nil {
 		return errFinished
 	}

@@ -103,7 +103,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 	if timeout != "0" {
 		t.Fatalf("handler runs with lock_timeout %s; the claim's bound leaked into the handler", timeout)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("resp")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("resp")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Release(ctx); err != nil {
@@ -115,7 +115,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 		t.Fatalf("second claim: %+v, %v", again, err)
 	}
 	e := again.Entry
-	if e.State != store.Completed || string(e.Fingerprint) != "fp" || e.Outcome.Code != code.Code_OK || string(e.Outcome.Body) != "resp" {
+	if e.State != store.Recorded || string(e.Fingerprint) != "fp" || e.Outcome.Code != code.Code_OK || string(e.Outcome.Body) != "resp" {
 		t.Fatalf("entry %+v", e)
 	}
 	if time.Until(e.ExpiresAt) < 23*time.Hour {
@@ -167,7 +167,7 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 			case c.Txn != nil:
 				owners.Add(1)
 				called.Wait() // the others called Claim while the key is held
-				if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
+				if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 					t.Error(err)
 				}
 			default:
@@ -237,7 +237,7 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
 	}
 	var writes, keys int
@@ -258,7 +258,7 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 	}
 	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
 	_, _ = tx.Exec(ctx, `SELECT 1/0`) // a handler that swallows this error
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err == nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err == nil {
 		t.Fatal("Complete succeeded on an aborted transaction")
 	}
 	var n int
@@ -347,7 +347,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				if _, err := tx.Exec(ctx, `INSERT INTO w VALUES (1)`); err != nil {
 					t.Fatal(err)
 				}
-				return c.Txn.Complete(ctx, store.Outcome{Code: oc, Body: []byte("r")})
+				return c.Txn.Record(ctx, store.Outcome{Code: oc, Body: []byte("r")})
 			}
 			rows := func() (writes, keys int) {
 				t.Helper()

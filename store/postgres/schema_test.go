@@ -91,7 +91,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}) })
 			waitForAdvisoryLockWaiter(t, pool)
 			write(first, "first")
-			if err := first.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("first")}); err != nil {
+			if err := first.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("first")}); err != nil {
 				t.Fatal(err)
 			}
 			wg.Wait()
@@ -99,7 +99,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				t.Fatalf("second claim: %+v, %v; want a Txn, as its snapshot predates the first's commit", second, err2)
 			}
 			write(second, "second")
-			err = second.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("second")})
+			err = second.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("second")})
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("second record: %v, want store.ErrConflict", err)
 			}
@@ -190,17 +190,17 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 	if err != nil || old.Txn == nil {
 		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
 	}
-	if err := old.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("new")}); err != nil {
+	if err := old.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("new")}); err != nil {
 		t.Fatal(err)
 	}
-	leased, err := s.Lease(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	leased, err := s.ClaimLeased(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || leased.Lease == nil {
 		t.Fatalf("abandoned lease after the migration: %+v, %v; want a takeover", leased, err)
 	}
-	if p, ok := leased.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
+	if p, ok := leased.Lease.LastStep(); !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
 		t.Fatalf("recovery point after the takeover: %+v, %v", p, ok)
 	}
-	if err := leased.Lease.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("leased")}); err != nil {
+	if err := leased.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("leased")}); err != nil {
 		t.Fatal(err)
 	}
 	var rows int
@@ -246,7 +246,7 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("lease without idem's tables: %v, want ErrNotReady", err)
 	}
 	// Once migrated, the same store serves.
@@ -311,12 +311,12 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
 	for _, tc := range []struct {
 		key   string
-		steps []store.RecoveryPoint
+		steps []store.Step
 	}{
-		{"steps", []store.RecoveryPoint{{Step: "reserve", Data: []byte("r1")}, {Step: "charge", Data: []byte("ch_1")}, {Step: "empty"}}},
-		{"point", []store.RecoveryPoint{{Step: "charge_sent", Data: []byte("ch_42")}}},
+		{"steps", []store.Step{{Name: "reserve", Result: []byte("r1")}, {Name: "charge", Result: []byte("ch_1")}, {Name: "empty"}}},
+		{"point", []store.Step{{Name: "charge_sent", Result: []byte("ch_42")}}},
 	} {
-		lc, err := s.Lease(ctx, k(tc.key), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		lc, err := s.ClaimLeased(ctx, k(tc.key), store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if err != nil || lc.Lease == nil || !lc.TookOver {
 			t.Fatalf("%s: takeover after the migration: %+v, %v", tc.key, lc, err)
 		}
@@ -324,7 +324,7 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 			t.Errorf("%s: steps after the migration %v, want %v", tc.key, got, tc.steps)
 		}
 		last := tc.steps[len(tc.steps)-1]
-		if p, ok := lc.Lease.RecoveryPoint(); !ok || p.Step != last.Step || !bytes.Equal(p.Data, last.Data) {
+		if p, ok := lc.Lease.LastStep(); !ok || p.Name != last.Name || !bytes.Equal(p.Result, last.Result) {
 			t.Errorf("%s: recovery point after the migration %+v, %v; want %+v", tc.key, p, ok, last)
 		}
 	}
@@ -334,15 +334,15 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 		t.Fatalf("Abandoned after the migration: %+v, %v; want the kept call", list, err)
 	}
 	want := map[string][]string{"x-multi": {"a", "b"}, "x-user": {"u-7"}}
-	if a := list[0]; a.Unreadable != nil || a.Key != k("kept") || a.Completion.Method != "/svc/Charge" ||
-		string(a.Completion.Request) != "request" || !maps.EqualFunc(a.Completion.Metadata, want, slices.Equal) {
+	if a := list[0]; a.Unreadable != nil || a.Key != k("kept") || a.Call.Method != "/svc/Charge" ||
+		string(a.Call.Request) != "request" || !maps.EqualFunc(a.Call.Metadata, want, slices.Equal) {
 		t.Fatalf("the kept call after the migration: %+v, want its method, request and metadata %v", a, want)
 	}
 }
 
 // sameSteps reports whether a and b hold the same steps in the same order.
-func sameSteps(a, b []store.RecoveryPoint) bool {
-	return slices.EqualFunc(a, b, func(p, q store.RecoveryPoint) bool {
-		return p.Step == q.Step && bytes.Equal(p.Data, q.Data)
+func sameSteps(a, b []store.Step) bool {
+	return slices.EqualFunc(a, b, func(p, q store.Step) bool {
+		return p.Name == q.Name && bytes.Equal(p.Result, q.Result)
 	})
 }

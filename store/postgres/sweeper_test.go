@@ -298,7 +298,7 @@ func claimFresh(s *postgres.Store, k store.Key) error {
 	if c.Txn == nil {
 		return fmt.Errorf("fresh key %s: found an entry %+v", k.Key, c.Entry)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(k.Key)}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(k.Key)}); err != nil {
 		return fmt.Errorf("fresh key %s: complete: %w", k.Key, err)
 	}
 	return nil
@@ -314,7 +314,7 @@ func claimLive(s *postgres.Store, k store.Key) error {
 		_ = c.Txn.Release(ctx)
 		return fmt.Errorf("live key %s: claimed it; want its entry", k.Key)
 	}
-	if c.Entry.State != store.Completed || c.Entry.Outcome.Code != code.Code_OK || !bytes.Equal(c.Entry.Outcome.Body, []byte("r")) {
+	if c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_OK || !bytes.Equal(c.Entry.Outcome.Body, []byte("r")) {
 		return fmt.Errorf("live key %s: entry %+v", k.Key, c.Entry)
 	}
 	return nil

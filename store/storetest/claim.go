@@ -27,7 +27,7 @@ var claimCases = []testCase{
 		if ctx.Err() == nil {
 			t.Error("Txn.Context is not derived from its parent: cancelling the parent left it live")
 		}
-		if err := txn.Complete(t.Context(), okOutcome("r")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("r")); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 	}},
@@ -48,11 +48,11 @@ var claimCases = []testCase{
 				k.Key = tc.name
 				claimed := cfg.Now()
 				txn := claimTxn(t, s, k, fp)
-				if err := txn.Complete(t.Context(), tc.out); err != nil {
+				if err := txn.Record(t.Context(), tc.out); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
 				e := claimEntry(t, s, k, fp)
-				wantCompleted(t, e, fp, tc.out)
+				wantRecorded(t, e, fp, tc.out)
 				wantAbout(t, "ExpiresAt", e.ExpiresAt, claimed.Add(cfg.TTL))
 			})
 		}
@@ -60,12 +60,12 @@ var claimCases = []testCase{
 
 	{name: "DifferentFingerprintSeesFirst", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, other), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, other), fp, okOutcome("first"))
 		// The mismatch changed nothing.
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
 	{name: "ReleaseLeavesNoTrace", run: func(t *testing.T, s store.Store, _ Config) {
@@ -75,32 +75,32 @@ var claimCases = []testCase{
 		}
 		// Free again, even for another request: nothing of the first remains.
 		again := claimTxn(t, s, key, other)
-		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+		if err := again.Record(t.Context(), okOutcome("second")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+		wantRecorded(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
 	{name: "ReleaseAfterCompleteIsNoOp", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("kept")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("kept")); err != nil {
 			t.Fatal(err)
 		}
 		if err := txn.Release(t.Context()); err != nil {
 			t.Errorf("Release after Complete: %v, want nil", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
 	}},
 
 	{name: "CompleteTwiceFails", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(t.Context(), okOutcome("second")); err == nil {
+		if err := txn.Record(t.Context(), okOutcome("second")); err == nil {
 			t.Error("second Complete succeeded, want an error")
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
 	{name: "CompleteAfterReleaseFails", run: func(t *testing.T, s store.Store, _ Config) {
@@ -108,7 +108,7 @@ var claimCases = []testCase{
 		if err := txn.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(t.Context(), okOutcome("late")); err == nil {
+		if err := txn.Record(t.Context(), okOutcome("late")); err == nil {
 			t.Error("Complete after Release succeeded, want an error")
 		}
 		_ = claimTxn(t, s, key, fp) // still free
@@ -118,16 +118,16 @@ var claimCases = []testCase{
 		f := bytes.Clone(fp)
 		txn := claimTxn(t, s, key, f)
 		out := okOutcome("response")
-		if err := txn.Complete(t.Context(), out); err != nil {
+		if err := txn.Record(t.Context(), out); err != nil {
 			t.Fatal(err)
 		}
 		copy(out.Body, "XXXXXXXX")
 		copy(f, "XXXXXXXX")
 		e := claimEntry(t, s, key, fp)
-		wantCompleted(t, e, fp, okOutcome("response"))
+		wantRecorded(t, e, fp, okOutcome("response"))
 		copy(e.Outcome.Body, "YYYYYYYY")
 		copy(e.Fingerprint, "YYYYYYYY")
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("response"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("response"))
 	}},
 
 	{name: "ConcurrentClaimsHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
@@ -146,7 +146,7 @@ var claimCases = []testCase{
 				// The others have all called Claim while the key is held:
 				// they wait for it, or find it completed.
 				called.Wait()
-				if err := c.Txn.Complete(t.Context(), okOutcome("owner")); err != nil {
+				if err := c.Txn.Record(t.Context(), okOutcome("owner")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -157,7 +157,7 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("owner"))
+			wantRecorded(t, e, fp, okOutcome("owner"))
 		}
 	}},
 
@@ -177,10 +177,10 @@ var claimCases = []testCase{
 			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
 		}
 		// The key is not lost: the owner still records, and it is replayed.
-		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
 	}},
 
 	{name: "WaitEndsWithContext", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -220,7 +220,7 @@ var claimCases = []testCase{
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+				if err := c.Txn.Record(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -234,25 +234,25 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("second"))
+			wantRecorded(t, e, fp, okOutcome("second"))
 		}
 	}},
 
 	{name: "ExpiredKeyIsFree", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 		cfg.advance(cfg.TTL / 2)
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first")) // not yet
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first")) // not yet
 		cfg.advance(cfg.TTL/2 + 300*time.Millisecond)
 		// Expired counts as absent: even another fingerprint runs afresh.
 		again := claimTxn(t, s, key, other)
-		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+		if err := again.Record(t.Context(), okOutcome("second")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+		wantRecorded(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
 	{name: "ExpiryIsClaimTimePlusTTL", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -263,7 +263,7 @@ var claimCases = []testCase{
 		}
 		defer func() { _ = c.Txn.Release(context.Background()) }()
 		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(cfg.TTL))
-		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := c.Txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
 		e := claimEntry(t, s, key, fp)
@@ -271,9 +271,9 @@ var claimCases = []testCase{
 			t.Errorf("the entry expires at %v, %v from the claim's %v", e.ExpiresAt, d, c.ExpiresAt)
 		}
 
-		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
 		if err != nil || l.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
 		defer func() { _ = l.Lease.Release(context.Background()) }()
 		wantAbout(t, "the lease's expiry", l.ExpiresAt, before.Add(cfg.TTL))
@@ -287,17 +287,17 @@ var claimCases = []testCase{
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
 		}
 		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(ttl))
-		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := c.Txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
 		if err != nil || l.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
-		if err := l.Lease.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Lease.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 		cfg.advance(ttl + 300*time.Millisecond)
 		claimTxn(t, s, key, fp)
 		_ = takeLease(t, s, leaseKey, fp, time.Minute)
@@ -305,7 +305,7 @@ var claimCases = []testCase{
 
 	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
 		cfg.advance(cfg.TTL + 300*time.Millisecond)
@@ -322,7 +322,7 @@ var claimCases = []testCase{
 			case c.Txn != nil:
 				r.owner()
 				called.Wait() // the others called Claim while the key was held
-				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+				if err := c.Txn.Record(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -333,7 +333,7 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("second"))
+			wantRecorded(t, e, fp, okOutcome("second"))
 		}
 	}},
 
@@ -355,12 +355,12 @@ var claimCases = []testCase{
 		// collision shows as an Entry.
 		for _, k := range keys {
 			txn := claimTxn(t, s, k, fp)
-			if err := txn.Complete(t.Context(), okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key)); err != nil {
+			if err := txn.Record(t.Context(), okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, k := range keys {
-			wantCompleted(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
 		}
 		// A held key does not make another one wait.
 		_ = claimTxn(t, s, store.Key{Tenant: "a/b", Method: "c", Key: "e"}, fp)
@@ -389,10 +389,10 @@ var claimCases = []testCase{
 				}
 			}
 		}
-		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatalf("the lease was disturbed by the claims: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
 	}},
 
 	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -413,7 +413,7 @@ var claimCases = []testCase{
 				t.Errorf("LeaseRemaining %v of a run-out lease, want 0", c.Entry.LeaseRemaining)
 			}
 		}
-		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatalf("the lease was disturbed by the claim: %v", err)
 		}
 	}},

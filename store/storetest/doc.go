@@ -29,7 +29,7 @@
 // out, a wait that ends with its context, an owner that releases while
 // others wait, many claims of an expired key, and claims of a leased key.
 //
-// Leased claims ([store.Store.Lease] and [store.Lease]): a free key, a live
+// Leased claims ([store.Store.ClaimLeased] and [store.Lease]): a free key, a live
 // lease, a run-out lease taken over with its recovery point (or not, for
 // another fingerprint), which takeovers report (and which claims do not),
 // Extend, fencing of a stale owner's every write

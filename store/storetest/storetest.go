@@ -77,7 +77,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Lease", leaseCases},
 		{"Key", keyCases},
 		{"Steps", stepCases},
-		{"Completions", completionCases},
+		{"Finishing", completionCases},
 	} {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
@@ -207,18 +207,18 @@ func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *s
 // released when the test ends, which does nothing once it has finished.
 func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
 	t.Helper()
-	return takeLeaseClaim(t, s, k, fingerprint, d).Lease
+	return takeLeasedClaim(t, s, k, fingerprint, d).Lease
 }
 
-// takeLeaseClaim is takeLease, returning the whole claim.
-func takeLeaseClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.LeaseClaim {
+// takeLeasedClaim is takeLease, returning the whole claim.
+func takeLeasedClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.LeasedClaim {
 	t.Helper()
-	c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
 	}
 	if c.Lease == nil || c.Entry != nil {
-		t.Fatalf("Lease(%v) = %s, want a Lease", k, describeLeaseClaim(c))
+		t.Fatalf("Lease(%v) = %s, want a Lease", k, describeLeasedClaim(c))
 	}
 	t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
 	return c
@@ -227,7 +227,7 @@ func takeLeaseClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte
 // leaseEntry leases k and fails the test unless it gets an Entry.
 func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) *store.Entry {
 	t.Helper()
-	c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want an Entry", k, err)
 	}
@@ -235,16 +235,16 @@ func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d 
 		if c.Lease != nil {
 			_ = c.Lease.Release(context.Background())
 		}
-		t.Fatalf("Lease(%v) = %s, want an Entry", k, describeLeaseClaim(c))
+		t.Fatalf("Lease(%v) = %s, want an Entry", k, describeLeasedClaim(c))
 	}
 	return c.Entry
 }
 
 // wantCompleted fails the test unless e is a completed entry of a request
 // with fingerprint whose outcome is out.
-func wantCompleted(t *testing.T, e *store.Entry, fingerprint []byte, out store.Outcome) {
+func wantRecorded(t *testing.T, e *store.Entry, fingerprint []byte, out store.Outcome) {
 	t.Helper()
-	if e.State != store.Completed {
+	if e.State != store.Recorded {
 		t.Fatalf("entry %s, want completed", describeEntry(e))
 	}
 	if !bytes.Equal(e.Fingerprint, fingerprint) {
@@ -273,31 +273,31 @@ func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
 // wantNoPoint fails the test if l holds a recovery point.
 func wantNoPoint(t *testing.T, l store.Lease) {
 	t.Helper()
-	if p, ok := l.RecoveryPoint(); ok {
-		t.Errorf("RecoveryPoint() = %s, want none", describePoint(p))
+	if p, ok := l.LastStep(); ok {
+		t.Errorf("LastStep() = %s, want none", describePoint(p))
 	}
 }
 
 // wantPoint fails the test unless l's recovery point is p.
-func wantPoint(t *testing.T, l store.Lease, p store.RecoveryPoint) {
+func wantPoint(t *testing.T, l store.Lease, p store.Step) {
 	t.Helper()
-	got, ok := l.RecoveryPoint()
-	if !ok || got.Step != p.Step || !bytes.Equal(got.Data, p.Data) {
-		t.Errorf("RecoveryPoint() = %s, %v; want %s", describePoint(got), ok, describePoint(p))
+	got, ok := l.LastStep()
+	if !ok || got.Name != p.Name || !bytes.Equal(got.Result, p.Result) {
+		t.Errorf("LastStep() = %s, %v; want %s", describePoint(got), ok, describePoint(p))
 	}
 }
 
 // describePoint shows p with at most the first 32 bytes of its step and
 // data.
-func describePoint(p store.RecoveryPoint) string {
-	step, data := p.Step, p.Data
+func describePoint(p store.Step) string {
+	step, data := p.Name, p.Result
 	if len(step) > 32 {
 		step = step[:32] + "..."
 	}
 	if len(data) > 32 {
 		data = append(data[:32:32], "..."...)
 	}
-	return fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Step), data, len(p.Data))
+	return fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Name), data, len(p.Result))
 }
 
 func describeEntry(e *store.Entry) string {
@@ -306,7 +306,7 @@ func describeEntry(e *store.Entry) string {
 	}
 	state := fmt.Sprintf("state %d", e.State)
 	switch e.State {
-	case store.Completed:
+	case store.Recorded:
 		state = "completed"
 	case store.InProgress:
 		state = "in progress"
@@ -318,7 +318,7 @@ func describeClaim(c store.Claim) string {
 	return fmt.Sprintf("{Txn: %v, Entry: %s}", c.Txn != nil, describeEntry(c.Entry))
 }
 
-func describeLeaseClaim(c store.LeaseClaim) string {
+func describeLeasedClaim(c store.LeasedClaim) string {
 	return fmt.Sprintf("{Lease: %v, Entry: %s, TookOver: %v}", c.Lease != nil, describeEntry(c.Entry), c.TookOver)
 }
 
