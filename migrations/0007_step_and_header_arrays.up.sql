@@ -4,7 +4,7 @@
 -- the order the steps were first saved (a NULL result is a step saved with
 -- no data); request_header_names and request_header_values are parallel
 -- arrays, one element per metadata value, sorted by name, a name repeated
--- for each of its values.
+-- for each of its values (bytea: the values of -bin names are binary).
 --
 -- They replace recovery_steps and request_metadata, which held the same
 -- lists in a binary encoding of idem's. The store no longer writes those
@@ -24,7 +24,7 @@
 ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS step_names text[];
 ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS step_results bytea[];
 ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS request_header_names text[];
-ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS request_header_values text[];
+ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS request_header_values bytea[];
 UPDATE idempotency_keys
 SET step_names = ARRAY[recovery_point], step_results = ARRAY[recovery_data]
 WHERE recovery_point IS NOT NULL AND recovery_steps IS NULL AND step_names IS NULL;

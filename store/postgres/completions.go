@@ -12,7 +12,7 @@ import (
 // kept it, else in names and values), and returns why they cannot be
 // read, if they cannot: c then has no metadata. The error never quotes
 // what was kept.
-func readKept(c *store.Call, method *string, md []byte, names, values []*string) error {
+func readKept(c *store.Call, method *string, md []byte, names []*string, values [][]byte) error {
 	if method == nil {
 		return errors.New("postgres: the kept request has no method (request_method is NULL)")
 	}

@@ -53,17 +53,17 @@ func readSteps(old []byte, names []*string, results [][]byte) ([]store.Step, err
 // headerArrays returns md as the values of request_header_names and
 // request_header_values: never NULL, so that a takeover's kept call
 // replaces the metadata an earlier one kept.
-func headerArrays(md map[string][]string) (names, values []string) {
+func headerArrays(md map[string][]string) (names []string, values [][]byte) {
 	keys := make([]string, 0, len(md))
 	for k := range md {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	names, values = []string{}, []string{}
+	names, values = []string{}, [][]byte{}
 	for _, k := range keys {
 		for _, v := range md[k] {
 			names = append(names, k)
-			values = append(values, v)
+			values = append(values, []byte(v))
 		}
 	}
 	return names, values
@@ -73,7 +73,7 @@ func headerArrays(md map[string][]string) (names, values []string) {
 // request_metadata, when the previous version wrote it, else in its
 // request_header_names and request_header_values. The error names the
 // column it could not read, never what it holds.
-func readHeaders(old []byte, names, values []*string) (map[string][]string, error) {
+func readHeaders(old []byte, names []*string, values [][]byte) (map[string][]string, error) {
 	if old != nil {
 		md, err := decodeMetadata(old)
 		if err != nil {
@@ -92,7 +92,7 @@ func readHeaders(old []byte, names, values []*string) (map[string][]string, erro
 		case values[i] == nil:
 			return nil, fmt.Errorf("element %d of request_header_values is NULL", i+1)
 		}
-		md[*name] = append(md[*name], *values[i])
+		md[*name] = append(md[*name], string(values[i]))
 	}
 	return md, nil
 }

@@ -384,7 +384,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 			method *string // NULL only in a damaged row
 			md     []byte
 			names  []*string // NULL elements only in a damaged row
-			values []*string
+			values [][]byte
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.

@@ -169,10 +169,10 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 		}
 	}
 	var (
-		names, headerNames, headerValues []string
-		results                          [][]byte
-		oldSteps, oldMetadata            []byte
-		point                            string
+		names, headerNames    []string
+		results, headerValues [][]byte
+		oldSteps, oldMetadata []byte
+		point                 string
 	)
 	err = pool.QueryRow(ctx, `SELECT step_names, step_results, request_header_names, request_header_values,
 		recovery_steps, request_metadata, recovery_point FROM idempotency_keys`).
@@ -184,7 +184,7 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 		string(results[0]) != "r2" || results[1] != nil {
 		t.Errorf("step_names %q, step_results %q; want reserve=r2 and charge with no data (NULL)", names, results)
 	}
-	if !slices.Equal(headerNames, []string{"x-roles", "x-roles", "x-user"}) || !slices.Equal(headerValues, []string{"a", "b", "u-7"}) {
+	if !slices.Equal(headerNames, []string{"x-roles", "x-roles", "x-user"}) || !slices.EqualFunc(headerValues, []string{"a", "b", "u-7"}, func(b []byte, s string) bool { return string(b) == s }) {
 		t.Errorf("request_header_names %q, request_header_values %q; want x-roles=a, x-roles=b, x-user=u-7", headerNames, headerValues)
 	}
 	if oldSteps != nil || oldMetadata != nil || point != "reserve" {

@@ -127,7 +127,7 @@ func completions(t *testing.T, s store.Store) store.Finishing {
 var completion = &store.Call{
 	Method:   "/idem.test.v1.Test/Do",
 	Request:  []byte("request bytes"),
-	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}},
+	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}, "x-trace-bin": {"\x00\xff\x80 binary"}},
 }
 
 // abandonedKeys returns the keys Abandoned lists.
