@@ -100,7 +100,11 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 				_, err := client.CallUnary(ctx, request())
 				done <- err
 			}()
-			<-svc.entered
+			select {
+			case <-svc.entered:
+			case err := <-done:
+				t.Fatalf("the call returned before its handler ran: %v", err)
+			}
 			cancel()
 			if err := <-done; connect.CodeOf(err) != connect.CodeCanceled {
 				t.Fatalf("the abandoned call: %v, want it canceled", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/record"
 )
 
 // TestCrashAnywhere kills the payments server with SIGKILL at random
@@ -144,10 +145,14 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	if !slices.Contains(header.Get(idem.ReplayedHeader), "true") {
 		t.Fatalf("retry not marked as a replay; header %v", header)
 	}
-	// The row holds the response in an envelope of six bytes (0x00, the
-	// code, a checksum); the reply carries what follows.
-	if got := codec.last(); len(stored) < 6 || stored[0] != 0 || !bytes.Equal(got, stored[6:]) {
-		t.Fatalf("retry got response bytes %x, stored %x", got, stored)
+	// The row holds the response in a record (internal/record); the reply
+	// carries its payload, byte for byte.
+	rec, err := record.Decode(stored)
+	if err != nil || rec.Bare {
+		t.Fatalf("stored response %x: %+v, %v; want a record", stored, rec, err)
+	}
+	if got := codec.last(); !bytes.Equal(got, rec.Payload) {
+		t.Fatalf("retry got response bytes %x, recorded %x", got, rec.Payload)
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d payments after the retry (%v), want 1", n, err)
