@@ -148,11 +148,15 @@ type naive struct {
 	setLockTimeout string
 }
 
+// lockTimeout is the PostgreSQL store's default lock timeout, as
+// postgres.WithLockTimeout documents it, so that naive waits as long.
+const lockTimeout = 2 * time.Second
+
 func newNaive(pool *pgxpool.Pool) *naive {
 	return &naive{
 		pool:           pool,
 		hasher:         fingerprint.NewHasher(),
-		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", postgres.DefaultLockTimeout.Milliseconds()),
+		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds()),
 	}
 }
 

@@ -54,8 +54,8 @@ func defaultSoakConfig() soakConfig {
 		TTL:           time.Minute,
 		Sample:        10 * time.Second,
 		SweepInterval: 10 * time.Second,
-		SweepBatch:    postgres.DefaultSweepBatchSize,
-		SweepPause:    postgres.DefaultSweepPause,
+		SweepBatch:    sweepBatchSize,
+		SweepPause:    sweepPause,
 		Replays:       0.05,
 	}
 }
@@ -364,7 +364,7 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	defer cancel()
 
 	sweeper := postgres.NewSweeper(sweepPool,
-		postgres.WithSweepBatchSize(sc.SweepBatch), postgres.WithSweepPause(sc.SweepPause))
+		postgres.WithBatchSize(sc.SweepBatch), postgres.WithPause(sc.SweepPause))
 	var swept sweepStats
 	var bg sync.WaitGroup
 	bg.Go(func() {

@@ -142,10 +142,10 @@
 // default to the global providers: the sweeper counts the rows it deletes
 // (idem.sweeper.deleted, by idem.table), times its passes
 // (idem.sweeper.pass.duration, and a span idem.sweeper.pass), and logs a
-// failed pass through log/slog ([WithSweepLogger], [WithSweepMeterProvider],
-// [WithSweepTracerProvider]); the inbox counts the messages it processed
-// or found processed before (idem.inbox.messages, by idem.consumer and
-// idem.outcome: processed, duplicate) and records a span
-// idem.inbox.process for each ([WithInboxMeterProvider],
-// [WithInboxTracerProvider]). The store itself does not log.
+// failed pass through log/slog ([WithLogger]); the inbox counts the
+// messages it processed or found processed before (idem.inbox.messages, by
+// idem.consumer and idem.outcome: processed, duplicate) and records a span
+// idem.inbox.process for each. [WithMeterProvider] and [WithTracerProvider]
+// configure either: the same option may be passed to [NewSweeper] and to
+// [NewInbox]. The store itself does not log.
 package postgres

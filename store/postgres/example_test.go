@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"google.golang.org/grpc"
 
 	"github.com/idemkit/idem"
@@ -62,8 +63,8 @@ func ExampleNewSweeper() {
 	}
 	defer pool.Close()
 	sw := postgres.NewSweeper(pool,
-		postgres.WithSweepInterval(5*time.Minute), // expired rows may wait a little longer
-		postgres.WithSweepBatchSize(500),          // shorter transactions
+		postgres.WithInterval(5*time.Minute), // expired rows may wait a little longer
+		postgres.WithBatchSize(500),          // shorter transactions
 	)
 	// Every replica may run one. Failed passes are logged and retried;
 	// Run returns ctx.Err() once ctx ends.
@@ -123,4 +124,23 @@ func ExampleNewSharded() {
 		return err
 	}
 	_ = apply
+}
+
+// One observability option configures the sweeper and the inbox alike.
+func ExampleWithMeterProvider() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	metrics := postgres.WithMeterProvider(otel.GetMeterProvider()) // your SDK's provider
+	sw := postgres.NewSweeper(pool, metrics, postgres.WithInterval(5*time.Minute))
+	inbox := postgres.NewInbox(pool, "shipping", metrics)
+	go func() { _ = sw.Run(ctx) }()
+
+	// ... consume with inbox.ProcessOnce until interrupted ...
+	_ = inbox
+	<-ctx.Done()
 }

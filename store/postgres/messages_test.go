@@ -296,14 +296,15 @@ func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 
 func TestInboxRetention(t *testing.T) {
 	pool := newInboxDB(t)
+	const week = 7 * 24 * time.Hour // the default, as WithRetention documents it
 	for _, c := range []struct {
 		consumer string
 		opts     []postgres.InboxOption
 		want     time.Duration
 	}{
-		{"default", nil, postgres.DefaultRetention},
+		{"default", nil, week},
 		{"thirty-days", []postgres.InboxOption{postgres.WithRetention(30 * 24 * time.Hour)}, 30 * 24 * time.Hour},
-		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, postgres.DefaultRetention},
+		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, week},
 	} {
 		if _, err := postgres.NewInbox(pool, c.consumer, c.opts...).ProcessOnce(ctx, "m", func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)

@@ -2,10 +2,10 @@ package postgres
 
 import "time"
 
-// Defaults of the options below.
+// The defaults of the options below.
 const (
-	DefaultLockTimeout = 2 * time.Second
-	DefaultTTL         = 24 * time.Hour
+	defaultLockTimeout = 2 * time.Second
+	defaultTTL         = 24 * time.Hour
 )
 
 type options struct {
@@ -15,8 +15,8 @@ type options struct {
 }
 
 var defaultOptions = options{
-	lockTimeout: DefaultLockTimeout,
-	ttl:         DefaultTTL,
+	lockTimeout: defaultLockTimeout,
+	ttl:         defaultTTL,
 }
 
 // Option configures a [Store].
@@ -35,7 +35,7 @@ type Option func(*options)
 // under the session's setting. A claim, and a lease's write, also waits at
 // most this long for a connection of the pool, and fails (the interceptor
 // answers UNAVAILABLE) rather than queue behind claims that wait for a
-// busy key. Default: [DefaultLockTimeout] (2 s). Values below one
+// busy key. Default: 2 seconds. Values below one
 // millisecond are raised to one millisecond, since PostgreSQL reads zero
 // as "wait forever".
 func WithLockTimeout(d time.Duration) Option {
@@ -45,11 +45,11 @@ func WithLockTimeout(d time.Duration) Option {
 // WithTTL sets how long a key is kept (expires_at = claim time + ttl). Past
 // it the key counts as absent, so a request with that key runs again. Make it
 // longer than any client's retry window, and say so in your API's contract.
-// Default: [DefaultTTL] (24 h). Non-positive values select the default.
+// Default: 24 hours. Non-positive values select the default.
 func WithTTL(ttl time.Duration) Option {
 	return func(o *options) {
 		if ttl <= 0 {
-			ttl = DefaultTTL
+			ttl = defaultTTL
 		}
 		o.ttl = ttl
 	}

@@ -228,7 +228,7 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 	exec(`INSERT INTO processed_messages (consumer, message_id, expires_at)
 		SELECT 'shipping', 'old-' || i, now() - interval '1 hour' FROM generate_series(1, 5) i`)
 
-	deleted, err := postgres.NewSweeper(pool, postgres.WithSweepBatchSize(10), postgres.WithSweepPause(0)).Sweep(ctx)
+	deleted, err := postgres.NewSweeper(pool, postgres.WithBatchSize(10), postgres.WithPause(0)).Sweep(ctx)
 	if err != nil || deleted != 30 {
 		t.Fatalf("Sweep: %d rows, %v; want 30", deleted, err)
 	}

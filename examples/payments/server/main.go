@@ -159,7 +159,7 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 	}
 	// Each shard's expired keys are swept on that shard.
 	for _, pool := range pools {
-		go func() { _ = postgres.NewSweeper(pool, postgres.WithSweepMeterProvider(mp)).Run(ctx) }()
+		go func() { _ = postgres.NewSweeper(pool, postgres.WithMeterProvider(mp)).Run(ctx) }()
 	}
 
 	var gateway *http.Server
