@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // benchService inserts one row per call: on the claim's transaction under
@@ -62,7 +62,7 @@ func BenchmarkUnary(b *testing.B) {
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
 		b.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(postgres.New(pool))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(newEngine(b, postgres.New(pool)))))
 	testv1.RegisterTestServiceServer(srv, &benchService{pool: pool})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

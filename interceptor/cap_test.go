@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
@@ -42,9 +42,9 @@ var big = strings.Repeat("x", 100)
 func TestOversizedResponseWithLoader(t *testing.T) {
 	var e *env
 	loader := &valueLoader{e: &e}
-	e = newEnv(t, setup{opts: []interceptor.ServerOption{
-		interceptor.WithMaxStoredResponseBytes(64),
-		interceptor.WithLoader(maybeMethod, loader),
+	e = newEnv(t, setup{opts: []idem.Option{
+		idem.WithMaxStoredResponseBytes(64),
+		idem.WithLoader(maybeMethod, loader),
 	}})
 	first, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big})
 	if err != nil || first.GetValue() != big {
@@ -59,7 +59,7 @@ func TestOversizedResponseWithLoader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(first, again) || loader.loads.Load() != 1 || header.Get(interceptor.ReplayedHeader)[0] != "true" {
+	if !proto.Equal(first, again) || loader.loads.Load() != 1 || header.Get(idem.ReplayedHeader)[0] != "true" {
 		t.Fatalf("retry = %v (loads %d, header %v), want %v rebuilt once", again, loader.loads.Load(), header, first)
 	}
 	if got := e.effects(t); got != 1 {
@@ -75,13 +75,13 @@ func TestOversizedResponseWithLoader(t *testing.T) {
 }
 
 func TestOversizedResponseWithoutLoader(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.ServerOption{interceptor.WithMaxStoredResponseBytes(64)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithMaxStoredResponseBytes(64)}})
 	if _, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big})
 	wantCode(t, err, codes.FailedPrecondition)
-	if reason(err) != interceptor.ReasonResponseNotCached {
+	if reason(err) != idem.ReasonResponseNotCached {
 		t.Fatalf("reason = %q", reason(err))
 	}
 	if got := e.effects(t); got != 1 {
@@ -90,9 +90,9 @@ func TestOversizedResponseWithoutLoader(t *testing.T) {
 }
 
 func TestOversizedResponseRerun(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.ServerOption{
-		interceptor.WithMaxStoredResponseBytes(64),
-		interceptor.WithRerunWhenNotCached(maybeMethod),
+	e := newEnv(t, setup{opts: []idem.Option{
+		idem.WithMaxStoredResponseBytes(64),
+		idem.WithRerunWhenNotCached(maybeMethod),
 	}})
 	for range 2 {
 		if _, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big}); err != nil {

@@ -2,7 +2,6 @@ package interceptor_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -84,37 +83,6 @@ func ExampleUnaryClientInterceptor_forwardedMetadata() {
 		return err
 	}
 	_ = handler
-}
-
-func ExampleContextWithStep() {
-	// Inside a keyed handler, name the steps whose order may vary; here two
-	// charges run concurrently, so per-method ordinals would not be stable
-	// across a retry of the request. Each charge carries the request's
-	// child key for its step, interceptor.ChildKey(ctx, part.step).
-	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
-	handler := func(ctx context.Context) error {
-		errs := make(chan error, 2)
-		for _, part := range []struct {
-			step  string
-			cents int64
-		}{{"charge-goods", 1250}, {"charge-shipping", 490}} {
-			go func() {
-				_, err := payments.CreatePayment(interceptor.ContextWithStep(ctx, part.step),
-					&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: part.cents, Currency: "EUR"})
-				errs <- err
-			}()
-		}
-		return errors.Join(<-errs, <-errs)
-	}
-	_ = handler
-}
-
-func ExampleContextWithKey() {
-	// A key the caller stored with its own record before calling, so that
-	// the call made after a crash and restart repeats the first one.
-	var payments testv1.PaymentServiceClient // through UnaryClientInterceptor
-	ctx := interceptor.ContextWithKey(context.Background(), "invoice-2024-0042")
-	_, _ = payments.CreatePayment(ctx, &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"})
 }
 
 func ExampleRetryDelay() {

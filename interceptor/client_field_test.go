@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
@@ -33,7 +34,7 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 	)
 	failed := map[string]bool{}
 	svc.setHook(func(ctx context.Context, value string) error {
-		key, _ := interceptor.KeyFromContext(ctx)
+		key, _ := idem.KeyFromContext(ctx)
 		mu.Lock()
 		defer mu.Unlock()
 		seen = append(seen, key)
@@ -59,7 +60,7 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 		key  string
 	}{
 		{"outside a handler", ctx, "req-1"},
-		{"with ContextWithKey", interceptor.ContextWithKey(ctx, "elsewhere"), "req-2"},
+		{"with ContextWithKey", idem.ContextWithKey(ctx, "elsewhere"), "req-2"},
 		// In a keyed handler, where a plain call would get a child key.
 		{"inside a keyed handler", keyedHandlerContext(t, "parent"), "req-3"},
 	} {
@@ -103,12 +104,12 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 // interceptor hands a handler of Do under key.
 func keyedHandlerContext(t *testing.T, key string) context.Context {
 	t.Helper()
-	e := interceptor.NewEngine(memory.New())
+	e := newEngine(t, memory.New())
 	got := make(chan context.Context, 1)
-	call := interceptor.Call{Method: methodDo, Keys: []string{key}, Request: &testv1.DoRequest{Value: "parent"}}
-	_, err := e.Handle(t.Context(), call, func(ctx context.Context) (interceptor.Reply, error) {
+	call := idem.Call{Method: methodDo, Keys: []string{key}, Request: &testv1.DoRequest{Value: "parent"}}
+	_, err := e.Handle(t.Context(), call, func(ctx context.Context) (idem.Reply, error) {
 		got <- ctx
-		return interceptor.Reply{Message: &testv1.DoResponse{}}, nil
+		return idem.Reply{Message: &testv1.DoResponse{}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +125,9 @@ func TestRequestFieldAndMetadataKeysDiffer(t *testing.T) {
 		_, err := e.client.Do(withKey("other"), &testv1.DoRequest{Value: "v", RequestId: "req-1"})
 		st := wantCode(t, err, codes.InvalidArgument)
 		msg := st.Message()
-		if strings.Contains(msg, "invalid "+interceptor.KeyHeader+" header") ||
-			!strings.Contains(msg, "request_id") || !strings.Contains(msg, interceptor.KeyHeader) {
-			t.Errorf("message %q: want one that names request_id and %s, not an invalid header", msg, interceptor.KeyHeader)
+		if strings.Contains(msg, "invalid "+idem.KeyHeader+" header") ||
+			!strings.Contains(msg, "request_id") || !strings.Contains(msg, idem.KeyHeader) {
+			t.Errorf("message %q: want one that names request_id and %s, not an invalid header", msg, idem.KeyHeader)
 		}
 		var fields []string
 		for _, d := range st.Details() {
@@ -137,7 +138,7 @@ func TestRequestFieldAndMetadataKeysDiffer(t *testing.T) {
 			}
 		}
 		slices.Sort(fields)
-		if want := []string{interceptor.KeyHeader, "request_id"}; !slices.Equal(fields, want) {
+		if want := []string{idem.KeyHeader, "request_id"}; !slices.Equal(fields, want) {
 			t.Errorf("field violations on %q, want %q", fields, want)
 		}
 		if n := e.svc.count(); n != 0 {

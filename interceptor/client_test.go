@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -51,7 +52,7 @@ type recorder struct {
 }
 
 func (r *recorder) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	a := attempt{method: info.FullMethod, keys: metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader), start: time.Now()}
+	a := attempt{method: info.FullMethod, keys: metadata.ValueFromIncomingContext(ctx, idem.KeyHeader), start: time.Now()}
 	resp, err := handler(ctx, req)
 	a.code, a.end = status.Code(err), time.Now()
 	r.mu.Lock()
@@ -106,18 +107,18 @@ func newEffectsPool(t *testing.T) *pgxpool.Pool {
 
 // serve starts srv with impl behind a recorder and idem's server
 // interceptor on pool, and returns the recorder and the address.
-func serve(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, opts ...interceptor.ServerOption) (*recorder, string) {
+func serve(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, opts ...idem.Option) (*recorder, string) {
 	t.Helper()
 	return serveWith(t, pool, impl, nil, opts...)
 }
 
-func serveWith(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, storeOpts []postgres.Option, opts ...interceptor.ServerOption) (*recorder, string) {
+func serveWith(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, storeOpts []postgres.Option, opts ...idem.Option) (*recorder, string) {
 	t.Helper()
 	rec := &recorder{}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		rec.unary,
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(postgres.New(pool, storeOpts...), opts...),
+		interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(pool, storeOpts...), opts...)),
 	))
 	testv1.RegisterTestServiceServer(srv, impl)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -204,8 +205,8 @@ func TestClientKeysMethodsThatRequireOne(t *testing.T) {
 func TestClientWithKeyedMethods(t *testing.T) {
 	pool := newEffectsPool(t)
 	rec, addr := serve(t, pool, &testService{pool: pool})
-	everything := interceptor.MatchFunc(func(context.Context, string) bool { return true })
-	client := dial(t, addr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor(interceptor.WithKeyedMethods(everything))))
+	everything := func(context.Context, string) bool { return true }
+	client := dial(t, addr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor(idem.WithKeyedMethods(everything))))
 	ctx := deadline(t, 30*time.Second)
 
 	if _, err := client.Maybe(ctx, &testv1.MaybeRequest{Value: "selected"}); err != nil {
@@ -230,15 +231,15 @@ func TestClientKeepsTheCallersKey(t *testing.T) {
 	client := dial(t, addr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
 	ctx := deadline(t, 30*time.Second)
 
-	if _, err := client.Do(interceptor.ContextWithKey(ctx, "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
+	if _, err := client.Do(idem.ContextWithKey(ctx, "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	md := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-2")
+	md := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-2")
 	if _, err := client.Do(md, &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	// ContextWithKey wins over metadata, and applies to optional-key methods.
-	if _, err := client.Maybe(interceptor.ContextWithKey(md, "order-3"), &testv1.MaybeRequest{Value: "v"}); err != nil {
+	if _, err := client.Maybe(idem.ContextWithKey(md, "order-3"), &testv1.MaybeRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	got := []string{onlyKey(t, rec.of(methodDo)[0]), onlyKey(t, rec.of(methodDo)[1]), onlyKey(t, rec.of(methodMaybe)[0])}
@@ -252,7 +253,7 @@ func TestClientKeepsTheCallersKey(t *testing.T) {
 	}
 
 	before := len(rec.all())
-	_, err := client.Do(interceptor.ContextWithKey(ctx, "has space"), &testv1.DoRequest{Value: "v"})
+	_, err := client.Do(idem.ContextWithKey(ctx, "has space"), &testv1.DoRequest{Value: "v"})
 	wantCode(t, err, codes.InvalidArgument)
 	if after := len(rec.all()); after != before {
 		t.Fatalf("a call with an invalid key reached the server")
@@ -364,7 +365,7 @@ func TestBackoffRetryInfo(t *testing.T) {
 	warmPool(t, pool, 4)
 	rec, addr := serveWith(t, pool, svc,
 		[]postgres.Option{postgres.WithLockTimeout(50 * time.Millisecond)},
-		interceptor.WithRetryDelay(suggested))
+		idem.WithRetryDelay(suggested))
 	client := dial(t, addr, grpc.WithChainUnaryInterceptor(
 		interceptor.UnaryClientInterceptor(),
 		retry.UnaryClientInterceptor(
@@ -372,7 +373,7 @@ func TestBackoffRetryInfo(t *testing.T) {
 			retry.WithCodes(codes.Aborted),
 			retry.WithBackoff(interceptor.BackoffRetryInfo(retry.BackoffLinear(time.Millisecond)))),
 	))
-	ctx := interceptor.ContextWithKey(deadline(t, 30*time.Second), "in-use")
+	ctx := idem.ContextWithKey(deadline(t, 30*time.Second), "in-use")
 
 	first := make(chan error, 1)
 	go func() {
@@ -418,7 +419,7 @@ func TestBackoffRetryInfo(t *testing.T) {
 	if gap := retried.start.Sub(aborted.end); gap < suggested {
 		t.Errorf("retry came %v after ABORTED, before the suggested %v", gap, suggested)
 	}
-	if len(header.Get(interceptor.ReplayedHeader)) == 0 {
+	if len(header.Get(idem.ReplayedHeader)) == 0 {
 		t.Error("the duplicate's final answer was not a replay")
 	}
 	if n := countEffects(t, pool, "in-use"); n != 1 || svc.count() != 1 {
@@ -466,16 +467,16 @@ type relay struct {
 }
 
 func (r *relay) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
-	parent, _ := interceptor.KeyFromContext(ctx)
+	parent, _ := idem.KeyFromContext(ctx)
 	calls := []func() error{
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "first"}); return err },
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "second"}); return err },
 		func() error {
-			_, err := r.down.Do(interceptor.ContextWithStep(ctx, "named"), &testv1.DoRequest{Value: "named"})
+			_, err := r.down.Do(idem.ContextWithStep(ctx, "named"), &testv1.DoRequest{Value: "named"})
 			return err
 		},
 		func() error {
-			fwd := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, parent)
+			fwd := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, parent)
 			_, err := r.down.Do(fwd, &testv1.DoRequest{Value: "forwarded"})
 			return err
 		},
@@ -508,7 +509,7 @@ func TestClientDerivesChildKeys(t *testing.T) {
 
 	const parent = "parent-key"
 	req := &testv1.DoRequest{Value: "order"}
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, parent)
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, parent)
 	_, err := client.Do(ctx, req)
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("first execution: %v, want UNAVAILABLE", err)
@@ -519,10 +520,10 @@ func TestClientDerivesChildKeys(t *testing.T) {
 
 	scope := store.Key{Method: methodDo, Key: parent}
 	want := []string{
-		interceptor.CallKey(scope, methodDo, 1),
-		interceptor.CallKey(scope, methodDo, 2),
-		interceptor.DeriveKey(scope, "named"),
-		interceptor.CallKey(scope, methodDo, 3),
+		callKey(scope, methodDo, 1),
+		callKey(scope, methodDo, 2),
+		idem.DeriveKey(scope, "named"),
+		callKey(scope, methodDo, 3),
 	}
 	var got []string
 	for _, a := range downRec.of(methodDo) {
@@ -554,12 +555,12 @@ func TestClientDerivesChildKeys(t *testing.T) {
 // tenant from.
 const tenantHeader = "x-tenant-id"
 
-var headerTenant = interceptor.TenantFunc(func(ctx context.Context) (string, error) {
-	if v := metadata.ValueFromIncomingContext(ctx, tenantHeader); len(v) == 1 {
+func headerTenant(_ context.Context, header map[string][]string) (string, error) {
+	if v := header[tenantHeader]; len(v) == 1 {
 		return v[0], nil
 	}
 	return "", nil
-})
+}
 
 // fanout is an upstream TestService whose Do and Maybe both make the same
 // two downstream calls of Do, numbered and under the step "charge", and
@@ -580,12 +581,13 @@ func (f *fanout) call(ctx context.Context, value string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := f.down.Do(interceptor.ContextWithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
+	if _, err := f.down.Do(idem.ContextWithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
 		return 0, err
 	}
 	method, _ := grpc.Method(ctx)
-	tenant, _ := headerTenant(ctx)
-	child, _ := interceptor.ChildKey(ctx, "charge")
+	md, _ := metadata.FromIncomingContext(ctx)
+	tenant, _ := headerTenant(ctx, md)
+	child, _ := idem.ChildKey(ctx, "charge")
 	f.mu.Lock()
 	if f.runs == nil {
 		f.runs, f.children = map[string]int{}, map[string]string{}
@@ -634,7 +636,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	down := &testService{pool: downPool}
 	downRec, downAddr := serve(t, downPool, down)
 	up := &fanout{down: dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))}
-	_, upAddr := serve(t, upPool, up, interceptor.WithTenant(headerTenant))
+	_, upAddr := serve(t, upPool, up, idem.WithTenant(headerTenant))
 	client := dial(t, upAddr)
 
 	const parent = "order-1"
@@ -646,7 +648,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 			op := operation{tenant, method}
 			ops = append(ops, op)
 			ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second),
-				interceptor.KeyHeader, parent, tenantHeader, tenant)
+				idem.KeyHeader, parent, tenantHeader, tenant)
 			call := func() (int64, error) {
 				if method == methodDo {
 					resp, err := client.Do(ctx, &testv1.DoRequest{Value: "charge 10 EUR"})
@@ -678,7 +680,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	seen := map[string]bool{}
 	for i, op := range ops {
 		scope := store.Key{Tenant: op.tenant, Method: op.method, Key: parent}
-		want := []string{interceptor.CallKey(scope, methodDo, 1), interceptor.DeriveKey(scope, "charge")}
+		want := []string{callKey(scope, methodDo, 1), idem.DeriveKey(scope, "charge")}
 		if got := up.child(op.tenant, op.method); got != want[1] {
 			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
 		}
@@ -726,7 +728,7 @@ func (p *propagator) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoR
 	if _, err := p.down.Do(out, &testv1.DoRequest{Value: "do"}); err != nil {
 		return nil, err
 	}
-	if _, err := p.down.Maybe(interceptor.ContextWithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
+	if _, err := p.down.Maybe(idem.ContextWithKey(out, "refund-1"), &testv1.MaybeRequest{Value: "with key"}); err != nil {
 		return nil, err
 	}
 	return &testv1.DoResponse{Value: req.GetValue()}, nil
@@ -746,7 +748,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 	client := dial(t, upAddr)
 
 	const parent = "order-1"
-	ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second), interceptor.KeyHeader, parent)
+	ctx := metadata.AppendToOutgoingContext(deadline(t, 30*time.Second), idem.KeyHeader, parent)
 	if _, err := client.Do(ctx, &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
@@ -764,7 +766,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 		t.Errorf("Maybe with ContextWithKey received %s, want refund-1", k)
 	}
 	child := onlyKey(t, downRec.of(methodDo)[0])
-	if want := interceptor.CallKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1); child != want {
+	if want := callKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1); child != want {
 		t.Errorf("Do received key %s, want the child key %s", child, want)
 	}
 	// Read and the first Maybe ran without a key, Do under its child key.

@@ -1,258 +1,67 @@
-// Package interceptor makes mutating unary gRPC calls safe to retry.
+// Package interceptor is idem's gRPC adapter: it runs the mutating unary
+// calls of a grpc-go server through an [idem.Engine], so that they are safe
+// to retry, and attaches idempotency keys on the client side. Package idem
+// describes the flow, the status codes, the modes and the options.
 //
-// A client attaches an idempotency key (metadata [KeyHeader]) to a call. The
-// server interceptor claims the key in a [store.Store], runs the handler
-// once, records its outcome and replays that outcome, byte for byte, to
-// every retry with the same key. A retry can therefore never apply a side
-// effect twice, whether it comes from the client, a load balancer, a mesh or
-// grpc-go's own retry policy.
+// # Server
 //
-// # Usage
+// [UnaryServerInterceptor] hands each unary call to the engine, with the
+// key from metadata [idem.KeyHeader] and the request metadata, and sends
+// its answer: the response, or idem's refusal or recorded error as a gRPC
+// status, with the response metadata the handler set (recorded with the
+// outcome, sent again with every replay). Add it to the server's chain,
+// after authentication (the tenant comes from the caller's identity) and
+// inside recovery (a panic releases the key and continues up the chain):
 //
-// Add the interceptor to the server's chain, after authentication (the
-// tenant comes from the caller's identity) and inside recovery (a panic
-// releases the key and continues up the chain):
+//	engine, err := idem.New(postgres.New(pool), idem.WithTenant(tenantOf))
+//	if err != nil {
+//		return err
+//	}
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(
+//			recovery.UnaryServerInterceptor(),
+//			auth.UnaryServerInterceptor(authenticate),
+//			interceptor.UnaryServerInterceptor(engine),
+//		),
+//		grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()),
+//	)
 //
-//	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-//	_ = postgres.Migrate(ctx, pool)
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-//		recovery.UnaryServerInterceptor(),
-//		auth.UnaryServerInterceptor(authenticate),
-//		interceptor.UnaryServerInterceptor(postgres.New(pool),
-//			interceptor.WithTenant(interceptor.TenantFunc(tenantOf))),
-//	))
+// [StreamServerInterceptor] refuses a streaming call that carries a key
+// with INVALID_ARGUMENT, since idem makes unary calls safe to retry.
 //
-// With the PostgreSQL store the handler does its writes on the transaction
-// that holds the key, from postgres.TxFromContext, so the key, the writes and
-// the recorded response commit together or not at all.
+// When idem answers with a RetryInfo of its own (a key in use, a lease
+// lost, a store that failed) the interceptor also sends the trailer
+// [PushbackTrailer], so that grpc-go's own retry policy waits as long as
+// the server asks.
 //
-// # Which methods are keyed
-//
-// Policy lives in the .proto file and is read from the method descriptor:
-//
-//   - option (idem.v1.method).key_required = true: a call without a key
-//     fails with INVALID_ARGUMENT.
-//   - option idempotency_level = IDEMPOTENT or NO_SIDE_EFFECTS: the method
-//     is safe to retry as it is; it bypasses idem. A well-formed key is
-//     ignored and the call runs untouched, but a malformed one (see below)
-//     is refused with INVALID_ARGUMENT, as on any method: it is a bug of
-//     the client, which should hear of it. This holds on every transport.
-//   - otherwise: keyed when the client sends a key, untouched when it does
-//     not.
-//
-// A key is exactly one metadata value of 1 to 255 visible ASCII characters;
-// a call with more than one value, or with a key (in its metadata or its key
-// field, below) that breaks this rule, has a malformed key.
-// A request may carry it instead, in a string field marked
-// (idem.v1.field).key = true (as Google's APIs carry a request_id); the
-// field is then left out of the fingerprint, and a key in both the metadata
-// and the field must be the same. It is scoped by tenant (see [WithTenant])
-// and method, so the same key in two tenants or on two methods names two
-// independent operations. The method's name in the scope is its full name,
-// or the name its option (idem.v1.method).scope gives: set it before
-// renaming a package, service or method, to the old full name, so that keys
-// in flight across the deploy keep their answers. Keys are kept for the
-// store's TTL, or for the method's own, (idem.v1.method).ttl; the first
-// answer and every replay tell the client when its key expires, in the
-// header [ExpiresHeader] (RFC 3339). Streaming methods take no key:
-// [StreamServerInterceptor] refuses one with INVALID_ARGUMENT.
-// A scope that no store can hold (a tenant over 255 bytes, or one that is
-// not valid UTF-8 or holds a NUL byte; the rule of store.Key.Validate) is
-// refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
-// reason IDEMPOTENCY_SCOPE_INVALID; the message names the field and the
-// rule, and the value's length, never the value.
-// Fields marked (idem.v1.field).fingerprint_exclude, such as trace ids, are
-// left out of the request fingerprint; metadata never enters it.
-//
-// # Outcomes
-//
-//	situation                                  answer
-//	new key                                    run the handler, record, reply
-//	same key, same request, completed          replay the recorded response or error,
-//	                                           with header idempotent-replayed: true
-//	same key, other request                    FAILED_PRECONDITION, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
-//	same key, still running after the wait     ABORTED, RetryInfo and ErrorInfo reason IDEMPOTENCY_KEY_IN_USE
-//	key missing where required                 INVALID_ARGUMENT, BadRequest violation on idempotency-key,
-//	                                           ErrorInfo reason IDEMPOTENCY_KEY_MISSING
-//	key malformed                              INVALID_ARGUMENT, BadRequest violation on idempotency-key
-//	                                           that says what is wrong, ErrorInfo reason IDEMPOTENCY_KEY_INVALID
-//	tenant or method the store cannot hold     INVALID_ARGUMENT, ErrorInfo reason IDEMPOTENCY_SCOPE_INVALID
-//	the store failed                           UNAVAILABLE, RetryInfo; nothing was recorded
-//
-// Handler errors that the [Classifier] calls deterministic (by default
-// INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS and
-// NOT_FOUND) are recorded as a google.rpc.Status and replayed; the handler's
-// writes are discarded and the key stays taken. Every other error, a panic,
-// or a failure to commit releases the key and discards the writes, so the
-// retry runs afresh: a network blip never poisons a key.
-//
-// # Atomic and leased mode
-//
-// In atomic mode (the default) the claim, the handler's writes and the
-// recorded outcome share one transaction of the store, handed to the handler
-// through the context (postgres.TxFromContext). Use it when the handler's
-// side effects live in the same database.
-//
-// In leased mode, for handlers whose side effects leave the database (a
-// payment provider, an email), the claim commits at once with a lease and a
-// fencing token; the handler runs with no transaction of idem's, the lease
-// is extended every third of its length while it runs, and the outcome is
-// recorded only if the token is still the key's. A method is leased by its
-// option (idem.v1.method).mode = MODE_LEASED (with an optional lease), or by
-// [WithLeased]. A duplicate that arrives while the lease runs gets ABORTED
-// with the lease's remaining time (at most 30 s) as its RetryInfo delay. Once
-// a lease has run out, a retry with the same request takes the key over and
-// resumes from the last recovery point the handler saved
-// ([SaveRecoveryPoint], [LastRecoveryPoint]); the earlier worker can then
-// record nothing and runs no further [Step] (each checks the lease before it
-// runs), its context is cancelled with store.ErrLeaseLost when the heartbeat
-// or a step notices, and its caller gets ABORTED with ErrorInfo reason
-// IDEMPOTENCY_LEASE_LOST. A transient error releases the key as in atomic
-// mode, except after a recovery point was saved: then the lease ends at
-// once and the claim stays, so the retry takes over and resumes. Do not
-// change a method's mode while its keys live.
-//
-// A leased claim's bookkeeping lives as long as the handler, not as long as
-// its caller: extending the lease, recording the outcome and releasing the
-// claim run on a context detached from the request's, so a handler that
-// finishes its side effect after its client's deadline keeps its key and
-// has its outcome recorded. Each of these store calls has a bound of its
-// own: an extension a third of the lease (at most 5 s), recording and
-// releasing 5 s. Only a transient error or a panic releases the claim; when
-// recording the outcome of a handler that succeeded, or failed
-// deterministically, fails, the claim stays in progress, the caller gets
-// UNAVAILABLE with the lease as its RetryInfo delay, and once the lease has
-// run out a retry takes the call over and resumes from its last recovery
-// point.
-//
-// # Steps and completion
-//
-// A leased handler runs each side effect as a [Step]: once per call,
-// however often the call is taken over, with the step's result saved and
-// returned to later attempts, and the step's child key on its outbound
-// calls. Methods that opt in ((idem.v1.method).complete, or
-// [WithCompletion]) keep their request with the leased claim, and a
-// [Completer] finishes those whose callers are gone: it takes an abandoned
-// call over as a retry would and runs it, from its last step, to the end,
-// so the caller's retry, whenever it comes, replays the outcome.
-//
-// # Large responses
-//
-// A response larger than [WithMaxStoredResponseBytes] (1 MiB by default)
-// reaches its first caller but is recorded as "not cached", with the small
-// reference its method's [Loader] returns, if it has one. A retry then gets
-// the response the Loader rebuilds, or, for a method declared safe to run
-// twice ([WithRerunWhenNotCached], or rerun_when_not_cached in its option),
-// a second run of the handler; otherwise FAILED_PRECONDITION with ErrorInfo
-// reason IDEMPOTENCY_RESPONSE_NOT_CACHED. Recorded errors are not capped.
-//
-// # Replay
-//
-// The handler's response metadata (the headers and trailers it sets,
-// without transport and idem headers) is recorded with its outcome and sent
-// again with every replay.
-//
-// The response is recorded as its deterministic protobuf encoding, and every
-// reply for the key carries exactly those bytes. For a response type without
-// map fields or extensions, re-encoding a decoded message reproduces them, so
-// the handler's own message (first call) and a decoded copy (replays) pass
-// through the interceptors outside idem as usual. For types with maps or
-// extensions, whose entry order protobuf leaves open, the interceptor hands
-// gRPC an empty message of the response type that carries the recorded
-// bytes as unknown fields; interceptors outside idem then see no fields set.
-// The recorded bytes carry the call's status code and a CRC-32C checksum of
-// code and payload. A recorded outcome that idem cannot vouch for is never
-// sent: one that no longer decodes, whose code is not a gRPC code (0 to 16)
-// or differs from its row's, or whose checksum fails (a row changed by
-// hand, say an error relabelled as a success) fails the call with INTERNAL,
-// and the problem is logged. Rows recorded by versions of idem before the
-// checksum are still replayed; a response among them must decode without
-// fields unknown to its type, unless its type is replayed as raw bytes.
-//
-// # Other transports
-//
-// [UnaryServerInterceptor] is an [Engine] behind grpc-go's API. The Engine
-// is transport-neutral: an adapter hands it a [Call] and the handler, and
-// sends the [Answer] and the status error it returns. The Connect adapter
-// (module github.com/idemkit/idem/interceptor/idemconnect) and the
-// grpc-gateway adapter (github.com/idemkit/idem/interceptor/idemgateway)
-// use it, so that a call and its retry over another transport are one
-// operation. [ParseHTTPKey] reads the IETF Idempotency-Key header.
-// [WithOutcomeHook] sees how each call went, whatever its transport.
-//
-// # Errors and logging
-//
-// Clients never see the text of internal errors: a failure of the store
-// (while claiming, leasing or recording) answers UNAVAILABLE with a
-// RetryInfo and a message that says only what idem was doing; a [Loader]
-// that fails, UNAVAILABLE likewise; a response or error that cannot be
-// encoded, INTERNAL. The full error goes to the server's log
-// ([WithLogger], by default [log/slog.Default]), with the method, the tenant
-// and the key. [WithVerboseErrors] adds the error's text to the client's
-// message, for development. A healthy server logs nothing per request.
-//
-// # Metrics, traces and logs
-//
-// Every call the server interceptor sees ends in one [Result], which idem
-// reports four ways, never with the key, the tenant or the fingerprint:
-//
-//   - metrics, through the OpenTelemetry metric API ([WithMeterProvider],
-//     by default the global provider): the counter idem.server.requests
-//     with attributes rpc.method ("pkg.Service/Method"), idem.mode and
-//     idem.outcome; the histograms idem.claim.duration and
-//     idem.record.duration, in seconds, waits on a busy key included; the
-//     counters idem.lease.takeovers and idem.lease.extensions. The client
-//     interceptor counts the keys it sends in idem.client.keys, with
-//     attributes rpc.method and idem.key.source (generated, derived,
-//     caller).
-//   - traces: the call's span in the context (started by a stats handler
-//     such as otelgrpc's) gets the attributes idem.outcome, idem.replayed
-//     and idem.mode, and the events idem.key_in_use (with idem.claim.wait,
-//     the seconds the claim waited) and idem.lease.takeover; when that
-//     span is recorded, the store calls run in its child spans idem.claim
-//     and idem.record ([WithTracerProvider], by default the global
-//     provider).
-//   - logs: the fields idem.outcome and idem.replayed are added to the
-//     fields of go-grpc-middleware v2's logging interceptor, which prints
-//     them on its "finished call" line, when it comes before idem in the
-//     chain (below).
-//   - the outcome hook ([WithOutcomeHook]), with the method, the mode, the
-//     result, whether the answer was replayed, and the durations.
-//
-// The logging interceptor keeps its fields in the context it hands down the
-// chain, where idem adds its own when the call is settled:
+// The fields idem.outcome and idem.replayed are added to the fields of
+// go-grpc-middleware v2's logging interceptor, which prints them on its
+// "finished call" line, when it comes before idem in the chain. It keeps
+// its fields in the context it hands down the chain, where idem adds its
+// own when the call is settled:
 //
 //	grpc.ChainUnaryInterceptor(
 //		logging.UnaryServerInterceptor(logger), // go-grpc-middleware v2
 //		recovery.UnaryServerInterceptor(),
-//		interceptor.UnaryServerInterceptor(store),
+//		interceptor.UnaryServerInterceptor(engine),
 //	)
 //
-// When idem answers with a RetryInfo of its own (a key in use, a lease
-// lost, a store that failed) it also sends the trailer [PushbackTrailer],
-// so that grpc-go's own retry policy waits as long as the server asks.
+// # Finishing abandoned calls
 //
-// # Calling other services
+// [FinisherRegistrar] registers a server's services with an [idem.Finisher],
+// which runs abandoned leased calls again through the same chain:
 //
-// [UnaryClientInterceptor] attaches keys on the client side. Outside a
-// keyed handler it gives each call of a keyed method a new UUID, unless the
-// caller set one ([ContextWithKey], or the metadata). Inside a keyed handler it
-// derives a child key from the request's whole scope, its tenant, method and
-// key, and a step: [DeriveKey](request, step), where step is the name set
-// with [ContextWithStep] (or [Step]); a call that names no step is keyed by
-// the method it calls and its ordinal among the request's calls to it (the
-// second call to CreatePayment, say), from a tuple that no step name
-// hashes like. A retried request therefore sends the same child keys in
-// the same order and the services it calls replay instead of repeating.
-// Two calls never share a key, nor do two operations that share a key string in
-// different tenants or methods. The request's own key is never forwarded:
-// a handler that copies its incoming metadata to its outgoing calls sends
-// keyed methods their child keys and other methods no key. [ChildKey]
-// gives a handler the child key of a step for calls over other transports
-// (HTTP, a provider's SDK).
+//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
+//	go f.Run(ctx)
 //
-// Put idem before any retry interceptor in the client's chain, so that the
-// key is attached once and every attempt carries it:
+// # Client
+//
+// [UnaryClientInterceptor] attaches keys to the calls of keyed methods, as
+// [idem.OutgoingKeys] gives them: a new key per logical call, or a child key
+// derived from the request being handled. Put it before any retry
+// interceptor in the client's chain, so that the key is attached once and
+// every attempt carries it:
 //
 //	grpc.WithChainUnaryInterceptor(
 //		interceptor.UnaryClientInterceptor(),

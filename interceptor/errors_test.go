@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -133,7 +134,7 @@ func TestStorageErrorsStayInTheLog(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := c.setup
 			if c.leased {
-				s.opts = append(s.opts, interceptor.WithLeased(time.Minute, do))
+				s.opts = append(s.opts, idem.WithLeased(time.Minute, do))
 			}
 			e := newEnv(t, s)
 			if c.provoke != nil {
@@ -146,7 +147,7 @@ func TestStorageErrorsStayInTheLog(t *testing.T) {
 			// record failed: the handler's effects are its own, and its
 			// claim stays in progress until its lease (capped at 30 s in
 			// the delay) runs out, for a retry to take it over.
-			wantEffects, wantKeys, wantDelay := 0, 0, interceptor.DefaultRetryDelay
+			wantEffects, wantKeys, wantDelay := 0, 0, time.Second // idem's default
 			if c.leased && c.doing == "recording" {
 				wantEffects, wantKeys, wantDelay = 1, 1, 30*time.Second
 			}
@@ -160,7 +161,7 @@ func TestStorageErrorsStayInTheLog(t *testing.T) {
 
 			// Opted in, for development, the client sees the error too.
 			verbose := s
-			verbose.opts = append(verbose.opts[:len(verbose.opts):len(verbose.opts)], interceptor.WithVerboseErrors(true))
+			verbose.opts = append(verbose.opts[:len(verbose.opts):len(verbose.opts)], idem.WithVerboseErrors(true))
 			e = newEnv(t, verbose)
 			if c.provoke != nil {
 				c.provoke(t, e)
@@ -219,12 +220,12 @@ func readOnlyUser(t *testing.T) func(pool *pgxpool.Pool) store.Store {
 // it.
 func TestInternalErrorsStayInTheLog(t *testing.T) {
 	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(postgres.New(e.pool),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
-		interceptor.WithLogger(e.log.logger()))
+	intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool),
+		idem.WithTenant(tenantFromMetadata),
+		idem.WithLogger(e.log.logger())))
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	call := func(key string, handler grpc.UnaryHandler) error {
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key, "x-tenant-id", "acme"))
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key, "x-tenant-id", "acme"))
 		_, err := intercept(ctx, &testv1.DoRequest{Value: "v"}, info, handler)
 		return err
 	}
@@ -263,9 +264,9 @@ func (failingLoader) Load(context.Context, []byte) (proto.Message, error) {
 }
 
 func TestLoaderErrorsStayInTheLog(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.ServerOption{
-		interceptor.WithMaxStoredResponseBytes(8),
-		interceptor.WithLoader(maybeMethod, failingLoader{}),
+	e := newEnv(t, setup{opts: []idem.Option{
+		idem.WithMaxStoredResponseBytes(8),
+		idem.WithLoader(maybeMethod, failingLoader{}),
 	}})
 	req := &testv1.MaybeRequest{Value: strings.Repeat("x", 20)}
 	if _, err := e.client.Maybe(asTenant("k"), req); err != nil {
@@ -311,7 +312,7 @@ func TestMissingSchemaIsNotRetriable(t *testing.T) {
 		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
 			var s setup
 			if leased {
-				s.opts = []interceptor.ServerOption{interceptor.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName)}
+				s.opts = []idem.Option{idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName)}
 			}
 			e := newEnv(t, s)
 			if _, err := e.pool.Exec(context.Background(), `DROP TABLE idempotency_keys`); err != nil {

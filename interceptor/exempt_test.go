@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
@@ -33,7 +33,7 @@ func TestExemptMethodRefusesMalformedKeys(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			md := metadata.MD{}
-			md.Set(interceptor.KeyHeader, c.keys...)
+			md.Set(idem.KeyHeader, c.keys...)
 			_, err := e.client.Read(metadata.NewOutgoingContext(context.Background(), md), read)
 			wantBadKey(t, err)
 			if st := wantCode(t, err, codes.InvalidArgument); !strings.Contains(st.Message(), c.says) {

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 )
@@ -20,16 +20,16 @@ import (
 // wantExpires fails the test unless md says the key expires at about want.
 func wantExpires(t *testing.T, md metadata.MD, want time.Time) time.Time {
 	t.Helper()
-	v := md.Get(interceptor.ExpiresHeader)
+	v := md.Get(idem.ExpiresHeader)
 	if len(v) != 1 {
-		t.Fatalf("%s = %v, want one value", interceptor.ExpiresHeader, v)
+		t.Fatalf("%s = %v, want one value", idem.ExpiresHeader, v)
 	}
 	got, err := time.Parse(time.RFC3339, v[0])
 	if err != nil {
-		t.Fatalf("%s = %q: %v", interceptor.ExpiresHeader, v[0], err)
+		t.Fatalf("%s = %q: %v", idem.ExpiresHeader, v[0], err)
 	}
 	if d := got.Sub(want).Abs(); d > 5*time.Second {
-		t.Errorf("%s = %v, %v from %v", interceptor.ExpiresHeader, got, d, want)
+		t.Errorf("%s = %v, %v from %v", idem.ExpiresHeader, got, d, want)
 	}
 	return got
 }
@@ -55,7 +55,7 @@ func TestResponseMetadataIsReplayed(t *testing.T) {
 			if status.Code(err1) != status.Code(err2) {
 				t.Fatalf("%s: first %v, replay %v", value, err1, err2)
 			}
-			if got := h2.Get(interceptor.ReplayedHeader); len(got) != 1 {
+			if got := h2.Get(idem.ReplayedHeader); len(got) != 1 {
 				t.Fatalf("%s: the second call was not a replay (%v)", value, h2)
 			}
 			for _, k := range []string{"x-charge-id", "x-multi"} {
@@ -98,11 +98,11 @@ func TestKeyFromRequestField(t *testing.T) {
 			t.Fatalf("key in the request only: %v", err)
 		}
 		var header metadata.MD
-		if _, err := e.client.Do(context.Background(), req, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := e.client.Do(context.Background(), req, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("retry with the key in the request: %v (header %v), want a replay", err, header)
 		}
 		header = nil
-		if _, err := e.client.Do(withKey("req-1"), req, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := e.client.Do(withKey("req-1"), req, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("retry with the same key in both: %v, want a replay", err)
 		}
 		_, err := e.client.Do(withKey("other"), req)
@@ -123,7 +123,7 @@ func TestMethodScopeAndTTL(t *testing.T) {
 	eachStore(t, setup{}, func(t *testing.T, e *env) {
 		var child string
 		e.svc.setHook(func(ctx context.Context, _ string) error {
-			child, _ = interceptor.ChildKey(ctx, "step")
+			child, _ = idem.ChildKey(ctx, "step")
 			return nil
 		})
 		var header metadata.MD
@@ -132,7 +132,7 @@ func TestMethodScopeAndTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantExpires(t, header, start.Add(time.Second))
-		if want := interceptor.DeriveKey(store.Key{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
+		if want := idem.DeriveKey(store.Key{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
 			t.Errorf("child key %s, want %s, derived from the method's scope", child, want)
 		}
 		if e.pool != nil {

@@ -3,9 +3,14 @@ package interceptor_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -21,12 +26,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -50,7 +56,7 @@ func (s *testService) execute(ctx context.Context, value string) (int64, error) 
 	hook := s.hook
 	s.mu.Unlock()
 
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	insert := `INSERT INTO effects (key, value) VALUES ($1, $2)`
 	if s.pool == nil {
 		// On store/memory there is no database: the effect is the
@@ -141,7 +147,7 @@ type setup struct {
 	// means postgres.New(pool, storeOpts...).
 	store     func(pool *pgxpool.Pool) store.Store
 	storeOpts []postgres.Option
-	opts      []interceptor.ServerOption
+	opts      []idem.Option
 	poolSize  int32
 	tracer    pgx.QueryTracer
 	// database returns the connection string of the test's database; nil
@@ -197,12 +203,11 @@ func newEnv(t *testing.T, s setup) *env {
 func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 	t.Helper()
 	svc := &testService{pool: pool}
-	tenant := interceptor.TenantFunc(tenantFromMetadata)
 	log := &logBuffer{}
+	e := newEngine(t, st, append([]idem.Option{idem.WithTenant(tenantFromMetadata), idem.WithLogger(log.logger())}, s.opts...)...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(st,
-			append([]interceptor.ServerOption{interceptor.WithTenant(tenant), interceptor.WithLogger(log.logger())}, s.opts...)...),
+		interceptor.UnaryServerInterceptor(e),
 	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
 	testv1.RegisterTestServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -220,10 +225,21 @@ func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 	return &env{pool: pool, svc: svc, client: testv1.NewTestServiceClient(conn), log: log}
 }
 
+// newEngine returns an engine on st with opts, failing the test when
+// idem.New refuses them.
+func newEngine(t testing.TB, st store.Store, opts ...idem.Option) *idem.Engine {
+	t.Helper()
+	e, err := idem.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // tenantFromMetadata is the tenant of newEnv's servers: the x-tenant-id
 // header, when it has exactly one value.
-func tenantFromMetadata(ctx context.Context) (string, error) {
-	if v := metadata.ValueFromIncomingContext(ctx, "x-tenant-id"); len(v) == 1 {
+func tenantFromMetadata(_ context.Context, header map[string][]string) (string, error) {
+	if v := header["x-tenant-id"]; len(v) == 1 {
 		return v[0], nil
 	}
 	return "", nil
@@ -254,7 +270,7 @@ func (b *logBuffer) String() string {
 
 // withKey returns a context whose outgoing metadata carries key.
 func withKey(key string) context.Context {
-	return metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, key)
+	return metadata.AppendToOutgoingContext(context.Background(), idem.KeyHeader, key)
 }
 
 // effects counts the handler's effects that stayed: rows of effects, or,
@@ -321,4 +337,30 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// callKey is the key idem gives the n-th call (from 1) to method that the
+// keyed request parent makes without naming a step: the hex-encoded SHA-256
+// of parent's tenant, method and key, "call", method and n in decimal, each
+// part preceded by its length in bytes as a big-endian uint64. It is
+// computed here from that documented layout rather than by idem's own code,
+// so that a change of the layout shows.
+func callKey(parent store.Key, method string, n int) string {
+	h := sha256.New()
+	var l [8]byte
+	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+		binary.BigEndian.PutUint64(l[:], uint64(len(s)))
+		h.Write(l[:])
+		h.Write([]byte(s))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// grpcError is err as the gRPC interceptors send it: an *idem.Error as its
+// status, any other error as it is.
+func grpcError(err error) error {
+	if ie := (*idem.Error)(nil); errors.As(err, &ie) {
+		return status.ErrorProto(ie.Status())
+	}
+	return err
 }

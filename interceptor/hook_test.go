@@ -8,23 +8,23 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
 // hookRecorder keeps the outcomes a hook saw.
 type hookRecorder struct {
 	mu  sync.Mutex
-	got []interceptor.Outcome
+	got []idem.Outcome
 }
 
-func (r *hookRecorder) hook(_ context.Context, o interceptor.Outcome) {
+func (r *hookRecorder) hook(_ context.Context, o idem.Outcome) {
 	r.mu.Lock()
 	r.got = append(r.got, o)
 	r.mu.Unlock()
 }
 
-func (r *hookRecorder) take() []interceptor.Outcome {
+func (r *hookRecorder) take() []idem.Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	got := r.got
@@ -34,24 +34,24 @@ func (r *hookRecorder) take() []interceptor.Outcome {
 
 func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
 	rec := &hookRecorder{}
-	eachStore(t, setup{opts: []interceptor.ServerOption{interceptor.WithOutcomeHook(rec.hook)}}, func(t *testing.T, e *env) {
+	eachStore(t, setup{opts: []idem.Option{idem.WithOutcomeHook(rec.hook)}}, func(t *testing.T, e *env) {
 		rec.take()
 		for _, c := range []struct {
 			name     string
 			call     func() error
-			want     interceptor.Result
+			want     idem.Result
 			replayed bool
 		}{
-			{"first call", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultExecuted, false},
-			{"retry", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultReplayed, true},
-			{"other request", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "w"}); return err }, interceptor.ResultReused, false},
-			{"no key", func() error { _, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultMissingKey, false},
-			{"bad key", func() error { _, err := e.client.Do(withKey("a b"), &testv1.DoRequest{Value: "v"}); return err }, interceptor.ResultInvalidKey, false},
+			{"first call", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err }, idem.ResultExecuted, false},
+			{"retry", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err }, idem.ResultReplayed, true},
+			{"other request", func() error { _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "w"}); return err }, idem.ResultReused, false},
+			{"no key", func() error { _, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v"}); return err }, idem.ResultMissingKey, false},
+			{"bad key", func() error { _, err := e.client.Do(withKey("a b"), &testv1.DoRequest{Value: "v"}); return err }, idem.ResultInvalidKey, false},
 			{"optional key absent", func() error {
 				_, err := e.client.Maybe(context.Background(), &testv1.MaybeRequest{Value: "v"})
 				return err
-			}, interceptor.ResultPassthrough, false},
-			{"no side effects", func() error { _, err := e.client.Read(withKey("r"), &testv1.ReadRequest{Value: "v"}); return err }, interceptor.ResultPassthrough, false},
+			}, idem.ResultPassthrough, false},
+			{"no side effects", func() error { _, err := e.client.Read(withKey("r"), &testv1.ReadRequest{Value: "v"}); return err }, idem.ResultPassthrough, false},
 		} {
 			_ = c.call()
 			got := rec.take()
@@ -59,10 +59,10 @@ func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
 				t.Fatalf("%s: the hook saw %d outcomes, want 1: %+v", c.name, len(got), got)
 			}
 			o := got[0]
-			if o.Result != c.want || o.Replayed != c.replayed || o.Mode != interceptor.ModeAtomic || o.Method == "" {
+			if o.Result != c.want || o.Replayed != c.replayed || o.Mode != idem.ModeAtomic || o.Method == "" {
 				t.Errorf("%s: outcome %+v, want result %s, replayed %v, atomic", c.name, o, c.want, c.replayed)
 			}
-			if c.want == interceptor.ResultExecuted && (o.Claim <= 0 || o.Record <= 0) {
+			if c.want == idem.ResultExecuted && (o.Claim <= 0 || o.Record <= 0) {
 				t.Errorf("%s: claim %v and record %v, want both measured", c.name, o.Claim, o.Record)
 			}
 		}
@@ -70,8 +70,8 @@ func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
 }
 
 func TestPanickingOutcomeHookLeavesTheAnswer(t *testing.T) {
-	hook := func(context.Context, interceptor.Outcome) { panic("hook bug") }
-	eachStore(t, setup{opts: []interceptor.ServerOption{interceptor.WithOutcomeHook(hook)}}, func(t *testing.T, e *env) {
+	hook := func(context.Context, idem.Outcome) { panic("hook bug") }
+	eachStore(t, setup{opts: []idem.Option{idem.WithOutcomeHook(hook)}}, func(t *testing.T, e *env) {
 		resp, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 		if err != nil || resp.GetValue() != "v" {
 			t.Fatalf("call with a panicking hook: %v, %v", resp, err)

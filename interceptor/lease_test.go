@@ -15,21 +15,22 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
-	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 const doMethod = testv1.TestService_Do_FullMethodName
 
-func leasedEnv(t *testing.T, lease time.Duration, opts ...interceptor.ServerOption) *env {
-	return newEnv(t, setup{opts: append([]interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)}, opts...)})
+func leasedEnv(t *testing.T, lease time.Duration, opts ...idem.Option) *env {
+	return newEnv(t, setup{opts: append([]idem.Option{idem.WithLeased(lease, doMethod)}, opts...)})
 }
 
 // wantRetryDelay returns the RetryInfo delay of an ABORTED answer.
@@ -70,13 +71,13 @@ func TestLeasedRunsOnceAndReplays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(first, again) || header.Get(interceptor.ReplayedHeader)[0] != "true" {
+	if !proto.Equal(first, again) || header.Get(idem.ReplayedHeader)[0] != "true" {
 		t.Fatalf("replay = %v (header %v), want %v", again, header, first)
 	}
 	if got := e.effects(t); got != 1 {
 		t.Fatalf("effects = %d, want 1", got)
 	}
-	if _, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "other"}); reason(err) != interceptor.ReasonKeyReused {
+	if _, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "other"}); reason(err) != idem.ReasonKeyReused {
 		t.Fatalf("other request under the key: %v", err)
 	}
 }
@@ -141,7 +142,7 @@ func TestLeasedLiveLease(t *testing.T) {
 	// refused, none takes over.
 	for range 8 {
 		time.Sleep(lease / 3)
-		if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+		if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 			t.Fatalf("duplicate while the heartbeat runs: %v", err)
 		}
 	}
@@ -163,7 +164,8 @@ func callErr(e *env, key string) error {
 }
 
 // abandonedClaim writes the row a crashed leased worker leaves behind: in
-// progress, its lease run out, with a recovery point.
+// progress, its lease run out, with the step charge_sent saved (result
+// ch_42) as the last recovery point and among its steps.
 func abandonedClaim(t *testing.T, e *env, key, value string) {
 	t.Helper()
 	fp, err := fingerprint.Sum(&testv1.DoRequest{Value: value})
@@ -171,32 +173,52 @@ func abandonedClaim(t *testing.T, e *env, key, value string) {
 		t.Fatal(err)
 	}
 	_, err = e.pool.Exec(context.Background(), `INSERT INTO idempotency_keys
-		(id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data)
+		(id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data, recovery_steps)
 		VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3,
-			now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42')`,
-		doMethod, key, fp)
+			now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42', $4)`,
+		doMethod, key, fp, encodedSteps("charge_sent", "ch_42"))
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
+// encodedSteps is the recovery_steps column of one step name with result
+// data: a repeated entry (field 1) of a name (1) and a value (2), as
+// package postgres writes it.
+func encodedSteps(name, data string) []byte {
+	var entry []byte
+	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+	entry = protowire.AppendString(entry, name)
+	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+	entry = protowire.AppendString(entry, data)
+	b := protowire.AppendTag(nil, 1, protowire.BytesType)
+	return protowire.AppendBytes(b, entry)
+}
+
 func TestLeasedTakeoverResumes(t *testing.T) {
 	e := leasedEnv(t, time.Minute)
 	abandonedClaim(t, e, "crashed", "v")
-	var step, data string
+	var (
+		data    string
+		charged bool
+	)
 	e.svc.setHook(func(ctx context.Context, _ string) error {
-		s, d, ok := interceptor.LastRecoveryPoint(ctx)
-		if !ok {
-			return status.Error(codes.Internal, "no recovery point after a takeover")
+		d, err := idem.Step(ctx, "charge_sent", func(context.Context) ([]byte, error) {
+			charged = true
+			return []byte("ch_new"), nil
+		})
+		if err != nil {
+			return err
 		}
-		step, data = s, string(d)
-		return interceptor.SaveRecoveryPoint(ctx, "charge_confirmed", nil)
+		data = string(d)
+		_, err = idem.Step(ctx, "charge_confirmed", func(context.Context) ([]byte, error) { return nil, nil })
+		return err
 	})
 	if _, err := e.client.Do(withKey("crashed"), &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	if step != "charge_sent" || data != "ch_42" {
-		t.Fatalf("resumed from %q %q, want charge_sent ch_42", step, data)
+	if charged || data != "ch_42" {
+		t.Fatalf("resumed with charge_sent = %q (run again: %v), want the saved ch_42", data, charged)
 	}
 	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND fencing_token <> 7 AND recovery_point = 'charge_confirmed'`); got != 1 {
 		t.Fatal("the takeover did not complete the key under a new fencing token")
@@ -207,7 +229,7 @@ func TestLeasedNoTakeoverWithAnotherRequest(t *testing.T) {
 	e := leasedEnv(t, time.Minute)
 	abandonedClaim(t, e, "crashed", "v")
 	_, err := e.client.Do(withKey("crashed"), &testv1.DoRequest{Value: "different"})
-	if status.Code(err) != codes.FailedPrecondition || reason(err) != interceptor.ReasonKeyReused {
+	if status.Code(err) != codes.FailedPrecondition || reason(err) != idem.ReasonKeyReused {
 		t.Fatalf("another request under an abandoned key: %v", err)
 	}
 	if e.svc.count() != 0 {
@@ -238,7 +260,7 @@ func TestLeasedStaleWorker(t *testing.T) {
 			})
 			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 			if outcome.err != nil && !isTransient(outcome.err) {
-				if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonLeaseLost {
+				if status.Code(err) != codes.Aborted || reason(err) != idem.ReasonLeaseLost {
 					t.Fatalf("stale worker's answer: %v", err)
 				}
 			}
@@ -249,8 +271,15 @@ func TestLeasedStaleWorker(t *testing.T) {
 	}
 }
 
+// isTransient reports whether idem's default classifier counts err as
+// transient: every code but INVALID_ARGUMENT, FAILED_PRECONDITION,
+// OUT_OF_RANGE, ALREADY_EXISTS and NOT_FOUND.
 func isTransient(err error) bool {
-	return !interceptor.DefaultClassifier.Deterministic(status.Convert(err))
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.AlreadyExists, codes.NotFound:
+		return false
+	}
+	return true
 }
 
 // TestLeasedHeartbeatNoticesTakeover: the heartbeat learns that the lease is
@@ -271,7 +300,7 @@ func TestLeasedHeartbeatNoticesTakeover(t *testing.T) {
 		}
 	})
 	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
-	if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonLeaseLost {
+	if status.Code(err) != codes.Aborted || reason(err) != idem.ReasonLeaseLost {
 		t.Fatalf("answer: %v", err)
 	}
 	if !errors.Is(cause, store.ErrLeaseLost) {
@@ -279,39 +308,48 @@ func TestLeasedHeartbeatNoticesTakeover(t *testing.T) {
 	}
 }
 
-func TestRecoveryPointsNeedLeasedMode(t *testing.T) {
+func TestStepsNeedLeasedMode(t *testing.T) {
 	e := newEnv(t, setup{})
-	var saveErr error
-	var found bool
+	var stepErr error
+	var ran bool
 	e.svc.setHook(func(ctx context.Context, _ string) error {
-		saveErr = interceptor.SaveRecoveryPoint(ctx, "step", nil)
-		_, _, found = interceptor.LastRecoveryPoint(ctx)
+		_, stepErr = idem.Step(ctx, "step", func(context.Context) ([]byte, error) {
+			ran = true
+			return nil, nil
+		})
 		return nil
 	})
 	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(saveErr, interceptor.ErrNotLeased) || found {
-		t.Fatalf("in atomic mode: save = %v, found = %v", saveErr, found)
+	if !errors.Is(stepErr, idem.ErrNotLeased) || ran {
+		t.Fatalf("in atomic mode: step = %v, ran = %v", stepErr, ran)
 	}
 }
 
-// TestLeasedTransientErrorKeepsRecoveryPoint: a transient error after a
-// recovery point ends the lease instead of deleting the claim, so the retry
-// resumes rather than repeating the steps already done.
-func TestLeasedTransientErrorKeepsRecoveryPoint(t *testing.T) {
+// TestLeasedTransientErrorKeepsSteps: a transient error after a step ends
+// the lease instead of deleting the claim, so the retry resumes rather than
+// repeating the steps already done.
+func TestLeasedTransientErrorKeepsSteps(t *testing.T) {
 	e := leasedEnv(t, time.Minute)
-	var resumed string
+	var (
+		resumed string
+		charges int
+	)
 	first := true
 	e.svc.setHook(func(ctx context.Context, _ string) error {
+		d, err := idem.Step(ctx, "charge_sent", func(context.Context) ([]byte, error) {
+			charges++
+			return []byte("ch_1"), nil
+		})
+		if err != nil {
+			return err
+		}
 		if first {
 			first = false
-			if err := interceptor.SaveRecoveryPoint(ctx, "charge_sent", []byte("ch_1")); err != nil {
-				return err
-			}
 			return status.Error(codes.Unavailable, "blip after the charge")
 		}
-		resumed, _, _ = interceptor.LastRecoveryPoint(ctx)
+		resumed = string(d)
 		return nil
 	})
 	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
@@ -319,8 +357,8 @@ func TestLeasedTransientErrorKeepsRecoveryPoint(t *testing.T) {
 	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	if resumed != "charge_sent" {
-		t.Fatalf("resumed after %q, want charge_sent", resumed)
+	if resumed != "ch_1" || charges != 1 {
+		t.Fatalf("resumed with charge_sent = %q after %d charges, want ch_1 after one", resumed, charges)
 	}
 }
 
@@ -363,7 +401,7 @@ func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, 
 	for {
 		var header metadata.MD
 		resp, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
-		if status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
+		if status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 			return resp, header, err
 		}
 		if time.Now().After(until) {
@@ -380,7 +418,7 @@ func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, 
 func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
 			var calls, charges atomic.Int32
 			clientGone := make(chan struct{})
 			e.svc.setHook(func(ctx context.Context, _ string) error {
@@ -404,7 +442,7 @@ func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 			if err != nil {
 				t.Fatalf("retry after the deadline: %v", err)
 			}
-			if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+			if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 				t.Errorf("retry after the deadline was not a replay (header %v)", header)
 			}
 			if got := charges.Load(); got != 1 {
@@ -431,7 +469,7 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
 			started, gone, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var finishOnce sync.Once
 			finishHandler := func() { finishOnce.Do(func() { close(finish) }) }
@@ -459,15 +497,15 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 
 			for range 8 { // four leases
 				time.Sleep(lease / 2)
-				if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
-					t.Fatalf("retry while the handler runs without its client: %v, want ABORTED %s", err, interceptor.ReasonKeyInUse)
+				if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
+					t.Fatalf("retry while the handler runs without its client: %v, want ABORTED %s", err, idem.ReasonKeyInUse)
 				}
 			}
 			if got := calls.Load(); got != 1 {
 				t.Fatalf("executions = %d, want 1", got)
 			}
 			finishHandler()
-			if _, header, err := settle(t, e, "slow"); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			if _, header, err := settle(t, e, "slow"); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 				t.Fatalf("retry after the handler returned: %v (header %v), want a replay", err, header)
 			}
 			if got := e.effects(t); got != 1 {
@@ -484,8 +522,8 @@ type failingComplete struct {
 	failed atomic.Bool
 }
 
-func (s *failingComplete) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, key, r, d)
+func (s *failingComplete) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
 	}
@@ -497,11 +535,11 @@ type failingLease struct {
 	s *failingComplete
 }
 
-func (l *failingLease) Complete(ctx context.Context, out store.Outcome) error {
+func (l *failingLease) Record(ctx context.Context, out store.Outcome) error {
 	if l.s.failed.CompareAndSwap(false, true) {
 		return errors.New("write tcp 10.0.0.1:5432: connection reset by peer")
 	}
-	return l.Lease.Complete(ctx, out)
+	return l.Lease.Record(ctx, out)
 }
 
 // TestLeasedFailedRecordKeepsClaim: when recording the outcome of a handler
@@ -519,7 +557,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 			t.Run(st.name+"/"+outcome.name, func(t *testing.T) {
 				e := newEnv(t, setup{
 					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: st.new(pool)} },
-					opts:  []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)},
+					opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
 				_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
@@ -531,8 +569,8 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 						t.Fatalf("in-progress key rows after a failed record = %d, want 1", got)
 					}
 				}
-				if err := callErr(e, "k"); status.Code(err) != codes.Aborted || reason(err) != interceptor.ReasonKeyInUse {
-					t.Fatalf("retry while the lease runs: %v, want ABORTED %s", err, interceptor.ReasonKeyInUse)
+				if err := callErr(e, "k"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
+					t.Fatalf("retry while the lease runs: %v, want ABORTED %s", err, idem.ReasonKeyInUse)
 				}
 				if got := e.effects(t); got != 1 {
 					t.Fatalf("effects = %d, want 1", got)
@@ -559,19 +597,19 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 	}
 }
 
-// TestSaveRecoveryPointRefusesInvalidPoint: a step name or data that no
-// store can keep is refused with store.ErrInvalidRecoveryPoint on every
-// store, and nothing is saved.
-func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
-	invalid := map[string]store.RecoveryPoint{
-		"NUL":              {Step: "charge\x00sent"},
-		"invalid UTF-8":    {Step: "charge\xffsent"},
-		"256-byte step":    {Step: strings.Repeat("s", store.MaxStepLength+1)},
-		"data past 64 KiB": {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+// TestStepRefusesInvalidPoint: a step name or result that no store can
+// keep is refused with store.ErrInvalidStep on every store, and
+// nothing is saved.
+func TestStepRefusesInvalidPoint(t *testing.T) {
+	invalid := map[string]store.Step{
+		"NUL":              {Name: "charge\x00sent"},
+		"invalid UTF-8":    {Name: "charge\xffsent"},
+		"256-byte step":    {Name: strings.Repeat("s", store.MaxStepLength+1)},
+		"data past 64 KiB": {Name: "charge_sent", Result: make([]byte, store.MaxStepResultBytes+1)},
 	}
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
 			var (
 				mu    sync.Mutex
 				errs  = map[string]error{}
@@ -581,9 +619,14 @@ func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				for name, p := range invalid {
-					errs[name] = interceptor.SaveRecoveryPoint(ctx, p.Step, p.Data)
+					_, errs[name] = idem.Step(ctx, p.Name, func(context.Context) ([]byte, error) { return p.Result, nil })
 				}
-				_, _, saved = interceptor.LastRecoveryPoint(ctx)
+				// Had the step been saved, Step would return its result
+				// without running fn.
+				_, err := idem.Step(ctx, "charge_sent", func(context.Context) ([]byte, error) {
+					return nil, errors.New("not saved")
+				})
+				saved = err == nil
 				return nil
 			})
 			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
@@ -592,12 +635,12 @@ func TestSaveRecoveryPointRefusesInvalidPoint(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			for name, err := range errs {
-				if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
-					t.Errorf("SaveRecoveryPoint with %s: %v, want store.ErrInvalidRecoveryPoint", name, err)
+				if !errors.Is(err, store.ErrInvalidStep) {
+					t.Errorf("Step with %s: %v, want store.ErrInvalidStep", name, err)
 				}
 			}
 			if saved {
-				t.Error("the lease holds a recovery point after invalid ones only")
+				t.Error("the lease holds a step after invalid ones only")
 			}
 			if st.name == "postgres" {
 				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND recovery_point IS NULL AND recovery_data IS NULL`); got != 1 {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
@@ -76,7 +77,7 @@ func TestOutcomeOnTheFinishedCallLine(t *testing.T) {
 	log := &lineLogger{}
 	client := serveChain(t, &testService{}, []grpc.UnaryServerInterceptor{
 		logging.UnaryServerInterceptor(log, logging.WithLogOnEvents(logging.FinishCall)),
-		interceptor.UnaryServerInterceptor(memory.New()),
+		interceptor.UnaryServerInterceptor(newEngine(t, memory.New())),
 	})
 	for _, c := range []struct {
 		name string
@@ -128,17 +129,17 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	inUse := make(chan struct{})
 	var once sync.Once
 	rec := &hookRecorder{}
-	hook := func(ctx context.Context, o interceptor.Outcome) {
+	hook := func(ctx context.Context, o idem.Outcome) {
 		rec.hook(ctx, o)
-		if o.Result == interceptor.ResultInUse {
+		if o.Result == idem.ResultInUse {
 			once.Do(func() { close(inUse) })
 		}
 	}
 	var trailers trailerRecorder
 	client := serveChain(t, svc, []grpc.UnaryServerInterceptor{
 		trailers.unary,
-		interceptor.UnaryServerInterceptor(memory.New(memory.WithLockTimeout(50*time.Millisecond)),
-			interceptor.WithRetryDelay(delay), interceptor.WithOutcomeHook(hook)),
+		interceptor.UnaryServerInterceptor(newEngine(t, memory.New(memory.WithLockTimeout(50*time.Millisecond)),
+			idem.WithRetryDelay(delay), idem.WithOutcomeHook(hook))),
 	}, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
 		"name": [{"service": "idem.test.v1.TestService"}],
 		"retryPolicy": {
@@ -175,11 +176,11 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	if resp.GetExecution() != 1 || svc.count() != 1 {
 		t.Errorf("duplicate got execution %d, handler ran %d times; want the first execution replayed", resp.GetExecution(), svc.count())
 	}
-	var results []interceptor.Result
+	var results []idem.Result
 	for _, o := range rec.take() {
 		results = append(results, o.Result)
 	}
-	if n := len(results); n < 3 || results[n-1] != interceptor.ResultReplayed {
+	if n := len(results); n < 3 || results[n-1] != idem.ResultReplayed {
 		t.Errorf("the server saw %v; want the first call, an in_use attempt or more, then a replay", results)
 	}
 	want := fmt.Sprint(delay.Milliseconds())
@@ -226,7 +227,7 @@ func (s *trailerStream) SetTrailer(md metadata.MD) error {
 
 // withKeyCtx returns ctx with key in its outgoing metadata.
 func withKeyCtx(ctx context.Context, key string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+	return metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, key)
 }
 
 // waitUntil polls cond until it holds, failing the test after 10 s.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
@@ -22,7 +23,7 @@ func TestStepNamedLikeAnOrdinalGetsItsOwnKey(t *testing.T) {
 	down := &testService{pool: downPool}
 	downRec, downAddr := serve(t, downPool, down)
 	provider := dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
-	e := newEnv(t, setup{memory: true, opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
+	e := newEnv(t, setup{memory: true, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
 	var executions []int64
 	e.svc.setHook(func(ctx context.Context, _ string) error {
 		resp, err := provider.Do(ctx, &testv1.DoRequest{Value: "charge 10 EUR"})
@@ -30,7 +31,7 @@ func TestStepNamedLikeAnOrdinalGetsItsOwnKey(t *testing.T) {
 			return err
 		}
 		executions = append(executions, resp.GetExecution())
-		_, err = interceptor.Step(ctx, methodDo+"#1", func(ctx context.Context) ([]byte, error) {
+		_, err = idem.Step(ctx, methodDo+"#1", func(ctx context.Context) ([]byte, error) {
 			resp, err := provider.Do(ctx, &testv1.DoRequest{Value: "charge 10 EUR"})
 			executions = append(executions, resp.GetExecution())
 			return nil, err

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestPgBouncerConcurrentDuplicates runs the concurrency cases through

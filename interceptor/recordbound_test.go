@@ -10,10 +10,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // TestRecordBehindUncommittedKeyRowAnswersInUse calls a key whose row a
@@ -35,7 +35,7 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 			var direct string
 			e := newEnv(t, setup{
 				storeOpts: []postgres.Option{postgres.WithLockTimeout(lockTimeout)},
-				opts:      []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+				opts:      []idem.Option{idem.WithRetryDelay(1500 * time.Millisecond)},
 				database: func(t *testing.T) string {
 					direct = pgtest.NewDatabase(t)
 					if !bounced {
@@ -72,8 +72,8 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 			_, err = e.client.Do(cctx, &testv1.DoRequest{Value: "v"})
 			waited := time.Since(start)
 			st := wantCode(t, err, codes.Aborted)
-			if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyInUse || info.GetDomain() != interceptor.Domain {
-				t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInUse)
+			if info := errorInfo(st); info.GetReason() != idem.ReasonKeyInUse || info.GetDomain() != idem.Domain {
+				t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyInUse)
 			}
 			if d := retryDelay(err); d == nil || *d != 1500*time.Millisecond {
 				t.Fatalf("RetryInfo delay %v, want 1.5s", d)
@@ -92,7 +92,7 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 				t.Fatalf("retry once the other session rolled back: %v", err)
 			}
 			var header metadata.MD
-			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 				t.Fatalf("second retry: %v, header %v; want a replay", err, header)
 			}
 			if n, x := e.effects(t), e.svc.count(); n != 1 || x != 2 {

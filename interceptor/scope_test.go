@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -32,7 +33,7 @@ func incompressible(n int) string {
 // a non-retriable INVALID_ARGUMENT that names the rule, and nothing runs or
 // is written.
 func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {
-	e := newEnv(t, setup{opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, maybeMethod)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithLeased(time.Minute, maybeMethod)}})
 	call := func(method, tenant, key string) error {
 		ctx := metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", tenant)
 		if method == maybeMethod {
@@ -87,13 +88,13 @@ func TestTenantBytesClientsCannotSend(t *testing.T) {
 	e := newEnv(t, setup{})
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	for _, leased := range []bool{false, true} {
-		opts := []interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))}
+		opts := []idem.Option{idem.WithTenant(tenantFromMetadata)}
 		if leased {
-			opts = append(opts, interceptor.WithLeased(time.Minute, info.FullMethod))
+			opts = append(opts, idem.WithLeased(time.Minute, info.FullMethod))
 		}
-		intercept := interceptor.UnaryServerInterceptor(postgres.New(e.pool), opts...)
+		intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool), opts...))
 		call := func(tenant, key string, handler grpc.UnaryHandler) (any, error) {
-			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key, "x-tenant-id", tenant))
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key, "x-tenant-id", tenant))
 			return intercept(ctx, &testv1.DoRequest{Value: "v"}, info, handler)
 		}
 		t.Run(fmt.Sprint("leased=", leased), func(t *testing.T) {
@@ -141,8 +142,8 @@ func wantScopeInvalid(t *testing.T, err error, field, rule string) {
 	t.Helper()
 	st := wantCode(t, err, codes.InvalidArgument)
 	info := errorInfo(st)
-	if info.GetReason() != interceptor.ReasonScopeInvalid || info.GetDomain() != interceptor.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s in domain %s", info, interceptor.ReasonScopeInvalid, interceptor.Domain)
+	if info.GetReason() != idem.ReasonScopeInvalid || info.GetDomain() != idem.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s in domain %s", info, idem.ReasonScopeInvalid, idem.Domain)
 	}
 	if msg := st.Message(); !strings.Contains(msg, field) || !strings.Contains(msg, rule) || len(msg) > 200 {
 		t.Fatalf("message %q: want a short one naming %s and %q", msg, field, rule)

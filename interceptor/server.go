@@ -2,62 +2,99 @@ package interceptor
 
 import (
 	"context"
+	"strconv"
 	"sync"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem"
 )
 
+// PushbackTrailer is the trailer in which idem tells grpc-go's retry policy
+// how long to wait, in milliseconds, when its answer carries a RetryInfo
+// (the key in use, a lost lease, a store failure): grpc-go's transparent
+// and policy retries honour it (gRFC A6).
+const PushbackTrailer = "grpc-retry-pushback-ms"
+
 // UnaryServerInterceptor returns a server interceptor that runs each keyed
-// unary call once per key and replays its recorded outcome to retries. See
-// the package documentation for the flow and the status codes. It is an
-// [Engine] behind grpc-go's interceptor API.
-func UnaryServerInterceptor(s store.Store, opts ...ServerOption) grpc.UnaryServerInterceptor {
-	return NewEngine(s, opts...).unary()
+// unary call through e: once per key, its recorded outcome replayed to
+// retries. See the package documentation for the flow and the status
+// codes.
+func UnaryServerInterceptor(e *idem.Engine) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return serve(ctx, e, info.FullMethod, req, handler)
+	}
 }
 
-// unary is the gRPC adapter of e.
-func (e *Engine) unary() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		msg, _ := req.(proto.Message)
-		call := Call{
-			Method:  info.FullMethod,
-			Keys:    metadata.ValueFromIncomingContext(ctx, KeyHeader),
-			Request: msg,
-		}
-		ans, err := e.Handle(ctx, call, func(ctx context.Context) (Reply, error) {
-			cs := &capturingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
-			if cs.ServerTransportStream != nil {
-				ctx = grpc.NewContextWithServerTransportStream(ctx, cs)
-			}
-			resp, err := handler(ctx, req)
-			r := Reply{Header: cs.header, Trailer: cs.trailer}
-			if err != nil {
-				return r, err
-			}
-			if r.Message, _ = resp.(proto.Message); r.Message == nil {
-				return r, status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp)
-			}
-			return r, nil
-		})
-		// SetHeader and SetTrailer fail only outside a gRPC server, and
-		// after the header was sent, which the handler controls.
-		if len(ans.Header) > 0 {
-			_ = grpc.SetHeader(ctx, ans.Header)
-		}
-		if len(ans.Trailer) > 0 {
-			_ = grpc.SetTrailer(ctx, ans.Trailer)
-		}
-		if err != nil {
-			return nil, err
-		}
-		return ans.WireMessage(), nil
+// serve runs one call through e and maps its answer to gRPC.
+func serve(ctx context.Context, e *idem.Engine, method string, req any, handler grpc.UnaryHandler) (any, error) {
+	msg, _ := req.(proto.Message)
+	md, _ := metadata.FromIncomingContext(ctx)
+	call := idem.Call{
+		Method:  method,
+		Keys:    md.Get(idem.KeyHeader),
+		Request: msg,
+		Header:  md,
+		Status:  grpcStatus,
 	}
+	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
+		cs := &capturingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+		if cs.ServerTransportStream != nil {
+			ctx = grpc.NewContextWithServerTransportStream(ctx, cs)
+		}
+		resp, err := handler(ctx, req)
+		r := idem.Reply{Header: cs.header, Trailer: cs.trailer}
+		if err != nil {
+			return r, err
+		}
+		if r.Message, _ = resp.(proto.Message); r.Message == nil {
+			return r, status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp)
+		}
+		return r, nil
+	})
+	trailer := metadata.MD(ans.Trailer)
+	if ie, ok := err.(*idem.Error); ok {
+		err = status.ErrorProto(ie.Status())
+		if d, ok := ie.RetryDelay(); ok {
+			trailer = metadata.Join(trailer, metadata.Pairs(PushbackTrailer, strconv.FormatInt(d.Milliseconds(), 10)))
+		}
+	}
+	// SetHeader and SetTrailer fail only outside a gRPC server, and after
+	// the header was sent, which the handler controls.
+	if len(ans.Header) > 0 {
+		_ = grpc.SetHeader(ctx, ans.Header)
+	}
+	if len(trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, trailer)
+	}
+	// The logging interceptor of go-grpc-middleware v2 keeps its fields in
+	// the context it hands down the chain and reads them back for its
+	// "finished call" line: AddFields updates them there (InjectFields
+	// would make a new context, which that line never sees). Without a
+	// logging interceptor before idem there are no fields to add to.
+	if logging.ExtractFields(ctx) != nil {
+		logging.AddFields(ctx, logging.Fields{"idem.outcome", string(ans.Result),
+			"idem.replayed", ans.Result == idem.ResultReplayed || ans.Result == idem.ResultRebuilt})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ans.WireMessage(), nil
+}
+
+// grpcStatus reads the status of a gRPC status error.
+func grpcStatus(err error) (*spb.Status, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	return st.Proto(), true
 }
 
 // capturingStream keeps the response metadata a handler sets, for idem to
@@ -91,14 +128,14 @@ func (s *capturingStream) SetTrailer(md metadata.MD) error {
 }
 
 // StreamServerInterceptor returns a stream server interceptor that refuses
-// a streaming call that carries an idempotency key ([KeyHeader]) with
+// a streaming call that carries an idempotency key ([idem.KeyHeader]) with
 // INVALID_ARGUMENT: idem makes unary calls safe to retry, and a key sent to
 // a stream would otherwise be ignored without a word. Streams without a
 // key pass through untouched.
 func StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if len(metadata.ValueFromIncomingContext(ss.Context(), KeyHeader)) > 0 {
-			return invalidKey("idempotency keys apply to unary methods, and " + info.FullMethod + " streams")
+		if len(metadata.ValueFromIncomingContext(ss.Context(), idem.KeyHeader)) > 0 {
+			return status.ErrorProto(idem.StreamKeyRefused(info.FullMethod).Status())
 		}
 		return handler(srv, ss)
 	}

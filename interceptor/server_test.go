@@ -3,10 +3,8 @@ package interceptor_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"strings"
 	"sync"
 	"testing"
@@ -20,11 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
@@ -38,8 +38,8 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	if resp.GetValue() != "v" || resp.GetExecution() != 1 {
 		t.Fatalf("response %v", resp)
 	}
-	if got := header.Get(interceptor.ReplayedHeader); len(got) != 0 {
-		t.Fatalf("first response carries %s=%v", interceptor.ReplayedHeader, got)
+	if got := header.Get(idem.ReplayedHeader); len(got) != 0 {
+		t.Fatalf("first response carries %s=%v", idem.ReplayedHeader, got)
 	}
 	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE key = 'k1'`); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)
@@ -55,16 +55,13 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The response is recorded in an envelope: 0x00, the code, a CRC-32C of
-	// code and payload, and the payload, the bytes the client got.
-	if len(body) < 6 || body[0] != 0 || body[1] != byte(code) {
-		t.Fatalf("recorded body %x does not start with 0x00 and code %d", body, code)
+	// The response is recorded in an idem.record.v1.Record (internal/record):
+	// its code, and the payload, the bytes the client got.
+	rec, err := record.Decode(body)
+	if err != nil || rec.Bare || int32(rec.Code) != code {
+		t.Fatalf("recorded body %x: %+v, %v; want a record of code %d", body, rec, err, code)
 	}
-	payload := body[6:]
-	sum := crc32.Update(crc32.Checksum(body[1:2], crc32.MakeTable(crc32.Castagnoli)), crc32.MakeTable(crc32.Castagnoli), payload)
-	if binary.BigEndian.Uint32(body[2:6]) != sum {
-		t.Fatalf("recorded checksum %x, want %x", body[2:6], sum)
-	}
+	payload := rec.Payload
 	if !bytes.Equal(payload, codec.last()) {
 		t.Fatalf("recorded payload %x, the client got %x", payload, codec.last())
 	}
@@ -100,8 +97,8 @@ func TestRetryReplaysRecordedBytes(t *testing.T) {
 		if !proto.Equal(again, first) {
 			t.Fatalf("replay %v, want %v", again, first)
 		}
-		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-			t.Fatalf("%s = %v, want [true]", interceptor.ReplayedHeader, got)
+		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+			t.Fatalf("%s = %v, want [true]", idem.ReplayedHeader, got)
 		}
 	}
 	if n := e.svc.count(); n != 1 {
@@ -196,8 +193,8 @@ func TestReusedKeyWithOtherRequestIsRejected(t *testing.T) {
 	}
 	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "b"})
 	st := wantCode(t, err, codes.FailedPrecondition)
-	if info := errorInfo(st); info == nil || info.GetReason() != interceptor.ReasonKeyReused || info.GetDomain() != interceptor.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyReused)
+	if info := errorInfo(st); info == nil || info.GetReason() != idem.ReasonKeyReused || info.GetDomain() != idem.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyReused)
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)
@@ -233,8 +230,8 @@ func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
 	if !proto.Equal(again.Proto(), first.Proto()) {
 		t.Fatalf("replayed %v, want %v", again.Proto(), first.Proto())
 	}
-	if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-		t.Fatalf("%s = %v, want [true]", interceptor.ReplayedHeader, got)
+	if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Fatalf("%s = %v, want [true]", idem.ReplayedHeader, got)
 	}
 	if n := e.svc.count(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
@@ -328,10 +325,10 @@ func TestInvalidKeysAreRejected(t *testing.T) {
 	e := newEnv(t, setup{})
 	cases := map[string]metadata.MD{
 		"missing":    {},
-		"empty":      metadata.Pairs(interceptor.KeyHeader, ""),
-		"256 bytes":  metadata.Pairs(interceptor.KeyHeader, strings.Repeat("k", 256)),
-		"space":      metadata.Pairs(interceptor.KeyHeader, "a b"),
-		"two values": metadata.Pairs(interceptor.KeyHeader, "a", interceptor.KeyHeader, "b"),
+		"empty":      metadata.Pairs(idem.KeyHeader, ""),
+		"256 bytes":  metadata.Pairs(idem.KeyHeader, strings.Repeat("k", 256)),
+		"space":      metadata.Pairs(idem.KeyHeader, "a b"),
+		"two values": metadata.Pairs(idem.KeyHeader, "a", idem.KeyHeader, "b"),
 	}
 	for name, md := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -353,7 +350,7 @@ func TestInvalidKeysAreRejected(t *testing.T) {
 // header, by calling the interceptor with crafted metadata.
 func TestKeysClientsCannotSend(t *testing.T) {
 	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(postgres.New(e.pool))
+	intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool)))
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	for name, key := range map[string]string{
 		"newline":   "a\nb",
@@ -363,7 +360,7 @@ func TestKeysClientsCannotSend(t *testing.T) {
 		"non-ASCII": "ключ",
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key))
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key))
 			_, err := intercept(ctx, &testv1.DoRequest{Value: "v"}, info, func(context.Context, any) (any, error) {
 				t.Fatal("handler called with an invalid key")
 				return nil, nil
@@ -382,13 +379,13 @@ func wantBadKey(t *testing.T, err error) {
 	for _, d := range st.Details() {
 		if br, ok := d.(*errdetails.BadRequest); ok {
 			for _, v := range br.GetFieldViolations() {
-				if v.GetField() == interceptor.KeyHeader {
+				if v.GetField() == idem.KeyHeader {
 					return
 				}
 			}
 		}
 	}
-	t.Fatalf("no BadRequest violation on %s in %v", interceptor.KeyHeader, st.Proto())
+	t.Fatalf("no BadRequest violation on %s in %v", idem.KeyHeader, st.Proto())
 }
 
 func TestMethodPolicy(t *testing.T) {
@@ -461,12 +458,14 @@ func TestDuplicateInFlightGetsAbortedWithRetryInfo(t *testing.T) {
 // server of s with a lock timeout of 100 ms.
 func duplicateInFlightGetsAborted(t *testing.T, s setup) {
 	s.storeOpts = []postgres.Option{postgres.WithLockTimeout(100 * time.Millisecond)}
-	s.opts = []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)}
+	s.opts = []idem.Option{idem.WithRetryDelay(1500 * time.Millisecond)}
 	e := newEnv(t, s)
-	entered, release := make(chan struct{}), make(chan struct{})
+	entered, released := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release) // a failed test must not leave the handler blocked
 	e.svc.setHook(func(context.Context, string) error {
 		close(entered)
-		<-release
+		<-released
 		return nil
 	})
 	firstDone := make(chan error, 1)
@@ -483,14 +482,14 @@ func duplicateInFlightGetsAborted(t *testing.T, s setup) {
 	if d := retryDelay(err); d == nil || *d != 1500*time.Millisecond {
 		t.Fatalf("RetryInfo delay %v, want 1.5s", d)
 	}
-	if info := errorInfo(st); info == nil || info.GetReason() != interceptor.ReasonKeyInUse || info.GetDomain() != interceptor.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInUse)
+	if info := errorInfo(st); info == nil || info.GetReason() != idem.ReasonKeyInUse || info.GetDomain() != idem.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyInUse)
 	}
 	if waited > 2*time.Second {
 		t.Fatalf("the duplicate waited %v with a 100ms lock timeout", waited)
 	}
 
-	close(release)
+	release()
 	if err := <-firstDone; err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +715,7 @@ func TestErrorAfterFailedStatementIsRecorded(t *testing.T) {
 	var header metadata.MD
 	_, err = e.client.Do(withKey("k2"), &testv1.DoRequest{Value: "fresh"}, grpc.Header(&header))
 	wantCode(t, err, codes.AlreadyExists)
-	if len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if len(header.Get(idem.ReplayedHeader)) != 1 {
 		t.Fatal("second ALREADY_EXISTS was not a replay")
 	}
 }
@@ -739,7 +738,7 @@ func TestCommittedInProgressEntry(t *testing.T) {
 	}
 	_, err = e.client.Do(withKey("k"), req)
 	st := wantCode(t, err, codes.Aborted)
-	if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyInUse || retryDelay(err) == nil {
+	if info := errorInfo(st); info.GetReason() != idem.ReasonKeyInUse || retryDelay(err) == nil {
 		t.Fatalf("in-progress duplicate: %v", st.Proto())
 	}
 	_, err = e.client.Do(withKey("k"), &testv1.DoRequest{Value: "other"})

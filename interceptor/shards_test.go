@@ -13,10 +13,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // shardOf is the route of the sharded tests: tenant alpha on shard 0, beta
@@ -69,7 +69,7 @@ func TestShardedStoreServesEachTenantFromItsShard(t *testing.T) {
 		}
 		var header metadata.MD
 		again, err := e.client.Do(forTenant(tenant, "k"), &testv1.DoRequest{Value: tenant}, grpc.Header(&header))
-		if err != nil || again.GetExecution() != first.GetExecution() || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if err != nil || again.GetExecution() != first.GetExecution() || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("%s's retry: %v, %v (header %v); want a replay of execution %d", tenant, again, err, header, first.GetExecution())
 		}
 	}
@@ -110,24 +110,20 @@ func TestShardedStoreServesEachTenantFromItsShard(t *testing.T) {
 	}
 }
 
-func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
+func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	shards := twoShardDatabases(t)
 	st := postgres.NewSharded(shards, shardOf)
-	opts := []interceptor.ServerOption{
-		interceptor.WithLeased(time.Minute, doMethod),
-		interceptor.WithCompletion(doMethod),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+	opts := []idem.Option{
+		idem.WithLeased(time.Minute, doMethod),
+		idem.WithFinish(doMethod),
+		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	engine := interceptor.NewEngine(st, opts...)
-	completer, err := interceptor.NewCompleter(engine, interceptor.WithCompleteGrace(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testv1.RegisterTestServiceServer(completer, e.svc)
+	engine := newEngine(t, st, opts...)
+	finisher := newFinisher(t, engine, idem.FinisherConfig{}, e.svc)
 
 	// Each tenant's first run dies, as a crashed worker's would; the
-	// completer's run finishes it.
+	// finisher's run finishes it.
 	var (
 		mu       sync.Mutex
 		runs     = map[string]int{}
@@ -157,9 +153,9 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 		}
 	}
 
-	n, err := completer.Complete(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if err != nil || n != 2 {
-		t.Fatalf("Complete = %d, %v; want the 2 abandoned calls, one on each shard, finished", n, err)
+		t.Fatalf("Finish = %d, %v; want the 2 abandoned calls, one on each shard, finished", n, err)
 	}
 	for i, tenant := range []string{"alpha", "beta"} {
 		mu.Lock()
@@ -174,15 +170,15 @@ func TestCompleterFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 		if n := countOn(t, shards[1-i], `SELECT count(*) FROM idempotency_keys WHERE tenant = $1`, tenant); n != 0 {
 			t.Errorf("shard %d holds %d keys of %s, want none", 1-i, n, tenant)
 		}
-		// The caller's late retry replays what the completer recorded.
+		// The caller's late retry replays what the finisher recorded.
 		var header metadata.MD
-		if _, err := e.client.Do(forTenant(tenant, "order-1"), &testv1.DoRequest{Value: tenant}, grpc.Header(&header)); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if _, err := e.client.Do(forTenant(tenant, "order-1"), &testv1.DoRequest{Value: tenant}, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Errorf("%s's late retry: %v (header %v), want a replay", tenant, err, header)
 		}
 	}
 }
 
-func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
+func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	shards := twoShardDatabases(t)
 	down, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
 	if err != nil {
@@ -192,17 +188,13 @@ func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	st := postgres.NewSharded([]*pgxpool.Pool{shards[0], down, shards[1]}, func(tenant string) int {
 		return map[string]int{"alpha": 0, "beta": 2}[tenant]
 	})
-	opts := []interceptor.ServerOption{
-		interceptor.WithLeased(time.Minute, doMethod),
-		interceptor.WithCompletion(doMethod),
-		interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata)),
+	opts := []idem.Option{
+		idem.WithLeased(time.Minute, doMethod),
+		idem.WithFinish(doMethod),
+		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	completer, err := interceptor.NewCompleter(interceptor.NewEngine(st, opts...), interceptor.WithCompleteGrace(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testv1.RegisterTestServiceServer(completer, e.svc)
+	finisher := newFinisher(t, newEngine(t, st, opts...), idem.FinisherConfig{}, e.svc)
 	var crashed sync.Map
 	e.svc.setHook(func(_ context.Context, value string) error {
 		if _, again := crashed.LoadOrStore(value, true); !again {
@@ -213,12 +205,12 @@ func TestCompleterTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	_, err = e.client.Do(forTenant("beta", "order-1"), &testv1.DoRequest{Value: "beta"})
 	wantCode(t, err, codes.Unknown)
 
-	n, err := completer.Complete(t.Context())
+	n, err := finisher.Finish(t.Context())
 	if n != 1 {
-		t.Fatalf("Complete = %d, %v; want beta's call finished though shard 1 is down", n, err)
+		t.Fatalf("Finish = %d, %v; want beta's call finished though shard 1 is down", n, err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "shard 1") {
-		t.Fatalf("Complete's error = %v, want one that names shard 1", err)
+		t.Fatalf("Finish's error = %v, want one that names shard 1", err)
 	}
 	if n := countOn(t, shards[1], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'beta' AND status = 'completed'`); n != 1 {
 		t.Fatalf("shard 2 holds %d completed calls of beta, want 1", n)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
@@ -25,8 +25,8 @@ type stallStore struct {
 	first *stallLease
 }
 
-func (s *stallStore) Lease(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, key, r, d)
+func (s *stallStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		s.mu.Lock()
 		if s.first == nil {
@@ -63,9 +63,9 @@ type steps struct {
 	runs map[string]int
 }
 
-// step runs the step name through interceptor.Step, counting fn's runs.
+// step runs the step name through idem.Step, counting fn's runs.
 func (s *steps) step(ctx context.Context, name string) error {
-	_, err := interceptor.Step(ctx, name, func(context.Context) ([]byte, error) {
+	_, err := idem.Step(ctx, name, func(context.Context) ([]byte, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.runs == nil {
@@ -94,7 +94,7 @@ func TestStepNotRunAfterLeaseLost(t *testing.T) {
 			stalling := &stallStore{}
 			e := newEnv(t, setup{
 				store: func(pool *pgxpool.Pool) store.Store { stalling.Store = st.new(pool); return stalling },
-				opts:  []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)},
+				opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
 			})
 			var (
 				s        steps
@@ -128,8 +128,8 @@ func TestStepNotRunAfterLeaseLost(t *testing.T) {
 			}
 			stalling.stall(false) // A's heartbeat beats again
 
-			if err := <-answered; reason(err) != interceptor.ReasonLeaseLost {
-				t.Errorf("A's answer: %v, want %s", err, interceptor.ReasonLeaseLost)
+			if err := <-answered; reason(err) != idem.ReasonLeaseLost {
+				t.Errorf("A's answer: %v, want %s", err, idem.ReasonLeaseLost)
 			}
 			if err := <-fenced; !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("A's Step(s2): %v, want store.ErrLeaseLost", err)
@@ -140,7 +140,7 @@ func TestStepNotRunAfterLeaseLost(t *testing.T) {
 			if n := s.count("s1"); n != 1 {
 				t.Errorf("s1 ran %d times, want 1", n)
 			}
-			if _, header, err := settle(t, e, "k"); err != nil || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+			if _, header, err := settle(t, e, "k"); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
 				t.Errorf("retry after both: %v (header %v), want B's answer replayed", err, header)
 			}
 		})
@@ -182,7 +182,7 @@ func TestStepChecksTheLeaseBeforeRunning(t *testing.T) {
 			e := newEnv(t, setup{
 				memory:      mem,
 				memoryStore: memory.New(memory.WithClock(clock.now)),
-				opts:        []interceptor.ServerOption{interceptor.WithLeased(lease, doMethod)},
+				opts:        []idem.Option{idem.WithLeased(lease, doMethod)},
 			})
 			// runOut ends A's lease, by the store's clock.
 			runOut := func() {
@@ -233,8 +233,8 @@ func TestStepChecksTheLeaseBeforeRunning(t *testing.T) {
 			if err := <-fenced; !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("A's Step(s2): %v, want store.ErrLeaseLost", err)
 			}
-			if err := <-answered; reason(err) != interceptor.ReasonLeaseLost {
-				t.Errorf("A's answer: %v, want %s", err, interceptor.ReasonLeaseLost)
+			if err := <-answered; reason(err) != idem.ReasonLeaseLost {
+				t.Errorf("A's answer: %v, want %s", err, idem.ReasonLeaseLost)
 			}
 			if n := s.count("s2"); n != 1 {
 				t.Errorf("s2 ran %d times, want 1 (by B only)", n)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
@@ -55,7 +55,7 @@ func TestStoresRunOnceAndReplay(t *testing.T) {
 		if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(first, again) {
 			t.Errorf("replay differs from the first response")
 		}
-		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 			t.Errorf("replay header %v, want true", got)
 		}
 		if n := e.svc.count(); n != 1 {
@@ -74,8 +74,8 @@ func TestStoresKeyReusedWithAnotherRequest(t *testing.T) {
 		}
 		_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "other"})
 		st := wantCode(t, err, codes.FailedPrecondition)
-		if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyReused {
-			t.Errorf("reason %q, want %s", info.GetReason(), interceptor.ReasonKeyReused)
+		if info := errorInfo(st); info.GetReason() != idem.ReasonKeyReused {
+			t.Errorf("reason %q, want %s", info.GetReason(), idem.ReasonKeyReused)
 		}
 		if n := e.svc.count(); n != 1 {
 			t.Errorf("%d executions, want 1", n)
@@ -95,7 +95,7 @@ func TestStoresDeterministicErrorIsReplayed(t *testing.T) {
 		if st := wantCode(t, err, codes.InvalidArgument); st.Message() != "amount must be positive" {
 			t.Errorf("replayed message %q", st.Message())
 		}
-		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 {
+		if got := header.Get(idem.ReplayedHeader); len(got) != 1 {
 			t.Errorf("the recorded error was not replayed (header %v)", got)
 		}
 		if n := e.svc.count(); n != 1 {
@@ -201,7 +201,7 @@ func TestStoresScopeKeysByTenant(t *testing.T) {
 }
 
 func TestStoresLeasedRunOnceAndReplay(t *testing.T) {
-	s := setup{opts: []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}}
+	s := setup{opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}}
 	eachStore(t, s, func(t *testing.T, e *env) {
 		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 		if err != nil {

@@ -11,10 +11,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
-	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestTamperedRecordIsNotReplayed changes recorded rows as someone with
@@ -65,7 +65,7 @@ func TestTamperedRecordIsNotReplayed(t *testing.T) {
 				var header metadata.MD
 				resp, err := call(grpc.Header(&header))
 				wantCode(t, err, codes.Internal)
-				if len(header.Get(interceptor.ReplayedHeader)) != 0 {
+				if len(header.Get(idem.ReplayedHeader)) != 0 {
 					t.Fatalf("%s: a tampered record was replayed: %v", name, resp)
 				}
 			}
@@ -130,14 +130,14 @@ func TestRecordsOfEarlierVersions(t *testing.T) {
 	codec := newRawCodec()
 	var header metadata.MD
 	got, err := e.client.Maybe(withKey("ok"), maybeReq, grpc.ForceCodecV2(codec), grpc.Header(&header))
-	if err != nil || !proto.Equal(got, recorded) || string(codec.last()) != string(maybeBody) || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if err != nil || !proto.Equal(got, recorded) || string(codec.last()) != string(maybeBody) || len(header.Get(idem.ReplayedHeader)) != 1 {
 		t.Fatalf("replay of an earlier Maybe record: %v, %v (bytes %x), want %v (bytes %x)", got, err, codec.last(), recorded, maybeBody)
 	}
 	if _, err := e.client.Do(withKey("ok"), doReq, grpc.ForceCodecV2(codec)); err != nil || string(codec.last()) != string(doBody) {
 		t.Fatalf("replay of an earlier Do record: %v, bytes %x, want %x", err, codec.last(), doBody)
 	}
 	_, err = e.client.Maybe(withKey("error"), maybeReq, grpc.Header(&header))
-	if st := wantCode(t, err, codes.InvalidArgument); st.Message() != "value rejected" || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if st := wantCode(t, err, codes.InvalidArgument); st.Message() != "value rejected" || len(header.Get(idem.ReplayedHeader)) != 1 {
 		t.Fatalf("replay of an earlier error: %v", st.Proto())
 	}
 	for _, key := range []string{"relabelled", "code-99", "status-99"} {

@@ -10,56 +10,56 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
 
-func TestHandleMalformedKey(t *testing.T) {
+func TestHandleKeyError(t *testing.T) {
 	rec := &hookRecorder{}
-	e := interceptor.NewEngine(memory.New(), interceptor.WithOutcomeHook(rec.hook))
+	e := newEngine(t, memory.New(), idem.WithOutcomeHook(rec.hook))
 	ran := 0
-	h := func(context.Context) (interceptor.Reply, error) {
+	h := func(context.Context) (idem.Reply, error) {
 		ran++
-		return interceptor.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+		return idem.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
 	}
 	reason := errors.New("the quoted key has no closing double quote")
 
-	call := interceptor.Call{Method: testv1.TestService_Do_FullMethodName, Request: &testv1.DoRequest{Value: "v"}}
-	_, err := e.HandleMalformedKey(t.Context(), call, reason, h)
-	st := wantCode(t, err, codes.InvalidArgument)
+	call := idem.Call{Method: testv1.TestService_Do_FullMethodName, KeyError: reason, Request: &testv1.DoRequest{Value: "v"}}
+	_, err := e.Handle(t.Context(), call, h)
+	st := wantCode(t, grpcError(err), codes.InvalidArgument)
 	var violation *errdetails.BadRequest_FieldViolation
 	for _, d := range st.Details() {
 		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) == 1 {
 			violation = br.GetFieldViolations()[0]
 		}
 	}
-	if violation.GetField() != interceptor.KeyHeader || violation.GetDescription() != reason.Error() {
-		t.Errorf("violation %v, want one on %s saying %q", violation, interceptor.KeyHeader, reason)
+	if violation.GetField() != idem.KeyHeader || violation.GetDescription() != reason.Error() {
+		t.Errorf("violation %v, want one on %s saying %q", violation, idem.KeyHeader, reason)
 	}
 	if ran != 0 {
 		t.Errorf("the handler ran %d times for a malformed key", ran)
 	}
-	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultInvalidKey {
+	if got := rec.take(); len(got) != 1 || got[0].Result != idem.ResultInvalidKey {
 		t.Errorf("the hook saw %+v, want one invalid_key", got)
 	}
 
 	// A method without side effects ignores a well-formed key, not a
 	// malformed one.
-	call = interceptor.Call{Method: testv1.TestService_Read_FullMethodName, Request: &testv1.ReadRequest{Value: "v"}}
-	_, err = e.HandleMalformedKey(t.Context(), call, reason, h)
-	wantCode(t, err, codes.InvalidArgument)
+	call = idem.Call{Method: testv1.TestService_Read_FullMethodName, KeyError: reason, Request: &testv1.ReadRequest{Value: "v"}}
+	_, err = e.Handle(t.Context(), call, h)
+	wantCode(t, grpcError(err), codes.InvalidArgument)
 	if ran != 0 {
 		t.Fatalf("exempt method: the handler ran %d times for a malformed key", ran)
 	}
-	if got := rec.take(); len(got) != 1 || got[0].Result != interceptor.ResultInvalidKey {
+	if got := rec.take(); len(got) != 1 || got[0].Result != idem.ResultInvalidKey {
 		t.Errorf("the hook saw %+v, want one invalid_key", got)
 	}
 }
 
 func TestOutgoingKeys(t *testing.T) {
-	k := interceptor.NewOutgoingKeys()
+	k := idem.NewOutgoingKeys()
 	ctx := t.Context()
 	do, read, maybe := testv1.TestService_Do_FullMethodName, testv1.TestService_Read_FullMethodName, testv1.TestService_Maybe_FullMethodName
 
@@ -80,41 +80,41 @@ func TestOutgoingKeys(t *testing.T) {
 		{"the caller's own key", ctx, do, []string{"mine"}, []string{"mine"}},
 		{"no side effects", ctx, read, nil, nil},
 		{"optional key", ctx, maybe, nil, nil},
-		{"ContextWithKey", interceptor.ContextWithKey(ctx, "set"), do, []string{"mine"}, []string{"set"}},
-		{"ContextWithKey, optional key", interceptor.ContextWithKey(ctx, "set"), maybe, nil, []string{"set"}},
+		{"ContextWithKey", idem.ContextWithKey(ctx, "set"), do, []string{"mine"}, []string{"set"}},
+		{"ContextWithKey, optional key", idem.ContextWithKey(ctx, "set"), maybe, nil, []string{"set"}},
 	} {
 		got, err := k.For(c.ctx, c.method, nil, c.sent)
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
 		}
 	}
-	_, err = k.For(interceptor.ContextWithKey(ctx, "a b"), do, nil, nil)
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = k.For(idem.ContextWithKey(ctx, "a b"), do, nil, nil)
+	wantCode(t, grpcError(err), codes.InvalidArgument)
 
 	// Inside a keyed handler: a child key, and never the request's own key.
-	e := interceptor.NewEngine(memory.New())
+	e := newEngine(t, memory.New())
 	var inside [][]string
-	call := interceptor.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
-	_, err = e.Handle(ctx, call, func(ctx context.Context) (interceptor.Reply, error) {
+	call := idem.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
+	_, err = e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
 		for _, c := range []struct {
 			method string
 			sent   []string
 		}{{do, nil}, {do, []string{"parent"}}, {read, []string{"parent", "other"}}} {
 			keys, err := k.For(ctx, c.method, nil, c.sent)
 			if err != nil {
-				return interceptor.Reply{}, err
+				return idem.Reply{}, err
 			}
 			inside = append(inside, keys)
 		}
-		return interceptor.Reply{Message: &testv1.DoResponse{}}, nil
+		return idem.Reply{Message: &testv1.DoResponse{}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	parent := store.Key{Method: do, Key: "parent"}
 	want := [][]string{
-		{interceptor.CallKey(parent, do, 1)},
-		{interceptor.CallKey(parent, do, 2)},
+		{callKey(parent, do, 1)},
+		{callKey(parent, do, 2)},
 		{"other"},
 	}
 	if !slices.EqualFunc(inside, want, slices.Equal) {

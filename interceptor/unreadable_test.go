@@ -9,7 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
@@ -34,8 +34,8 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 	for i := range 2 {
 		err := callErr(e, "broken")
 		st := wantCode(t, err, codes.DataLoss)
-		if r := reason(err); r != interceptor.ReasonStepsUnreadable {
-			t.Errorf("call %d: reason %q, want %s", i+1, r, interceptor.ReasonStepsUnreadable)
+		if r := reason(err); r != idem.ReasonStepsUnreadable {
+			t.Errorf("call %d: reason %q, want %s", i+1, r, idem.ReasonStepsUnreadable)
 		}
 		if retryDelay(err) != nil {
 			t.Errorf("call %d: DATA_LOSS with a RetryInfo: retrying does not help", i+1)
@@ -67,8 +67,8 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 // failingLeaseStore fails every Lease as a lost connection would.
 type failingLeaseStore struct{ store.Store }
 
-func (failingLeaseStore) Lease(context.Context, store.Key, store.Request, time.Duration) (store.LeaseClaim, error) {
-	return store.LeaseClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
+func (failingLeaseStore) ClaimLeased(context.Context, store.Key, store.Request, time.Duration) (store.LeasedClaim, error) {
+	return store.LeasedClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
 }
 
 // TestTransientLeaseFailureIsNotDataLoss: a store that fails transiently is
@@ -76,7 +76,7 @@ func (failingLeaseStore) Lease(context.Context, store.Key, store.Request, time.D
 func TestTransientLeaseFailureIsNotDataLoss(t *testing.T) {
 	e := newEnv(t, setup{memory: true,
 		memoryStore: failingLeaseStore{memory.New()},
-		opts:        []interceptor.ServerOption{interceptor.WithLeased(time.Minute, doMethod)}})
+		opts:        []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
 	err := callErr(e, "k")
 	wantCode(t, err, codes.Unavailable)
 	if retryDelay(err) == nil {

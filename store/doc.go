@@ -15,17 +15,17 @@
 // has finished, or [ErrInUse] when a bounded wait runs out. "Check, then
 // insert" is not an implementation of Claim.
 //
-// The owner finishes its Txn with [Txn.Complete], which records the outcome
+// The owner finishes its Txn with [Txn.Record], which records the outcome
 // so that later claims see a completed [Entry], or with [Txn.Release], which
 // leaves no trace so that a retry runs afresh. A key whose entry has expired
 // counts as absent and can be claimed again.
 //
-// [Store.Lease] is the claim of leased mode, for handlers whose side effects
+// [Store.ClaimLeased] is the claim of leased mode, for handlers whose side effects
 // leave the storage: it is durable at once and held for a lease, guarded by
 // a fencing token that changes with every owner. While the lease runs, other
 // claims see an in-progress [Entry] with its remaining time; once it has run
 // out, a claim with the same fingerprint takes the key over, keeping the
-// last [RecoveryPoint], and every later write of the earlier owner's
+// last [Step], and every later write of the earlier owner's
 // [Lease] fails with [ErrLeaseLost] and changes nothing.
 //
 // Implementations translate their driver's errors into the sentinel errors

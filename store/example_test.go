@@ -25,10 +25,10 @@ func ExampleKey_Validate() {
 
 // A leased handler's recovery points are validated the same way by every
 // store.
-func ExampleRecoveryPoint_Validate() {
-	fmt.Println(store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}.Validate())
-	err := store.RecoveryPoint{Step: "bad\x00step"}.Validate()
-	fmt.Println(errors.Is(err, store.ErrInvalidRecoveryPoint))
+func ExampleStep_Validate() {
+	fmt.Println(store.Step{Name: "charge_sent", Result: []byte("ch_1")}.Validate())
+	err := store.Step{Name: "bad\x00step"}.Validate()
+	fmt.Println(errors.Is(err, store.ErrInvalidStep))
 	// Output:
 	// <nil>
 	// true

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 )
 
 // ErrInUse reports that another request holds the key and the bounded wait
@@ -92,8 +92,8 @@ func validateField(name, v string, minLen, maxLen int) error {
 type State int
 
 const (
-	// Completed entries hold a recorded outcome that can be replayed.
-	Completed State = iota + 1
+	// Recorded entries hold a recorded outcome that can be replayed.
+	Recorded State = iota + 1
 	// InProgress entries belong to a request still running.
 	InProgress
 )
@@ -104,7 +104,7 @@ type Entry struct {
 	State State
 	// Fingerprint is the fingerprint of the request that took the key.
 	Fingerprint []byte
-	// Outcome is the recorded outcome; it is set when State is Completed.
+	// Outcome is the recorded outcome; it is set when State is Recorded.
 	Outcome Outcome
 	// ExpiresAt is when the entry stops counting.
 	ExpiresAt time.Time
@@ -115,8 +115,9 @@ type Entry struct {
 
 // Outcome is the result of a call, as recorded and replayed.
 type Outcome struct {
-	// Code is the gRPC status code of the call.
-	Code codes.Code
+	// Code is the status code of the call (google.rpc.Code, which gRPC and
+	// Connect share).
+	Code code.Code
 	// Body is the serialized response message when Code is OK, and the
 	// serialized google.rpc.Status otherwise. When NotCached is set it holds
 	// a reference to the response instead.
@@ -136,17 +137,17 @@ type Request struct {
 	// as absent. Zero selects the store's default.
 	TTL time.Duration
 
-	// Completion is, for a leased claim of a method that opted in to
+	// Call is, for a leased claim of a method that opted in to
 	// completion, what a completer needs to run the call again when its
-	// caller is gone; nil keeps nothing. Stores that implement [Completions]
+	// caller is gone; nil keeps nothing. Stores that implement [Finishing]
 	// keep it with the claim until the outcome is recorded, and drop it
 	// then. Claim ignores it.
-	Completion *Completion
+	Call *Call
 }
 
-// Completion is what a completer needs to run a leased call again: the
+// Call is what a completer needs to run a leased call again: the
 // request and the metadata its handler reads.
-type Completion struct {
+type Call struct {
 	// Method is the call's full method name ("/pkg.Service/Method"): the
 	// key's scope may differ from it.
 	Method string
@@ -160,14 +161,14 @@ type Completion struct {
 }
 
 // Abandoned is a leased call whose lease ran out and which nobody took
-// over, as [Completions.Abandoned] finds it.
+// over, as [Finishing.Abandoned] finds it.
 type Abandoned struct {
 	// Key is the call's key.
 	Key Key
 	// Fingerprint is the fingerprint of its request.
 	Fingerprint []byte
-	// Completion is what was kept to run it again.
-	Completion Completion
+	// Call is what was kept to run it again.
+	Call Call
 	// Takeovers counts how often the key was taken over since it was
 	// first claimed.
 	Takeovers int
@@ -179,10 +180,10 @@ type Abandoned struct {
 	Unreadable error
 }
 
-// Completions is implemented by stores that keep, for leased calls that
+// Finishing is implemented by stores that keep, for leased calls that
 // opted in, what a completer needs to finish them when their callers are
-// gone (see interceptor.Completer).
-type Completions interface {
+// gone (see idem.Finisher).
+type Finishing interface {
 	// Abandoned returns up to limit leased calls, kept with a Completion,
 	// whose lease ran out more than grace × 2^Takeovers ago (so that each
 	// failed attempt waits twice as long as the one before), and which
@@ -215,17 +216,17 @@ type Store interface {
 	// out. The key is kept for r.TTL, or the store's default.
 	Claim(ctx context.Context, key Key, r Request) (Claim, error)
 
-	// Lease takes key for the request r in leased mode: the claim is
+	// ClaimLeased takes key for the request r in leased mode: the claim is
 	// durable at once and held for lease, and the handler's side effects
-	// are its own. It returns a LeaseClaim with Lease set when the key was free,
+	// are its own. It returns a LeasedClaim with Lease set when the key was free,
 	// had expired, or was held by a request with the same fingerprint whose
 	// lease ran out (a takeover, reported by TookOver, which keeps the last
-	// recovery point and invalidates the earlier owner's Lease). Otherwise it returns a
-	// LeaseClaim with Entry set: completed, or in progress with its
+	// recovery point and invalidates the earlier owner's ClaimLeased). Otherwise it returns a
+	// LeasedClaim with Entry set: completed, or in progress with its
 	// LeaseRemaining (zero when an atomic claim holds it). It returns
 	// ErrInUse when the wait for a concurrent atomic claim ran out, and
 	// ErrCorrupt when the key's saved steps cannot be read.
-	Lease(ctx context.Context, key Key, r Request, lease time.Duration) (LeaseClaim, error)
+	ClaimLeased(ctx context.Context, key Key, r Request, lease time.Duration) (LeasedClaim, error)
 }
 
 // Txn is an owned claim. Exactly one of Complete and Release takes effect;
@@ -236,21 +237,21 @@ type Txn interface {
 	// holds it).
 	Context(parent context.Context) context.Context
 
-	// Complete records out and makes the claim durable together with the
+	// Record records out and makes the claim durable together with the
 	// handler's writes. When out.Code is not OK, the handler's writes are
 	// discarded and only the outcome is kept. On error nothing was recorded,
 	// unless the error leaves the commit's result unknown; either way a
 	// retry is safe.
-	Complete(ctx context.Context, out Outcome) error
+	Record(ctx context.Context, out Outcome) error
 
 	// Release discards the claim and the handler's writes, so that a retry
 	// runs afresh.
 	Release(ctx context.Context) error
 }
 
-// LeaseClaim is the result of [Store.Lease]: exactly one of Lease and Entry
+// LeasedClaim is the result of [Store.ClaimLeased]: exactly one of Lease and Entry
 // is set.
-type LeaseClaim struct {
+type LeasedClaim struct {
 	// Lease is set when the caller now holds the key.
 	Lease Lease
 	// ExpiresAt is, with Lease, when the key will stop counting (by the
@@ -265,48 +266,48 @@ type LeaseClaim struct {
 	TookOver bool
 }
 
-// ErrInvalidRecoveryPoint reports a recovery point that breaks the rule of
-// [RecoveryPoint.Validate]. Nothing was saved; saving the same point again
+// ErrInvalidStep reports a recovery point that breaks the rule of
+// [Step.Validate]. Nothing was saved; saving the same point again
 // fails again.
-var ErrInvalidRecoveryPoint = errors.New("store: invalid recovery point")
+var ErrInvalidStep = errors.New("store: invalid recovery point")
 
-// Bounds of a [RecoveryPoint].
+// Bounds of a [Step].
 const (
 	// MaxStepLength is the longest step name, in bytes.
 	MaxStepLength = 255
-	// MaxRecoveryDataBytes is the largest payload of a recovery point.
-	MaxRecoveryDataBytes = 64 << 10
+	// MaxStepResultBytes is the largest payload of a recovery point.
+	MaxStepResultBytes = 64 << 10
 )
 
-// RecoveryPoint is a named step a leased request reached, with a small
+// Step is a named step a leased request reached, with a small
 // payload to resume from (a provider's charge id, say).
-type RecoveryPoint struct {
-	// Step names the step: 1 to MaxStepLength bytes of valid UTF-8 with no
+type Step struct {
+	// Name names the step: 1 to MaxStepLength bytes of valid UTF-8 with no
 	// control characters.
-	Step string
-	// Data is the payload, at most MaxRecoveryDataBytes; it may be empty.
-	Data []byte
+	Name string
+	// Result is the payload, at most MaxStepResultBytes; it may be empty.
+	Result []byte
 }
 
 // Validate reports whether every store can keep p: Step must be 1 to
 // [MaxStepLength] bytes of valid UTF-8 without control characters (U+0000
 // to U+001F and U+007F, NUL among them), and Data at most
-// [MaxRecoveryDataBytes] bytes. The error, if any, wraps
-// [ErrInvalidRecoveryPoint] and names the rule p breaks.
-func (p RecoveryPoint) Validate() error {
+// [MaxStepResultBytes] bytes. The error, if any, wraps
+// [ErrInvalidStep] and names the rule p breaks.
+func (p Step) Validate() error {
 	switch {
-	case p.Step == "":
-		return fmt.Errorf("%w: the step name is empty", ErrInvalidRecoveryPoint)
-	case len(p.Step) > MaxStepLength:
-		return fmt.Errorf("%w: the step name is %d bytes, more than %d", ErrInvalidRecoveryPoint, len(p.Step), MaxStepLength)
-	case !utf8.ValidString(p.Step):
-		return fmt.Errorf("%w: the step name is not valid UTF-8", ErrInvalidRecoveryPoint)
-	case len(p.Data) > MaxRecoveryDataBytes:
-		return fmt.Errorf("%w: the data is %d bytes, more than %d", ErrInvalidRecoveryPoint, len(p.Data), MaxRecoveryDataBytes)
+	case p.Name == "":
+		return fmt.Errorf("%w: the step name is empty", ErrInvalidStep)
+	case len(p.Name) > MaxStepLength:
+		return fmt.Errorf("%w: the step name is %d bytes, more than %d", ErrInvalidStep, len(p.Name), MaxStepLength)
+	case !utf8.ValidString(p.Name):
+		return fmt.Errorf("%w: the step name is not valid UTF-8", ErrInvalidStep)
+	case len(p.Result) > MaxStepResultBytes:
+		return fmt.Errorf("%w: the data is %d bytes, more than %d", ErrInvalidStep, len(p.Result), MaxStepResultBytes)
 	}
-	for i, r := range p.Step {
+	for i, r := range p.Name {
 		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: the step name has control character %U at byte %d", ErrInvalidRecoveryPoint, r, i)
+			return fmt.Errorf("%w: the step name has control character %U at byte %d", ErrInvalidStep, r, i)
 		}
 	}
 	return nil
@@ -320,33 +321,33 @@ const (
 	MaxStepsBytes = 256 << 10
 )
 
-// SaveStep returns steps with p saved among them, for stores that implement
+// MergeStep returns steps with p saved among them, for stores that implement
 // [Lease]: in place of the step of the same name, or else appended. It
-// refuses, with an error wrapping ErrInvalidRecoveryPoint, a point that
+// refuses, with an error wrapping ErrInvalidStep, a point that
 // fails Validate and one that would make the steps more than [MaxSteps] or
 // [MaxStepsBytes]. steps is not modified.
-func SaveStep(steps []RecoveryPoint, p RecoveryPoint) ([]RecoveryPoint, error) {
+func MergeStep(steps []Step, p Step) ([]Step, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	out := make([]RecoveryPoint, 0, len(steps)+1)
+	out := make([]Step, 0, len(steps)+1)
 	size, found := 0, false
 	for _, q := range steps {
-		if q.Step == p.Step {
+		if q.Name == p.Name {
 			q, found = p, true
 		}
-		size += len(q.Step) + len(q.Data)
+		size += len(q.Name) + len(q.Result)
 		out = append(out, q)
 	}
 	if !found {
 		out = append(out, p)
-		size += len(p.Step) + len(p.Data)
+		size += len(p.Name) + len(p.Result)
 	}
 	switch {
 	case len(out) > MaxSteps:
-		return nil, fmt.Errorf("%w: a key keeps at most %d steps", ErrInvalidRecoveryPoint, MaxSteps)
+		return nil, fmt.Errorf("%w: a key keeps at most %d steps", ErrInvalidStep, MaxSteps)
 	case size > MaxStepsBytes:
-		return nil, fmt.Errorf("%w: the steps of a key hold at most %d bytes, this one would make them %d", ErrInvalidRecoveryPoint, MaxStepsBytes, size)
+		return nil, fmt.Errorf("%w: the steps of a key hold at most %d bytes, this one would make them %d", ErrInvalidStep, MaxStepsBytes, size)
 	}
 	return out, nil
 }
@@ -360,7 +361,7 @@ func SaveStep(steps []RecoveryPoint, p RecoveryPoint) ([]RecoveryPoint, error) {
 // Exactly one of Complete and Release takes effect; Release after Complete
 // does nothing, so it can be deferred.
 //
-// SaveRecoveryPoint, Extend and Complete honour ctx: with a context that has
+// SaveStep, Extend and Record honour ctx: with a context that has
 // already ended they fail with its error (context.Canceled or
 // context.DeadlineExceeded) and change nothing. A caller that must record
 // past the end of its request, as the interceptor records a handler's
@@ -368,27 +369,27 @@ func SaveStep(steps []RecoveryPoint, p RecoveryPoint) ([]RecoveryPoint, error) {
 // request's. Release works whatever the state of ctx, so that it can be
 // deferred from a request whose caller has gone.
 type Lease interface {
-	// RecoveryPoint returns the last recovery point saved under the key:
+	// LastStep returns the last recovery point saved under the key:
 	// by an earlier owner when the key was taken over, or by this one.
-	RecoveryPoint() (RecoveryPoint, bool)
+	LastStep() (Step, bool)
 
 	// Steps returns every recovery point saved under the key, in the order
 	// their steps were first saved: a step saved again keeps its place
 	// with its new data.
-	Steps() []RecoveryPoint
+	Steps() []Step
 
-	// SaveRecoveryPoint makes p durable at once, as the key's last
+	// SaveStep makes p durable at once, as the key's last
 	// recovery point and among its steps, so that a request that takes the
-	// key over resumes from it. A point that fails [RecoveryPoint.Validate],
+	// key over resumes from it. A point that fails [Step.Validate],
 	// or that [SaveStep] refuses, is refused with its error, which wraps
-	// ErrInvalidRecoveryPoint, and nothing is saved.
-	SaveRecoveryPoint(ctx context.Context, p RecoveryPoint) error
+	// ErrInvalidStep, and nothing is saved.
+	SaveStep(ctx context.Context, p Step) error
 
 	// Extend moves the end of the lease to d from now.
 	Extend(ctx context.Context, d time.Duration) error
 
-	// Complete records out and ends the lease.
-	Complete(ctx context.Context, out Outcome) error
+	// Record records out and ends the lease.
+	Record(ctx context.Context, out Outcome) error
 
 	// Release gives the key up so that a retry runs: a claim without a
 	// recovery point is deleted, and one with a recovery point keeps it and

@@ -13,10 +13,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // newReplicatedSystem is newSystem with the checkout database on a primary
@@ -61,10 +62,10 @@ func checkoutUntilAnswered(ctx context.Context, rep *replica, key string, leaseL
 	defer cancel()
 	for {
 		resp, header, err := checkout(ctx, rep, key)
-		if err == nil || interceptor.DefaultClassifier.Deterministic(status.Convert(err)) {
+		if err == nil || recorded(status.Convert(err)) {
 			return resp, replayed(header), err
 		}
-		if errorReason(err) == interceptor.ReasonLeaseLost {
+		if errorReason(err) == idem.ReasonLeaseLost {
 			*leaseLost++
 		}
 		wait := time.Duration(20+mrand.IntN(30)) * time.Millisecond
@@ -232,4 +233,15 @@ func testFailoverLeased(t *testing.T, synchronous bool) {
 	}
 	t.Logf("%d Charge calls reached the provider for %d charges; clients were told %d times that a lease was lost",
 		tot.chargeCalls, tot.charges, leaseLost)
+}
+
+// recorded reports whether idem records an error of st's code, as it does
+// by default (idem.WithClassifier): such an answer is definitive, and a
+// retry under the same key gets it again.
+func recorded(st *status.Status) bool {
+	switch st.Code() {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.AlreadyExists, codes.NotFound:
+		return true
+	}
+	return false
 }

@@ -10,10 +10,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestFailoverLostLease fails the checkout database over to a standby that
@@ -37,7 +37,7 @@ func TestFailoverLostLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The handler pauses inside the confirm step, so that the test stops
-	// it there; the completer's grace keeps it out of the way. Woken up,
+	// it there; the finisher's grace keeps it out of the way. Woken up,
 	// it sleeps on for the rest of the pause, long enough for its lease's
 	// heartbeat, once its pool has replaced the connections the failover
 	// broke, to reach the new primary.
@@ -77,10 +77,10 @@ func TestFailoverLostLease(t *testing.T) {
 	thawed = true
 	a := <-first
 
-	if status.Code(a.err) != codes.Aborted || errorReason(a.err) != interceptor.ReasonLeaseLost {
-		t.Fatalf("the handler whose key the failover lost answered %v, want ABORTED %s", a.err, interceptor.ReasonLeaseLost)
+	if status.Code(a.err) != codes.Aborted || errorReason(a.err) != idem.ReasonLeaseLost {
+		t.Fatalf("the handler whose key the failover lost answered %v, want ABORTED %s", a.err, idem.ReasonLeaseLost)
 	}
-	if _, err := rep.waitFor(ctx, outcome(runnerCall, key, interceptor.ResultLeaseLost)); err != nil {
+	if _, err := rep.waitFor(ctx, outcome(runnerCall, key, idem.ResultLeaseLost)); err != nil {
 		t.Fatalf("no lease_lost outcome: %v (events %v)", err, rep.events(key))
 	}
 	var leaseLost int

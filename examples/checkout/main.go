@@ -1,12 +1,12 @@
 // Binary checkout demonstrates idem's leased mode with steps and a
-// completer: a CheckoutService that reserves stock in PostgreSQL, charges a
+// finisher: a CheckoutService that reserves stock in PostgreSQL, charges a
 // stub payment provider over gRPC and confirms the order, each an
-// interceptor.Step whose result is saved under the request's key. Replicas
+// idem.Step whose result is saved under the request's key. Replicas
 // of the checkout server (this program, run again as child processes) are
 // killed with SIGKILL in the middle of checkouts. In the first story the
 // client retries on a second replica, is told to wait while the dead
 // replica's lease runs, then takes the key over and resumes after the last
-// saved step. In the second the client gives up, and the completer that
+// saved step. In the second the client gives up, and the finisher that
 // every replica runs finishes the checkout anyway; the client's retry,
 // when it comes back, gets the outcome replayed. It prints what each
 // replica did and the rows that exist afterwards, and exits non-zero if an
@@ -36,7 +36,7 @@ import (
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func main() {
@@ -87,7 +87,7 @@ func run(ctx context.Context, w, logs io.Writer) error {
 func play(ctx context.Context, w io.Writer, sys *system) error {
 	fmt.Fprintf(w, "CheckoutService runs in leased mode with a %v lease; each checkout buys %d × %s at %d cents.\n",
 		lease(), quantity, sku, unitPrice)
-	fmt.Fprintf(w, "Every replica runs a completer: it finishes a checkout whose lease ran out more than %v ago (its grace) and that nobody took over.\n",
+	fmt.Fprintf(w, "Every replica runs a finisher: it finishes a checkout whose lease ran out more than %v ago (its grace) and that nobody took over.\n",
 		lease())
 	var failed []string
 
@@ -166,7 +166,7 @@ func tellAbandoned(w io.Writer, ab *abandonment, r rows, late *lateRetry) {
 	fmt.Fprintln(w, "client: gives up and goes away without retrying")
 	fmt.Fprint(w, "while abandoned, ")
 	printRows(w, ab.key, ab.abandoned)
-	fmt.Fprintf(w, "replica B's completer, which took the abandoned checkout over by itself (recorded %v after the client's answer):\n",
+	fmt.Fprintf(w, "replica B's finisher, which took the abandoned checkout over by itself (recorded %v after the client's answer):\n",
 		ab.took.Round(100*time.Millisecond))
 	printEvents(w, ab.finisher)
 	printRows(w, ab.key, r)
@@ -196,7 +196,7 @@ func printRows(w io.Writer, key string, r rows) {
 func describe(e event) string {
 	switch e.point {
 	case checkoutsvc.PointStarted:
-		if e.runner == runnerCompleter {
+		if e.runner == runnerFinisher {
 			return "takes the abandoned checkout over"
 		}
 		return "the handler runs"

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestMain serves CheckoutService instead of running the tests when the
@@ -58,7 +58,7 @@ func newSystem(t *testing.T) (*system, context.Context) {
 // takes the key over, skips the steps the dead attempt saved, and every
 // side effect exists once: one charge at the provider, one reservation
 // (and the stock taken once), one order, named by the answer, which a
-// later retry gets replayed. The second replica's completer, whose grace
+// later retry gets replayed. The second replica's finisher, whose grace
 // outlasts the retry, does not step in.
 func TestCrashAndResume(t *testing.T) {
 	if testing.Short() {
@@ -119,18 +119,18 @@ func checkTotals(t *testing.T, s *system, n int) {
 	}
 }
 
-// grace is the completers' grace in the tests of completion: shorter than
+// grace is the finishers' grace in the tests of finishing: shorter than
 // the demo's, so that they wait less.
 const grace = 300 * time.Millisecond
 
-// TestAbandonedCheckoutIsCompleted kills the replica running a checkout
-// after its charge step; the client never retries. The completer of a
+// TestAbandonedCheckoutIsFinished kills the replica running a checkout
+// after its charge step; the client never retries. The finisher of a
 // second replica takes the checkout over once the lease and the grace have
 // run out, resumes after the charge (the provider is not asked again) and
 // records the outcome: one charge, one reservation, one order, the key
 // completed and its request dropped. The client's retry a day later, on a
 // replica started since, gets the answer replayed.
-func TestAbandonedCheckoutIsCompleted(t *testing.T) {
+func TestAbandonedCheckoutIsFinished(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
 	}
@@ -148,7 +148,7 @@ func TestAbandonedCheckoutIsCompleted(t *testing.T) {
 		t.Error(f)
 	}
 	if r.takeovers != 1 {
-		t.Errorf("the key was taken over %d times, want once, by the completer", r.takeovers)
+		t.Errorf("the key was taken over %d times, want once, by the finisher", r.takeovers)
 	}
 
 	// "A day later": the retry comes seconds later in wall time. idem
@@ -189,13 +189,13 @@ func TestAbandonedCheckoutIsCompleted(t *testing.T) {
 	checkTotals(t, s, 1)
 }
 
-// TestCompleterRecordsADeterministicError abandons a checkout as soon as
+// TestFinisherRecordsADeterministicError abandons a checkout as soon as
 // its handler started; while it is abandoned the stock runs out. The
-// completer takes it over and the reserve step fails with
+// finisher takes it over and the reserve step fails with
 // FAILED_PRECONDITION, which is recorded once, as the key's outcome:
 // nothing is reserved, charged or ordered, the request is dropped, and the
 // client's late retry gets the error replayed without running anything.
-func TestCompleterRecordsADeterministicError(t *testing.T) {
+func TestFinisherRecordsADeterministicError(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
 	}
@@ -219,7 +219,7 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 	if _, err := s.checkoutDB.Exec(ctx, `UPDATE stock SET available = 1 WHERE sku = $1`, sku); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.waitFor(ctx, outcome(runnerCompleter, key, interceptor.ResultExecuted)); err != nil {
+	if _, err := b.waitFor(ctx, outcome(runnerFinisher, key, idem.ResultExecuted)); err != nil {
 		t.Fatal(err)
 	}
 	_, header, lateErr := checkout(ctx, b, key)
@@ -228,9 +228,9 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 	}
 
 	want := []event{
-		{runnerCompleter, key, checkoutsvc.PointStarted, ""},
-		{runnerCompleter, key, pointOutcome, string(interceptor.ResultExecuted)},
-		{runnerCall, key, pointOutcome, string(interceptor.ResultReplayed)},
+		{runnerFinisher, key, checkoutsvc.PointStarted, ""},
+		{runnerFinisher, key, pointOutcome, string(idem.ResultExecuted)},
+		{runnerCall, key, pointOutcome, string(idem.ResultReplayed)},
 	}
 	if got := b.events(key); !slices.Equal(got, want) {
 		t.Errorf("replica B reported %v, want %v", got, want)
@@ -254,15 +254,15 @@ func TestCompleterRecordsADeterministicError(t *testing.T) {
 	}
 }
 
-// TestCompleterKilledMidStep abandons five checkouts, each on a replica
+// TestFinisherKilledMidStep abandons five checkouts, each on a replica
 // killed at another point, and then, five times over, starts a replica
-// whose completer takes an abandoned checkout over and is killed inside
+// whose finisher takes an abandoned checkout over and is killed inside
 // the step it runs: after the reservation is made, after the provider
 // answered, or after the order is made, before the step is saved. A last
-// replica's completer then finishes every one of them: each checkout has
+// replica's finisher then finishes every one of them: each checkout has
 // one reservation, one charge and one order, its key is completed with its
 // request dropped, and the stock is taken once per checkout.
-func TestCompleterKilledMidStep(t *testing.T) {
+func TestFinisherKilledMidStep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
 	}
@@ -289,7 +289,7 @@ func TestCompleterKilledMidStep(t *testing.T) {
 	for i, crashAt := range crashes {
 		keys[i] = newKey()
 		wg.Go(func() {
-			// Its completer waits a minute: only the replicas below
+			// Its finisher waits a minute: only the replicas below
 			// complete checkouts.
 			a, err := s.startReplica(ctx, fmt.Sprint("A", i), replicaConfig{crashAt: runnerCall + ":" + crashAt, grace: time.Minute})
 			if err != nil {
@@ -314,7 +314,7 @@ func TestCompleterKilledMidStep(t *testing.T) {
 	midStep := []string{checkoutsvc.PointReservationMade, checkoutsvc.PointChargeAnswered, checkoutsvc.PointOrderMade}
 	var crashAt []string
 	for _, p := range midStep {
-		crashAt = append(crashAt, runnerCompleter+":"+p)
+		crashAt = append(crashAt, runnerFinisher+":"+p)
 	}
 	for round := range len(keys) {
 		c, err := s.startReplica(ctx, fmt.Sprint("C", round), replicaConfig{crashAt: strings.Join(crashAt, ","), grace: grace})
@@ -325,11 +325,11 @@ func TestCompleterKilledMidStep(t *testing.T) {
 		record(c)
 		log := c.events("")
 		if err == nil || len(log) == 0 {
-			t.Fatalf("round %d: the completer's replica ended with %v after %v, want it killed", round, err, log)
+			t.Fatalf("round %d: the finisher's replica ended with %v after %v, want it killed", round, err, log)
 		}
 		last := log[len(log)-1]
-		if last.runner != runnerCompleter || !slices.Contains(midStep, last.point) || !slices.Contains(keys, last.key) {
-			t.Fatalf("round %d: the replica died at %v, want inside a step of an abandoned checkout run by its completer", round, last)
+		if last.runner != runnerFinisher || !slices.Contains(midStep, last.point) || !slices.Contains(keys, last.key) {
+			t.Fatalf("round %d: the replica died at %v, want inside a step of an abandoned checkout run by its finisher", round, last)
 		}
 		t.Logf("round %d: killed at %s of checkout %d", round, last.point, slices.Index(keys, last.key))
 	}
@@ -340,7 +340,7 @@ func TestCompleterKilledMidStep(t *testing.T) {
 	}
 	defer survivor.stop()
 	for _, key := range keys {
-		if _, err := survivor.waitFor(ctx, outcome(runnerCompleter, key, interceptor.ResultExecuted)); err != nil {
+		if _, err := survivor.waitFor(ctx, outcome(runnerFinisher, key, idem.ResultExecuted)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -369,7 +369,7 @@ func TestCompleterKilledMidStep(t *testing.T) {
 			t.Errorf("checkout %d (killed at %s): %s", i, crashes[i], f)
 		}
 		if r.takeovers < 2 {
-			t.Errorf("checkout %d was taken over %d times, want by a killed completer and the last one", i, r.takeovers)
+			t.Errorf("checkout %d was taken over %d times, want by a killed finisher and the last one", i, r.takeovers)
 		}
 		var outcomes []string
 		for _, e := range survivor.events(key) {
@@ -377,8 +377,8 @@ func TestCompleterKilledMidStep(t *testing.T) {
 				outcomes = append(outcomes, e.runner+" "+e.detail)
 			}
 		}
-		if !slices.Equal(outcomes, []string{runnerCompleter + " " + string(interceptor.ResultExecuted)}) {
-			t.Errorf("checkout %d: the last replica's outcomes %v, want its completer's, executed, once", i, outcomes)
+		if !slices.Equal(outcomes, []string{runnerFinisher + " " + string(idem.ResultExecuted)}) {
+			t.Errorf("checkout %d: the last replica's outcomes %v, want its finisher's, executed, once", i, outcomes)
 		}
 	}
 	checkTotals(t, s, len(keys))

@@ -18,47 +18,47 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
-	"github.com/idemkit/idem/interceptor"
 )
 
 // The environment of a replica: this program serves CheckoutService instead
 // of playing the demo when replicaDatabase is set.
 const (
-	replicaDatabase = "CHECKOUT_DATABASE_URL"   // the checkout database
-	replicaProvider = "CHECKOUT_PROVIDER_ADDR"  // the provider's address
-	replicaCrashAt  = "CHECKOUT_CRASH_AT"       // points at which to die, comma-separated
-	replicaGrace    = "CHECKOUT_COMPLETE_GRACE" // the completer's grace, a Go duration
-	replicaPause    = "CHECKOUT_CONFIRM_PAUSE"  // a pause inside the confirm step, a Go duration
+	replicaDatabase = "CHECKOUT_DATABASE_URL"  // the checkout database
+	replicaProvider = "CHECKOUT_PROVIDER_ADDR" // the provider's address
+	replicaCrashAt  = "CHECKOUT_CRASH_AT"      // points at which to die, comma-separated
+	replicaGrace    = "CHECKOUT_FINISH_GRACE"  // the finisher's grace, a Go duration
+	replicaPause    = "CHECKOUT_CONFIRM_PAUSE" // a pause inside the confirm step, a Go duration
 )
 
-// Who runs Checkout in a replica: a client's call, or the completer.
+// Who runs Checkout in a replica: a client's call, or the finisher.
 const (
-	runnerCall      = "call"
-	runnerCompleter = "completer"
+	runnerCall     = "call"
+	runnerFinisher = "finisher"
 )
 
 // pointOutcome is the point a replica reports when idem has settled a
-// call's outcome; the detail is the interceptor.Result.
+// call's outcome; the detail is the idem.Result.
 const pointOutcome = "outcome"
 
-// completeInterval is how often a replica's completer looks for abandoned
+// finishInterval is how often a replica's finisher looks for abandoned
 // checkouts: often, so that the demo does not wait. A production service
-// keeps the default (interceptor.DefaultCompleteInterval).
-const completeInterval = 100 * time.Millisecond
+// keeps the default (10 s).
+const finishInterval = 100 * time.Millisecond
 
 // isReplica reports whether this process was started as a replica.
 func isReplica() bool { return os.Getenv(replicaDatabase) != "" }
 
 // serveReplica serves CheckoutService on a loopback port, and runs a
-// completer of abandoned checkouts, until standard input closes. It writes
+// finisher of abandoned checkouts, until standard input closes. It writes
 // "listening ADDR" to standard output, then one line "RUNNER KEY POINT
 // DETAIL" for each point Checkout reaches and for each outcome idem settles
-// (POINT "outcome"), RUNNER telling a client's call from the completer's
+// (POINT "outcome"), RUNNER telling a client's call from the finisher's
 // run. At a point named by replicaCrashAt, alone or prefixed by the runner
-// ("completer:charge_answered"), right after writing its line, the process
+// ("finisher:charge_answered"), right after writing its line, the process
 // kills itself.
 func serveReplica() error {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -101,28 +101,34 @@ func serveReplica() error {
 	}
 	hook := func(runner string) checkoutsvc.Option {
 		return checkoutsvc.WithHook(func(ctx context.Context, point, detail string) {
-			key, _ := interceptor.KeyFromContext(ctx)
+			key, _ := idem.KeyFromContext(ctx)
 			report(runner, key, point, detail)
 			if point == checkoutsvc.PointOrderMade {
 				time.Sleep(pause)
 			}
 		})
 	}
-	// The server and the completer run Checkout with the same options.
-	opts := []interceptor.ServerOption{interceptor.WithOutcomeHook(func(ctx context.Context, o interceptor.Outcome) {
+	// The server and the finisher run Checkout with the same options.
+	opts := []idem.Option{idem.WithOutcomeHook(func(ctx context.Context, o idem.Outcome) {
 		runner, key := runnerCall, "-"
-		if o.Completion {
-			runner = runnerCompleter
+		if o.Finishing {
+			runner = runnerFinisher
 		}
-		if v := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader); len(v) == 1 {
+		if v := metadata.ValueFromIncomingContext(ctx, idem.KeyHeader); len(v) == 1 {
 			key = v[0]
 		}
 		report(runner, key, pointOutcome, string(o.Result))
 	})}
 	provider := providerv1.NewProviderServiceClient(conn)
-	srv := checkoutsvc.NewServer(checkoutsvc.New(pool, provider, hook(runnerCall)), opts...)
-	completer, err := checkoutsvc.NewCompleter(checkoutsvc.New(pool, provider, hook(runnerCompleter)), opts,
-		interceptor.WithCompleteGrace(grace), interceptor.WithCompleteInterval(completeInterval))
+	srv, err := checkoutsvc.NewServer(checkoutsvc.New(pool, provider, hook(runnerCall)), opts...)
+	if err != nil {
+		return err
+	}
+	finisher, err := checkoutsvc.NewFinisher(checkoutsvc.New(pool, provider, hook(runnerFinisher)), opts,
+		// A zero Grace selects the default (30 s): a grace of 0 (take an
+		// abandoned call over as soon as its lease ran out) is the least
+		// positive one.
+		idem.FinisherConfig{Grace: max(grace, time.Nanosecond), Interval: finishInterval})
 	if err != nil {
 		return err
 	}
@@ -134,7 +140,7 @@ func serveReplica() error {
 	completed := make(chan struct{})
 	go func() {
 		defer close(completed)
-		_ = completer.Run(ctx)
+		_ = finisher.Run(ctx)
 	}()
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -157,13 +163,13 @@ func crash() {
 }
 
 // event is a line a replica wrote: a point Checkout reached, or an
-// outcome, in a call or in a completer's run.
+// outcome, in a call or in a finisher's run.
 type event struct{ runner, key, point, detail string }
 
 // replicaConfig is how a replica behaves.
 type replicaConfig struct {
 	crashAt string        // points at which it dies (see replicaCrashAt)
-	grace   time.Duration // its completer's grace
+	grace   time.Duration // its finisher's grace
 	pause   time.Duration // a pause inside the confirm step, after the order is made
 }
 
@@ -250,7 +256,7 @@ func startReplica(ctx context.Context, name, dsn, providerAddr string, cfg repli
 }
 
 // stop closes the replica's standard input, which makes it stop its
-// completer and stop serving, and waits for it to exit, killing it after a
+// finisher and stop serving, and waits for it to exit, killing it after a
 // while. It returns how the process ended.
 func (r *replica) stop() error {
 	if r.conn != nil {
@@ -328,7 +334,7 @@ func (r *replica) waitFor(ctx context.Context, match func(event) bool) (event, e
 
 // outcome returns a matcher of the outcome result of key in a run by
 // runner.
-func outcome(runner, key string, result interceptor.Result) func(event) bool {
+func outcome(runner, key string, result idem.Result) func(event) bool {
 	return func(e event) bool {
 		return e.runner == runner && e.key == key && e.point == pointOutcome && e.detail == string(result)
 	}

@@ -10,24 +10,24 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
-	"github.com/idemkit/idem/interceptor"
 )
 
-// TestCompletersAndALateRetryRace has two completers and the client's late
+// TestFinishersAndALateRetryRace has two finishers and the client's late
 // retry meet on one abandoned checkout. Replica A dies after the charge
-// step, and the client goes away. Replica B's completer takes the checkout
+// step, and the client goes away. Replica B's finisher takes the checkout
 // over and stalls inside the confirm step, after making the order: the
 // test stops the process with SIGSTOP, as a long GC pause or a frozen VM
 // would, and its lease runs out. The client comes back to replica C, is
 // told the key is in use while B's lease runs, and retries when it has run
-// out, racing C's completer (grace 0): one of the two finishes the
+// out, racing C's finisher (grace 0): one of the two finishes the
 // checkout, and the other is told the key is in use, or finds it done.
 // When B wakes up (SIGCONT) its save of the step is refused by the fencing
 // token: its outcome is lease_lost and nothing of it is recorded. One
 // charge, one reservation, one order: the one B made, which the finisher
 // found and kept.
-func TestCompletersAndALateRetryRace(t *testing.T) {
+func TestFinishersAndALateRetryRace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
 	}
@@ -39,7 +39,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.stop()
-	// B's completer pauses inside the confirm step, so that the test
+	// B's finisher pauses inside the confirm step, so that the test
 	// stops it there.
 	b, err := s.startReplica(ctx, "B", replicaConfig{grace: 0, pause: time.Second})
 	if err != nil {
@@ -53,7 +53,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		t.Fatal("replica A exited cleanly, want it killed")
 	}
 	made, err := b.waitFor(ctx, func(e event) bool {
-		return e.runner == runnerCompleter && e.key == key && e.point == checkoutsvc.PointOrderMade
+		return e.runner == runnerFinisher && e.key == key && e.point == checkoutsvc.PointOrderMade
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -83,8 +83,8 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the late retry: %v (first told %v, then waited %v)", err, first, waited)
 	}
-	if first != nil && errorReason(first) != interceptor.ReasonKeyInUse {
-		t.Errorf("the late retry was first told %v, want ABORTED %s", first, interceptor.ReasonKeyInUse)
+	if first != nil && errorReason(first) != idem.ReasonKeyInUse {
+		t.Errorf("the late retry was first told %v, want ABORTED %s", first, idem.ReasonKeyInUse)
 	}
 
 	// The checkout is recorded: wake B up.
@@ -92,7 +92,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	thawed = true
-	if _, err := b.waitFor(ctx, outcome(runnerCompleter, key, interceptor.ResultLeaseLost)); err != nil {
+	if _, err := b.waitFor(ctx, outcome(runnerFinisher, key, idem.ResultLeaseLost)); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []*replica{b, c} {
@@ -104,7 +104,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 	for _, e := range b.events(key) {
 		t.Logf("replica B: %v", e)
 		if e.point == checkoutsvc.StepConfirm {
-			t.Errorf("the stalled completer saved its step after it woke up: %v", e)
+			t.Errorf("the stalled finisher saved its step after it woke up: %v", e)
 		}
 	}
 	var runs []event
@@ -114,9 +114,9 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		switch {
 		case e.point == checkoutsvc.PointStarted:
 			runs = append(runs, e)
-		case e.point == pointOutcome && e.detail == string(interceptor.ResultExecuted):
+		case e.point == pointOutcome && e.detail == string(idem.ResultExecuted):
 			executed++
-		case e.point == pointOutcome && e.detail != string(interceptor.ResultInUse) && e.detail != string(interceptor.ResultReplayed):
+		case e.point == pointOutcome && e.detail != string(idem.ResultInUse) && e.detail != string(idem.ResultReplayed):
 			t.Errorf("replica C: outcome %s, want executed, in_use or replayed", e.detail)
 		}
 	}
@@ -135,7 +135,7 @@ func TestCompletersAndALateRetryRace(t *testing.T) {
 		t.Error(f)
 	}
 	if r.orderID != made.detail {
-		t.Errorf("the order is %s, want %s, the one the stalled completer made", r.orderID, made.detail)
+		t.Errorf("the order is %s, want %s, the one the stalled finisher made", r.orderID, made.detail)
 	}
 	checkTotals(t, s, 1)
 }

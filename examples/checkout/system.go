@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/examples/checkout/providersvc"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
@@ -84,7 +85,10 @@ func startSystem(ctx context.Context, checkoutDSN string, providerDB *pgxpool.Po
 		s.close()
 		return nil, err
 	}
-	srv := providersvc.NewServer(providerDB, s.provider)
+	srv, err := providersvc.NewServer(providerDB, s.provider)
+	if err != nil {
+		return nil, err
+	}
 	go func() { _ = srv.Serve(lis) }()
 	s.stop = append(s.stop, srv.Stop)
 	s.providerAddr = lis.Addr().String()
@@ -110,14 +114,14 @@ func newKey() string { return "checkout-" + rand.Text() }
 func checkout(ctx context.Context, r *replica, key string) (*checkoutv1.CheckoutResponse, metadata.MD, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, key)
 	var header metadata.MD
 	resp, err := r.client.Checkout(ctx, request(), grpc.Header(&header))
 	return resp, header, err
 }
 
 // replayed reports whether header marks a replay.
-func replayed(header metadata.MD) bool { return len(header.Get(interceptor.ReplayedHeader)) > 0 }
+func replayed(header metadata.MD) bool { return len(header.Get(idem.ReplayedHeader)) > 0 }
 
 // retryWhileAborted retries the checkout of key on r for as long as the
 // answer is ABORTED, waiting as long as each answer's RetryInfo asks; err
@@ -172,7 +176,7 @@ type story struct {
 // play runs one story: a checkout sent to a replica that dies at crashAt,
 // retried at once on a second replica, retried again after the delay the
 // answer asked for, and once more after it completed. The second replica's
-// completer waits a lease longer than the retry (its grace), as it would
+// finisher waits a lease longer than the retry (its grace), as it would
 // for a client that retries as asked.
 func (s *system) play(ctx context.Context, crashAt string) (*story, error) {
 	st := &story{crashAt: crashAt, key: newKey()}
@@ -258,7 +262,7 @@ type rows struct {
 	keyStatus     string // the checkout key's idem row
 	recoveryPoint string
 	responseCode  int           // its recorded gRPC code, -1 for none
-	requestKept   bool          // it still holds the request for a completer
+	requestKept   bool          // it still holds the request for a finisher
 	takeovers     int           // how often it was taken over
 	expiresIn     time.Duration // how long it still lives
 }
@@ -268,7 +272,7 @@ type rows struct {
 // no tenants, so every request is in the empty one.
 func chargeKey(key string) string {
 	parent := store.Key{Method: checkoutv1.CheckoutService_Checkout_FullMethodName, Key: key}
-	return interceptor.DeriveKey(parent, checkoutsvc.StepCharge)
+	return idem.DeriveKey(parent, checkoutsvc.StepCharge)
 }
 
 func (s *system) rows(ctx context.Context, key string) (rows, error) {
@@ -376,9 +380,9 @@ func (st *story) broken(r rows) []string {
 		"the crashed replica reported %v, want it to stop at %s", st.first, st.crashAt)
 
 	reason := errorReason(st.busy)
-	check(status.Code(st.busy) == codes.Aborted && reason == interceptor.ReasonKeyInUse && st.busyDelay > 0 && st.busyDelay <= lease(),
+	check(status.Code(st.busy) == codes.Aborted && reason == idem.ReasonKeyInUse && st.busyDelay > 0 && st.busyDelay <= lease(),
 		"the retry during the lease got %v (reason %q, delay %v), want ABORTED %s with a delay in (0, %v]",
-		st.busy, reason, st.busyDelay, interceptor.ReasonKeyInUse, lease())
+		st.busy, reason, st.busyDelay, idem.ReasonKeyInUse, lease())
 
 	check(st.err == nil && !st.replayed, "the retry after the lease: err=%v replayed=%v, want a fresh answer", st.err, st.replayed)
 	var run []event // the retry's run: its handler's points
@@ -388,8 +392,8 @@ func (st *story) broken(r rows) []string {
 		}
 	}
 	failed = append(failed, resumed(run, savedBefore(st.crashAt))...)
-	check(!slices.ContainsFunc(st.second, func(e event) bool { return e.runner == runnerCompleter }),
-		"the completer ran the checkout the client retried: %v", st.second)
+	check(!slices.ContainsFunc(st.second, func(e event) bool { return e.runner == runnerFinisher }),
+		"the finisher ran the checkout the client retried: %v", st.second)
 	check(st.againErr == nil && st.againReplayed && proto.Equal(st.again, st.resp),
 		"a later retry: %v (err %v, replayed %v), want %v replayed", st.again, st.againErr, st.againReplayed, st.resp)
 
@@ -421,7 +425,7 @@ func errorReason(err error) string {
 
 // abandonment is one checkout whose replica died at crashAt and whose
 // client gave up: it never retried until the checkout was finished. A
-// completer on a second replica finished it.
+// finisher on a second replica finished it.
 type abandonment struct {
 	crashAt string
 	key     string
@@ -431,13 +435,13 @@ type abandonment struct {
 	firstExit error
 	abandoned rows // the key's rows once the replica had died
 
-	finisher []event       // what the completer's replica reported
+	finisher []event       // what the finisher's replica reported
 	took     time.Duration // from the client's answer to the recorded outcome
 }
 
 // abandon sends a checkout to a replica that dies at crashAt, while a
-// second replica runs a completer with grace, and waits until that
-// completer has recorded the checkout's outcome.
+// second replica runs a finisher with grace, and waits until that
+// finisher has recorded the checkout's outcome.
 func (s *system) abandon(ctx context.Context, crashAt string, grace time.Duration) (*abandonment, error) {
 	ab := &abandonment{crashAt: crashAt, key: newKey()}
 	a, err := s.startReplica(ctx, "A", replicaConfig{crashAt: runnerCall + ":" + crashAt, grace: grace})
@@ -458,8 +462,8 @@ func (s *system) abandon(ctx context.Context, crashAt string, grace time.Duratio
 	if ab.abandoned, err = s.rows(ctx, ab.key); err != nil {
 		return nil, err
 	}
-	if _, err := b.waitFor(ctx, outcome(runnerCompleter, ab.key, interceptor.ResultExecuted)); err != nil {
-		return nil, fmt.Errorf("waiting for the completer: %w (it reported %v)", err, b.events(ab.key))
+	if _, err := b.waitFor(ctx, outcome(runnerFinisher, ab.key, idem.ResultExecuted)); err != nil {
+		return nil, fmt.Errorf("waiting for the finisher: %w (it reported %v)", err, b.events(ab.key))
 	}
 	ab.took = time.Since(start)
 	if err := b.stop(); err != nil {
@@ -470,7 +474,7 @@ func (s *system) abandon(ctx context.Context, crashAt string, grace time.Duratio
 }
 
 // broken returns the invariants ab and its rows break: the client got no
-// answer, the completer alone ran the checkout again, resuming after the
+// answer, the finisher alone ran the checkout again, resuming after the
 // steps saved before the crash, and every side effect happened once.
 func (ab *abandonment) broken(r rows) []string {
 	var failed []string
@@ -493,7 +497,7 @@ func (ab *abandonment) broken(r rows) []string {
 	var run, outcomes []event
 	for _, e := range ab.finisher {
 		switch {
-		case e.runner != runnerCompleter:
+		case e.runner != runnerFinisher:
 			check(false, "the second replica served a call of the abandoned key: %v", e)
 		case e.point == pointOutcome:
 			outcomes = append(outcomes, e)
@@ -501,12 +505,12 @@ func (ab *abandonment) broken(r rows) []string {
 			run = append(run, e)
 		}
 	}
-	check(len(outcomes) == 1 && outcomes[0].detail == string(interceptor.ResultExecuted),
-		"the completer's outcomes: %v, want one, executed", outcomes)
+	check(len(outcomes) == 1 && outcomes[0].detail == string(idem.ResultExecuted),
+		"the finisher's outcomes: %v, want one, executed", outcomes)
 	failed = append(failed, resumed(run, saved)...)
 	chargeCalls := 1
 	if ab.crashAt == checkoutsvc.PointChargeAnswered {
-		chargeCalls = 2 // the completer asked again, under the same key
+		chargeCalls = 2 // the finisher asked again, under the same key
 	}
 	failed = append(failed, r.once(chargeCalls)...)
 	return failed
@@ -533,7 +537,7 @@ func (s *system) retryLater(ctx context.Context, key string) (*lateRetry, error)
 	var header metadata.MD
 	lr.resp, header, lr.err = checkout(ctx, c, key)
 	lr.replayed = replayed(header)
-	if v := header.Get(interceptor.ExpiresHeader); len(v) == 1 {
+	if v := header.Get(idem.ExpiresHeader); len(v) == 1 {
 		lr.expires = v[0]
 	}
 	if err := c.stop(); err != nil {
@@ -551,7 +555,7 @@ func (lr *lateRetry) broken(r rows) []string {
 		failed = append(failed, fmt.Sprintf("the late retry: err=%v replayed=%v expires=%q, want a replay that tells the key's expiry", lr.err, lr.replayed, lr.expires))
 	}
 	failed = append(failed, r.answers(lr.resp)...)
-	if len(lr.events) != 1 || lr.events[0].point != pointOutcome || lr.events[0].detail != string(interceptor.ResultReplayed) {
+	if len(lr.events) != 1 || lr.events[0].point != pointOutcome || lr.events[0].detail != string(idem.ResultReplayed) {
 		failed = append(failed, fmt.Sprintf("the late retry's replica reported %v, want a replay and nothing run", lr.events))
 	}
 	return failed

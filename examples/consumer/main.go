@@ -30,8 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/examples/consumer/shipping"
-	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func main() {
@@ -96,7 +95,7 @@ func run(ctx context.Context, w io.Writer) error {
 	// A short ack wait, so that the crashed consumer's message comes back
 	// within the demo.
 	consCfg := shipping.ConsumerConfig("shipping", time.Second)
-	if err := shipping.CheckRetention(streamCfg, consCfg, postgres.DefaultRetention); err != nil {
+	if err := shipping.CheckRetention(streamCfg, consCfg, shipping.Retention); err != nil {
 		return err
 	}
 	if _, err := js.CreateStream(ctx, streamCfg); err != nil {
@@ -206,7 +205,7 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "processed message ids are kept for %v; the broker redelivers for at most %v\n", postgres.DefaultRetention, window)
+	fmt.Fprintf(w, "processed message ids are kept for %v; the broker redelivers for at most %v\n", shipping.Retention, window)
 	if len(failed) > 0 {
 		return fmt.Errorf("%s", strings.Join(failed, "; "))
 	}

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // capacityConfig is what -capacity measures: the disk a key takes, from
@@ -34,10 +34,17 @@ type sweepSetting struct {
 
 func (s sweepSetting) String() string { return fmt.Sprintf("batch %d, pause %s", s.Batch, s.Pause) }
 
+// The sweeper's defaults, as postgres.WithBatchSize and WithPause document
+// them.
+const (
+	sweepBatchSize = 1000
+	sweepPause     = 100 * time.Millisecond
+)
+
 var defaultSweepSettings = []sweepSetting{
-	{postgres.DefaultSweepBatchSize, postgres.DefaultSweepPause},
-	{postgres.DefaultSweepBatchSize, 0},
-	{10 * postgres.DefaultSweepBatchSize, 0},
+	{sweepBatchSize, sweepPause},
+	{sweepBatchSize, 0},
+	{10 * sweepBatchSize, 0},
 }
 
 // capacityReport is what a key row costs and how fast the sweeper deletes.
@@ -145,7 +152,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 	if claim.Txn == nil {
 		return nil, errors.New("a fresh key was taken")
 	}
-	if err := claim.Txn.Complete(ctx, store.Outcome{Body: e.response}); err != nil {
+	if err := claim.Txn.Record(ctx, store.Outcome{Body: e.response}); err != nil {
 		return nil, err
 	}
 	clone, err := cloneStatement(ctx, pool)
@@ -179,7 +186,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 			return nil, err
 		}
 		fmt.Fprintf(log, "capacity: sweeping %d expired rows, %s\n", cc.Rows, s)
-		sw := postgres.NewSweeper(pool, postgres.WithSweepBatchSize(s.Batch), postgres.WithSweepPause(s.Pause))
+		sw := postgres.NewSweeper(pool, postgres.WithBatchSize(s.Batch), postgres.WithPause(s.Pause))
 		t0 := time.Now()
 		n, err := sw.Sweep(ctx)
 		d := time.Since(t0)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // report is every scenario measured at one round-trip time to PostgreSQL.

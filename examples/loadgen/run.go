@@ -23,8 +23,8 @@ import (
 
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // run measures cfg.Scenarios for cfg.Rounds rounds at each of cfg.RTTs,
@@ -233,7 +233,10 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 			if err != nil {
 				return nil, err
 			}
-			srv := s.server(e.pool)
+			srv, err := s.server(e.pool)
+			if err != nil {
+				return nil, err
+			}
 			go func() { _ = srv.Serve(lis) }()
 			defer srv.Stop()
 			target = lis.Addr().String()

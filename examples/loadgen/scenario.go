@@ -17,9 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -34,7 +34,7 @@ type scenario struct {
 	reference string
 	// server builds the gRPC server the clients call; nil for a scenario
 	// that talks to PostgreSQL directly.
-	server func(pool *pgxpool.Pool) *grpc.Server
+	server func(pool *pgxpool.Pool) (*grpc.Server, error)
 	// remote scenarios can run against -target.
 	remote bool
 	// prepare runs once before the warm-up, e.g. to complete the keys that
@@ -57,14 +57,14 @@ var scenarios = []*scenario{
 		name:      "baseline",
 		about:     "CreatePayment without idem: BEGIN, the payment insert, COMMIT",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) *grpc.Server { return newPlainServer(pool, nil) },
+		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return newPlainServer(pool, nil), nil },
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "atomic",
 		about:     "paymentsvc under idem, fresh keys: claim, insert and record in one transaction",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
 		remote:    true,
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
@@ -72,7 +72,7 @@ var scenarios = []*scenario{
 		name:      "replay",
 		about:     "paymentsvc under idem, keys already completed: the stored response comes back",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
 		remote:    true,
 		prepare: func(ctx context.Context, e *env) error {
 			for i := range replayKeys {
@@ -98,7 +98,7 @@ var scenarios = []*scenario{
 		name:      "storm",
 		about:     "paymentsvc under idem, -storm-duplicates concurrent requests per key",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) *grpc.Server { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
 		remote:    true,
 		call: func(ctx context.Context, e *env) (outcome, error) {
 			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
@@ -109,8 +109,8 @@ var scenarios = []*scenario{
 		name:      "naive",
 		about:     "a textbook interceptor: BEGIN; SET LOCAL lock_timeout; INSERT claim; insert; UPDATE; COMMIT, one round trip each",
 		reference: "baseline",
-		server: func(pool *pgxpool.Pool) *grpc.Server {
-			return newPlainServer(pool, newNaive(pool).intercept)
+		server: func(pool *pgxpool.Pool) (*grpc.Server, error) {
+			return newPlainServer(pool, newNaive(pool).intercept), nil
 		},
 		call: func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
@@ -147,7 +147,7 @@ var scenarios = []*scenario{
 			if err := e.insert(ctx, tx, req, key); err != nil {
 				return "", err
 			}
-			return executed, claim.Txn.Complete(ctx, store.Outcome{Body: e.response})
+			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
 		},
 	},
 	{
@@ -260,12 +260,12 @@ func request(i int64) *paymentsv1.CreatePaymentRequest {
 func (e *env) create(ctx context.Context, key string, i int64) (outcome, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx,
 		paymentsvc.TenantHeader, tenant,
-		interceptor.KeyHeader, key)
+		idem.KeyHeader, key)
 	var header metadata.MD
 	if _, err := e.client.CreatePayment(ctx, request(i), grpc.Header(&header)); err != nil {
 		return "", err
 	}
-	if v := header.Get(interceptor.ReplayedHeader); len(v) == 1 && v[0] == "true" {
+	if v := header.Get(idem.ReplayedHeader); len(v) == 1 && v[0] == "true" {
 		return replayed, nil
 	}
 	return executed, nil

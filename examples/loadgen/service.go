@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/fingerprint"
@@ -55,9 +56,9 @@ func (s *payments) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaym
 	}
 	// Without idem the key still names the payment: the table's
 	// UNIQUE (tenant_id, request_key) wants one.
-	key := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader)
+	key := metadata.ValueFromIncomingContext(ctx, idem.KeyHeader)
 	if len(key) != 1 {
-		return nil, status.Error(codes.InvalidArgument, "missing "+interceptor.KeyHeader)
+		return nil, status.Error(codes.InvalidArgument, "missing "+idem.KeyHeader)
 	}
 	p := &paymentsv1.Payment{
 		CustomerId:  req.GetCustomerId(),
@@ -115,15 +116,19 @@ func newPlainServer(pool *pgxpool.Pool, extra grpc.UnaryServerInterceptor) *grpc
 // handler writes in its own transaction, and the outcome is recorded by an
 // UPDATE of its own. The lease is far above any request's latency, so no
 // heartbeat runs during a request.
-func newLeasedServer(pool *pgxpool.Pool) *grpc.Server {
+func newLeasedServer(pool *pgxpool.Pool) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(pool),
+		idem.WithTenant(paymentsvc.TenantOf),
+		idem.WithLeased(60*time.Second, createPayment)) // idem's default lease
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recoveryInterceptor(),
-		interceptor.UnaryServerInterceptor(postgres.New(pool),
-			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant)),
-			interceptor.WithLeased(interceptor.DefaultLease, createPayment)),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool})
-	return srv
+	return srv, nil
 }
 
 type naiveTxKey struct{}
@@ -143,11 +148,15 @@ type naive struct {
 	setLockTimeout string
 }
 
+// lockTimeout is the PostgreSQL store's default lock timeout, as
+// postgres.WithLockTimeout documents it, so that naive waits as long.
+const lockTimeout = 2 * time.Second
+
 func newNaive(pool *pgxpool.Pool) *naive {
 	return &naive{
 		pool:           pool,
 		hasher:         fingerprint.NewHasher(),
-		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", postgres.DefaultLockTimeout.Milliseconds()),
+		setLockTimeout: fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds()),
 	}
 }
 
@@ -182,7 +191,7 @@ WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
 )
 
 func (n *naive) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-	key := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader)
+	key := metadata.ValueFromIncomingContext(ctx, idem.KeyHeader)
 	if len(key) != 1 {
 		return handler(ctx, req)
 	}
@@ -247,6 +256,6 @@ func (n *naive) replay(ctx context.Context, tx pgx.Tx, tenant, method, key strin
 	if err := proto.Unmarshal(body, resp); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(interceptor.ReplayedHeader, "true"))
+	_ = grpc.SetHeader(ctx, metadata.Pairs(idem.ReplayedHeader, "true"))
 	return resp, nil
 }

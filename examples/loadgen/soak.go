@@ -18,11 +18,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // soakConfig is what -soak runs: -clients callers of CreatePayment in
@@ -53,8 +54,8 @@ func defaultSoakConfig() soakConfig {
 		TTL:           time.Minute,
 		Sample:        10 * time.Second,
 		SweepInterval: 10 * time.Second,
-		SweepBatch:    postgres.DefaultSweepBatchSize,
-		SweepPause:    postgres.DefaultSweepPause,
+		SweepBatch:    sweepBatchSize,
+		SweepPause:    sweepPause,
 		Replays:       0.05,
 	}
 }
@@ -235,14 +236,17 @@ func (s *sweepStats) take() (deleted int64, passes int, busy time.Duration) {
 
 // soakServer is paymentsvc.NewServer's interceptor chain with the store's
 // TTL set: recovery, then idem in atomic mode, then PaymentService.
-func soakServer(pool *pgxpool.Pool, ttl time.Duration) *grpc.Server {
+func soakServer(pool *pgxpool.Pool, ttl time.Duration) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(pool, postgres.WithTTL(ttl)), idem.WithTenant(paymentsvc.TenantOf))
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recoveryInterceptor(),
-		interceptor.UnaryServerInterceptor(postgres.New(pool, postgres.WithTTL(ttl)),
-			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	paymentsv1.RegisterPaymentServiceServer(srv, paymentsvc.New(pool))
-	return srv
+	return srv, nil
 }
 
 // soakSettings are the server settings that decide whether autovacuum
@@ -339,7 +343,10 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	if err != nil {
 		return nil, err
 	}
-	srv := soakServer(pool, sc.TTL)
+	srv, err := soakServer(pool, sc.TTL)
+	if err != nil {
+		return nil, err
+	}
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -357,7 +364,7 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 	defer cancel()
 
 	sweeper := postgres.NewSweeper(sweepPool,
-		postgres.WithSweepBatchSize(sc.SweepBatch), postgres.WithSweepPause(sc.SweepPause))
+		postgres.WithBatchSize(sc.SweepBatch), postgres.WithPause(sc.SweepPause))
 	var swept sweepStats
 	var bg sync.WaitGroup
 	bg.Go(func() {

@@ -31,12 +31,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func main() {
@@ -85,7 +85,7 @@ func orderScope(orderKey string) store.Key {
 // childKey is the key of the call PlaceOrder makes as step when its own key
 // is orderKey: the child key of the order's tenant, method and key.
 func childKey(orderKey, step string) string {
-	return interceptor.DeriveKey(orderScope(orderKey), step)
+	return idem.DeriveKey(orderScope(orderKey), step)
 }
 
 // callKey is the key of the n-th call to method that PlaceOrder makes
@@ -116,7 +116,7 @@ func (s *system) placeOrder(ctx context.Context, qty int32, shipping int64) (*or
 		ShippingCents:  shipping,
 		Currency:       "EUR",
 	}, grpc.Header(&header))
-	return resp.GetOrder(), len(header.Get(interceptor.ReplayedHeader)) > 0, err
+	return resp.GetOrder(), len(header.Get(idem.ReplayedHeader)) > 0, err
 }
 
 func short(key string) string {

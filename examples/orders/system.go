@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	inventoryv1 "github.com/idemkit/idem/examples/gen/inventory/v1"
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
@@ -56,17 +57,24 @@ func startSystem(ctx context.Context, ordersDB, paymentsDB, inventoryDB *pgxpool
 	}
 
 	// The payments example's service, behind a recorder of its attempts.
+	paymentsEngine, err := idem.New(postgres.New(paymentsDB), idem.WithTenant(paymentsvc.TenantOf))
+	if err != nil {
+		return nil, err
+	}
 	payments := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		s.paymLog.record,
-		interceptor.UnaryServerInterceptor(postgres.New(paymentsDB),
-			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))),
+		interceptor.UnaryServerInterceptor(paymentsEngine),
 	))
 	paymentsv1.RegisterPaymentServiceServer(payments, paymentsvc.New(paymentsDB))
 	paymentsAddr, err := s.serve(payments)
 	if err != nil {
 		return nil, err
 	}
-	inventoryAddr, err := s.serve(inventorysvc.NewServer(inventoryDB, s.inventory))
+	inventory, err := inventorysvc.NewServer(inventoryDB, s.inventory)
+	if err != nil {
+		return nil, err
+	}
+	inventoryAddr, err := s.serve(inventory)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +87,11 @@ func startSystem(ctx context.Context, ordersDB, paymentsDB, inventoryDB *pgxpool
 		return nil, err
 	}
 	svc := ordersvc.New(ordersDB, paymentsv1.NewPaymentServiceClient(paymentsConn), inventoryv1.NewInventoryServiceClient(inventoryConn))
-	chain := append([]grpc.UnaryServerInterceptor{s.orderLog.record}, ordersvc.ServerInterceptors(svc)...)
+	ics, err := ordersvc.ServerInterceptors(svc)
+	if err != nil {
+		return nil, err
+	}
+	chain := append([]grpc.UnaryServerInterceptor{s.orderLog.record}, ics...)
 	orders := grpc.NewServer(grpc.ChainUnaryInterceptor(append(chain, s.crash.afterHandler)...))
 	ordersv1.RegisterOrderServiceServer(orders, svc)
 	ordersAddr, err := s.serve(orders)
@@ -180,7 +192,7 @@ type attemptLog struct {
 
 func (l *attemptLog) record(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	var key string
-	if v := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader); len(v) == 1 {
+	if v := metadata.ValueFromIncomingContext(ctx, idem.KeyHeader); len(v) == 1 {
 		key = v[0]
 	}
 	resp, err := handler(ctx, req)

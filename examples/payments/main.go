@@ -34,10 +34,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func main() {
@@ -78,7 +78,10 @@ func run(ctx context.Context, w io.Writer) error {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-	srv := paymentsvc.NewServer(pool, interceptor.WithMeterProvider(mp))
+	srv, err := paymentsvc.NewServer(pool, idem.WithMeterProvider(mp))
+	if err != nil {
+		return err
+	}
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
@@ -126,7 +129,7 @@ func (d *demo) call(ctx context.Context, key string, amount int64) (*paymentsv1.
 
 func (d *demo) callOn(ctx context.Context, client paymentsv1.PaymentServiceClient, key string, amount int64) (*paymentsv1.Payment, bool, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx,
-		interceptor.KeyHeader, key,
+		idem.KeyHeader, key,
 		paymentsvc.TenantHeader, "acme")
 	var header metadata.MD
 	resp, err := client.CreatePayment(ctx, &paymentsv1.CreatePaymentRequest{
@@ -135,7 +138,7 @@ func (d *demo) callOn(ctx context.Context, client paymentsv1.PaymentServiceClien
 		Currency:    "EUR",
 		Note:        "demo",
 	}, grpc.Header(&header))
-	replayed := len(header.Get(interceptor.ReplayedHeader)) > 0
+	replayed := len(header.Get(idem.ReplayedHeader)) > 0
 	return resp.GetPayment(), replayed, err
 }
 

@@ -2,21 +2,21 @@ package idemconnect
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 
 	"connectrpc.com/connect"
-	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 )
 
 // NewClientInterceptor returns a client interceptor that attaches an
 // idempotency key to each call of a keyed method, once per logical call,
-// as [interceptor.UnaryClientInterceptor] does for grpc-go, with the same
+// as [idem.UnaryClientInterceptor] does for grpc-go, with the same
 // options and rules: a new UUIDv7 outside a handler, a key derived from
-// the request's inside a keyed handler ([interceptor.DeriveKey]), the key
-// set with [interceptor.ContextWithKey], or the caller's own header; never
+// the request's inside a keyed handler ([idem.DeriveKey]), the key
+// set with [idem.ContextWithKey], or the caller's own header; never
 // the key of the request being handled. A request that carries its key in
 // its field marked (idem.v1.field).key (a request_id) gets no key of idem's:
 // the field's is the call's key, on every attempt. Interceptors placed after it (a
@@ -24,7 +24,7 @@ import (
 //
 // The key goes in the request header Idempotency-Key: on Connect and
 // gRPC-Web as a Structured Field String, as the IETF draft writes it
-// ([interceptor.FormatHTTPKey]); on gRPC as it is, as metadata
+// ([idem.FormatHTTPKey]); on gRPC as it is, as metadata
 // idempotency-key, which a grpc-go server with idem's interceptor reads as
 // it is. The two are one HTTP header field, so a call carries one of them,
 // never both. Keys the caller set in the header are read the same way. (A
@@ -33,12 +33,12 @@ import (
 // the proxy, but not the key of a direct gRPC call with the same value.)
 //
 // Streaming calls are not intercepted. Used on a handler, it does nothing.
-func NewClientInterceptor(opts ...interceptor.ClientOption) connect.Interceptor {
-	return &clientInterceptor{keys: interceptor.NewOutgoingKeys(opts...)}
+func NewClientInterceptor(opts ...idem.ClientOption) connect.Interceptor {
+	return &clientInterceptor{keys: idem.NewOutgoingKeys(opts...)}
 }
 
 type clientInterceptor struct {
-	keys *interceptor.OutgoingKeys
+	keys *idem.OutgoingKeys
 }
 
 func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -48,12 +48,12 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 		}
 		protocol := req.Peer().Protocol
 		h := req.Header()
-		values := slices.Clone(h.Values(interceptor.HTTPKeyHeader))
+		values := slices.Clone(h.Values(idem.HTTPKeyHeader))
 		sent := values
 		if protocol != connect.ProtocolGRPC && len(values) > 0 {
 			sent = make([]string, len(values))
 			for n, v := range values {
-				k, err := interceptor.ParseHTTPKey(v)
+				k, err := idem.ParseHTTPKey(v)
 				if err != nil {
 					k = v // malformed: compared, and sent, as it is
 				}
@@ -62,7 +62,11 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 		}
 		keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
 		if err != nil {
-			return nil, connectError(status.Convert(err))
+			var ie *idem.Error
+			if errors.As(err, &ie) {
+				return nil, connectError(ie.Status())
+			}
+			return nil, err
 		}
 		if slices.Equal(keys, sent) {
 			return next(ctx, req)
@@ -89,7 +93,7 @@ func setKeys(h http.Header, keys []string, protocol string) {
 	if protocol != connect.ProtocolGRPC {
 		values = make([]string, len(keys))
 		for n, k := range keys {
-			values[n] = interceptor.FormatHTTPKey(k)
+			values[n] = idem.FormatHTTPKey(k)
 		}
 	}
 	setValues(h, values)
@@ -97,8 +101,8 @@ func setKeys(h http.Header, keys []string, protocol string) {
 
 // setValues sets the values of the key header of h.
 func setValues(h http.Header, values []string) {
-	h.Del(interceptor.HTTPKeyHeader)
+	h.Del(idem.HTTPKeyHeader)
 	for _, v := range values {
-		h.Add(interceptor.HTTPKeyHeader, v)
+		h.Add(idem.HTTPKeyHeader, v)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/google/uuid"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
@@ -64,7 +64,7 @@ func TestClientKeyIsOnePerLogicalCall(t *testing.T) {
 		}
 		// The request is left as it was: sent again, it is another
 		// logical call, with a key of its own.
-		if got := req.Header().Values(interceptor.HTTPKeyHeader); len(got) != 0 {
+		if got := req.Header().Values(idem.HTTPKeyHeader); len(got) != 0 {
 			t.Errorf("the request keeps the key header %q", got)
 		}
 		if _, err := client.CallUnary(t.Context(), req); err != nil {
@@ -85,7 +85,7 @@ func TestClientSendsTheChosenKey(t *testing.T) {
 		client := e.payments(p, idemconnect.NewClientInterceptor())
 		// A key that needs quoting as a Structured Field String.
 		key := `order-"7"\` + p.name
-		if _, err := client.CallUnary(interceptor.ContextWithKey(t.Context(), key), connect.NewRequest(payment(1250))); err != nil {
+		if _, err := client.CallUnary(idem.ContextWithKey(t.Context(), key), connect.NewRequest(payment(1250))); err != nil {
 			t.Fatal(err)
 		}
 		// The caller's own header, in its own syntax, goes as it is.
@@ -97,7 +97,7 @@ func TestClientSendsTheChosenKey(t *testing.T) {
 		if got := keys[len(keys)-2:]; got[0] != key || got[1] != own {
 			t.Errorf("the server saw keys %q, want %q and %q", got, key, own)
 		}
-		_, err := client.CallUnary(interceptor.ContextWithKey(t.Context(), "a b"), connect.NewRequest(payment(1250)))
+		_, err := client.CallUnary(idem.ContextWithKey(t.Context(), "a b"), connect.NewRequest(payment(1250)))
 		wantCode(t, err, connect.CodeInvalidArgument)
 	})
 }
@@ -122,31 +122,31 @@ func TestClientDerivesChildKeys(t *testing.T) {
 			// A handler that forwards its request's headers: the request's
 			// key is never forwarded.
 			out := connect.NewRequest(payment(500))
-			out.Header().Set(interceptor.HTTPKeyHeader, req.Header().Get(interceptor.HTTPKeyHeader))
-			refund, err := payments.CallUnary(interceptor.ContextWithStep(ctx, "refund"), out)
+			out.Header().Set(idem.HTTPKeyHeader, req.Header().Get(idem.HTTPKeyHeader))
+			refund, err := payments.CallUnary(idem.ContextWithStep(ctx, "refund"), out)
 			if err != nil {
 				return nil, err
 			}
-			replayed = append(replayed, first.Header().Get(interceptor.HTTPReplayedHeader), refund.Header().Get(interceptor.HTTPReplayedHeader))
+			replayed = append(replayed, first.Header().Get(idem.HTTPReplayedHeader), refund.Header().Get(idem.HTTPReplayedHeader))
 			if runs == 1 {
 				return nil, connect.NewError(connect.CodeUnavailable, errors.New("lost the reply"))
 			}
 			return connect.NewResponse(&testv1.DoResponse{Value: req.Msg.GetValue()}), nil
 		}
 		mux := serveMuxFor(do, connect.NewUnaryHandler(do, front, connect.WithInterceptors(
-			idemconnect.NewInterceptor(memory.New(), interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))))))
+			idemconnect.NewInterceptor(newEngine(t, memory.New(), idem.WithTenant(tenantFromHeader))))))
 		frontURL := serveMux(t, mux)
 		client := connect.NewClient[testv1.DoRequest, testv1.DoResponse](downstream.client, frontURL+do,
 			append([]connect.ClientOption{connect.WithInterceptors(idemconnect.NewClientInterceptor(), retrying(3))}, p.opts...)...)
 		req := connect.NewRequest(&testv1.DoRequest{Value: "v"})
 		req.Header().Set("X-Tenant-Id", "acme")
-		ctx := interceptor.ContextWithKey(t.Context(), "parent-"+p.name)
+		ctx := idem.ContextWithKey(t.Context(), "parent-"+p.name)
 		if _, err := client.CallUnary(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 
 		parent := store.Key{Tenant: "acme", Method: do, Key: "parent-" + p.name}
-		want := []string{callKey(parent, createPayment, 1), interceptor.DeriveKey(parent, "refund")}
+		want := []string{callKey(parent, createPayment, 1), idem.DeriveKey(parent, "refund")}
 		n, keys := downstream.svc.executions()
 		if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
 			t.Errorf("downstream executions with keys %q, want %q", got, want)
@@ -175,7 +175,7 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 		client := e.payments(p, idemconnect.NewClientInterceptor(), retrying(3))
 		msg := payment(1250)
 		msg.RequestId = "req-" + p.name
-		for _, ctx := range []context.Context{t.Context(), interceptor.ContextWithKey(t.Context(), "elsewhere")} {
+		for _, ctx := range []context.Context{t.Context(), idem.ContextWithKey(t.Context(), "elsewhere")} {
 			if _, err := client.CallUnary(ctx, connect.NewRequest(msg)); err != nil {
 				t.Fatal(err)
 			}

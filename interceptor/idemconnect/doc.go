@@ -1,16 +1,18 @@
 // Package idemconnect makes mutating unary connect-go calls safe to retry,
 // with the contract, store and options of idem's gRPC interceptors
-// (package [interceptor]), over the three protocols a connect-go handler
+// (package interceptor), over the three protocols a connect-go handler
 // serves: Connect, gRPC and gRPC-Web.
 //
 // It is a package of idem's module: connect-go requires only protobuf and
-// go-cmp, so programs that use idem with grpc-go only build none of it.
+// go-cmp, so programs that use idem with grpc-go only build none of it, and
+// it builds on idem's transport-neutral core (package [idem]), so a
+// Connect-only program builds none of grpc-go.
 //
 // # Handlers
 //
-// [NewInterceptor] takes the store and the [interceptor.ServerOption]s of
-// [interceptor.UnaryServerInterceptor], and runs the same
-// [interceptor.Engine]: one fingerprint, one classifier, one scope (tenant,
+// [NewInterceptor] runs an [idem.Engine], built with [idem.New] from the
+// store and the options ([idem.Option]) that grpc-go's interceptor takes
+// too: one fingerprint, one classifier, one scope (tenant,
 // full method name, key), the methods' proto options, the same status
 // codes and google.rpc details, sent as a *connect.Error with the same
 // code, message and details (connect.ErrorDetail). A gRPC call and its
@@ -21,8 +23,7 @@
 //	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(svc,
 //		connect.WithInterceptors(
 //			authn,                                   // first: the tenant comes from the caller
-//			idemconnect.NewInterceptor(postgres.New(pool),
-//				interceptor.WithTenant(interceptor.TenantFunc(tenantOf))),
+//			idemconnect.NewInterceptor(engine),     // engine, err := idem.New(postgres.New(pool), idem.WithTenant(tenantOf))
 //		)))
 //
 // In a handler, write on the transaction that holds the key, from
@@ -38,7 +39,7 @@
 //	curl -H 'Content-Type: application/json' -H 'Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"' \
 //		-d '{"customerId":"cus_1","amountCents":1250}' https://api.example.com/payments.v1.PaymentService/CreatePayment
 //
-// Over gRPC it is the metadata idempotency-key ([interceptor.KeyHeader]),
+// Over gRPC it is the metadata idempotency-key ([idem.KeyHeader]),
 // read as it is, as grpc-go's interceptor reads it. The two names are one
 // HTTP header field, so no precedence orders them: a request with more than
 // one value is refused with INVALID_ARGUMENT, as on grpc-go, and so is a
@@ -49,7 +50,7 @@
 // likewise.
 //
 // A replay carries the response header Idempotent-Replayed: true
-// ([interceptor.HTTPReplayedHeader]), which gRPC clients read as metadata
+// ([idem.HTTPReplayedHeader]), which gRPC clients read as metadata
 // idempotent-replayed. Over Connect, an answer that suggests a retry delay
 // (ABORTED for a key still in use, UNAVAILABLE) also carries Retry-After,
 // in whole seconds. The HTTP status codes are Connect's own (400 for
@@ -58,15 +59,13 @@
 //
 // # Tenants
 //
-// Before idem runs, the request headers are put into the context as
-// incoming gRPC metadata, as grpc-go hands them to a handler (lower-case
-// names, the values of -bin names decoded, the key decoded), so that one
-// [interceptor.TenantFunc] that reads metadata.FromIncomingContext serves
-// grpc-go and connect-go alike:
+// The tenant resolver ([idem.WithTenant]) gets the request headers as gRPC
+// metadata carries them (lower-case names, the values of -bin names
+// decoded, the key decoded), so that one resolver serves grpc-go and
+// connect-go alike:
 //
-//	tenantOf := func(ctx context.Context) (string, error) {
-//		md, _ := metadata.FromIncomingContext(ctx)
-//		return strings.Join(md.Get("x-tenant-id"), ""), nil // derive it from verified credentials in production
+//	tenantOf := func(ctx context.Context, header map[string][]string) (string, error) {
+//		return strings.Join(header["x-tenant-id"], ""), nil // derive it from verified credentials in production
 //	}
 //
 // # Responses
@@ -85,10 +84,20 @@
 // with INVALID_ARGUMENT, saying that keys apply to unary methods; one
 // without passes through.
 //
+// # Abandoned calls
+//
+// A leased call of a method that may be finished ([idem.WithFinish]) whose
+// caller went away is finished by an [idem.Finisher], through the handler
+// registered with [FinishHandler]:
+//
+//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
+//	go f.Run(ctx)
+//
 // # Clients
 //
-// [NewClientInterceptor] does what [interceptor.UnaryClientInterceptor]
-// does for grpc-go: one key per logical call, kept by every retry made by
+// [NewClientInterceptor] does what grpc-go's client interceptor (package
+// interceptor) does: one key per logical call, kept by every retry made by
 // interceptors placed after it, and child keys derived from the request's
 // inside a keyed handler, so that a retried handler's calls are
 // deduplicated too:

@@ -11,9 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/metadata"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
@@ -34,9 +33,13 @@ func Example() {
 		}}), nil
 	}
 	procedure := testv1.PaymentService_CreatePayment_FullMethodName
+	engine, err := idem.New(memory.New())
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure, create,
-		connect.WithInterceptors(idemconnect.NewInterceptor(memory.New()))))
+		connect.WithInterceptors(idemconnect.NewInterceptor(engine))))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -45,13 +48,13 @@ func Example() {
 		connect.WithInterceptors(idemconnect.NewClientInterceptor()))
 	// The key of one logical call, kept across a restart of the caller:
 	// both calls carry Idempotency-Key: "order-1".
-	ctx := interceptor.ContextWithKey(context.Background(), "order-1")
+	ctx := idem.ContextWithKey(context.Background(), "order-1")
 	for range 2 {
 		resp, err := client.CallUnary(ctx, connect.NewRequest(&testv1.CreatePaymentRequest{AmountCents: 1250}))
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Println(resp.Msg.GetPayment().GetId(), "replayed:", resp.Header().Get(interceptor.HTTPReplayedHeader) == "true")
+		fmt.Println(resp.Msg.GetPayment().GetId(), "replayed:", resp.Header().Get(idem.HTTPReplayedHeader) == "true")
 	}
 	fmt.Println("payments:", payments)
 	// Output:
@@ -69,21 +72,23 @@ func ExampleNewInterceptor() {
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	// The request headers reach the TenantFunc as incoming gRPC metadata,
-	// so that one function serves grpc-go and connect-go. A real server
-	// reads the identity its authentication verified; this stand-in trusts
-	// a header.
-	tenantOf := func(ctx context.Context) (string, error) {
-		md, _ := metadata.FromIncomingContext(ctx)
-		return strings.Join(md.Get("x-tenant-id"), ""), nil
+	// The tenant resolver gets the request headers as gRPC metadata would
+	// carry them (lower-case names), so that one function serves grpc-go
+	// and connect-go. A real server reads the identity its authentication
+	// verified; this stand-in trusts a header.
+	tenantOf := func(ctx context.Context, header map[string][]string) (string, error) {
+		return strings.Join(header["x-tenant-id"], ""), nil
 	}
 	// Authentication runs first, so that the tenant comes from the caller.
 	var authn connect.Interceptor = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc { return next })
 
+	engine, err := idem.New(postgres.New(pool), idem.WithTenant(tenantOf))
+	if err != nil {
+		log.Fatal(err)
+	}
 	interceptors := connect.WithInterceptors(
 		authn,
-		idemconnect.NewInterceptor(postgres.New(pool),
-			interceptor.WithTenant(interceptor.TenantFunc(tenantOf))),
+		idemconnect.NewInterceptor(engine), // the engine of idem.New, as above
 	)
 	// A HandlerOption of your generated handler:
 	// mux.Handle(paymentsv1connect.NewPaymentServiceHandler(svc, interceptors))

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
@@ -73,7 +73,7 @@ func (p protocol) header(key string) string {
 	if p.grpc {
 		return key
 	}
-	return interceptor.FormatHTTPKey(key)
+	return idem.FormatHTTPKey(key)
 }
 
 // service implements the procedures. Each execution of CreatePayment
@@ -84,7 +84,7 @@ type service struct {
 
 	mu    sync.Mutex
 	runs  int      // executions of CreatePayment, GetPayment and Do
-	keys  []string // the key of each execution (interceptor.KeyFromContext)
+	keys  []string // the key of each execution (idem.KeyFromContext)
 	raw   []string // the key header of each execution, as it came
 	hook  func(ctx context.Context, run int) error
 	wrote int // payments written on store/memory
@@ -98,10 +98,10 @@ func (s *service) setHook(h func(ctx context.Context, run int) error) {
 
 // run counts an execution and returns its number and the hook.
 func (s *service) run(ctx context.Context) (int, func(context.Context, int) error) {
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	raw := ""
 	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
-		raw = strings.Join(info.RequestHeader().Values(interceptor.HTTPKeyHeader), ",")
+		raw = strings.Join(info.RequestHeader().Values(idem.HTTPKeyHeader), ",")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -189,9 +189,9 @@ func (g grpcPayments) CreatePayment(ctx context.Context, req *testv1.CreatePayme
 
 // serveGRPC serves CreatePayment of e's service with grpc-go and idem's
 // gRPC interceptor, on e's store, and returns a client of it.
-func (e *env) serveGRPC(t *testing.T, opts ...interceptor.ServerOption) testv1.PaymentServiceClient {
+func (e *env) serveGRPC(t *testing.T, opts ...idem.Option) testv1.PaymentServiceClient {
 	t.Helper()
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(e.store, opts...)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(newEngine(t, e.store, opts...))))
 	testv1.RegisterPaymentServiceServer(srv, grpcPayments{svc: e.svc})
 	lis := listen(t)
 	go func() { _ = srv.Serve(lis) }()
@@ -226,7 +226,7 @@ type setup struct {
 	memory    bool
 	storeOpts []postgres.Option
 	memOpts   []memory.Option
-	opts      []interceptor.ServerOption
+	opts      []idem.Option
 	// store, when set, is the store to serve (shared with another server).
 	store store.Store
 	pool  *pgxpool.Pool
@@ -248,7 +248,7 @@ func newEnv(t *testing.T, s setup) *env {
 		e.store = postgres.New(e.pool, s.storeOpts...)
 	}
 	e.svc = &service{pool: e.pool}
-	e.url = serve(t, e.svc, idemconnect.NewInterceptor(e.store, s.opts...))
+	e.url = serve(t, e.svc, idemconnect.NewInterceptor(newEngine(t, e.store, s.opts...)))
 	e.bodies = &bodies{}
 	e.client = &http.Client{Transport: &recordingTransport{next: h2cTransport(), bodies: e.bodies}}
 	return e
@@ -351,7 +351,7 @@ func (e *env) payments(p protocol, ics ...connect.Interceptor) *connect.Client[t
 func keyed[T any](msg *T, value string) *connect.Request[T] {
 	req := connect.NewRequest(msg)
 	if value != "" {
-		req.Header().Set(interceptor.HTTPKeyHeader, value)
+		req.Header().Set(idem.HTTPKeyHeader, value)
 	}
 	return req
 }
@@ -426,11 +426,21 @@ func violation(ce *connect.Error) *errdetails.BadRequest_FieldViolation {
 	return br.GetFieldViolations()[0]
 }
 
-// tenantFromMetadata is the TenantFunc of grpc-go servers, which reads
-// x-tenant-id from the incoming metadata.
-func tenantFromMetadata(ctx context.Context) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	return strings.Join(md.Get("x-tenant-id"), ","), nil
+// tenantFromHeader is the tenant resolver of the tests' servers, grpc-go's
+// and connect-go's alike: it reads x-tenant-id from the request metadata.
+func tenantFromHeader(_ context.Context, header map[string][]string) (string, error) {
+	return strings.Join(header["x-tenant-id"], ","), nil
+}
+
+// newEngine returns an Engine on s with opts, failing the test if opts
+// are refused.
+func newEngine(t testing.TB, s store.Store, opts ...idem.Option) *idem.Engine {
+	t.Helper()
+	e, err := idem.New(s, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // listen returns a listener on 127.0.0.1.

@@ -3,6 +3,7 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,39 +11,35 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem"
 )
 
 // NewInterceptor returns a handler interceptor that runs each keyed unary
-// call once per key and replays its recorded outcome to retries, as
-// [interceptor.UnaryServerInterceptor] does for grpc-go, with the same
-// options, through the same [interceptor.Engine]: a call over Connect,
-// gRPC or gRPC-Web and its retry over another transport, served on the
-// same store, are one operation.
+// call through e, once per key, and replays its recorded outcome to
+// retries, as interceptor.UnaryServerInterceptor does for grpc-go: a call
+// over Connect, gRPC or gRPC-Web and its retry over another transport,
+// served by engines on the same store, are one operation.
 //
 // The key is read from the request header Idempotency-Key: on Connect and
 // gRPC-Web as the IETF draft writes it (a quoted Structured Field String,
-// or a bare token; see [interceptor.ParseHTTPKey]), on gRPC as metadata
-// idempotency-key carries it, as it is. Before idem runs, the request
-// headers are put into the context as incoming gRPC metadata (lower-case
-// names, -bin values decoded), so that one [interceptor.TenantFunc] reading
-// metadata.FromIncomingContext serves grpc-go and connect-go alike.
+// or a bare token; see [idem.ParseHTTPKey]), on gRPC as metadata
+// idempotency-key carries it, as it is. The tenant resolver
+// ([idem.WithTenant]) gets the request headers as gRPC metadata would
+// carry them (lower-case names, -bin values decoded), so that one resolver
+// serves grpc-go and connect-go alike.
 //
 // Streaming calls carry no key: one that does is refused with
 // INVALID_ARGUMENT. Used on a client, it does nothing.
-func NewInterceptor(s store.Store, opts ...interceptor.ServerOption) connect.Interceptor {
-	return &handlerInterceptor{engine: interceptor.NewEngine(s, opts...)}
+func NewInterceptor(e *idem.Engine) connect.Interceptor {
+	return &handlerInterceptor{engine: e}
 }
 
 type handlerInterceptor struct {
-	engine *interceptor.Engine
+	engine *idem.Engine
 }
 
 func (i *handlerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
@@ -51,26 +48,11 @@ func (i *handlerInterceptor) WrapStreamingClient(next connect.StreamingClientFun
 
 func (i *handlerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if len(conn.RequestHeader().Values(interceptor.HTTPKeyHeader)) > 0 {
-			return streamKeyRefused(conn.Spec().Procedure)
+		if len(conn.RequestHeader().Values(idem.HTTPKeyHeader)) > 0 {
+			return connectError(idem.StreamKeyRefused(conn.Spec().Procedure).Status())
 		}
 		return next(ctx, conn)
 	}
-}
-
-// streamKeyRefused is the error of a streaming call that carries a key.
-func streamKeyRefused(procedure string) error {
-	reason := "idempotency keys apply to unary methods; " + procedure + " is a streaming method"
-	st, err := status.New(codes.InvalidArgument, "idem: "+reason).WithDetails(
-		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
-			Field:       interceptor.KeyHeader,
-			Description: reason,
-		}}},
-		&errdetails.ErrorInfo{Reason: interceptor.ReasonKeyInvalid, Domain: interceptor.Domain})
-	if err != nil {
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("idem: "+reason))
-	}
-	return connectError(st)
 }
 
 func (i *handlerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -78,55 +60,68 @@ func (i *handlerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		keys, malformed := requestKeys(req.Header(), req.Peer().Protocol)
-		ctx = withIncomingMetadata(ctx, req.Header(), keys)
-		msg, _ := req.Any().(proto.Message)
-		call := interceptor.Call{Method: req.Spec().Procedure, Keys: keys, Request: msg}
-
-		var (
-			resp    connect.AnyResponse // the handler's response, when it ran
-			herr    error               // the handler's error, as it returned it
-			hstatus *status.Status      // herr as a gRPC status
-		)
-		handler := func(ctx context.Context) (interceptor.Reply, error) {
-			resp, herr = next(ctx, req)
-			r := interceptor.Reply{}
-			if herr != nil {
-				hstatus = statusOf(herr)
-				var ce *connect.Error
-				if errors.As(herr, &ce) {
-					r.Header = toMetadata(ce.Meta())
-				}
-				return r, hstatus.Err()
-			}
-			r.Header = toMetadata(resp.Header())
-			r.Trailer = toMetadata(resp.Trailer())
-			if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
-				r.Header = metadata.Join(r.Header, toMetadata(info.ResponseHeader()))
-				r.Trailer = metadata.Join(r.Trailer, toMetadata(info.ResponseTrailer()))
-			}
-			if r.Message, _ = resp.Any().(proto.Message); r.Message == nil {
-				return r, status.Errorf(codes.Internal, "idem: response is %T, not a protobuf message", resp.Any())
-			}
-			return r, nil
-		}
-		var (
-			ans interceptor.Answer
-			err error
-		)
-		if malformed != nil {
-			ans, err = i.engine.HandleMalformedKey(ctx, call, malformed, handler)
-		} else {
-			ans, err = i.engine.Handle(ctx, call, handler)
-		}
-		if err == nil && ans.Message == nil {
-			err = status.Error(codes.Internal, "idem: no response message to send")
-		}
-		if err != nil {
-			return nil, errorOf(err, ans, herr, hstatus, req.Peer().Protocol)
-		}
-		return responseOf(ans, resp, binaryProto(req)), nil
+		return serve(ctx, i.engine, req.Spec().Procedure, req, next)
 	}
+}
+
+// serve runs req, a call of procedure, through e, with next as its
+// handler, and maps the answer to Connect.
+func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.AnyRequest, next connect.UnaryFunc) (connect.AnyResponse, error) {
+	protocol := req.Peer().Protocol
+	keys, malformed := requestKeys(req.Header(), protocol)
+	header := toMetadata(req.Header())
+	if keys != nil {
+		header[idem.KeyHeader] = keys
+	}
+	msg, _ := req.Any().(proto.Message)
+	call := idem.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header, Status: connectStatus}
+
+	var (
+		resp connect.AnyResponse // the handler's response, when it ran
+		herr error               // the handler's error, as it returned it
+	)
+	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
+		resp, herr = next(ctx, req)
+		r := idem.Reply{}
+		if herr != nil {
+			var ce *connect.Error
+			if errors.As(herr, &ce) {
+				r.Header = toMetadata(ce.Meta())
+			}
+			return r, herr
+		}
+		r.Header = toMetadata(resp.Header())
+		r.Trailer = toMetadata(resp.Trailer())
+		if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+			r.Header = join(r.Header, toMetadata(info.ResponseHeader()))
+			r.Trailer = join(r.Trailer, toMetadata(info.ResponseTrailer()))
+		}
+		if r.Message, _ = resp.Any().(proto.Message); r.Message == nil {
+			return r, connect.NewError(connect.CodeInternal, fmt.Errorf("idem: response is %T, not a protobuf message", resp.Any()))
+		}
+		return r, nil
+	})
+	if err == nil && ans.Message == nil {
+		err = connect.NewError(connect.CodeInternal, errors.New("idem: no response message to send"))
+	}
+	if err != nil {
+		return nil, errorOf(err, herr, ans, protocol)
+	}
+	return responseOf(ans, resp, binaryProto(req)), nil
+}
+
+// join returns the entries of a and b together.
+func join(a, b map[string][]string) map[string][]string {
+	if len(b) == 0 {
+		return a
+	}
+	if a == nil {
+		a = make(map[string][]string, len(b))
+	}
+	for k, v := range b {
+		a[k] = append(a[k], v...)
+	}
+	return a
 }
 
 // requestKeys returns the idempotency keys of a request with header h over
@@ -136,13 +131,13 @@ func (i *handlerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc
 // no precedence needs to order: more than one value, alike or not, is
 // refused, as on grpc-go.
 func requestKeys(h http.Header, protocol string) ([]string, error) {
-	values := h.Values(interceptor.HTTPKeyHeader)
+	values := h.Values(idem.HTTPKeyHeader)
 	if len(values) == 0 || protocol == connect.ProtocolGRPC {
 		return values, nil // gRPC metadata: the value is the key
 	}
 	keys := make([]string, len(values))
 	for n, v := range values {
-		k, err := interceptor.ParseHTTPKey(v)
+		k, err := idem.ParseHTTPKey(v)
 		if err != nil {
 			return nil, err
 		}
@@ -151,23 +146,11 @@ func requestKeys(h http.Header, protocol string) ([]string, error) {
 	return keys, nil
 }
 
-// withIncomingMetadata returns ctx with the request header h as incoming
-// gRPC metadata, as grpc-go would hand it to a handler: lower-case names,
-// values of -bin names decoded, and the idempotency key as keys, decoded
-// (nil: as h has it, which is then malformed).
-func withIncomingMetadata(ctx context.Context, h http.Header, keys []string) context.Context {
-	md := toMetadata(h)
-	if keys != nil {
-		md.Set(interceptor.KeyHeader, keys...)
-	}
-	return metadata.NewIncomingContext(ctx, md)
-}
-
 // toMetadata returns h as gRPC metadata: lower-case names, and the values
 // of names ending in -bin decoded from base64 (a value that does not decode
 // is kept as it is).
-func toMetadata(h http.Header) metadata.MD {
-	md := make(metadata.MD, len(h))
+func toMetadata(h http.Header) map[string][]string {
+	md := make(map[string][]string, len(h))
 	for name, values := range h {
 		name = strings.ToLower(name)
 		for _, v := range values {
@@ -183,7 +166,7 @@ func toMetadata(h http.Header) metadata.MD {
 }
 
 // addMetadata adds md to h, encoding the values of names ending in -bin.
-func addMetadata(h http.Header, md metadata.MD) {
+func addMetadata(h http.Header, md map[string][]string) {
 	for name, values := range md {
 		for _, v := range values {
 			if strings.HasSuffix(name, "-bin") {
@@ -197,8 +180,8 @@ func addMetadata(h http.Header, md metadata.MD) {
 // responseOf returns the response to send for ans: the handler's own, resp,
 // when ans answers with its message, else a new one carrying resp's
 // metadata, if any. binary tells a binary protobuf codec, which must send
-// the message as it was recorded ([interceptor.Answer.WireMessage]).
-func responseOf(ans interceptor.Answer, resp connect.AnyResponse, binary bool) connect.AnyResponse {
+// the message as it was recorded ([idem.Answer.WireMessage]).
+func responseOf(ans idem.Answer, resp connect.AnyResponse, binary bool) connect.AnyResponse {
 	msg := ans.Message
 	if binary {
 		msg = ans.WireMessage()
@@ -246,37 +229,62 @@ func binaryProto(req connect.AnyRequest) bool {
 	return false
 }
 
-// errorOf returns err, a gRPC status error of idem's or of the handler,
-// as the *connect.Error to send, with the metadata of ans. The handler's
-// own error (herr, whose status is hstatus) goes as it is when there is no
-// metadata to add.
-func errorOf(err error, ans interceptor.Answer, herr error, hstatus *status.Status, protocol string) error {
-	st := status.Convert(err)
-	handlers := herr != nil && proto.Equal(st.Proto(), hstatus.Proto())
-	retryAfter := protocol == connect.ProtocolConnect && retryDelay(st) != ""
-	if handlers && len(ans.Header) == 0 && len(ans.Trailer) == 0 && !retryAfter {
-		return herr
+// errorOf returns err, the handler's own error herr (nil when the handler
+// did not fail) or idem's answer, as the error to send, with the metadata
+// of ans. The handler's own error goes as it is when there is nothing to
+// add. Over the Connect protocol an error with a RetryInfo also carries
+// RFC 9110's Retry-After, which the IETF draft answers a key in use with,
+// for plain HTTP clients: the handler's as well as idem's, so that a
+// recorded error and its replays say the same.
+func errorOf(err, herr error, ans idem.Answer, protocol string) error {
+	ie, idems := idemsAnswer(err, herr)
+	st := statusOf(err)
+	if idems {
+		st = ie.Status()
+	}
+	retryAfter := ""
+	if protocol == connect.ProtocolConnect {
+		retryAfter = retryAfterOf(st)
+	}
+	if !idems && len(ans.Header) == 0 && len(ans.Trailer) == 0 && retryAfter == "" {
+		return err
 	}
 	ce := connectError(st)
 	var hce *connect.Error
-	if handlers && errors.As(herr, &hce) {
+	if !idems && errors.As(err, &hce) {
 		mergeHeader(ce.Meta(), hce.Meta())
 	}
 	addMetadata(ce.Meta(), ans.Header)
 	addMetadata(ce.Meta(), ans.Trailer)
-	if retryAfter {
-		// RFC 9110's Retry-After, which the IETF draft answers a key in
-		// use with, for HTTP clients of the Connect protocol.
-		ce.Meta().Set("Retry-After", retryDelay(st))
+	if retryAfter != "" {
+		ce.Meta().Set("Retry-After", retryAfter)
 	}
 	return ce
 }
 
-// retryDelay returns the delay of the RetryInfo in st in whole seconds,
-// rounded up, for a Retry-After header; "" when st has none.
-func retryDelay(st *status.Status) string {
-	for _, d := range st.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+// idemsAnswer returns err, which Handle returned, as idem's answer, and
+// whether it is one rather than the handler's own error herr: a handler's
+// error that wraps an *idem.Error (one a handler got from idem's outgoing
+// keys, say) is still the handler's, sent and recorded with the handler's
+// status. Handle returns the handler's error as it is, and its own answers
+// after the handler ran unwrapped.
+func idemsAnswer(err, herr error) (*idem.Error, bool) {
+	if ie, ok := err.(*idem.Error); ok && err != herr {
+		return ie, true
+	}
+	if herr != nil {
+		return nil, false
+	}
+	var ie *idem.Error
+	return ie, errors.As(err, &ie)
+}
+
+// retryAfterOf returns the delay of the RetryInfo in st as the value of a
+// Retry-After header: whole seconds, rounded up; "" when st has none.
+func retryAfterOf(st *spb.Status) string {
+	for _, a := range st.GetDetails() {
+		var ri errdetails.RetryInfo
+		if a.MessageIs(&ri) && a.UnmarshalTo(&ri) == nil && ri.GetRetryDelay() != nil {
 			d := max(ri.GetRetryDelay().AsDuration(), 0)
 			return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 		}
@@ -286,9 +294,9 @@ func retryDelay(st *status.Status) string {
 
 // connectError returns st as a *connect.Error with the same code, message
 // and details.
-func connectError(st *status.Status) *connect.Error {
-	ce := connect.NewError(connect.Code(st.Code()), errors.New(st.Message()))
-	for _, d := range st.Proto().GetDetails() {
+func connectError(st *spb.Status) *connect.Error {
+	ce := connect.NewError(connect.Code(st.GetCode()), errors.New(st.GetMessage()))
+	for _, d := range st.GetDetails() {
 		if ed, err := connect.NewErrorDetail(d); err == nil {
 			ce.AddDetail(ed)
 		}
@@ -296,22 +304,37 @@ func connectError(st *status.Status) *connect.Error {
 	return ce
 }
 
-// statusOf returns err, a handler's error, as a gRPC status: a
-// *connect.Error with its code, message and details, a status error as it
-// is, a context error as its code, anything else as UNKNOWN.
-func statusOf(err error) *status.Status {
+// statusOf returns err, a handler's error, as a google.rpc.Status: a
+// *connect.Error with its code, message and details, a context error as
+// its code, anything else as UNKNOWN.
+func statusOf(err error) *spb.Status {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		p := status.New(codes.Code(ce.Code()), ce.Message()).Proto()
+		p := &spb.Status{Code: int32(ce.Code()), Message: ce.Message()}
 		for _, d := range ce.Details() {
 			p.Details = append(p.Details, detailAny(d))
 		}
-		return status.FromProto(p)
+		return p
 	}
-	if st, ok := status.FromError(err); ok {
-		return st
+	c := connect.CodeUnknown
+	switch {
+	case errors.Is(err, context.Canceled):
+		c = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		c = connect.CodeDeadlineExceeded
 	}
-	return status.FromContextError(err)
+	return &spb.Status{Code: int32(c), Message: err.Error()}
+}
+
+// connectStatus reads the status of an error as connect-go sends it: a
+// *connect.Error's, or a context error's code.
+func connectStatus(err error) (*spb.Status, bool) {
+	var ce *connect.Error
+	st := statusOf(err)
+	if !errors.As(err, &ce) && st.GetCode() == int32(connect.CodeUnknown) {
+		return nil, false
+	}
+	return st, true
 }
 
 // detailAny returns d as the google.protobuf.Any of a google.rpc.Status.

@@ -4,16 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
@@ -56,10 +60,10 @@ func TestRunsOnceAndReplays(t *testing.T) {
 		if !bytes.Equal(e.bodies.last(), firstBody) {
 			t.Errorf("replayed body differs from the first:\n%q\n%q", e.bodies.last(), firstBody)
 		}
-		if got := first.Header().Values(interceptor.HTTPReplayedHeader); len(got) != 0 {
-			t.Errorf("first response carries %s: %q", interceptor.HTTPReplayedHeader, got)
+		if got := first.Header().Values(idem.HTTPReplayedHeader); len(got) != 0 {
+			t.Errorf("first response carries %s: %q", idem.HTTPReplayedHeader, got)
 		}
-		if got := again.Header().Values(interceptor.HTTPReplayedHeader); len(got) != 1 || got[0] != "true" {
+		if got := again.Header().Values(idem.HTTPReplayedHeader); len(got) != 1 || got[0] != "true" {
 			t.Errorf("replay header %q, want true", got)
 		}
 		if got := first.Header().Get("X-Payment-Id"); got != first.Msg.GetPayment().GetId() {
@@ -111,11 +115,11 @@ func TestSameKeyOtherRequestIsRefused(t *testing.T) {
 		_, err := client.CallUnary(t.Context(), keyed(payment(9999), p.header("k1")))
 		ce := wantCode(t, err, connect.CodeFailedPrecondition)
 		info := detail[*errdetails.ErrorInfo](ce)
-		if info.GetReason() != interceptor.ReasonKeyReused || info.GetDomain() != interceptor.Domain {
-			t.Errorf("ErrorInfo %v, want %s in %s", info, interceptor.ReasonKeyReused, interceptor.Domain)
+		if info.GetReason() != idem.ReasonKeyReused || info.GetDomain() != idem.Domain {
+			t.Errorf("ErrorInfo %v, want %s in %s", info, idem.ReasonKeyReused, idem.Domain)
 		}
-		if got := ce.Meta().Get(interceptor.HTTPReplayedHeader); got != "" {
-			t.Errorf("a refusal carries %s: %q", interceptor.HTTPReplayedHeader, got)
+		if got := ce.Meta().Get(idem.HTTPReplayedHeader); got != "" {
+			t.Errorf("a refusal carries %s: %q", idem.HTTPReplayedHeader, got)
 		}
 		if runs, _ := e.svc.executions(); runs != 1 {
 			t.Errorf("%d executions, want 1", runs)
@@ -130,7 +134,7 @@ func TestDuplicateInFlightIsAborted(t *testing.T) {
 	s := setup{
 		storeOpts: []postgres.Option{postgres.WithLockTimeout(300 * time.Millisecond)},
 		memOpts:   []memory.Option{memory.WithLockTimeout(50 * time.Millisecond)},
-		opts:      []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+		opts:      []idem.Option{idem.WithRetryDelay(1500 * time.Millisecond)},
 	}
 	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
 		entered, release := make(chan struct{}), make(chan struct{})
@@ -155,8 +159,8 @@ func TestDuplicateInFlightIsAborted(t *testing.T) {
 			t.Fatal(firstErr)
 		}
 		ce := wantCode(t, err, connect.CodeAborted)
-		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInUse {
-			t.Errorf("ErrorInfo %v, want %s", info, interceptor.ReasonKeyInUse)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyInUse {
+			t.Errorf("ErrorInfo %v, want %s", info, idem.ReasonKeyInUse)
 		}
 		if ri := detail[*errdetails.RetryInfo](ce); ri.GetRetryDelay().AsDuration() != 1500*time.Millisecond {
 			t.Errorf("RetryInfo %v, want 1.5s", ri)
@@ -203,8 +207,8 @@ func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
 				t.Errorf("error %v, want the handler's message and detail", ce)
 			}
 		}
-		if got := again.Meta().Get(interceptor.HTTPReplayedHeader); got != "true" {
-			t.Errorf("replayed error: %s = %q, want true", interceptor.HTTPReplayedHeader, got)
+		if got := again.Meta().Get(idem.HTTPReplayedHeader); got != "true" {
+			t.Errorf("replayed error: %s = %q, want true", idem.HTTPReplayedHeader, got)
 		}
 		if runs, _ := e.svc.executions(); runs != 1 {
 			t.Errorf("%d executions, want 1", runs)
@@ -244,7 +248,7 @@ func TestTransientErrorReleasesTheKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := resp.Header().Get(interceptor.HTTPReplayedHeader); got != "" {
+		if got := resp.Header().Get(idem.HTTPReplayedHeader); got != "" {
 			t.Errorf("the retry after a transient error is a replay")
 		}
 		if runs, _ := e.svc.executions(); runs != 2 {
@@ -260,11 +264,11 @@ func TestMissingKeyIsRefused(t *testing.T) {
 	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
 		_, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), ""))
 		ce := wantCode(t, err, connect.CodeInvalidArgument)
-		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
-			t.Errorf("violation %v, want one on %s saying it is required", v, interceptor.KeyHeader)
+		if v := violation(ce); v.GetField() != idem.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
+			t.Errorf("violation %v, want one on %s saying it is required", v, idem.KeyHeader)
 		}
-		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyMissing || info.GetDomain() != interceptor.Domain {
-			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyMissing)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyMissing || info.GetDomain() != idem.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyMissing)
 		}
 		if runs, _ := e.svc.executions(); runs != 0 {
 			t.Errorf("%d executions, want none", runs)
@@ -303,16 +307,16 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 			if !strings.Contains(ce.Message(), c.says) {
 				t.Errorf("%q: message %q does not say %q", c.value, ce.Message(), c.says)
 			}
-			if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), c.says) {
-				t.Errorf("%q: violation %v, want one on %s saying %q", c.value, v, interceptor.KeyHeader, c.says)
+			if v := violation(ce); v.GetField() != idem.KeyHeader || !strings.Contains(v.GetDescription(), c.says) {
+				t.Errorf("%q: violation %v, want one on %s saying %q", c.value, v, idem.KeyHeader, c.says)
 			}
-			if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid {
-				t.Errorf("%q: ErrorInfo %v, want reason %s", c.value, info, interceptor.ReasonKeyInvalid)
+			if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyInvalid {
+				t.Errorf("%q: ErrorInfo %v, want reason %s", c.value, info, idem.ReasonKeyInvalid)
 			}
 		}
 		// Two values of the one header field, alike or not.
 		req := keyed(payment(1250), p.header("k1"))
-		req.Header().Add(interceptor.KeyHeader, p.header("k1"))
+		req.Header().Add(idem.KeyHeader, p.header("k1"))
 		_, err := e.payments(p).CallUnary(t.Context(), req)
 		if ce := wantCode(t, err, connect.CodeInvalidArgument); !strings.Contains(ce.Message(), "exactly one value") {
 			t.Errorf("two values: message %q", ce.Message())
@@ -335,12 +339,12 @@ func TestMalformedKeyFieldIsRefused(t *testing.T) {
 		req.RequestId = "has space"
 		_, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
 		ce := wantCode(t, err, connect.CodeInvalidArgument)
-		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != interceptor.ReasonKeyInvalid || info.GetDomain() != interceptor.Domain {
-			t.Errorf("ErrorInfo %v, want reason %s", info, interceptor.ReasonKeyInvalid)
+		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyInvalid || info.GetDomain() != idem.Domain {
+			t.Errorf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyInvalid)
 		}
-		if v := violation(ce); v.GetField() != interceptor.KeyHeader || !strings.Contains(v.GetDescription(), "request_id") ||
+		if v := violation(ce); v.GetField() != idem.KeyHeader || !strings.Contains(v.GetDescription(), "request_id") ||
 			!strings.Contains(v.GetDescription(), "visible ASCII") {
-			t.Errorf("violation %v, want one on %s naming request_id and the rule", v, interceptor.KeyHeader)
+			t.Errorf("violation %v, want one on %s naming request_id and the rule", v, idem.KeyHeader)
 		}
 		if runs, _ := e.svc.executions(); runs != 0 {
 			t.Errorf("%d executions, want none", runs)
@@ -367,12 +371,12 @@ func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
 		for _, values := range malformed {
 			req := keyed(&testv1.GetPaymentRequest{Id: "pay_1"}, "")
 			for _, v := range values {
-				req.Header().Add(interceptor.HTTPKeyHeader, v)
+				req.Header().Add(idem.HTTPKeyHeader, v)
 			}
 			_, err := client.CallUnary(t.Context(), req)
 			ce := wantCode(t, err, connect.CodeInvalidArgument)
-			if v := violation(ce); v.GetField() != interceptor.KeyHeader {
-				t.Errorf("key %q: violation %v, want one on %s", values, v, interceptor.KeyHeader)
+			if v := violation(ce); v.GetField() != idem.KeyHeader {
+				t.Errorf("key %q: violation %v, want one on %s", values, v, idem.KeyHeader)
 			}
 		}
 		if runs, _ := e.svc.executions(); runs != before {
@@ -394,7 +398,7 @@ func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
 }
 
 func TestTenantFromHeaders(t *testing.T) {
-	s := setup{opts: []interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(tenantFromMetadata))}}
+	s := setup{opts: []idem.Option{idem.WithTenant(tenantFromHeader)}}
 	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
 		client := e.payments(p)
 		ids := map[string]string{}
@@ -439,8 +443,8 @@ func TestKeyedStreamIsRefused(t *testing.T) {
 		}
 		ce := wantCode(t, stream.Err(), connect.CodeInvalidArgument)
 		_ = stream.Close()
-		if !strings.Contains(ce.Message(), "unary methods") || violation(ce).GetField() != interceptor.KeyHeader {
-			t.Errorf("error %v, want one saying keys apply to unary methods, on %s", ce, interceptor.KeyHeader)
+		if !strings.Contains(ce.Message(), "unary methods") || violation(ce).GetField() != idem.KeyHeader {
+			t.Errorf("error %v, want one saying keys apply to unary methods, on %s", ce, idem.KeyHeader)
 		}
 		if runs, _ := e.svc.executions(); runs != before {
 			t.Errorf("the keyed stream's handler ran")
@@ -458,5 +462,97 @@ func TestKeyedStreamIsRefused(t *testing.T) {
 			t.Errorf("a stream without a key: %d messages, %v", n, err)
 		}
 		_ = stream.Close()
+	})
+}
+
+// A handler's error that wraps an error of idem's (one its own outbound
+// call got, say) is the handler's: sent with the handler's code and
+// metadata, as it is recorded and replayed.
+func TestHandlerErrorWrappingIdemsIsTheHandlers(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	e.svc.setHook(func(context.Context, int) error {
+		ce := connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("the ledger refused the call: %w", idem.StreamKeyRefused("/ledger.v1.Ledger/Watch")))
+		ce.Meta().Set("X-Decline", "ledger")
+		return ce
+	})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		client := e.payments(p)
+		key := p.header("wrapped-" + p.name)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		first := wantCode(t, err, connect.CodeFailedPrecondition)
+		if got := first.Meta().Get("X-Decline"); got != "ledger" {
+			t.Errorf("the handler's error metadata X-Decline = %q on the first answer", got)
+		}
+		_, err = client.CallUnary(t.Context(), keyed(payment(1250), key))
+		again := wantCode(t, err, connect.CodeFailedPrecondition)
+		if first.Message() != again.Message() || again.Meta().Get(idem.HTTPReplayedHeader) != "true" {
+			t.Errorf("replay %v (replayed %q), want %v replayed", again, again.Meta().Get(idem.HTTPReplayedHeader), first)
+		}
+	})
+}
+
+// Over Connect, a handler's error with a RetryInfo carries Retry-After, on
+// its first answer as on its replays.
+func TestHandlerRetryInfoIsRetryAfter(t *testing.T) {
+	e := newEnv(t, setup{memory: true})
+	e.svc.setHook(func(context.Context, int) error {
+		ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("the account is being audited"))
+		d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)})
+		if err != nil {
+			return err
+		}
+		ce.AddDetail(d)
+		return ce
+	})
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		want := ""
+		if p.name == "connect" || p.name == "connect+json" {
+			want = "2"
+		}
+		client := e.payments(p)
+		key := p.header("audited-" + p.name)
+		for _, attempt := range []string{"first answer", "replay"} {
+			_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+			ce := wantCode(t, err, connect.CodeFailedPrecondition)
+			if got := ce.Meta().Get("Retry-After"); got != want {
+				t.Errorf("%s: Retry-After %q, want %q", attempt, got, want)
+			}
+		}
+	})
+}
+
+// A handler that returns its context's error is classified by that error's
+// code, CANCELLED or DEADLINE_EXCEEDED, not as UNKNOWN: a classifier that
+// records every other code lets its retry run again.
+func TestHandlerContextErrorIsClassifiedByItsCode(t *testing.T) {
+	transient := func(st *spb.Status) bool {
+		switch code.Code(st.GetCode()) {
+		case code.Code_CANCELLED, code.Code_DEADLINE_EXCEEDED, code.Code_UNAVAILABLE:
+			return false
+		}
+		return true
+	}
+	e := newEnv(t, setup{memory: true, opts: []idem.Option{idem.WithClassifier(transient)}})
+	var want int
+	eachProtocol(t, func(t *testing.T, p protocol) {
+		e.svc.setHook(func(_ context.Context, run int) error {
+			if run%2 == 1 {
+				return context.Canceled
+			}
+			return nil
+		})
+		client := e.payments(p)
+		key := p.header("canceled-" + p.name)
+		_, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		wantCode(t, err, connect.CodeCanceled)
+		resp, err := client.CallUnary(t.Context(), keyed(payment(1250), key))
+		if err != nil {
+			t.Fatalf("the retry: %v, want it run again", err)
+		}
+		want += 2
+		if runs, _ := e.svc.executions(); runs != want || resp.Header().Get(idem.HTTPReplayedHeader) != "" {
+			t.Errorf("%d executions (replayed %q), want %d", runs, resp.Header().Get(idem.HTTPReplayedHeader), want)
+		}
 	})
 }

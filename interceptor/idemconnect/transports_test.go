@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -33,7 +33,7 @@ func TestMixedTransportsReplay(t *testing.T) {
 		// grpc-go first, then connect-go.
 		key := "grpc-first-" + p.name
 		first, err := grpcClient.CreatePayment(
-			metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, key), payment(1250))
+			metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, key), payment(1250))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,9 +41,9 @@ func TestMixedTransportsReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !proto.Equal(first, retry.Msg) || retry.Header().Get(interceptor.HTTPReplayedHeader) != "true" {
+		if !proto.Equal(first, retry.Msg) || retry.Header().Get(idem.HTTPReplayedHeader) != "true" {
 			t.Errorf("connect-go retry: %v (replayed %q), want the replay of %v",
-				retry.Msg, retry.Header().Get(interceptor.HTTPReplayedHeader), first)
+				retry.Msg, retry.Header().Get(idem.HTTPReplayedHeader), first)
 		}
 
 		// connect-go first, then grpc-go.
@@ -54,11 +54,11 @@ func TestMixedTransportsReplay(t *testing.T) {
 		}
 		var header metadata.MD
 		again, err := grpcClient.CreatePayment(
-			metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, key), payment(1250), grpc.Header(&header))
+			metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, key), payment(1250), grpc.Header(&header))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !proto.Equal(resp.Msg, again) || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if !proto.Equal(resp.Msg, again) || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Errorf("grpc-go retry: %v (header %v), want the replay of %v", again, header, resp.Msg)
 		}
 
@@ -78,7 +78,7 @@ func TestGRPCGoClientOfConnectServer(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	client := testv1.NewPaymentServiceClient(conn)
-	ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, "k1")
+	ctx := metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, "k1")
 	var headers [2]metadata.MD
 	var resps [2]*testv1.CreatePaymentResponse
 	for n := range 2 {
@@ -89,11 +89,11 @@ func TestGRPCGoClientOfConnectServer(t *testing.T) {
 	if !proto.Equal(resps[0], resps[1]) {
 		t.Errorf("replay %v, want %v", resps[1], resps[0])
 	}
-	if got := headers[0].Get(interceptor.ReplayedHeader); len(got) != 0 {
-		t.Errorf("first answer: %s %q", interceptor.ReplayedHeader, got)
+	if got := headers[0].Get(idem.ReplayedHeader); len(got) != 0 {
+		t.Errorf("first answer: %s %q", idem.ReplayedHeader, got)
 	}
-	if got := headers[1].Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-		t.Errorf("replay: %s %q, want true", interceptor.ReplayedHeader, got)
+	if got := headers[1].Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Errorf("replay: %s %q, want true", idem.ReplayedHeader, got)
 	}
 	if runs, _ := e.svc.executions(); runs != 1 {
 		t.Errorf("%d executions, want 1", runs)
@@ -156,8 +156,8 @@ func TestPlainHTTPJSON(t *testing.T) {
 	order := `{"customerId": "cus_1", "amountCents": "1250", "currency": "EUR"}`
 
 	first, firstBody := post(t, order, `"k1"`)
-	if first.StatusCode != http.StatusOK || first.Header.Get(interceptor.HTTPReplayedHeader) != "" {
-		t.Fatalf("first call: HTTP %d %s, replayed %q", first.StatusCode, firstBody, first.Header.Get(interceptor.HTTPReplayedHeader))
+	if first.StatusCode != http.StatusOK || first.Header.Get(idem.HTTPReplayedHeader) != "" {
+		t.Fatalf("first call: HTTP %d %s, replayed %q", first.StatusCode, firstBody, first.Header.Get(idem.HTTPReplayedHeader))
 	}
 	var created testv1.CreatePaymentResponse
 	if err := protojson.Unmarshal(firstBody, &created); err != nil || created.GetPayment().GetId() == "" {
@@ -166,9 +166,9 @@ func TestPlainHTTPJSON(t *testing.T) {
 	// The quoted key and the bare one are the same key.
 	for _, key := range []string{`"k1"`, `k1`} {
 		resp, body := post(t, order, key)
-		if resp.StatusCode != http.StatusOK || !bytes.Equal(body, firstBody) || resp.Header.Get(interceptor.HTTPReplayedHeader) != "true" {
+		if resp.StatusCode != http.StatusOK || !bytes.Equal(body, firstBody) || resp.Header.Get(idem.HTTPReplayedHeader) != "true" {
 			t.Errorf("retry with %s: HTTP %d %s, replayed %q; want the first body replayed",
-				key, resp.StatusCode, body, resp.Header.Get(interceptor.HTTPReplayedHeader))
+				key, resp.StatusCode, body, resp.Header.Get(idem.HTTPReplayedHeader))
 		}
 	}
 
@@ -205,14 +205,14 @@ func TestPlainHTTPJSON(t *testing.T) {
 
 	// A gRPC call retried over HTTP: the JSON body is rendered from the
 	// recorded message.
-	grpcFirst, err := grpcClient.CreatePayment(metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, "k4"), payment(1250))
+	grpcFirst, err := grpcClient.CreatePayment(metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, "k4"), payment(1250))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp, body = post(t, order, `"k4"`)
 	var replayed testv1.CreatePaymentResponse
 	if err := protojson.Unmarshal(body, &replayed); err != nil || !proto.Equal(&replayed, grpcFirst) ||
-		resp.Header.Get(interceptor.HTTPReplayedHeader) != "true" {
+		resp.Header.Get(idem.HTTPReplayedHeader) != "true" {
 		t.Errorf("HTTP retry of a gRPC call: HTTP %d %s, want the replay of %v", resp.StatusCode, body, grpcFirst)
 	}
 

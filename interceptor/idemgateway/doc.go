@@ -8,10 +8,10 @@
 // idemconnect), without grpc-gateway's Grpc-Metadata- prefix.
 //
 // grpc-gateway calls the gRPC server, so idem's server interceptor
-// ([interceptor.UnaryServerInterceptor]) does the work, with the same store,
-// fingerprint and scope as for gRPC clients: a call over gRPC and its retry
-// over HTTP are one operation, and the retry gets the recorded response,
-// rendered as JSON. This package only translates: the key from HTTP to
+// ([github.com/idemkit/idem/interceptor.UnaryServerInterceptor]) does the
+// work, with the same engine, store, fingerprint and scope as for gRPC
+// clients: a call over gRPC and its retry over HTTP are one operation, and
+// the retry gets the recorded response, rendered as JSON. This package only translates: the key from HTTP to
 // gRPC metadata, idem's response headers back, and idem's errors to HTTP.
 //
 // # Usage
@@ -49,11 +49,11 @@
 // The bare form that many clients send is taken too, when it is one token
 // (Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324); both name the
 // same key, which must then follow idem's rule (1 to 255 visible ASCII
-// characters; see [interceptor.ParseHTTPKey]). A value that holds more than
+// characters; see [idem.ParseHTTPKey]). A value that holds more than
 // one key (order-1,order-2, as a proxy joins two header lines, or a list of
 // Strings) or a String with parameters is malformed. [KeyMiddleware] parses the
 // header before the call and hands the gRPC server the key itself, in
-// metadata idempotency-key ([interceptor.KeyHeader]). A malformed value, or
+// metadata idempotency-key ([idem.KeyHeader]). A malformed value, or
 // more than one header, is answered at once with 400 and a problem detail
 // that says what is wrong; the service is not called. This holds on every
 // route of the ServeMux, including those of methods idem stands aside from.
@@ -69,10 +69,12 @@
 //	leased call whose key a retry took over      409     IDEMPOTENCY_LEASE_LOST, with Retry-After
 //	response too large to record, not rebuilt    400     IDEMPOTENCY_RESPONSE_NOT_CACHED
 //	tenant or method that cannot hold a key      400     IDEMPOTENCY_SCOPE_INVALID
+//	leased call whose saved steps are unreadable 500     IDEMPOTENCY_STEPS_UNREADABLE
+//	abandoned call a finisher gave up on         400     IDEMPOTENCY_NOT_FINISHED
 //
 // A missing, reused or busy key gets the draft's status, and a malformed
 // one 400; idem's other refusals get the status grpc-gateway gives their
-// gRPC code (ABORTED, FAILED_PRECONDITION, INVALID_ARGUMENT).
+// gRPC code (ABORTED, FAILED_PRECONDITION, INVALID_ARGUMENT, DATA_LOSS).
 //
 // Each of these refusals has a body of problem details (RFC 9457,
 // Content-Type: application/problem+json): type, title, status, detail and
@@ -83,7 +85,7 @@
 //	HTTP/1.1 422 Unprocessable Entity
 //	Content-Type: application/problem+json
 //
-//	{"type":"https://pkg.go.dev/github.com/idemkit/idem/interceptor#ReasonKeyReused",
+//	{"type":"https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyReused",
 //	 "title":"Idempotency-Key is already used",
 //	 "status":422,
 //	 "detail":"This Idempotency-Key was used with a different request to this operation; send a new key with a new request.",

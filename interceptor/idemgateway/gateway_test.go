@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemgateway"
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
@@ -83,7 +84,7 @@ func (s *service) CreateTransfer(ctx context.Context, req *gatewaytestv1.CreateT
 		return nil, status.Error(codes.Internal, "CreateTransfer must run under idem")
 	}
 	tenant, _ := tenantOf(ctx)
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	t := &gatewaytestv1.Transfer{
 		FromAccount: req.GetFromAccount(),
 		ToAccount:   req.GetToAccount(),
@@ -148,7 +149,7 @@ type env struct {
 }
 
 type config struct {
-	server []interceptor.ServerOption
+	server []idem.Option
 	store  []postgres.Option
 }
 
@@ -161,8 +162,18 @@ func newEnv(t *testing.T, cfg config) *env {
 		t.Fatal(err)
 	}
 	svc := &service{pool: pool}
-	opts := append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(tenantOf))}, cfg.server...)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(postgres.New(pool, cfg.store...), opts...)))
+	tenant := func(_ context.Context, header map[string][]string) (string, error) {
+		if v := header["x-tenant-id"]; len(v) == 1 {
+			return v[0], nil
+		}
+		return "", errors.New("missing x-tenant-id")
+	}
+	opts := append([]idem.Option{idem.WithTenant(tenant)}, cfg.server...)
+	engine, err := idem.New(postgres.New(pool, cfg.store...), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	gatewaytestv1.RegisterTransferServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -295,11 +306,11 @@ func problem(t *testing.T, r reply, status int, reason string) problemBody {
 		t.Fatalf("body %s: %v", r.body, err)
 	}
 	if p.Status != status || p.Reason != reason || p.Title == "" || p.Detail == "" ||
-		!strings.HasPrefix(p.Type, "https://pkg.go.dev/github.com/idemkit/idem/") {
+		!strings.HasPrefix(p.Type, "https://pkg.go.dev/github.com/idemkit/idem") || !strings.HasSuffix(p.Type, "#"+reasonConst(reason)) {
 		t.Fatalf("problem %+v; want status %d, reason %s, a title, a detail and a type", p, status, reason)
 	}
-	if got := r.header.Get(interceptor.HTTPReplayedHeader); got != "" {
-		t.Fatalf("%s: %q on a refusal", interceptor.HTTPReplayedHeader, got)
+	if got := r.header.Get(idem.HTTPReplayedHeader); got != "" {
+		t.Fatalf("%s: %q on a refusal", idem.HTTPReplayedHeader, got)
 	}
 	return p
 }
@@ -313,8 +324,8 @@ func TestReplay(t *testing.T) {
 	if first.status != http.StatusOK {
 		t.Fatalf("first call: %d %s", first.status, first.body)
 	}
-	if got := first.header.Get(interceptor.HTTPReplayedHeader); got != "" {
-		t.Fatalf("first call: %s: %q", interceptor.HTTPReplayedHeader, got)
+	if got := first.header.Get(idem.HTTPReplayedHeader); got != "" {
+		t.Fatalf("first call: %s: %q", idem.HTTPReplayedHeader, got)
 	}
 	var resp gatewaytestv1.CreateTransferResponse
 	if err := protojson.Unmarshal(first.body, &resp); err != nil {
@@ -330,9 +341,9 @@ func TestReplay(t *testing.T) {
 
 	for _, key := range []string{"order-1", `"order-1"`, ` "order-1"`} {
 		again := e.create(t, transfer, "Idempotency-Key", key)
-		if again.status != http.StatusOK || again.header.Get(interceptor.HTTPReplayedHeader) != "true" {
+		if again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "true" {
 			t.Fatalf("retry with %s: %d, %s: %q; want 200 and true", key, again.status,
-				interceptor.HTTPReplayedHeader, again.header.Get(interceptor.HTTPReplayedHeader))
+				idem.HTTPReplayedHeader, again.header.Get(idem.HTTPReplayedHeader))
 		}
 		if string(again.body) != string(first.body) {
 			t.Fatalf("retry with %s:\n%s\nwant the first answer:\n%s", key, again.body, first.body)
@@ -355,8 +366,8 @@ func TestKeyReused(t *testing.T) {
 	}
 	changed := strings.Replace(transfer, `"1250"`, `"9999"`, 1)
 	r := e.create(t, changed, "Idempotency-Key", "order-2")
-	p := problem(t, r, http.StatusUnprocessableEntity, interceptor.ReasonKeyReused)
-	if p.Type != "https://pkg.go.dev/github.com/idemkit/idem/interceptor#ReasonKeyReused" {
+	p := problem(t, r, http.StatusUnprocessableEntity, idem.ReasonKeyReused)
+	if p.Type != "https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyReused" {
 		t.Fatalf("type %q", p.Type)
 	}
 	if n := e.svc.calls.Load(); n != 1 {
@@ -443,7 +454,7 @@ func TestKeyMalformed(t *testing.T) {
 // completes, the retry replays it.
 func TestKeyInUse(t *testing.T) {
 	e := newEnv(t, config{
-		server: []interceptor.ServerOption{interceptor.WithRetryDelay(1500 * time.Millisecond)},
+		server: []idem.Option{idem.WithRetryDelay(1500 * time.Millisecond)},
 		store:  []postgres.Option{postgres.WithLockTimeout(200 * time.Millisecond)},
 	})
 	// The lock timeout bounds a claim's wait for a connection too: open
@@ -486,7 +497,7 @@ func TestKeyInUse(t *testing.T) {
 	}
 
 	r := e.create(t, transfer, "Idempotency-Key", "order-5")
-	problem(t, r, http.StatusConflict, interceptor.ReasonKeyInUse)
+	problem(t, r, http.StatusConflict, idem.ReasonKeyInUse)
 	if got := r.header.Get("Retry-After"); got != "2" {
 		t.Fatalf("Retry-After %q, want 2 (1.5 s rounded up)", got)
 	}
@@ -495,7 +506,7 @@ func TestKeyInUse(t *testing.T) {
 		t.Fatalf("first call: %v %d %s", first.err, first.r.status, first.r.body)
 	}
 	again := e.create(t, transfer, "Idempotency-Key", "order-5")
-	if again.status != http.StatusOK || again.header.Get(interceptor.HTTPReplayedHeader) != "true" {
+	if again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "true" {
 		t.Fatalf("retry after the first completed: %d %s", again.status, again.body)
 	}
 	if n := e.svc.calls.Load(); n != 1 {
@@ -533,10 +544,10 @@ func TestHandlerErrors(t *testing.T) {
 				t.Fatalf("key row: %q %d %v; want completed with code %d", state, code, ok, c.code)
 			}
 			again := e.create(t, c.body, "Idempotency-Key", c.key)
-			if again.status != c.status || again.header.Get(interceptor.HTTPReplayedHeader) != "true" ||
+			if again.status != c.status || again.header.Get(idem.HTTPReplayedHeader) != "true" ||
 				string(again.body) != string(first.body) {
 				t.Fatalf("retry: %d %q %s; want the first answer, replayed", again.status,
-					again.header.Get(interceptor.HTTPReplayedHeader), again.body)
+					again.header.Get(idem.HTTPReplayedHeader), again.body)
 			}
 		})
 	}
@@ -563,8 +574,8 @@ func TestHandlerErrors(t *testing.T) {
 			t.Fatal("a transient error left the key's row")
 		}
 		again := e.create(t, transfer, "Idempotency-Key", "order-8")
-		if again.status != http.StatusOK || again.header.Get(interceptor.HTTPReplayedHeader) != "" {
-			t.Fatalf("retry: %d %q %s; want a fresh 200", again.status, again.header.Get(interceptor.HTTPReplayedHeader), again.body)
+		if again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "" {
+			t.Fatalf("retry: %d %q %s; want a fresh 200", again.status, again.header.Get(idem.HTTPReplayedHeader), again.body)
 		}
 		if n := e.count(t, `SELECT count(*) FROM transfers WHERE request_key = 'order-8'`); n != 1 {
 			t.Fatalf("%d transfers, want 1", n)
@@ -580,7 +591,7 @@ func TestMixedTransports(t *testing.T) {
 	req := &gatewaytestv1.CreateTransferRequest{FromAccount: "alice", ToAccount: "bob", AmountCents: 1250,
 		Labels: map[string]string{"b": "2", "a": "1", "c": "3"}}
 	grpcCtx := func(key string) context.Context {
-		return metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, key, "x-tenant-id", "acme")
+		return metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, key, "x-tenant-id", "acme")
 	}
 
 	t.Run("gRPC, then HTTP", func(t *testing.T) {
@@ -588,9 +599,9 @@ func TestMixedTransports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := e.create(t, transfer, "Idempotency-Key", interceptor.FormatHTTPKey("mixed-1"))
-		if r.status != http.StatusOK || r.header.Get(interceptor.HTTPReplayedHeader) != "true" {
-			t.Fatalf("HTTP retry: %d %q %s", r.status, r.header.Get(interceptor.HTTPReplayedHeader), r.body)
+		r := e.create(t, transfer, "Idempotency-Key", idem.FormatHTTPKey("mixed-1"))
+		if r.status != http.StatusOK || r.header.Get(idem.HTTPReplayedHeader) != "true" {
+			t.Fatalf("HTTP retry: %d %q %s", r.status, r.header.Get(idem.HTTPReplayedHeader), r.body)
 		}
 		var again gatewaytestv1.CreateTransferResponse
 		if err := protojson.Unmarshal(r.body, &again); err != nil {
@@ -614,8 +625,8 @@ func TestMixedTransports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-			t.Fatalf("gRPC retry: %s %v", interceptor.ReplayedHeader, got)
+		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+			t.Fatalf("gRPC retry: %s %v", idem.ReplayedHeader, got)
 		}
 		if !proto.Equal(again, &first) {
 			t.Fatalf("gRPC retry: %v; want the HTTP answer %v", again, &first)
@@ -633,12 +644,12 @@ func TestMixedTransports(t *testing.T) {
 // status grpc-gateway gives their code.
 func TestOtherReasons(t *testing.T) {
 	t.Run("response not cached", func(t *testing.T) {
-		e := newEnv(t, config{server: []interceptor.ServerOption{interceptor.WithMaxStoredResponseBytes(1)}})
+		e := newEnv(t, config{server: []idem.Option{idem.WithMaxStoredResponseBytes(1)}})
 		if r := e.create(t, transfer, "Idempotency-Key", "order-9"); r.status != http.StatusOK {
 			t.Fatalf("first call: %d %s", r.status, r.body)
 		}
 		r := e.create(t, transfer, "Idempotency-Key", "order-9")
-		problem(t, r, http.StatusBadRequest, interceptor.ReasonResponseNotCached)
+		problem(t, r, http.StatusBadRequest, idem.ReasonResponseNotCached)
 		if n := e.svc.calls.Load(); n != 1 {
 			t.Fatalf("the handler ran %d times, want 1", n)
 		}
@@ -649,7 +660,7 @@ func TestOtherReasons(t *testing.T) {
 	t.Run("scope invalid", func(t *testing.T) {
 		e := newEnv(t, config{})
 		r := e.create(t, transfer, "Idempotency-Key", "order-10", "X-Tenant-Id", strings.Repeat("t", 256))
-		p := problem(t, r, http.StatusBadRequest, interceptor.ReasonScopeInvalid)
+		p := problem(t, r, http.StatusBadRequest, idem.ReasonScopeInvalid)
 		if !strings.Contains(p.Detail, "tenant") {
 			t.Fatalf("detail %q does not name the tenant", p.Detail)
 		}
@@ -667,4 +678,14 @@ func TestOtherReasons(t *testing.T) {
 			t.Fatalf("%d %s %s; want grpc-gateway's 404", r.status, r.header.Get("Content-Type"), r.body)
 		}
 	})
+}
+
+// reasonConst returns the name of the constant of reason in package idem
+// (or idemgateway): IDEMPOTENCY_KEY_REUSED is ReasonKeyReused.
+func reasonConst(reason string) string {
+	name := "Reason"
+	for w := range strings.SplitSeq(strings.TrimPrefix(reason, "IDEMPOTENCY_"), "_") {
+		name += w[:1] + strings.ToLower(w[1:])
+	}
+	return name
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 )
 
 // idemHeaders returns the names of the headers of h that carry idem's
@@ -32,9 +32,9 @@ func idemHeaders(h http.Header) []string {
 // still forwarded as grpc-gateway does.
 func TestResponseHeaders(t *testing.T) {
 	e := newEnv(t, config{})
-	expires := http.CanonicalHeaderKey(interceptor.ExpiresHeader)
+	expires := http.CanonicalHeaderKey(idem.ExpiresHeader)
 	if expires != "Idempotency-Key-Expires" {
-		t.Fatalf("interceptor.ExpiresHeader is %s over HTTP", expires)
+		t.Fatalf("idem.ExpiresHeader is %s over HTTP", expires)
 	}
 	for _, c := range []struct {
 		name, key, body string
@@ -55,12 +55,12 @@ func TestResponseHeaders(t *testing.T) {
 			if again.status != c.status {
 				t.Fatalf("replay: %d %s", again.status, again.body)
 			}
-			want := []string{expires, interceptor.HTTPReplayedHeader}
+			want := []string{expires, idem.HTTPReplayedHeader}
 			if got := idemHeaders(again.header); !slices.Equal(got, want) {
 				t.Fatalf("replay: idem's headers %q, want %q", got, want)
 			}
-			if v := again.header.Values(interceptor.HTTPReplayedHeader); !slices.Equal(v, []string{"true"}) {
-				t.Fatalf("replay: %s %q", interceptor.HTTPReplayedHeader, v)
+			if v := again.header.Values(idem.HTTPReplayedHeader); !slices.Equal(v, []string{"true"}) {
+				t.Fatalf("replay: %s %q", idem.HTTPReplayedHeader, v)
 			}
 			for _, r := range []reply{first, again} {
 				v := r.header.Values(expires)

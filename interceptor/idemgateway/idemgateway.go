@@ -8,7 +8,7 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 )
 
 // ServeMuxOptions returns the options that serve idem's contract on a
@@ -27,7 +27,7 @@ func ServeMuxOptions() []runtime.ServeMuxOption {
 }
 
 // KeyMiddleware parses the request's Idempotency-Key header
-// ([interceptor.HTTPKeyHeader]) with [interceptor.ParseHTTPKey] and passes
+// ([idem.HTTPKeyHeader]) with [idem.ParseHTTPKey] and passes
 // the request on with the key itself as the header's value, for
 // [IncomingHeaderMatcher] to hand to the gRPC server. A malformed value, or
 // more than one Idempotency-Key header, is answered with 400 and a problem
@@ -35,7 +35,7 @@ func ServeMuxOptions() []runtime.ServeMuxOption {
 // request goes no further. A request without the header passes unchanged.
 func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, pathParams map[string]string) {
-		values := r.Header.Values(interceptor.HTTPKeyHeader)
+		values := r.Header.Values(idem.HTTPKeyHeader)
 		if len(values) == 0 {
 			next(w, r, pathParams)
 			return
@@ -44,14 +44,14 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 			writeProblem(w, headerInvalid("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
 			return
 		}
-		key, err := interceptor.ParseHTTPKey(values[0])
+		key, err := idem.ParseHTTPKey(values[0])
 		if err != nil {
 			writeProblem(w, headerInvalid(err.Error()))
 			return
 		}
 		if key != values[0] {
 			r = r.Clone(r.Context())
-			r.Header.Set(interceptor.HTTPKeyHeader, key)
+			r.Header.Set(idem.HTTPKeyHeader, key)
 		}
 		next(w, r, pathParams)
 	}
@@ -59,7 +59,7 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 
 // IncomingHeaderMatcher returns an incoming header matcher that maps the
 // Idempotency-Key header to idem's metadata key, idempotency-key
-// ([interceptor.KeyHeader]), and leaves every other header to next, by
+// ([idem.KeyHeader]), and leaves every other header to next, by
 // default (nil) grpc-gateway's [runtime.DefaultHeaderMatcher], which drops
 // the headers it does not know. A header that next would map to
 // idempotency-key too (Grpc-Metadata-Idempotency-Key, say) is dropped: only
@@ -69,11 +69,11 @@ func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 		next = runtime.DefaultHeaderMatcher
 	}
 	return func(key string) (string, bool) {
-		if textproto.CanonicalMIMEHeaderKey(key) == interceptor.HTTPKeyHeader {
-			return interceptor.KeyHeader, true
+		if textproto.CanonicalMIMEHeaderKey(key) == idem.HTTPKeyHeader {
+			return idem.KeyHeader, true
 		}
 		name, ok := next(key)
-		if ok && strings.EqualFold(name, interceptor.KeyHeader) {
+		if ok && strings.EqualFold(name, idem.KeyHeader) {
 			return "", false
 		}
 		return name, ok
@@ -83,9 +83,9 @@ func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 // OutgoingHeaderMatcher returns an outgoing header matcher that sends idem's
 // response metadata under the HTTP names a Connect server sends it with
 // too, and leaves the rest of the response metadata to next:
-// idempotent-replayed ([interceptor.ReplayedHeader]) as the header
-// Idempotent-Replayed ([interceptor.HTTPReplayedHeader]), and
-// idempotency-key-expires ([interceptor.ExpiresHeader]) as
+// idempotent-replayed ([idem.ReplayedHeader]) as the header
+// Idempotent-Replayed ([idem.HTTPReplayedHeader]), and
+// idempotency-key-expires ([idem.ExpiresHeader]) as
 // Idempotency-Key-Expires. By default (nil) next does what grpc-gateway
 // does by default: it forwards each key as the header Grpc-Metadata-<key>.
 // next never sees idem's keys, so no Grpc-Metadata- copy of them is sent.
@@ -95,18 +95,18 @@ func OutgoingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 	}
 	return func(key string) (string, bool) {
 		switch {
-		case strings.EqualFold(key, interceptor.ReplayedHeader):
-			return interceptor.HTTPReplayedHeader, true
-		case strings.EqualFold(key, interceptor.ExpiresHeader):
+		case strings.EqualFold(key, idem.ReplayedHeader):
+			return idem.HTTPReplayedHeader, true
+		case strings.EqualFold(key, idem.ExpiresHeader):
 			return httpExpiresHeader, true
 		}
 		return next(key)
 	}
 }
 
-// httpExpiresHeader is the HTTP name of [interceptor.ExpiresHeader], as
+// httpExpiresHeader is the HTTP name of [idem.ExpiresHeader], as
 // net/http (and so connect-go) writes it.
-var httpExpiresHeader = textproto.CanonicalMIMEHeaderKey(interceptor.ExpiresHeader)
+var httpExpiresHeader = textproto.CanonicalMIMEHeaderKey(idem.ExpiresHeader)
 
 // defaultOutgoingHeaderMatcher is grpc-gateway's default outgoing header
 // matcher, which it does not export.

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemgateway"
 )
 
@@ -30,8 +30,8 @@ func TestIncomingHeaderMatcher(t *testing.T) {
 		name      string
 		forwarded bool
 	}{
-		{idemgateway.IncomingHeaderMatcher(nil), "Idempotency-Key", interceptor.KeyHeader, true},
-		{idemgateway.IncomingHeaderMatcher(nil), "idempotency-key", interceptor.KeyHeader, true},
+		{idemgateway.IncomingHeaderMatcher(nil), "Idempotency-Key", idem.KeyHeader, true},
+		{idemgateway.IncomingHeaderMatcher(nil), "idempotency-key", idem.KeyHeader, true},
 		{idemgateway.IncomingHeaderMatcher(nil), "Accept", "grpcgateway-Accept", true}, // the default's
 		{idemgateway.IncomingHeaderMatcher(nil), "X-Tenant-Id", "", false},             // the default's
 		{idemgateway.IncomingHeaderMatcher(tenantHeaders), "X-Tenant-Id", "x-tenant-id", true},
@@ -54,11 +54,11 @@ func TestOutgoingHeaderMatcher(t *testing.T) {
 		name      string
 		forwarded bool
 	}{
-		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
-		{idemgateway.OutgoingHeaderMatcher(nil), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
-		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ExpiresHeader, "Idempotency-Key-Expires", true},
+		{idemgateway.OutgoingHeaderMatcher(nil), idem.ReplayedHeader, idem.HTTPReplayedHeader, true},
+		{idemgateway.OutgoingHeaderMatcher(nil), idem.ExpiresHeader, "Idempotency-Key-Expires", true},
+		{idemgateway.OutgoingHeaderMatcher(upper), idem.ExpiresHeader, "Idempotency-Key-Expires", true},
 		{idemgateway.OutgoingHeaderMatcher(nil), "x-request-id", "Grpc-Metadata-x-request-id", true}, // the default's
-		{idemgateway.OutgoingHeaderMatcher(upper), interceptor.ReplayedHeader, interceptor.HTTPReplayedHeader, true},
+		{idemgateway.OutgoingHeaderMatcher(upper), idem.ReplayedHeader, idem.HTTPReplayedHeader, true},
 		{idemgateway.OutgoingHeaderMatcher(upper), "x-request-id", "X-REQUEST-ID", true},
 		{idemgateway.OutgoingHeaderMatcher(upper), "secret", "SECRET", false},
 	} {
@@ -79,7 +79,7 @@ func statusErr(c codes.Code, details ...protoadapt.MessageV1) error {
 }
 
 func idemInfo(reason string) *errdetails.ErrorInfo {
-	return &errdetails.ErrorInfo{Reason: reason, Domain: interceptor.Domain}
+	return &errdetails.ErrorInfo{Reason: reason, Domain: idem.Domain}
 }
 
 func retryInfo(d time.Duration) *errdetails.RetryInfo {
@@ -88,7 +88,7 @@ func retryInfo(d time.Duration) *errdetails.RetryInfo {
 
 func keyViolation(description string) *errdetails.BadRequest {
 	return &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
-		Field: interceptor.KeyHeader, Description: description,
+		Field: idem.KeyHeader, Description: description,
 	}}}
 }
 
@@ -105,34 +105,38 @@ func TestErrorHandler(t *testing.T) {
 		reason     string // "": not a problem, grpc-gateway's answer
 		retryAfter string
 	}{
-		{"in use", "k", statusErr(codes.Aborted, retryInfo(1500*time.Millisecond), idemInfo(interceptor.ReasonKeyInUse)),
-			http.StatusConflict, interceptor.ReasonKeyInUse, "2"},
-		{"in use, whole seconds", "k", statusErr(codes.Aborted, retryInfo(time.Second), idemInfo(interceptor.ReasonKeyInUse)),
-			http.StatusConflict, interceptor.ReasonKeyInUse, "1"},
-		{"in use, just over", "k", statusErr(codes.Aborted, retryInfo(time.Second+time.Nanosecond), idemInfo(interceptor.ReasonKeyInUse)),
-			http.StatusConflict, interceptor.ReasonKeyInUse, "2"},
-		{"reused", "k", statusErr(codes.FailedPrecondition, idemInfo(interceptor.ReasonKeyReused)),
-			http.StatusUnprocessableEntity, interceptor.ReasonKeyReused, ""},
-		{"lease lost", "k", statusErr(codes.Aborted, retryInfo(0), idemInfo(interceptor.ReasonLeaseLost)),
-			http.StatusConflict, interceptor.ReasonLeaseLost, "0"},
-		{"not cached", "k", statusErr(codes.FailedPrecondition, idemInfo(interceptor.ReasonResponseNotCached)),
-			http.StatusBadRequest, interceptor.ReasonResponseNotCached, ""},
-		{"scope invalid", "k", statusErr(codes.InvalidArgument, idemInfo(interceptor.ReasonScopeInvalid)),
-			http.StatusBadRequest, interceptor.ReasonScopeInvalid, ""},
-		{"missing", "", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(interceptor.ReasonKeyMissing)),
+		{"in use", "k", statusErr(codes.Aborted, retryInfo(1500*time.Millisecond), idemInfo(idem.ReasonKeyInUse)),
+			http.StatusConflict, idem.ReasonKeyInUse, "2"},
+		{"in use, whole seconds", "k", statusErr(codes.Aborted, retryInfo(time.Second), idemInfo(idem.ReasonKeyInUse)),
+			http.StatusConflict, idem.ReasonKeyInUse, "1"},
+		{"in use, just over", "k", statusErr(codes.Aborted, retryInfo(time.Second+time.Nanosecond), idemInfo(idem.ReasonKeyInUse)),
+			http.StatusConflict, idem.ReasonKeyInUse, "2"},
+		{"reused", "k", statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonKeyReused)),
+			http.StatusUnprocessableEntity, idem.ReasonKeyReused, ""},
+		{"lease lost", "k", statusErr(codes.Aborted, retryInfo(0), idemInfo(idem.ReasonLeaseLost)),
+			http.StatusConflict, idem.ReasonLeaseLost, "0"},
+		{"not cached", "k", statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonResponseNotCached)),
+			http.StatusBadRequest, idem.ReasonResponseNotCached, ""},
+		{"scope invalid", "k", statusErr(codes.InvalidArgument, idemInfo(idem.ReasonScopeInvalid)),
+			http.StatusBadRequest, idem.ReasonScopeInvalid, ""},
+		{"steps unreadable", "k", statusErr(codes.DataLoss, idemInfo(idem.ReasonStepsUnreadable)),
+			http.StatusInternalServerError, idem.ReasonStepsUnreadable, ""},
+		{"not finished", "k", statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonNotFinished)),
+			http.StatusBadRequest, idem.ReasonNotFinished, ""},
+		{"missing", "", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(idem.ReasonKeyMissing)),
 			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
-		{"invalid", "k", statusErr(codes.InvalidArgument, keyViolation("must have exactly one value, got 2"), idemInfo(interceptor.ReasonKeyInvalid)),
+		{"invalid", "k", statusErr(codes.InvalidArgument, keyViolation("must have exactly one value, got 2"), idemInfo(idem.ReasonKeyInvalid)),
 			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
 		// The server decides, not the header: a key in the request's
 		// field is malformed although no header came.
-		{"invalid, from the request's field", "", statusErr(codes.InvalidArgument, keyViolation("the request's field request_id must be visible ASCII"), idemInfo(interceptor.ReasonKeyInvalid)),
+		{"invalid, from the request's field", "", statusErr(codes.InvalidArgument, keyViolation("the request's field request_id must be visible ASCII"), idemInfo(idem.ReasonKeyInvalid)),
 			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
-		{"missing, although a header came", "k", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(interceptor.ReasonKeyMissing)),
+		{"missing, although a header came", "k", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(idem.ReasonKeyMissing)),
 			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
 		// A server of an idem release that set no ErrorInfo on key errors.
 		{"a violation alone", "", statusErr(codes.InvalidArgument, keyViolation("must not be empty")),
 			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
-		{"another domain", "k", statusErr(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: interceptor.ReasonKeyReused, Domain: "example.com"}),
+		{"another domain", "k", statusErr(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: idem.ReasonKeyReused, Domain: "example.com"}),
 			http.StatusBadRequest, "", ""},
 		{"a reason idem does not have", "k", statusErr(codes.FailedPrecondition, idemInfo("IDEMPOTENCY_SOMETHING_ELSE")),
 			http.StatusBadRequest, "", ""},
@@ -143,7 +147,7 @@ func TestErrorHandler(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			req := httptest.NewRequest(http.MethodPost, "/v1/things", nil)
 			if c.key != "" {
-				req.Header.Set(interceptor.HTTPKeyHeader, c.key)
+				req.Header.Set(idem.HTTPKeyHeader, c.key)
 			}
 			w := httptest.NewRecorder()
 			runtime.HTTPError(t.Context(), mux, &runtime.JSONPb{}, w, req, c.err)
@@ -166,18 +170,18 @@ func TestErrorHandler(t *testing.T) {
 func TestErrorHandlerMetadata(t *testing.T) {
 	mux := runtime.NewServeMux(idemgateway.ServeMuxOptions()...)
 	ctx := runtime.NewServerMetadataContext(context.Background(), runtime.ServerMetadata{
-		HeaderMD: metadata.Pairs(interceptor.ReplayedHeader, "true", "x-request-id", "r-1"),
+		HeaderMD: metadata.Pairs(idem.ReplayedHeader, "true", "x-request-id", "r-1"),
 	})
 	req := httptest.NewRequest(http.MethodPost, "/v1/things", nil)
-	req.Header.Set(interceptor.HTTPKeyHeader, "k")
+	req.Header.Set(idem.HTTPKeyHeader, "k")
 	w := httptest.NewRecorder()
-	runtime.HTTPError(ctx, mux, &runtime.JSONPb{}, w, req, statusErr(codes.FailedPrecondition, idemInfo(interceptor.ReasonKeyReused)))
-	if w.Code != http.StatusUnprocessableEntity || w.Header().Get(interceptor.HTTPReplayedHeader) != "true" ||
+	runtime.HTTPError(ctx, mux, &runtime.JSONPb{}, w, req, statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonKeyReused)))
+	if w.Code != http.StatusUnprocessableEntity || w.Header().Get(idem.HTTPReplayedHeader) != "true" ||
 		w.Header().Get("Grpc-Metadata-X-Request-Id") != "r-1" {
 		t.Fatalf("%d %v", w.Code, w.Header())
 	}
 	var p map[string]any
-	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p["reason"] != interceptor.ReasonKeyReused || len(p) != 5 {
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p["reason"] != idem.ReasonKeyReused || len(p) != 5 {
 		t.Fatalf("body %s (%v); want the problem detail alone", w.Body, err)
 	}
 }
@@ -192,8 +196,8 @@ func TestErrorHandlerNext(t *testing.T) {
 	mux := runtime.NewServeMux()
 	req := httptest.NewRequest(http.MethodPost, "/v1/things", nil)
 	w := httptest.NewRecorder()
-	h(t.Context(), mux, &runtime.JSONPb{}, w, req, statusErr(codes.FailedPrecondition, idemInfo(interceptor.ReasonKeyReused)))
-	problem(t, reply{status: w.Code, header: w.Header(), body: w.Body.Bytes()}, http.StatusUnprocessableEntity, interceptor.ReasonKeyReused)
+	h(t.Context(), mux, &runtime.JSONPb{}, w, req, statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonKeyReused)))
+	problem(t, reply{status: w.Code, header: w.Header(), body: w.Body.Bytes()}, http.StatusUnprocessableEntity, idem.ReasonKeyReused)
 
 	other := status.Error(codes.NotFound, "no such thing")
 	h(t.Context(), mux, &runtime.JSONPb{}, httptest.NewRecorder(), req, other)

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemgateway"
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
 )
@@ -52,10 +52,10 @@ func TestKeyField(t *testing.T) {
 	// A well-formed key in the field runs, and replays.
 	first := e.create(t, withRequestID("order-f1"))
 	again := e.create(t, withRequestID("order-f1"))
-	if first.status != http.StatusOK || again.status != http.StatusOK || again.header.Get(interceptor.HTTPReplayedHeader) != "true" ||
+	if first.status != http.StatusOK || again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "true" ||
 		string(again.body) != string(first.body) {
 		t.Fatalf("key in the field: %d %s, then %d %q %s", first.status, first.body, again.status,
-			again.header.Get(interceptor.HTTPReplayedHeader), again.body)
+			again.header.Get(idem.HTTPReplayedHeader), again.body)
 	}
 	if state, _, ok := e.keyRow(t, "acme", "order-f1"); !ok || state != "completed" {
 		t.Fatalf("key row of the field's key: %q %v", state, ok)
@@ -69,9 +69,9 @@ func TestKeyField(t *testing.T) {
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant-id", "acme")
 	_, err := e.grpc.CreateTransfer(ctx, &gatewaytestv1.CreateTransferRequest{
 		FromAccount: "alice", ToAccount: "bob", AmountCents: 1, RequestId: "has space"})
-	wantKeyError(t, err, interceptor.ReasonKeyInvalid, "request_id")
+	wantKeyError(t, err, idem.ReasonKeyInvalid, "request_id")
 	_, err = e.grpc.CreateTransfer(ctx, &gatewaytestv1.CreateTransferRequest{FromAccount: "alice", ToAccount: "bob", AmountCents: 1})
-	wantKeyError(t, err, interceptor.ReasonKeyMissing, "required")
+	wantKeyError(t, err, idem.ReasonKeyMissing, "required")
 	if n := e.svc.calls.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
@@ -103,7 +103,7 @@ func TestExemptMethodKeys(t *testing.T) {
 	}
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant-id", "acme")
 	_, err := e.grpc.GetTransfer(ctx, &gatewaytestv1.GetTransferRequest{Id: "404", RequestId: "has space"})
-	wantKeyError(t, err, interceptor.ReasonKeyInvalid, "request_id")
+	wantKeyError(t, err, idem.ReasonKeyInvalid, "request_id")
 	if n := e.svc.reads.Load(); n != 0 {
 		t.Fatalf("GetTransfer ran %d times for malformed keys, want 0", n)
 	}
@@ -114,7 +114,7 @@ func TestExemptMethodKeys(t *testing.T) {
 			t.Fatalf("a well-formed key: %d %s %s; want GetTransfer's 404", r.status, r.header.Get("Content-Type"), r.body)
 		}
 	}
-	_, err = e.grpc.GetTransfer(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "k1"),
+	_, err = e.grpc.GetTransfer(metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "k1"),
 		&gatewaytestv1.GetTransferRequest{Id: "404", RequestId: "k1"})
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("gRPC, a well-formed key: %v; want GetTransfer's NOT_FOUND", err)
@@ -147,10 +147,10 @@ func wantKeyError(t *testing.T, err error, reason, says string) {
 			}
 		}
 	}
-	if info.GetReason() != reason || info.GetDomain() != interceptor.Domain {
-		t.Fatalf("ErrorInfo %v; want reason %s in domain %s", info, reason, interceptor.Domain)
+	if info.GetReason() != reason || info.GetDomain() != idem.Domain {
+		t.Fatalf("ErrorInfo %v; want reason %s in domain %s", info, reason, idem.Domain)
 	}
-	if violation.GetField() != interceptor.KeyHeader || !strings.Contains(violation.GetDescription(), says) {
-		t.Fatalf("violation %v; want one on %s saying %q", violation, interceptor.KeyHeader, says)
+	if violation.GetField() != idem.KeyHeader || !strings.Contains(violation.GetDescription(), says) {
+		t.Fatalf("violation %v; want one on %s saying %q", violation, idem.KeyHeader, says)
 	}
 }

@@ -12,24 +12,24 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 )
 
 // Reasons of the problem details for a missing or a malformed key: those of
-// the gRPC errors' ErrorInfo ([interceptor.ReasonKeyMissing],
-// [interceptor.ReasonKeyInvalid]). idem's other reasons are those of
-// package interceptor, such as [interceptor.ReasonKeyReused].
+// the gRPC errors' ErrorInfo ([idem.ReasonKeyMissing],
+// [idem.ReasonKeyInvalid]). idem's other reasons are those of package
+// idem, such as [idem.ReasonKeyReused].
 const (
 	// ReasonKeyMissing: the method requires an idempotency key and the
 	// request has none, neither in an Idempotency-Key header nor in the
 	// request's key field. Send a new key with each new request, and the
 	// same key with every retry of it.
-	ReasonKeyMissing = interceptor.ReasonKeyMissing
+	ReasonKeyMissing = idem.ReasonKeyMissing
 	// ReasonKeyInvalid: the request's Idempotency-Key header is malformed,
 	// or there is more than one, or the key in the request's key field is
 	// malformed, or differs from the header's; the problem's detail says
 	// what is wrong.
-	ReasonKeyInvalid = interceptor.ReasonKeyInvalid
+	ReasonKeyInvalid = idem.ReasonKeyInvalid
 )
 
 // problemContentType is the media type of problem details in JSON
@@ -39,8 +39,8 @@ const problemContentType = "application/problem+json"
 // Where the type URIs of idem's problem details point: the documentation
 // of the reason's constant.
 const (
-	interceptorDoc = "https://pkg.go.dev/github.com/idemkit/idem/interceptor#"
-	gatewayDoc     = "https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#"
+	idemDoc    = "https://pkg.go.dev/github.com/idemkit/idem#"
+	gatewayDoc = "https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#"
 )
 
 // problem is the body of one of idem's answers: problem details (RFC 9457)
@@ -132,14 +132,14 @@ func problemFor(err error) *problem {
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
-			if d.GetDomain() == interceptor.Domain {
+			if d.GetDomain() == idem.Domain {
 				info = d
 			}
 		case *errdetails.RetryInfo:
 			retry = d
 		case *errdetails.BadRequest:
 			for _, v := range d.GetFieldViolations() {
-				if v.GetField() == interceptor.KeyHeader {
+				if v.GetField() == idem.KeyHeader {
 					violation = v
 				}
 			}
@@ -163,7 +163,7 @@ func problemFor(err error) *problem {
 // (nil if none), or nil for a reason it does not know.
 func reasonProblem(reason string, st *status.Status, violation *errdetails.BadRequest_FieldViolation) *problem {
 	switch reason {
-	case interceptor.ReasonKeyMissing:
+	case idem.ReasonKeyMissing:
 		return &problem{
 			Type:   gatewayDoc + "ReasonKeyMissing",
 			Title:  "Idempotency-Key is missing",
@@ -171,49 +171,65 @@ func reasonProblem(reason string, st *status.Status, violation *errdetails.BadRe
 			Detail: "This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.",
 			Reason: reason,
 		}
-	case interceptor.ReasonKeyInvalid:
+	case idem.ReasonKeyInvalid:
 		if violation == nil {
 			return keyInvalid(st.Message())
 		}
 		return keyInvalid(violation.GetDescription())
-	case interceptor.ReasonKeyInUse:
+	case idem.ReasonKeyInUse:
 		return &problem{
-			Type:   interceptorDoc + "ReasonKeyInUse",
+			Type:   idemDoc + "ReasonKeyInUse",
 			Title:  "A request is outstanding for this Idempotency-Key",
 			Status: http.StatusConflict,
 			Detail: "A request with this Idempotency-Key is still being processed; retry after the Retry-After delay to get its answer.",
 			Reason: reason,
 		}
-	case interceptor.ReasonKeyReused:
+	case idem.ReasonKeyReused:
 		return &problem{
-			Type:   interceptorDoc + "ReasonKeyReused",
+			Type:   idemDoc + "ReasonKeyReused",
 			Title:  "Idempotency-Key is already used",
 			Status: http.StatusUnprocessableEntity,
 			Detail: "This Idempotency-Key was used with a different request to this operation; send a new key with a new request.",
 			Reason: reason,
 		}
-	case interceptor.ReasonLeaseLost:
+	case idem.ReasonLeaseLost:
 		return &problem{
-			Type:   interceptorDoc + "ReasonLeaseLost",
+			Type:   idemDoc + "ReasonLeaseLost",
 			Title:  "The request lost its Idempotency-Key to a retry",
 			Status: runtime.HTTPStatusFromCode(st.Code()),
 			Detail: "This request ran past its lease on the Idempotency-Key and a retry took the key over, so its outcome was not recorded; retry to get the answer that stands.",
 			Reason: reason,
 		}
-	case interceptor.ReasonResponseNotCached:
+	case idem.ReasonResponseNotCached:
 		return &problem{
-			Type:   interceptorDoc + "ReasonResponseNotCached",
+			Type:   idemDoc + "ReasonResponseNotCached",
 			Title:  "The response for this Idempotency-Key was not kept",
 			Status: runtime.HTTPStatusFromCode(st.Code()),
 			Detail: "The request with this Idempotency-Key completed, but its response was too large to record and cannot be rebuilt.",
 			Reason: reason,
 		}
-	case interceptor.ReasonScopeInvalid:
+	case idem.ReasonScopeInvalid:
 		return &problem{
-			Type:   interceptorDoc + "ReasonScopeInvalid",
+			Type:   idemDoc + "ReasonScopeInvalid",
 			Title:  "The request cannot hold an Idempotency-Key",
 			Status: runtime.HTTPStatusFromCode(st.Code()),
 			Detail: st.Message(), // names the rule the scope breaks
+			Reason: reason,
+		}
+	case idem.ReasonStepsUnreadable:
+		return &problem{
+			Type:   idemDoc + "ReasonStepsUnreadable",
+			Title:  "The request for this Idempotency-Key cannot be resumed",
+			Status: runtime.HTTPStatusFromCode(st.Code()),
+			Detail: "The saved steps of the request with this Idempotency-Key cannot be read, so it cannot be resumed without running them twice; retrying does not help until the service's operator has checked it.",
+			Reason: reason,
+		}
+	case idem.ReasonNotFinished:
+		return &problem{
+			Type:   idemDoc + "ReasonNotFinished",
+			Title:  "The request for this Idempotency-Key was not finished",
+			Status: runtime.HTTPStatusFromCode(st.Code()),
+			Detail: "The request with this Idempotency-Key was abandoned before it finished and could not be finished later; its effects may be partly done.",
 			Reason: reason,
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
@@ -22,11 +23,11 @@ const (
 // came from, and calls without a key not at all.
 func TestClientKeysAreCountedBySource(t *testing.T) {
 	tel := newTelemetry(t)
-	client := interceptor.UnaryClientInterceptor(interceptor.WithMeterProvider(tel.mp))
+	client := interceptor.UnaryClientInterceptor(idem.WithMeterProvider(tel.mp))
 	var sent []string
 	invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 		md, _ := metadata.FromOutgoingContext(ctx)
-		sent = append(sent, md.Get(interceptor.KeyHeader)...)
+		sent = append(sent, md.Get(idem.KeyHeader)...)
 		return nil
 	}
 	call := func(ctx context.Context, method string) {
@@ -36,19 +37,22 @@ func TestClientKeysAreCountedBySource(t *testing.T) {
 		}
 	}
 	bg := context.Background()
-	call(bg, methodDo)                                                                                  // generated
-	call(bg, methodDo)                                                                                  // generated
-	call(interceptor.ContextWithKey(bg, "key-"+secret), methodDo)                                       // caller
-	call(metadata.AppendToOutgoingContext(bg, interceptor.KeyHeader, "key-"+secret+"-md"), methodMaybe) // caller
-	call(bg, methodMaybe)                                                                               // no key
-	call(bg, methodRead)                                                                                // no key
+	call(bg, methodDo)                                                                           // generated
+	call(bg, methodDo)                                                                           // generated
+	call(idem.ContextWithKey(bg, "key-"+secret), methodDo)                                       // caller
+	call(metadata.AppendToOutgoingContext(bg, idem.KeyHeader, "key-"+secret+"-md"), methodMaybe) // caller
+	call(bg, methodMaybe)                                                                        // no key
+	call(bg, methodRead)                                                                         // no key
 	// Inside a keyed handler: a derived key.
-	e := interceptor.NewEngine(memory.New())
+	e, err := idem.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
 	req := &testv1.DoRequest{Value: "v"}
-	_, err := e.Handle(bg, interceptor.Call{Method: methodDo, Keys: []string{"key-" + secret + "-parent"}, Request: req},
-		func(ctx context.Context) (interceptor.Reply, error) {
+	_, err = e.Handle(bg, idem.Call{Method: methodDo, Keys: []string{"key-" + secret + "-parent"}, Request: req},
+		func(ctx context.Context) (idem.Reply, error) {
 			call(ctx, methodDo)
-			return interceptor.Reply{Message: &testv1.DoResponse{}}, nil
+			return idem.Reply{Message: &testv1.DoResponse{}}, nil
 		})
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -126,16 +126,16 @@ func diff(before, after metrics) map[string]map[string]point {
 // hookRecorder keeps the outcomes an outcome hook saw.
 type hookRecorder struct {
 	mu  sync.Mutex
-	got []interceptor.Outcome
+	got []idem.Outcome
 }
 
-func (r *hookRecorder) hook(_ context.Context, o interceptor.Outcome) {
+func (r *hookRecorder) hook(_ context.Context, o idem.Outcome) {
 	r.mu.Lock()
 	r.got = append(r.got, o)
 	r.mu.Unlock()
 }
 
-func (r *hookRecorder) take() []interceptor.Outcome {
+func (r *hookRecorder) take() []idem.Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	got := r.got

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
@@ -33,8 +33,8 @@ SELECT 'mailer', 'msg-`+secret+`-' || g, now() - interval '1 hour' FROM generate
 	// A live row stays, and is not counted.
 	exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at) VALUES ('mailer', 'live', now() + interval '1 hour')`)
 
-	sw := postgres.NewSweeper(pool, postgres.WithSweepBatchSize(10), postgres.WithSweepPause(0),
-		postgres.WithSweepMeterProvider(tel.mp), postgres.WithSweepTracerProvider(tel.tp))
+	sw := postgres.NewSweeper(pool, postgres.WithBatchSize(10), postgres.WithPause(0),
+		postgres.WithMeterProvider(tel.mp), postgres.WithTracerProvider(tel.tp))
 	for range 2 { // the second pass finds nothing
 		if _, err := sw.Sweep(context.Background()); err != nil {
 			t.Fatal(err)
@@ -76,7 +76,7 @@ func TestInboxMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	pool := pgtest.NewPool(t)
 	exec(t, pool, `CREATE TABLE shipments (message_id text PRIMARY KEY)`)
-	in := postgres.NewInbox(pool, "shipper", postgres.WithInboxMeterProvider(tel.mp), postgres.WithInboxTracerProvider(tel.tp))
+	in := postgres.NewInbox(pool, "shipper", postgres.WithMeterProvider(tel.mp), postgres.WithTracerProvider(tel.tp))
 	ship := func(id string) func(pgx.Tx) error {
 		return func(tx pgx.Tx) error {
 			_, err := tx.Exec(context.Background(), `INSERT INTO shipments VALUES ($1)`, id)

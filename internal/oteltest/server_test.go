@@ -11,10 +11,12 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
@@ -48,18 +50,23 @@ func newHarness(t *testing.T) *harness {
 }
 
 // engine returns an Engine on s (the harness's memory store when nil).
-func (h *harness) engine(s store.Store, opts ...interceptor.ServerOption) *interceptor.Engine {
+func (h *harness) engine(t *testing.T, s store.Store, opts ...idem.Option) *idem.Engine {
+	t.Helper()
 	if s == nil {
 		s = h.mem
 	}
-	return interceptor.NewEngine(s, append([]interceptor.ServerOption{
-		interceptor.WithMeterProvider(h.tel.mp),
-		interceptor.WithTracerProvider(h.tel.tp),
-		interceptor.WithOutcomeHook(h.hooks.hook),
-		interceptor.WithTenant(interceptor.TenantFunc(func(context.Context) (string, error) { return tenant, nil })),
+	e, err := idem.New(s, append([]idem.Option{
+		idem.WithMeterProvider(h.tel.mp),
+		idem.WithTracerProvider(h.tel.tp),
+		idem.WithOutcomeHook(h.hooks.hook),
+		idem.WithTenant(func(context.Context, map[string][]string) (string, error) { return tenant, nil }),
 		// The store errors of the cases are meant.
-		interceptor.WithLogger(slog.New(slog.DiscardHandler)),
+		idem.WithLogger(slog.New(slog.DiscardHandler)),
 	}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // clock is the memory store's clock, which a test moves forward.
@@ -82,9 +89,9 @@ func (c *clock) advance(d time.Duration) {
 
 // call runs a call of method with keys and req through e, in a span of its
 // own that stands for the transport's server span, and returns the span.
-func (h *harness) call(e *interceptor.Engine, method string, keys []string, req proto.Message, handler interceptor.Handler) (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler idem.Handler) (idem.Answer, error, sdktrace.ReadOnlySpan) {
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := e.Handle(ctx, interceptor.Call{Method: method, Keys: keys, Request: req}, handler)
+	ans, err := e.Handle(ctx, idem.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
@@ -96,41 +103,51 @@ func (h *harness) call(e *interceptor.Engine, method string, keys []string, req 
 }
 
 // echo is a handler of Do that answers req's value.
-func echo(req *testv1.DoRequest) interceptor.Handler {
-	return func(context.Context) (interceptor.Reply, error) {
-		return interceptor.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
+func echo(req *testv1.DoRequest) idem.Handler {
+	return func(context.Context) (idem.Reply, error) {
+		return idem.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
 	}
 }
 
 // fail is a handler that fails with code c.
-func fail(c codes.Code) interceptor.Handler {
-	return func(context.Context) (interceptor.Reply, error) {
-		return interceptor.Reply{}, status.Error(c, "failed")
+func fail(c codes.Code) idem.Handler {
+	return func(context.Context) (idem.Reply, error) {
+		return idem.Reply{}, status.Error(c, "failed")
 	}
+}
+
+// grpcStatus reads the status of a gRPC status error, as the gRPC adapter
+// does.
+func grpcStatus(err error) (*spb.Status, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	return st.Proto(), true
 }
 
 // want is what one call must report.
 type want struct {
 	method   string
-	mode     interceptor.Mode
-	result   interceptor.Result
+	mode     idem.Mode
+	result   idem.Result
 	replayed bool
 	// claim and record: the call claimed a key, recorded an outcome.
 	claim, record bool
 	takeover      bool
 	events        []string
-	pushback      bool
+	retryDelay    bool
 }
 
 // check runs act, one call, and fails the test unless it reported w and
 // nothing else: one count of idem.server.requests with its method, mode
 // and outcome, its durations, one outcome to the hook, and the attributes,
 // events and child spans of its span.
-func (h *harness) check(t *testing.T, name string, w want, act func() (interceptor.Answer, error, sdktrace.ReadOnlySpan)) {
+func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answer, error, sdktrace.ReadOnlySpan)) {
 	t.Helper()
 	h.hooks.take()
 	before := h.tel.collect(t)
-	ans, _, span := act()
+	_, err, span := act()
 	changed := diff(before, h.tel.collect(t))
 
 	// Metrics.
@@ -203,9 +220,15 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (intercept
 		t.Errorf("%s: child spans %v, want idem.claim %v and idem.record %v", name, children, w.claim, w.record)
 	}
 
-	// The pushback trailer.
-	if got := ans.Trailer.Get(interceptor.PushbackTrailer); (len(got) == 1) != w.pushback {
-		t.Errorf("%s: %s = %q, want one: %v", name, interceptor.PushbackTrailer, got, w.pushback)
+	// The retry delay, which each transport sends in its own way (gRPC's
+	// pushback trailer, HTTP's Retry-After).
+	var ie *idem.Error
+	delayed := false
+	if errors.As(err, &ie) {
+		_, delayed = ie.RetryDelay()
+	}
+	if delayed != w.retryDelay {
+		t.Errorf("%s: error %v has a retry delay: %v, want %v", name, err, delayed, w.retryDelay)
 	}
 }
 
@@ -250,8 +273,8 @@ func (failingStore) Claim(context.Context, store.Key, store.Request) (store.Clai
 // losingStore hands out leases whose record finds them taken over.
 type losingStore struct{ store.Store }
 
-func (s losingStore) Lease(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeaseClaim, error) {
-	c, err := s.Store.Lease(ctx, k, r, d)
+func (s losingStore) ClaimLeased(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, k, r, d)
 	if c.Lease != nil {
 		c.Lease = losingLease{c.Lease}
 	}
@@ -260,7 +283,7 @@ func (s losingStore) Lease(ctx context.Context, k store.Key, r store.Request, d 
 
 type losingLease struct{ store.Lease }
 
-func (losingLease) Complete(context.Context, store.Outcome) error { return store.ErrLeaseLost }
+func (losingLease) Record(context.Context, store.Outcome) error { return store.ErrLeaseLost }
 
 // refLoader records a reference and rebuilds a response from it.
 type refLoader struct{}
@@ -278,110 +301,110 @@ func (refLoader) Load(context.Context, []byte) (proto.Message, error) {
 // carries the key or the tenant.
 func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	h := newHarness(t)
-	atomic := h.engine(nil)
+	atomic := h.engine(t, nil)
 	req := &testv1.DoRequest{Value: "v"}
 	keys := func(k string) []string { return []string{"key-" + secret + "-" + k} }
 
-	h.check(t, "first call", want{mode: "atomic", result: interceptor.ResultExecuted, claim: true, record: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "first call", want{mode: "atomic", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
-	h.check(t, "retry", want{mode: "atomic", result: interceptor.ResultReplayed, replayed: true, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "retry", want{mode: "atomic", result: idem.ResultReplayed, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
 	other := &testv1.DoRequest{Value: "other"}
-	h.check(t, "key reused", want{mode: "atomic", result: interceptor.ResultReused, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "key reused", want{mode: "atomic", result: idem.ResultReused, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), other, echo(other))
 	})
-	h.check(t, "invalid key", want{mode: "atomic", result: interceptor.ResultInvalidKey}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "invalid key", want{mode: "atomic", result: idem.ResultInvalidKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, []string{"a " + secret}, req, echo(req))
 	})
-	h.check(t, "missing key", want{mode: "atomic", result: interceptor.ResultMissingKey}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "missing key", want{mode: "atomic", result: idem.ResultMissingKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, nil, req, echo(req))
 	})
 	read := &testv1.ReadRequest{Value: "v"}
-	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: interceptor.ResultPassthrough}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
-		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (interceptor.Reply, error) {
-			return interceptor.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: idem.ResultPassthrough}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (idem.Reply, error) {
+			return idem.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
 		})
 	})
-	h.check(t, "transient error", want{mode: "atomic", result: interceptor.ResultTransient, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "transient error", want{mode: "atomic", result: idem.ResultTransient, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("2"), req, fail(codes.Unavailable))
 	})
-	h.check(t, "store down", want{mode: "atomic", result: interceptor.ResultStoreError, claim: true, pushback: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
-		return h.call(h.engine(failingStore{h.mem}), methodDo, keys("3"), req, echo(req))
+	h.check(t, "store down", want{mode: "atomic", result: idem.ResultStoreError, claim: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		return h.call(h.engine(t, failingStore{h.mem}), methodDo, keys("3"), req, echo(req))
 	})
 
 	// Responses too large to record.
-	small := interceptor.WithMaxStoredResponseBytes(1)
-	notCached := h.engine(nil, small)
+	small := idem.WithMaxStoredResponseBytes(1)
+	notCached := h.engine(t, nil, small)
 	h.call(notCached, methodDo, keys("4"), req, echo(req))
-	h.check(t, "not cached", want{mode: "atomic", result: interceptor.ResultNotCached, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(notCached, methodDo, keys("4"), req, echo(req))
 	})
-	rebuilt := h.engine(nil, small, interceptor.WithLoader(methodDo, refLoader{}))
+	rebuilt := h.engine(t, nil, small, idem.WithLoader(methodDo, refLoader{}))
 	h.call(rebuilt, methodDo, keys("5"), req, echo(req))
-	h.check(t, "rebuilt", want{mode: "atomic", result: interceptor.ResultRebuilt, replayed: true, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rebuilt, methodDo, keys("5"), req, echo(req))
 	})
-	rerun := h.engine(nil, small, interceptor.WithRerunWhenNotCached(methodDo))
+	rerun := h.engine(t, nil, small, idem.WithRerunWhenNotCached(methodDo))
 	h.call(rerun, methodDo, keys("6"), req, echo(req))
-	h.check(t, "rerun", want{mode: "atomic", result: interceptor.ResultRerun, claim: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rerun, methodDo, keys("6"), req, echo(req))
 	})
 
 	// Leased mode.
-	leased := interceptor.WithLeased(time.Minute, methodDo)
-	lease := h.engine(nil, leased)
-	h.check(t, "leased call", want{mode: "leased", result: interceptor.ResultExecuted, claim: true, record: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	leased := idem.WithLeased(time.Minute, methodDo)
+	lease := h.engine(t, nil, leased)
+	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(lease, methodDo, keys("7"), req, echo(req))
 	})
 	// A duplicate while the first call runs.
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		h.call(lease, methodDo, keys("8"), req, func(context.Context) (interceptor.Reply, error) {
+		h.call(lease, methodDo, keys("8"), req, func(context.Context) (idem.Reply, error) {
 			close(entered)
 			<-release
-			return interceptor.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+			return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 		})
 	}()
 	<-entered
-	h.check(t, "key in use", want{mode: "leased", result: interceptor.ResultInUse, claim: true, events: []string{"idem.key_in_use"}, pushback: true},
-		func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "key in use", want{mode: "leased", result: idem.ResultInUse, claim: true, events: []string{"idem.key_in_use"}, retryDelay: true},
+		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("8"), req, echo(req))
 		})
 	close(release)
 	<-done
-	h.check(t, "lease lost", want{mode: "leased", result: interceptor.ResultLeaseLost, claim: true, record: true, pushback: true}, func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
-		return h.call(h.engine(losingStore{h.mem}, leased), methodDo, keys("9"), req, echo(req))
+	h.check(t, "lease lost", want{mode: "leased", result: idem.ResultLeaseLost, claim: true, record: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		return h.call(h.engine(t, losingStore{h.mem}, leased), methodDo, keys("9"), req, echo(req))
 	})
 	// A lease that ran out under an earlier worker is taken over.
 	fp, err := fingerprint.NewHasher().Sum(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	abandoned, err := h.mem.Lease(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
+	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
 	if err != nil || abandoned.Lease == nil {
 		t.Fatalf("lease: %+v, %v", abandoned, err)
 	}
 	h.clock.advance(2 * time.Second)
-	h.check(t, "takeover", want{mode: "leased", result: interceptor.ResultExecuted, claim: true, record: true, takeover: true, events: []string{"idem.lease.takeover"}},
-		func() (interceptor.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "takeover", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true, takeover: true, events: []string{"idem.lease.takeover"}},
+		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("10"), req, echo(req))
 		})
 
-	// Every result was checked, but not_completed, which only a Completer
+	// Every result was checked, but not_finished, which only a Finisher
 	// reaches: see TestAbandonedCallGivenUpIsReported.
-	seen := map[interceptor.Result]bool{}
+	seen := map[idem.Result]bool{}
 	for _, p := range h.tel.collect(t)["idem.server.requests"] {
 		v, _ := p.attrs.Value("idem.outcome")
-		seen[interceptor.Result(v.AsString())] = true
+		seen[idem.Result(v.AsString())] = true
 	}
-	for _, r := range []interceptor.Result{
-		interceptor.ResultExecuted, interceptor.ResultReplayed, interceptor.ResultInUse, interceptor.ResultReused,
-		interceptor.ResultInvalidKey, interceptor.ResultMissingKey, interceptor.ResultPassthrough, interceptor.ResultNotCached,
-		interceptor.ResultRebuilt, interceptor.ResultRerun, interceptor.ResultLeaseLost, interceptor.ResultStoreError,
-		interceptor.ResultTransient,
+	for _, r := range []idem.Result{
+		idem.ResultExecuted, idem.ResultReplayed, idem.ResultInUse, idem.ResultReused,
+		idem.ResultInvalidKey, idem.ResultMissingKey, idem.ResultPassthrough, idem.ResultNotCached,
+		idem.ResultRebuilt, idem.ResultRerun, idem.ResultLeaseLost, idem.ResultStoreError,
+		idem.ResultTransient,
 	} {
 		if !seen[r] {
 			t.Errorf("no call was counted with outcome %s", r)
@@ -394,24 +417,24 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 // extension in idem.lease.extensions.
 func TestLeaseExtensionsAreCounted(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(memory.New(), interceptor.WithLeased(30*time.Millisecond, methodDo))
+	e := h.engine(t, memory.New(), idem.WithLeased(30*time.Millisecond, methodDo))
 	req := &testv1.DoRequest{Value: "v"}
 	key := attrs("rpc.method", rpcDo, "idem.mode", "leased")
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (interceptor.Reply, error) {
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (idem.Reply, error) {
 		// Run until the heartbeat has extended the lease twice.
 		for h.tel.collect(t)["idem.lease.extensions"][key].value < 2 {
 			select {
 			case <-ctx.Done():
-				return interceptor.Reply{}, ctx.Err()
+				return idem.Reply{}, ctx.Err()
 			case <-time.After(5 * time.Millisecond):
 			}
 		}
-		return interceptor.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+		return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := h.hooks.take(); len(got) != 1 || got[0].Result != interceptor.ResultExecuted {
+	if got := h.hooks.take(); len(got) != 1 || got[0].Result != idem.ResultExecuted {
 		t.Errorf("the hook saw %+v, want one executed call", got)
 	}
 	wantNoSecrets(t, h.tel, secret)
@@ -421,13 +444,16 @@ func TestLeaseExtensionsAreCounted(t *testing.T) {
 // neither the answer nor what is counted.
 func TestPanickingHookLeavesTheAnswerAndTheMetrics(t *testing.T) {
 	tel := newTelemetry(t)
-	e := interceptor.NewEngine(memory.New(),
-		interceptor.WithMeterProvider(tel.mp),
-		interceptor.WithOutcomeHook(func(context.Context, interceptor.Outcome) { panic("hook bug") }),
-		interceptor.WithLogger(slog.New(slog.DiscardHandler)))
+	e, err := idem.New(memory.New(),
+		idem.WithMeterProvider(tel.mp),
+		idem.WithOutcomeHook(func(context.Context, idem.Outcome) { panic("hook bug") }),
+		idem.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	req := &testv1.DoRequest{Value: "v"}
-	for i, want := range []interceptor.Result{interceptor.ResultExecuted, interceptor.ResultReplayed} {
-		ans, err := e.Handle(context.Background(), interceptor.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
+	for i, want := range []idem.Result{idem.ResultExecuted, idem.ResultReplayed} {
+		ans, err := e.Handle(context.Background(), idem.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
 		if err != nil || ans.Message.(*testv1.DoResponse).GetValue() != "v" {
 			t.Fatalf("call %d with a panicking hook: %v, %v", i, ans.Message, err)
 		}
@@ -447,34 +473,35 @@ func (unavailable) Do(context.Context, *testv1.DoRequest) (*testv1.DoResponse, e
 	return nil, status.Error(codes.Unavailable, "provider down")
 }
 
-// TestAbandonedCallGivenUpIsReported: a Completer's attempt at an abandoned
+// TestAbandonedCallGivenUpIsReported: a Finisher's attempt at an abandoned
 // call is reported as any call (here a transient failure, after a
-// takeover), and the call it gives up on as not_completed, once.
+// takeover), and the call it gives up on as not_finished, once.
 func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(nil, interceptor.WithLeased(time.Minute, methodDo), interceptor.WithCompletion(methodDo))
+	e := h.engine(t, nil, idem.WithLeased(time.Minute, methodDo), idem.WithFinish(methodDo))
 	req := &testv1.DoRequest{Value: "v"}
 	// A call that passed a step and then failed leaves its claim, its
-	// lease ended, for a completer.
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (interceptor.Reply, error) {
-		if _, err := interceptor.Step(ctx, "charge", func(context.Context) ([]byte, error) { return []byte("ch_1"), nil }); err != nil {
-			return interceptor.Reply{}, err
+	// lease ended, for a finisher.
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (idem.Reply, error) {
+		if _, err := idem.Step(ctx, "charge", func(context.Context) ([]byte, error) { return []byte("ch_1"), nil }); err != nil {
+			return idem.Reply{}, err
 		}
-		return interceptor.Reply{}, status.Error(codes.Unavailable, "worker lost")
+		return idem.Reply{}, status.Error(codes.Unavailable, "worker lost")
 	})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("the abandoned call: %v, want UNAVAILABLE", err)
 	}
-	c, err := interceptor.NewCompleter(e, interceptor.WithCompleteGrace(0), interceptor.WithCompleteMaxAttempts(1))
+	f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: time.Millisecond, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	testv1.RegisterTestServiceServer(c, unavailable{})
+	testv1.RegisterTestServiceServer(interceptor.FinisherRegistrar(f), unavailable{})
 
 	h.hooks.take()
 	before := h.tel.collect(t)
 	for pass, want := range []int{0, 1} { // the attempt fails; then the call is given up
-		if n, err := c.Complete(context.Background()); err != nil || n != want {
+		h.clock.advance(time.Second) // past the grace, doubled after the failed attempt
+		if n, err := f.Finish(context.Background()); err != nil || n != want {
 			t.Fatalf("pass %d finished %d calls, %v; want %d", pass, n, err, want)
 		}
 	}
@@ -483,23 +510,23 @@ func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 		return attrs("rpc.method", rpcDo, "idem.mode", "leased", "idem.outcome", outcome)
 	}
 	reqs := changed["idem.server.requests"]
-	if len(reqs) != 2 || reqs[leased("transient")].value != 1 || reqs[leased("not_completed")].value != 1 {
-		t.Errorf("idem.server.requests moved %v, want one transient attempt and one not_completed", describe(reqs))
+	if len(reqs) != 2 || reqs[leased("transient")].value != 1 || reqs[leased("not_finished")].value != 1 {
+		t.Errorf("idem.server.requests moved %v, want one transient attempt and one not_finished", describe(reqs))
 	}
 	if n := changed["idem.lease.takeovers"][attrs("rpc.method", rpcDo, "idem.mode", "leased")].value; n != 1 {
 		t.Errorf("idem.lease.takeovers moved by %d, want the attempt's takeover", n)
 	}
-	var results []interceptor.Result
+	var results []idem.Result
 	for _, o := range h.hooks.take() {
 		results = append(results, o.Result)
 	}
-	if !equal([]string{string(interceptor.ResultTransient), string(interceptor.ResultNotCompleted)}, toStrings(results)) {
-		t.Errorf("the hook saw %v, want transient then not_completed", results)
+	if !equal([]string{string(idem.ResultTransient), string(idem.ResultNotFinished)}, toStrings(results)) {
+		t.Errorf("the hook saw %v, want transient then not_finished", results)
 	}
 	wantNoSecrets(t, h.tel, secret)
 }
 
-func toStrings(rs []interceptor.Result) []string {
+func toStrings(rs []idem.Result) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
 		out[i] = string(r)

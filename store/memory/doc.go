@@ -33,9 +33,9 @@
 //     and the writes of a lease fail with store.ErrLeaseLost once another
 //     request has taken the key over, the key was released and claimed
 //     again, or the key has expired.
-//   - A recovery point that store.RecoveryPoint.Validate refuses is not
+//   - A recovery point that store.Step.Validate refuses is not
 //     saved, as the PostgreSQL store refuses it.
-//   - The writes of a lease (SaveRecoveryPoint, Extend, Complete) fail with
+//   - The writes of a lease (SaveStep, Extend, Record) fail with
 //     the context's error and change nothing when their context has ended;
 //     Release works regardless.
 //

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
@@ -24,7 +24,7 @@ func Example() {
 	}
 	defer c.Txn.Release(ctx) // does nothing after Complete
 	fmt.Println("first request owns the key:", c.Txn != nil)
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("charge ch_1")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charge ch_1")}); err != nil {
 		panic(err)
 	}
 
@@ -35,7 +35,7 @@ func Example() {
 	}
 	e := retry.Entry
 	fmt.Println("retry owns the key:", retry.Txn != nil)
-	fmt.Println("replay:", e.State == store.Completed, e.Outcome.Code, string(e.Outcome.Body))
+	fmt.Println("replay:", e.State == store.Recorded, e.Outcome.Code, string(e.Outcome.Body))
 	// Output:
 	// first request owns the key: true
 	// retry owns the key: false
@@ -52,7 +52,7 @@ func ExampleWithClock() {
 	key := store.Key{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
 
 	c, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
-	_ = c.Txn.Complete(ctx, store.Outcome{Code: codes.OK})
+	_ = c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK})
 
 	now = now.Add(25 * time.Hour) // past the TTL: the key counts as absent
 	again, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})

@@ -9,18 +9,18 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Lease implements [store.Store]. Like [Store.Claim], it refuses a key that
+// ClaimLeased implements [store.Store]. Like [Store.Claim], it refuses a key that
 // breaks the rules of [store.Key.Validate], and it waits for a
 // running atomic claim of the key to finish, for at most the lock timeout.
 // A takeover keeps the key's expiry and its last recovery point; a key that
 // expired is leased afresh, without one.
-func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	e, now, err := s.lockSettled(ctx, key)
 	if err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	defer s.mu.Unlock()
 	switch {
@@ -31,33 +31,33 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 			expiresAt:   now.Add(s.ttlOf(r)),
 			token:       s.tokens,
 			lockedUntil: now.Add(lease),
-			completion:  cloneCompletion(r.Completion),
+			completion:  cloneCompletion(r.Call),
 		}
 		s.entries[key] = e
-		return store.LeaseClaim{Lease: &leased{store: s, key: key, token: s.tokens}, ExpiresAt: e.expiresAt}, nil
+		return store.LeasedClaim{Lease: &leased{store: s, key: key, token: s.tokens}, ExpiresAt: e.expiresAt}, nil
 	case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, r.Fingerprint):
 		s.tokens++
 		e.token = s.tokens
 		e.lockedUntil = now.Add(lease)
 		e.takeovers++
-		if r.Completion != nil {
-			e.completion = cloneCompletion(r.Completion)
+		if r.Call != nil {
+			e.completion = cloneCompletion(r.Call)
 		}
 		l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point), steps: cloneSteps(e.steps)}
-		return store.LeaseClaim{Lease: l, ExpiresAt: e.expiresAt, TookOver: true}, nil
+		return store.LeasedClaim{Lease: l, ExpiresAt: e.expiresAt, TookOver: true}, nil
 	}
-	return store.LeaseClaim{Entry: e.snapshot(now)}, nil
+	return store.LeasedClaim{Entry: e.snapshot(now)}, nil
 }
 
-func cloneSteps(steps []store.RecoveryPoint) []store.RecoveryPoint {
-	out := make([]store.RecoveryPoint, len(steps))
+func cloneSteps(steps []store.Step) []store.Step {
+	out := make([]store.Step, len(steps))
 	for i, p := range steps {
-		out[i] = store.RecoveryPoint{Step: p.Step, Data: bytes.Clone(p.Data)}
+		out[i] = store.Step{Name: p.Name, Result: bytes.Clone(p.Result)}
 	}
 	return out
 }
 
-func cloneCompletion(c *store.Completion) *store.Completion {
+func cloneCompletion(c *store.Call) *store.Call {
 	if c == nil {
 		return nil
 	}
@@ -65,14 +65,14 @@ func cloneCompletion(c *store.Completion) *store.Completion {
 	for k, v := range c.Metadata {
 		md[k] = append([]string(nil), v...)
 	}
-	return &store.Completion{Method: c.Method, Request: bytes.Clone(c.Request), Metadata: md}
+	return &store.Call{Method: c.Method, Request: bytes.Clone(c.Request), Metadata: md}
 }
 
-func clonePoint(p *store.RecoveryPoint) *store.RecoveryPoint {
+func clonePoint(p *store.Step) *store.Step {
 	if p == nil {
 		return nil
 	}
-	return &store.RecoveryPoint{Step: p.Step, Data: bytes.Clone(p.Data)}
+	return &store.Step{Name: p.Name, Result: bytes.Clone(p.Result)}
 }
 
 // leased is a held leased claim.
@@ -82,8 +82,8 @@ type leased struct {
 	token uint64
 
 	mu       sync.Mutex
-	point    *store.RecoveryPoint
-	steps    []store.RecoveryPoint
+	point    *store.Step
+	steps    []store.Step
 	finished bool
 }
 
@@ -98,22 +98,22 @@ func (l *leased) heldLocked() (*entry, time.Time, error) {
 	return e, now, nil
 }
 
-func (l *leased) RecoveryPoint() (store.RecoveryPoint, bool) {
+func (l *leased) LastStep() (store.Step, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.point == nil {
-		return store.RecoveryPoint{}, false
+		return store.Step{}, false
 	}
 	return *clonePoint(l.point), true
 }
 
-func (l *leased) Steps() []store.RecoveryPoint {
+func (l *leased) Steps() []store.Step {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return cloneSteps(l.steps)
 }
 
-func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+func (l *leased) SaveStep(ctx context.Context, p store.Step) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (l *leased) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) e
 	if err != nil {
 		return err
 	}
-	steps, err := store.SaveStep(e.steps, *clonePoint(&p))
+	steps, err := store.MergeStep(e.steps, *clonePoint(&p))
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (l *leased) Extend(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-func (l *leased) Complete(ctx context.Context, out store.Outcome) error {
+func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func (l *leased) Complete(ctx context.Context, out store.Outcome) error {
 	return nil
 }
 
-// Abandoned implements [store.Completions].
+// Abandoned implements [store.Finishing].
 func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		out = append(out, store.Abandoned{
 			Key:         k,
 			Fingerprint: bytes.Clone(e.fp),
-			Completion:  *cloneCompletion(e.completion),
+			Call:        *cloneCompletion(e.completion),
 			Takeovers:   e.takeovers,
 		})
 	}

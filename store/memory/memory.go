@@ -24,8 +24,8 @@ type Store struct {
 }
 
 var (
-	_ store.Store       = (*Store)(nil)
-	_ store.Completions = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Finishing = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -60,12 +60,12 @@ type entry struct {
 	// recovery point saved under the key.
 	token       uint64
 	lockedUntil time.Time
-	point       *store.RecoveryPoint
+	point       *store.Step
 	// steps are every recovery point saved under the key; completion is
 	// what a completer needs, kept while the call is in progress; takeovers
 	// counts the lease's takeovers.
-	steps      []store.RecoveryPoint
-	completion *store.Completion
+	steps      []store.Step
+	completion *store.Call
 	takeovers  int
 }
 
@@ -84,7 +84,7 @@ func (e *entry) snapshot(now time.Time) *store.Entry {
 		ExpiresAt:   e.expiresAt,
 	}
 	if e.completed {
-		se.State = store.Completed
+		se.State = store.Recorded
 		se.Outcome = cloneOutcome(e.out)
 	} else if now.Before(e.lockedUntil) {
 		se.LeaseRemaining = e.lockedUntil.Sub(now)
@@ -213,7 +213,7 @@ type txn struct {
 // Context returns parent: there is no transaction to join.
 func (t *txn) Context(parent context.Context) context.Context { return parent }
 
-func (t *txn) Complete(_ context.Context, out store.Outcome) error {
+func (t *txn) Record(_ context.Context, out store.Outcome) error {
 	s := t.store
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -10,6 +10,6 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-		return memory.New(memory.WithTTL(cfg.TTL), memory.WithLockTimeout(cfg.LockTimeout))
+		return memory.New(memory.WithTTL(cfg.TTL), memory.WithLockTimeout(cfg.LockTimeout), memory.WithClock(cfg.Now))
 	})
 }

@@ -2,10 +2,11 @@ package memory
 
 import "time"
 
-// Defaults of the options below; they match those of the PostgreSQL store.
+// The defaults of the options below; they match those of the PostgreSQL
+// store.
 const (
-	DefaultLockTimeout = 2 * time.Second
-	DefaultTTL         = 24 * time.Hour
+	defaultLockTimeout = 2 * time.Second
+	defaultTTL         = 24 * time.Hour
 )
 
 type options struct {
@@ -15,8 +16,8 @@ type options struct {
 }
 
 var defaultOptions = options{
-	lockTimeout: DefaultLockTimeout,
-	ttl:         DefaultTTL,
+	lockTimeout: defaultLockTimeout,
+	ttl:         defaultTTL,
 	now:         time.Now,
 }
 
@@ -29,19 +30,19 @@ type Option func(*options)
 // when the owner releases the key, the claim takes it; when the bound runs
 // out, the claim fails with store.ErrInUse. The bound covers the whole wait
 // of one call and is measured in real time, whatever [WithClock] says.
-// Default: [DefaultLockTimeout] (2 s). Zero or a negative value: a claim of a
-// held key does not wait and fails with store.ErrInUse at once.
+// Default: 2 seconds. Zero or a negative value: a claim of a held key does
+// not wait and fails with store.ErrInUse at once.
 func WithLockTimeout(d time.Duration) Option {
 	return func(o *options) { o.lockTimeout = max(d, 0) }
 }
 
 // WithTTL sets how long a key is kept (it expires at claim time + ttl). Past
 // it the key counts as absent, so a request with that key runs again.
-// Default: [DefaultTTL] (24 h). Non-positive values select the default.
+// Default: 24 hours. Non-positive values select the default.
 func WithTTL(ttl time.Duration) Option {
 	return func(o *options) {
 		if ttl <= 0 {
-			ttl = DefaultTTL
+			ttl = defaultTTL
 		}
 		o.ttl = ttl
 	}

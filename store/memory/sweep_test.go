@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -48,11 +48,11 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim %d: %+v, %v", i, c, err)
 		}
-		if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+		if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.Lease(ctx, store.Key{Tenant: "t", Method: "/s/L", Key: "l"}, store.Request{Fingerprint: []byte("fp")}, 10*ttl)
+	l, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/s/L", Key: "l"}, store.Request{Fingerprint: []byte("fp")}, 10*ttl)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -71,7 +71,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 		}
 	}
 	// A lease whose key expired is lost, even though its lease still runs.
-	if err := l.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != store.ErrLeaseLost {
+	if err := l.Lease.Record(ctx, store.Outcome{Code: code.Code_OK}); err != store.ErrLeaseLost {
 		t.Errorf("Complete of a lease whose key expired: %v, want ErrLeaseLost", err)
 	}
 }
@@ -81,17 +81,17 @@ func TestClockMovesLeases(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	s := New(WithClock(clock.Now))
 	k := store.Key{Tenant: "t", Method: "/s/M", Key: "k"}
-	first, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	first, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("lease: %+v, %v", first, err)
 	}
 	clock.Add(20 * time.Second)
-	live, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	live, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || live.Entry == nil || live.Entry.LeaseRemaining != 40*time.Second {
 		t.Fatalf("during the lease: %+v, %v; want an entry with 40s remaining", live, err)
 	}
 	clock.Add(40 * time.Second) // exactly at the end: run out
-	second, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || second.Lease == nil {
 		t.Fatalf("after the lease: %+v, %v; want a takeover", second, err)
 	}

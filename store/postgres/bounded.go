@@ -2,65 +2,69 @@ package postgres
 
 import (
 	"context"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // sendBounded begins a transaction on conn and sends qs in it, with every
 // lock wait bounded. It returns the transaction, as pgx began it, and the
-// results of qs alone, which the caller must close.
+// results of qs alone, which the caller must close. mode is the
+// QueryExecMode of conn's pool ([Store.modeOf]).
 //
 // With waits set, qs may wait for locks, and the transaction's
 // lock_timeout is the store's ([Store.setLockTimeout]) for all of them.
-// Without, qs bound their own waits (a NOWAIT, a try-lock) and the lock
-// timeout matters only while pgx prepares them, see below; it is then put
-// back to the session's before sendBounded returns, so the handler's
-// statements run under the session's setting.
+// Without, qs bound their own waits (a NOWAIT, a try-lock), and the lock
+// timeout matters only while the server parses them, see below; where it
+// is set for that, it is put back to the session's before sendBounded
+// returns, so the handler's statements run under the session's setting.
 //
 // Why it exists: a claim's batch begins its transaction itself, to save a
-// round trip. But in the QueryExecModes that prepare or describe statements
-// (CacheStatement, pgx's default, CacheDescribe and DescribeExec), pgx
-// first prepares every statement of a batch that it has not cached, in a
-// round trip of its own, before any of the batch runs: outside the
-// transaction, before the lock timeout is set. Preparing a statement locks
-// the tables it names, so behind a LOCK TABLE or a migration's ALTER TABLE
-// a connection that has not claimed before (a server just started, a
-// reconnect, a new or recycled connection of the pool), or one whose claim
-// statements pgx dropped from its cache after a failed batch, would wait
-// with no bound but the caller's deadline.
+// round trip. Parsing a statement locks the tables it names, so a
+// statement parsed before the batch's BEGIN and lock timeout would wait
+// behind a LOCK TABLE or a migration's ALTER TABLE with no bound but the
+// caller's deadline. How each QueryExecMode avoids that, relying only on
+// what pgx documents:
 //
-// So each connection keeps, in its CustomData, the statements of idem's
-// batches that pgx has cached on it ([prepared]). When qs has a statement
-// not among them, sendBounded begins the transaction and sets the lock
-// timeout first, in a round trip of its own, and then sends qs: pgx
-// prepares them inside the transaction, under the lock timeout. When all
-// are cached, BEGIN (and the lock timeout, with waits) travel with qs in
-// one round trip. In QueryExecModeExec and QueryExecModeSimpleProtocol the
-// server parses each statement in turn, after the ones before it ran, so
-// the batch is always sent whole; in QueryExecModeDescribeExec pgx
-// describes every statement of every batch, so the transaction is always
-// begun first.
+//   - QueryExecModeExec and QueryExecModeSimpleProtocol send each statement
+//     with the batch, and the server parses it after the ones before it
+//     ran: the batch is sent whole, one round trip.
+//   - QueryExecModeCacheStatement: the statements of qs whose parsing
+//     locks idempotency_keys are prepared by name ([pgx.Conn.Prepare], the
+//     SQL as the name, so that a batch that queues the SQL runs the
+//     prepared statement), inside a transaction under the lock timeout. A
+//     statement prepared so stays on the connection until it closes (a
+//     failed batch and the statement cache's capacity leave it), and pgx,
+//     not idem, knows which it holds ([preparedOn]): when it holds them
+//     all, the batch is sent whole; the others (BEGIN, the lock timeout, a
+//     try-lock, COMMIT) go through pgx's statement cache, whose preparing
+//     waits for nothing.
+//   - QueryExecModeCacheDescribe and QueryExecModeDescribeExec describe a
+//     statement whose description pgx does not hold in a round trip before
+//     the batch, and keep no statement on the server that idem could
+//     prepare instead (a transaction-mode pooler may run each round trip
+//     on another server connection).
 //
-// pgx may still drop a statement from its cache without idem knowing: its
-// cache holds the statements used last (StatementCacheCapacity, 512 by
-// default), so a connection that runs more distinct statements than that
-// between two claims prepares idem's again outside the transaction, and so
-// does one whose statements the application deallocated
-// (Conn.DeallocateAll).
-func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, waits bool, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
-	p := preparedOn(conn)
-	if !p.cached(qs) {
-		tx, err := s.begin(ctx, conn, p)
-		if err != nil {
-			return nil, nil, err
-		}
-		b := &pgx.Batch{QueuedQueries: qs}
-		if !waits {
-			// Read, and discarded, by the caller's Close.
-			b.Queue(restoreLockTimeout)
-		}
-		br := &trackedResults{BatchResults: conn.SendBatch(ctx, b), p: p, qs: qs}
-		return br, tx, nil
+// Where a statement may be parsed before the batch (the last case, and the
+// first use of a statement on a connection in the one before), the
+// transaction is begun and the lock timeout set first, in a round trip of
+// their own, and qs sent after: whatever is prepared or described, it is
+// inside the transaction, under the lock timeout.
+func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, waits bool, qs []*pgx.QueuedQuery) (pgx.BatchResults, pgx.Tx, error) {
+	switch {
+	case mode == pgx.QueryExecModeCacheDescribe, mode == pgx.QueryExecModeDescribeExec:
+		return s.beginFirst(ctx, conn, waits, qs, nil)
+	case mode == pgx.QueryExecModeCacheStatement && !preparedOn(conn, qs):
+		return s.beginFirst(ctx, conn, waits, qs, func() error {
+			for _, q := range qs {
+				if parseLocksTable(q.SQL) {
+					if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -70,7 +74,7 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, waits bool, qs 
 		head++
 	}
 	b.QueuedQueries = append(b.QueuedQueries, qs...)
-	br := &trackedResults{BatchResults: conn.SendBatch(ctx, b), p: p, qs: qs}
+	br := conn.SendBatch(ctx, b)
 	for range head {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -80,92 +84,61 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, waits bool, qs 
 	return br, br.Tx(), nil
 }
 
+// beginFirst begins a transaction on conn and sets the lock timeout, in one
+// simple query, one round trip with nothing to prepare or describe; then
+// it calls prepare, if not nil, and sends qs. On an error the transaction
+// is left open, as a failed batch leaves it: the caller rolls it back or
+// closes the connection.
+func (s *Store) beginFirst(ctx context.Context, conn *pgx.Conn, waits bool, qs []*pgx.QueuedQuery, prepare func() error) (pgx.BatchResults, pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
+	if err != nil {
+		return nil, nil, err
+	}
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return nil, nil, err
+		}
+	}
+	b := &pgx.Batch{QueuedQueries: qs}
+	if !waits {
+		// Read, and discarded, by the caller's Close.
+		b.Queue(restoreLockTimeout)
+	}
+	return conn.SendBatch(ctx, b), tx, nil
+}
+
 // restoreLockTimeout puts back the session's lock_timeout, which
 // setLockTimeout kept in idem.lock_timeout.
 const restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"
 
-// begin begins a transaction on conn and sets the lock timeout, neither of
-// which locks anything. Where pgx caches statements it sends them as a
-// batch, so that the batches that carry them later find them cached; in
-// QueryExecModeDescribeExec, which caches nothing, as one simple query, one
-// round trip.
-func (s *Store) begin(ctx context.Context, conn *pgx.Conn, p *prepared) (pgx.Tx, error) {
-	if p.mode == pgx.QueryExecModeDescribeExec {
-		return conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + s.setLockTimeout})
-	}
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.setLockTimeout)
-	br := conn.SendBatch(ctx, b)
-	if err := br.Close(); err != nil {
-		return nil, err
-	}
-	return br.Tx(), nil
+// parseLocksTable reports whether parsing sql, one of idem's statements,
+// locks idempotency_keys: every statement that names it but LOCK TABLE,
+// which locks it when it runs.
+func parseLocksTable(sql string) bool {
+	return strings.Contains(sql, "idempotency_keys") && !strings.HasPrefix(sql, "LOCK TABLE")
 }
 
-// preparedKey is the key of a connection's *prepared in its CustomData.
-const preparedKey = "github.com/idemkit/idem/store/postgres.prepared"
-
-// prepared is what idem knows of a connection's statement cache: the
-// statements of its batches that pgx has prepared (or described) and kept.
-type prepared struct {
-	mode  pgx.QueryExecMode
-	stmts map[string]struct{}
-}
-
-// preparedOn returns what idem knows of conn's statement cache.
-func preparedOn(conn *pgx.Conn) *prepared {
-	data := conn.PgConn().CustomData()
-	if p, ok := data[preparedKey].(*prepared); ok {
-		return p
-	}
-	p := &prepared{mode: conn.Config().DefaultQueryExecMode, stmts: make(map[string]struct{})}
-	data[preparedKey] = p
-	return p
-}
-
-// cached reports whether pgx sends qs without a round trip of its own
-// that prepares or describes some of them first.
-func (p *prepared) cached(qs []*pgx.QueuedQuery) bool {
-	switch p.mode {
-	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
-		return true
-	case pgx.QueryExecModeDescribeExec:
-		return false
-	}
+// preparedOn reports whether conn holds, prepared by name, every statement
+// of qs whose parsing locks idempotency_keys. It asks pgx: Conn.Prepare of
+// a statement already prepared with the same name and SQL returns it, and
+// one given a context that has ended sends nothing and fails at once. A
+// pgx that answered otherwise would cost a claim a round trip more (the
+// transaction begun first every time), never an unbounded wait;
+// TestClaimRoundTrips would see it.
+func preparedOn(conn *pgx.Conn, qs []*pgx.QueuedQuery) bool {
 	for _, q := range qs {
-		if _, ok := p.stmts[q.SQL]; !ok {
-			return false
+		if parseLocksTable(q.SQL) {
+			if _, err := conn.Prepare(endedContext, q.SQL, q.SQL); err != nil {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-// sent records how a batch of qs ended: pgx keeps the statements of a batch
-// that succeeded in its cache and drops all of them when it fails.
-func (p *prepared) sent(qs []*pgx.QueuedQuery, err error) {
-	for _, q := range qs {
-		if err != nil {
-			delete(p.stmts, q.SQL)
-		} else {
-			p.stmts[q.SQL] = struct{}{}
-		}
-	}
-}
-
-// trackedResults records in prepared how its batch ended, when closed.
-type trackedResults struct {
-	pgx.BatchResults
-	p   *prepared
-	qs  []*pgx.QueuedQuery
-	err error // the first error of Close
-}
-
-func (r *trackedResults) Close() error {
-	if r.p != nil {
-		r.err = r.BatchResults.Close()
-		r.p.sent(r.qs, r.err)
-		r.p = nil
-	}
-	return r.err
-}
+// endedContext is a context that has ended.
+var endedContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

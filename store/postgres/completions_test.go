@@ -18,9 +18,9 @@ import (
 func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	kept := &store.Completion{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
-	for _, k := range []string{"healthy", "bad-metadata", "no-method"} {
-		lc, err := s.Lease(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Completion: kept}, time.Hour)
+	kept := &store.Call{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
+	for _, k := range []string{"healthy", "bad-metadata", "no-method", "unpaired-headers"} {
+		lc, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease %s: %+v, %v", k, lc, err)
 		}
@@ -30,19 +30,21 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	}
 	exec(t, pool, `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'bad-metadata'`)
 	exec(t, pool, `UPDATE idempotency_keys SET request_method = NULL WHERE key = 'no-method'`)
+	exec(t, pool, `UPDATE idempotency_keys SET request_header_values = NULL WHERE key = 'unpaired-headers'`)
 
 	list, err := s.Abandoned(ctx, 0, 10)
-	if err != nil || len(list) != 3 {
-		t.Fatalf("Abandoned = %+v, %v; want the 3 calls", list, err)
+	if err != nil || len(list) != 4 {
+		t.Fatalf("Abandoned = %+v, %v; want the 4 calls", list, err)
 	}
 	byKey := map[string]store.Abandoned{}
 	for _, a := range list {
 		byKey[a.Key.Key] = a
 	}
-	if a := byKey["healthy"]; a.Unreadable != nil || a.Completion.Method != kept.Method || !slices.Equal(a.Completion.Metadata["x-user"], []string{"u-7"}) {
+	if a := byKey["healthy"]; a.Unreadable != nil || a.Call.Method != kept.Method || !slices.Equal(a.Call.Metadata["x-user"], []string{"u-7"}) {
 		t.Errorf("the healthy call is listed as %+v", a)
 	}
-	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method"} {
+	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method",
+		"unpaired-headers": "request_header_values"} {
 		a := byKey[k]
 		if a.Unreadable == nil || a.Key.Tenant != "t" || string(a.Fingerprint) != "fp" {
 			t.Errorf("%s is listed as %+v; want it flagged unreadable, with its key and fingerprint", k, a)

@@ -11,6 +11,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-		return postgres.New(pgtest.NewPool(t), postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.New(pgtest.NewPool(t),
+			postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }

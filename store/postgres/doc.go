@@ -53,28 +53,32 @@
 // and those of a lease's writes, as well: behind a key's row that a session
 // outside idem's lock holds (an INSERT of it not yet committed, a SELECT …
 // FOR UPDATE), a record gives up with store.ErrInUse, committing nothing,
-// rather than wait for that session to end. pgx prepares (or describes) the
-// statements of a batch it has not cached in a round trip of its own,
-// before the batch's BEGIN; so on a connection that has not yet claimed, or
-// whose claim failed (pgx then drops the batch's statements from its
-// cache), the claim first begins the transaction and sets the lock timeout
-// in a round trip of its own, and pgx prepares the claim's statements
-// inside it. That costs the first claim of a connection three round trips
-// more; later claims cost one. With QueryExecModeDescribeExec, where pgx
-// describes every statement of every batch, every claim costs three.
+// rather than wait for that session to end. Parsing a statement locks the
+// tables it names, so none of idem's is parsed outside its transaction
+// without a bound: in pgx's exec and simple_protocol modes the server
+// parses each statement of a batch after its BEGIN and lock timeout ran;
+// in cache_statement, pgx's default, idem prepares its statements by name
+// the first time a connection uses them, inside a transaction begun first
+// under the lock timeout, and runs them from then on without preparing
+// them again; in cache_describe and describe_exec, which keep no statement
+// on the server, the claim always begins the transaction and sets the lock
+// timeout in a round trip of its own, and pgx describes the statements
+// inside it. So a claim costs one round trip in exec, simple_protocol and
+// cache_statement (the first on a connection four, the second two), two in
+// cache_describe (three the first time) and three in describe_exec.
 //
 // # Leased mode
 //
-// [Store.Lease] claims a key for a handler that runs outside the claim's
+// [Store.ClaimLeased] claims a key for a handler that runs outside the claim's
 // transaction: one round trip takes the key's advisory lock, inserts the
 // row (or takes over one whose lease ran out under the same request, or
 // that expired) with locked_until and a random fencing token, and commits.
 // Extending the lease, saving a recovery point, recording the outcome and
 // releasing are then one statement each, in a transaction of its own under
 // the lock timeout (BEGIN, the lock timeout, the statement and COMMIT: one
-// round trip, three the first time on a connection, as for a claim), every
+// round trip, more in some QueryExecModes, as for a claim), every
 // one matching the row only while its token is current. A recovery
-// point that store.RecoveryPoint.Validate refuses is refused before any
+// point that store.Step.Validate refuses is refused before any
 // round trip.
 //
 // # Poolers and distributed engines
@@ -138,10 +142,10 @@
 // default to the global providers: the sweeper counts the rows it deletes
 // (idem.sweeper.deleted, by idem.table), times its passes
 // (idem.sweeper.pass.duration, and a span idem.sweeper.pass), and logs a
-// failed pass through log/slog ([WithSweepLogger], [WithSweepMeterProvider],
-// [WithSweepTracerProvider]); the inbox counts the messages it processed
-// or found processed before (idem.inbox.messages, by idem.consumer and
-// idem.outcome: processed, duplicate) and records a span
-// idem.inbox.process for each ([WithInboxMeterProvider],
-// [WithInboxTracerProvider]). The store itself does not log.
+// failed pass through log/slog ([WithLogger]); the inbox counts the
+// messages it processed or found processed before (idem.inbox.messages, by
+// idem.consumer and idem.outcome: processed, duplicate) and records a span
+// idem.inbox.process for each. [WithMeterProvider] and [WithTracerProvider]
+// configure either: the same option may be passed to [NewSweeper] and to
+// [NewInbox]. The store itself does not log.
 package postgres

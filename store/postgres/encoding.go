@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -9,21 +10,98 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// The lists idem keeps in bytea columns are protobuf encodings, read and
-// written with protowire: a repeated entry (field 1) of a name (1) and a
-// value (2). recovery_steps holds a key's steps in order, and
-// request_metadata a call's metadata, one entry per value, names sorted.
+// A key's steps are kept in step_names and step_results, and a kept call's
+// metadata in request_header_names and request_header_values (migration
+// 0007): parallel arrays, which pgx encodes and decodes. Steps are in the
+// order they were first saved; metadata has one element per value, sorted
+// by name, a name repeated for each of its values.
 
-// appendEntry appends one entry of name and value to b.
-func appendEntry(b []byte, name string, value []byte) []byte {
-	var e []byte
-	e = protowire.AppendTag(e, 1, protowire.BytesType)
-	e = protowire.AppendString(e, name)
-	e = protowire.AppendTag(e, 2, protowire.BytesType)
-	e = protowire.AppendBytes(e, value)
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	return protowire.AppendBytes(b, e)
+// stepArrays returns steps as the values of step_names and step_results.
+func stepArrays(steps []store.Step) (names []string, results [][]byte) {
+	names = make([]string, len(steps))
+	results = make([][]byte, len(steps))
+	for i, p := range steps {
+		names[i], results[i] = p.Name, p.Result
+	}
+	return names, results
 }
+
+// readSteps returns the steps a row keeps: in old, its recovery_steps, when
+// the previous version wrote them (which leaves the arrays as they were),
+// else in its step_names and step_results.
+func readSteps(old []byte, names []*string, results [][]byte) ([]store.Step, error) {
+	if old != nil {
+		steps, err := decodeSteps(old)
+		if err != nil {
+			return nil, fmt.Errorf("recovery_steps: %w", err)
+		}
+		return steps, nil
+	}
+	if len(names) != len(results) {
+		return nil, fmt.Errorf("postgres: step_names holds %d steps and step_results %d", len(names), len(results))
+	}
+	steps := make([]store.Step, len(names))
+	for i, name := range names {
+		if name == nil {
+			return nil, fmt.Errorf("postgres: step %d of step_names is NULL", i+1)
+		}
+		steps[i] = store.Step{Name: *name, Result: results[i]}
+	}
+	return steps, nil
+}
+
+// headerArrays returns md as the values of request_header_names and
+// request_header_values: never NULL, so that a takeover's kept call
+// replaces the metadata an earlier one kept.
+func headerArrays(md map[string][]string) (names []string, values [][]byte) {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	names, values = []string{}, [][]byte{}
+	for _, k := range keys {
+		for _, v := range md[k] {
+			names = append(names, k)
+			values = append(values, []byte(v))
+		}
+	}
+	return names, values
+}
+
+// readHeaders returns the metadata a row keeps: in old, its
+// request_metadata, when the previous version wrote it, else in its
+// request_header_names and request_header_values. The error names the
+// column it could not read, never what it holds.
+func readHeaders(old []byte, names []*string, values [][]byte) (map[string][]string, error) {
+	if old != nil {
+		md, err := decodeMetadata(old)
+		if err != nil {
+			return nil, fmt.Errorf("request_metadata: %w", err)
+		}
+		return md, nil
+	}
+	if len(names) != len(values) {
+		return nil, fmt.Errorf("request_header_names holds %d values and request_header_values %d", len(names), len(values))
+	}
+	md := map[string][]string{}
+	for i, name := range names {
+		switch {
+		case name == nil:
+			return nil, fmt.Errorf("element %d of request_header_names is NULL", i+1)
+		case values[i] == nil:
+			return nil, fmt.Errorf("element %d of request_header_values is NULL", i+1)
+		}
+		md[*name] = append(md[*name], string(values[i]))
+	}
+	return md, nil
+}
+
+// The previous version kept the same lists in recovery_steps and
+// request_metadata as protobuf encodings: a repeated entry (field 1) of a
+// name (1) and a value (2). The store reads them where that version wrote
+// them, and never writes them; a later migration drops those columns, and
+// this decoder with them.
 
 // rangeEntries calls f with each entry of b, in order.
 func rangeEntries(b []byte, f func(name string, value []byte)) error {
@@ -55,35 +133,12 @@ func rangeEntries(b []byte, f func(name string, value []byte)) error {
 	return nil
 }
 
-func encodeSteps(steps []store.RecoveryPoint) []byte {
-	var b []byte
-	for _, p := range steps {
-		b = appendEntry(b, p.Step, p.Data)
-	}
-	return b
-}
-
-func decodeSteps(b []byte) ([]store.RecoveryPoint, error) {
-	var steps []store.RecoveryPoint
+func decodeSteps(b []byte) ([]store.Step, error) {
+	var steps []store.Step
 	err := rangeEntries(b, func(name string, value []byte) {
-		steps = append(steps, store.RecoveryPoint{Step: name, Data: slices.Clone(value)})
+		steps = append(steps, store.Step{Name: name, Result: slices.Clone(value)})
 	})
 	return steps, err
-}
-
-func encodeMetadata(md map[string][]string) []byte {
-	names := make([]string, 0, len(md))
-	for k := range md {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	var b []byte
-	for _, k := range names {
-		for _, v := range md[k] {
-			b = appendEntry(b, k, []byte(v))
-		}
-	}
-	return b
 }
 
 func decodeMetadata(b []byte) (map[string][]string, error) {

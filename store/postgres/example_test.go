@@ -10,8 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"google.golang.org/grpc"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -29,7 +31,11 @@ func ExampleNew() {
 		postgres.WithLockTimeout(500*time.Millisecond), // duplicates give up sooner
 		postgres.WithTTL(72*time.Hour),                 // clients retry for up to three days
 	)
-	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(s)))
+	engine, err := idem.New(s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 }
 
 func ExampleTxFromContext() {
@@ -57,8 +63,8 @@ func ExampleNewSweeper() {
 	}
 	defer pool.Close()
 	sw := postgres.NewSweeper(pool,
-		postgres.WithSweepInterval(5*time.Minute), // expired rows may wait a little longer
-		postgres.WithSweepBatchSize(500),          // shorter transactions
+		postgres.WithInterval(5*time.Minute), // expired rows may wait a little longer
+		postgres.WithBatchSize(500),          // shorter transactions
 	)
 	// Every replica may run one. Failed passes are logged and retried;
 	// Run returns ctx.Err() once ctx ends.
@@ -99,7 +105,11 @@ func ExampleNewSharded() {
 	}
 	// Handlers write through postgres.TxFromContext: the transaction is on
 	// the caller's shard.
-	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(s)))
+	engine, err := idem.New(s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 
 	// A consumer records each message on the shard whose data it changes.
 	inboxes := make([]*postgres.Inbox, len(shards))
@@ -114,4 +124,23 @@ func ExampleNewSharded() {
 		return err
 	}
 	_ = apply
+}
+
+// One observability option configures the sweeper and the inbox alike.
+func ExampleWithMeterProvider() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	metrics := postgres.WithMeterProvider(otel.GetMeterProvider()) // your SDK's provider
+	sw := postgres.NewSweeper(pool, metrics, postgres.WithInterval(5*time.Minute))
+	inbox := postgres.NewInbox(pool, "shipping", metrics)
+	go func() { _ = sw.Run(ctx) }()
+
+	// ... consume with inbox.ProcessOnce until interrupted ...
+	_ = inbox
+	<-ctx.Done()
 }

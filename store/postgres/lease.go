@@ -32,11 +32,11 @@ const (
 	// Its last columns tell a takeover from a fresh claim (an insert, and
 	// the takeover of an expired row, leave takeovers at 0; a takeover of a
 	// run-out lease counts one more) and whether the row keeps a request
-	// for a completer.
+	// for a completer. $13 is the time (see [Store.now]).
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
-     request_method, request_payload, request_metadata)
-VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 second', now() + $7 * interval '1 second', $8, $9, $10, $11)
+     request_method, request_payload, request_header_names, request_header_values)
+VALUES ($1, $2, $3, $4, $5, coalesce($13::timestamptz, now()) + $6 * interval '1 second', coalesce($13::timestamptz, now()) + $7 * interval '1 second', $8, $9, $10, $11, $12)
 ON CONFLICT (id) DO UPDATE
 SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     request_hash = excluded.request_hash, status = 'in_progress',
@@ -44,40 +44,54 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     locked_until = excluded.locked_until,
     fencing_token = excluded.fencing_token,
     updated_at = now(),
-    created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
-    expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END,
-    recovery_point = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_point END,
-    recovery_data = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_data END,
-    recovery_steps = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.recovery_steps END,
-    takeovers = CASE WHEN k.expires_at <= now() THEN 0 ELSE k.takeovers + 1 END,
+    created_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN now() ELSE k.created_at END,
+    expires_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN excluded.expires_at ELSE k.expires_at END,
+    recovery_point = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_point END,
+    recovery_data = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_data END,
+    recovery_steps = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_steps END,
+    step_names = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_names END,
+    step_results = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_results END,
+    takeovers = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN 0 ELSE k.takeovers + 1 END,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
-    request_metadata = coalesce(excluded.request_metadata, k.request_metadata)
-WHERE k.expires_at <= now()
-   OR (k.status = 'in_progress' AND k.locked_until <= now() AND k.request_hash = excluded.request_hash
+    request_metadata = CASE WHEN excluded.request_method IS NULL THEN k.request_metadata END,
+    request_header_names = CASE WHEN excluded.request_method IS NULL THEN k.request_header_names
+        ELSE excluded.request_header_names END,
+    request_header_values = CASE WHEN excluded.request_method IS NULL THEN k.request_header_values
+        ELSE excluded.request_header_values END
+WHERE k.expires_at <= coalesce($13::timestamptz, now())
+   OR (k.status = 'in_progress' AND k.locked_until <= coalesce($13::timestamptz, now()) AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, expires_at, takeovers > 0, request_method IS NOT NULL`
+RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_results,
+    expires_at, takeovers > 0, request_method IS NOT NULL`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
 	// The id alone finds the row; the tenant ($3) is there for engines that
 	// distribute the table by tenant (Citus), where a statement that names
 	// the tenant runs on that tenant's shard only, not on every shard.
+	// $4 is the time (see [Store.now]).
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
-    AND status = 'in_progress' AND expires_at > now()`
-	leaseExtend = `UPDATE idempotency_keys SET locked_until = now() + $4 * interval '1 second'` + leaseWhere
-	leaseSave   = `UPDATE idempotency_keys SET recovery_point = $4, recovery_data = $5, recovery_steps = $6, updated_at = now()` + leaseWhere
+    AND status = 'in_progress' AND expires_at > coalesce($4::timestamptz, now())`
+	leaseExtend = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()) + $5 * interval '1 second'` + leaseWhere
+	// leaseSave writes the last recovery point and every step; the
+	// previous version's list of the steps (recovery_steps) is cleared, so
+	// that only the arrays hold them from then on.
+	leaseSave = `UPDATE idempotency_keys
+SET recovery_point = $5, recovery_data = $6, step_names = $7, step_results = $8, recovery_steps = NULL,
+    updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a completer: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $4, response = $5, response_not_cached = $6,
+SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
     locked_until = NULL, updated_at = now(),
-    request_method = NULL, request_payload = NULL, request_metadata = NULL` + leaseWhere
+    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    request_header_names = NULL, request_header_values = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has a recovery point or
 	// keeps its request for a completer, instead of deleting it, so that a
 	// retry or a completer takes over (and resumes).
-	leaseEnd = `UPDATE idempotency_keys SET locked_until = now(), updated_at = now()` + leaseWhere
+	leaseEnd = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()), updated_at = now()` + leaseWhere
 )
 
 // maxLeaseRounds bounds the rounds of a leased claim that finds the key's
@@ -85,7 +99,7 @@ SET status = 'completed', response_code = $4, response = $5, response_not_cached
 // sweeper deleted it).
 const maxLeaseRounds = 3
 
-// Lease implements [store.Store]. The claim is one round trip (BEGIN, the
+// ClaimLeased implements [store.Store]. The claim is one round trip (BEGIN, the
 // lock timeout, the key's advisory lock, the insert or takeover, the read
 // of the holder and COMMIT travel together; the first claim on a connection
 // costs more, as for Claim) and commits at once; each later write of the
@@ -97,18 +111,20 @@ const maxLeaseRounds = 3
 // it refuses a key that breaks the rules of [store.Key.Validate] with
 // [store.ErrInvalidKey], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
-// and every later write of its Lease run on the tenant's shard, and a
+// and every later write of its ClaimLeased run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
-// saved steps (column recovery_steps) cannot be decoded fails with an error
-// wrapping [store.ErrCorrupt], and its lease is ended at once, so that every
-// claim of it fails so, until the row is deleted or expires.
-func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeaseClaim, error) {
+// saved steps cannot be read (step_names and step_results do not pair up,
+// or a list the previous version kept in recovery_steps does not decode)
+// fails with an error wrapping [store.ErrCorrupt], and its lease is ended
+// at once, so that every claim of it fails so, until the row is deleted
+// or expires.
+func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	pool, err := s.shardOf(key.Tenant)
 	if err != nil {
-		return store.LeaseClaim{}, err
+		return store.LeasedClaim{}, err
 	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
@@ -122,18 +138,18 @@ func (s *Store) Lease(ctx context.Context, key store.Key, r store.Request, lease
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			_ = l.exec(cctx, leaseEnd)
 			cancel()
-			return store.LeaseClaim{}, err
+			return store.LeasedClaim{}, err
 		case err != nil:
-			return store.LeaseClaim{}, interpretError(err)
+			return store.LeasedClaim{}, interpretError(err)
 		case l != nil:
-			return store.LeaseClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
+			return store.LeasedClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
 		case entry != nil && !entry.expired:
-			return store.LeaseClaim{Entry: &entry.Entry}, nil
+			return store.LeasedClaim{Entry: &entry.Entry}, nil
 		}
 		// The row the insert met was deleted, or expired, between the
 		// insert and the select: try again.
 	}
-	return store.LeaseClaim{}, store.ErrInUse
+	return store.LeasedClaim{}, store.ErrInUse
 }
 
 // lease runs one round of Lease. When the key's steps cannot be decoded it
@@ -145,14 +161,15 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	if err != nil {
 		return nil, expiresAt, nil, err
 	}
+	now := s.now()
 	// A connection left inside a transaction by a failed batch is closed,
 	// not reused, by Release.
 	defer conn.Release()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
-		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key}},
-		{SQL: leaseClaim, Arguments: append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
-			completionArgs(r.Completion)...)},
-		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
+		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
+		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
+			completionArgs(r.Call)...), now)},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
@@ -169,12 +186,14 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	var (
 		step     *string
 		data     []byte
-		steps    []byte
+		oldSteps []byte
+		names    []*string // a NULL name only in a damaged row
+		results  [][]byte
 		tookOver bool
 		kept     bool
 		corrupt  error // the steps are unreadable: store.ErrCorrupt
 	)
-	err = br.QueryRow().Scan(&step, &data, &steps, &expiresAt, &tookOver, &kept)
+	err = br.QueryRow().Scan(&step, &data, &oldSteps, &names, &results, &expiresAt, &tookOver, &kept)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -182,9 +201,9 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	default:
 		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
 		if step != nil {
-			l.point = &store.RecoveryPoint{Step: *step, Data: data}
+			l.point = &store.Step{Name: *step, Result: data}
 		}
-		if l.steps, err = decodeSteps(steps); err != nil {
+		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
 	}
@@ -223,71 +242,75 @@ type lease struct {
 	lost atomic.Bool
 
 	mu       sync.Mutex
-	point    *store.RecoveryPoint
-	steps    []store.RecoveryPoint
+	point    *store.Step
+	steps    []store.Step
 	finished bool
 }
 
-func (l *lease) RecoveryPoint() (store.RecoveryPoint, bool) {
+func (l *lease) LastStep() (store.Step, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.point == nil {
-		return store.RecoveryPoint{}, false
+		return store.Step{}, false
 	}
 	return *l.point, true
 }
 
-func (l *lease) SaveRecoveryPoint(ctx context.Context, p store.RecoveryPoint) error {
+func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 	// Refused before the round trip: a step name the text column cannot
 	// hold would otherwise fail with the driver's error.
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	p.Data = append([]byte(nil), p.Data...)
+	p.Result = append([]byte(nil), p.Result...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	steps, err := store.SaveStep(l.steps, p)
+	steps, err := store.MergeStep(l.steps, p)
 	if err != nil {
 		return err
 	}
-	if err := l.exec(ctx, leaseSave, p.Step, p.Data, encodeSteps(steps)); err != nil {
+	names, results := stepArrays(steps)
+	if err := l.exec(ctx, leaseSave, p.Name, p.Result, names, results); err != nil {
 		return err
 	}
 	l.point, l.steps = &p, steps
 	return nil
 }
 
-func (l *lease) Steps() []store.RecoveryPoint {
+func (l *lease) Steps() []store.Step {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]store.RecoveryPoint, len(l.steps))
+	out := make([]store.Step, len(l.steps))
 	for i, p := range l.steps {
-		out[i] = store.RecoveryPoint{Step: p.Step, Data: slices.Clone(p.Data)}
+		out[i] = store.Step{Name: p.Name, Result: slices.Clone(p.Result)}
 	}
 	return out
 }
 
 // completionArgs are the arguments of leaseClaim that keep c: NULLs for
 // none, which a takeover leaves as they are.
-func completionArgs(c *store.Completion) []any {
+func completionArgs(c *store.Call) []any {
 	if c == nil {
-		return []any{nil, nil, nil}
+		return []any{nil, nil, nil, nil}
 	}
-	return []any{c.Method, c.Request, encodeMetadata(c.Metadata)}
+	names, values := headerArrays(c.Metadata)
+	return []any{c.Method, c.Request, names, values}
 }
 
 // abandoned finds leased calls kept with a completion whose lease ran out
-// more than $1 × 2^takeovers seconds ago (at most 2^16), and which have not
-// expired; those another transaction holds are skipped.
-const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload, request_metadata, takeovers
+// more than $1 × 2^takeovers seconds ago (at most 2^16) by the time $3
+// (see [Store.now]), and which have not expired; those another
+// transaction holds are skipped.
+const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload,
+    request_metadata, request_header_names, request_header_values, takeovers
 FROM idempotency_keys
 WHERE status = 'in_progress' AND request_payload IS NOT NULL
-  AND locked_until <= now() - $1 * power(2, least(takeovers, 16)) * interval '1 second'
-  AND expires_at > now()
+  AND locked_until <= coalesce($3::timestamptz, now()) - $1 * power(2, least(takeovers, 16)) * interval '1 second'
+  AND expires_at > coalesce($3::timestamptz, now())
 ORDER BY locked_until
 LIMIT $2`
 
-// Abandoned implements [store.Completions]. A sharded store (see
+// Abandoned implements [store.Finishing]. A sharded store (see
 // [NewSharded]) asks every shard at once for up to limit calls and takes
 // them in turn, one of each shard's at a time, up to limit in all, so that
 // no shard starves the others. When some shards fail, or have not answered
@@ -296,7 +319,7 @@ LIMIT $2`
 // does not keep the calls of the others from being completed. Each shard's
 // listing waits at most the lock timeout ([WithLockTimeout]) for a
 // connection of its pool, as a claim does; the query itself runs under
-// ctx, so bound ctx (the interceptor's Completer does, per pass) to bound
+// ctx, so bound ctx (idem's Finisher does, per pass) to bound
 // a shard that stops answering on a connection already open.
 //
 // A call whose kept metadata or method cannot be read (a damaged row) is
@@ -349,7 +372,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit)
+	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit, s.now())
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -360,14 +383,16 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 			a      store.Abandoned
 			method *string // NULL only in a damaged row
 			md     []byte
+			names  []*string // NULL elements only in a damaged row
+			values [][]byte
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&method, &a.Completion.Request, &md, &a.Takeovers); err != nil {
+			&method, &a.Call.Request, &md, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		a.Unreadable = readKept(&a.Completion, method, md)
+		a.Unreadable = readKept(&a.Call, method, md, names, values)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
@@ -380,7 +405,7 @@ func (l *lease) Extend(ctx context.Context, d time.Duration) error {
 	return l.exec(ctx, leaseExtend, d.Seconds())
 }
 
-func (l *lease) Complete(ctx context.Context, out store.Outcome) error {
+func (l *lease) Record(ctx context.Context, out store.Outcome) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.finished {
@@ -433,8 +458,8 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		return err
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
-	br, _, err := l.store.sendBounded(ctx, conn.Conn(), true, []*pgx.QueuedQuery{
-		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant}, args...)},
+	br, _, err := l.store.sendBounded(ctx, conn.Conn(), l.store.modeOf(l.pool), true, []*pgx.QueuedQuery{
+		{SQL: sql, Arguments: append([]any{l.id, l.token, l.tenant, l.store.now()}, args...)},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {

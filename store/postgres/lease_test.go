@@ -3,29 +3,33 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	pool := pgtest.NewPool(t)
-	s := postgres.New(pool)
-	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
+	clock := newTestClock()
+	s := postgres.New(pool, postgres.WithClock(clock.Now))
+	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
-	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}); err != nil {
+	if err := first.Lease.SaveStep(ctx, store.Step{Name: "charge_sent", Result: []byte("ch_1")}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Live lease: no takeover, and the entry says how long it still runs.
-	live, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	live, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || live.Entry == nil || live.Entry.State != store.InProgress {
 		t.Fatalf("claim during a live lease: %+v, %v", live, err)
 	}
@@ -33,31 +37,31 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 		t.Fatalf("LeaseRemaining = %v, want in (0, 300ms]", r)
 	}
 
-	time.Sleep(400 * time.Millisecond)
+	clock.Add(400 * time.Millisecond)
 	// Run out, but another fingerprint: never taken over.
-	other, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	other, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || other.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v", other, err)
 	}
-	second, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}
-	p, ok := second.Lease.RecoveryPoint()
-	if !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
+	p, ok := second.Lease.LastStep()
+	if !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
 		t.Fatalf("recovery point after takeover = %+v, %v", p, ok)
 	}
 
 	for name, err := range map[string]error{
 		"extend":   first.Lease.Extend(ctx, time.Minute),
-		"save":     first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
-		"complete": first.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("stale")}),
+		"save":     first.Lease.SaveStep(ctx, store.Step{Name: "x"}),
+		"complete": first.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale %s: %v, want ErrLeaseLost", name, err)
 		}
 	}
-	if err := second.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("mine")}); err != nil {
+	if err := second.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("mine")}); err != nil {
 		t.Fatal(err)
 	}
 	var body []byte
@@ -74,11 +78,11 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	first, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
-	if err := first.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")}); err != nil {
+	if err := first.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")}); err != nil {
 		t.Fatal(err)
 	}
 	// The steps are damaged, and the worker dies: its lease runs out.
@@ -86,20 +90,20 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if !errors.Is(err, store.ErrCorrupt) || c.Lease != nil || c.Entry != nil {
 			t.Fatalf("claim %d of a key with unreadable steps: %+v, %v; want store.ErrCorrupt", i+1, c, err)
 		}
 	}
 	// Another request under the key is still told it is another request.
-	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
 	if err != nil || c.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v; want the entry", c, err)
 	}
 	// A failure of another kind is not corruption.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
+	if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
 	}
 }
@@ -110,7 +114,7 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || c.Lease == nil {
 		t.Fatalf("lease: %+v, %v", c, err)
 	}
@@ -123,10 +127,114 @@ func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 	pool.Close()
 	for name, err := range map[string]error{
 		"extend": c.Lease.Extend(ctx, time.Minute),
-		"save":   c.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "x"}),
+		"save":   c.Lease.SaveStep(ctx, store.Step{Name: "x"}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("%s after the lease was found lost: %v, want ErrLeaseLost", name, err)
 		}
+	}
+}
+
+// TestStepsAndMetadataLandInArrays: a lease's steps are written to
+// step_names and step_results, and a kept call's metadata to
+// request_header_names and request_header_values, which an operator can
+// query; the previous version's columns are left empty. In every
+// QueryExecMode, since pgx encodes the arrays differently in each.
+func TestStepsAndMetadataLandInArrays(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement,
+		pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec,
+		pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			stepsAndMetadataLandInArrays(t, newPool(t, pgtest.NewDatabase(t), mode))
+		})
+	}
+}
+
+func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
+	s := postgres.New(pool)
+	kept := &store.Call{Method: "/svc/Charge", Request: []byte("req"),
+		Metadata: map[string][]string{"x-user": {"u-7"}, "x-roles": {"a", "b"}}}
+	lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Minute)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	for _, p := range []store.Step{{Name: "reserve", Result: []byte("r1")}, {Name: "charge"}, {Name: "reserve", Result: []byte("r2")}} {
+		if err := lc.Lease.SaveStep(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		names, headerNames    []string
+		results, headerValues [][]byte
+		oldSteps, oldMetadata []byte
+		point                 string
+	)
+	err = pool.QueryRow(ctx, `SELECT step_names, step_results, request_header_names, request_header_values,
+		recovery_steps, request_metadata, recovery_point FROM idempotency_keys`).
+		Scan(&names, &results, &headerNames, &headerValues, &oldSteps, &oldMetadata, &point)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(names, []string{"reserve", "charge"}) || len(results) != 2 ||
+		string(results[0]) != "r2" || results[1] != nil {
+		t.Errorf("step_names %q, step_results %q; want reserve=r2 and charge with no data (NULL)", names, results)
+	}
+	if !slices.Equal(headerNames, []string{"x-roles", "x-roles", "x-user"}) || !slices.EqualFunc(headerValues, []string{"a", "b", "u-7"}, func(b []byte, s string) bool { return string(b) == s }) {
+		t.Errorf("request_header_names %q, request_header_values %q; want x-roles=a, x-roles=b, x-user=u-7", headerNames, headerValues)
+	}
+	if oldSteps != nil || oldMetadata != nil || point != "reserve" {
+		t.Errorf("recovery_steps %x, request_metadata %x, recovery_point %q; want NULL, NULL and the last step", oldSteps, oldMetadata, point)
+	}
+	// What the arrays hold is what a takeover reads.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now()`); err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	if err != nil || second.Lease == nil {
+		t.Fatalf("takeover: %+v, %v", second, err)
+	}
+	if got, want := second.Lease.Steps(), []store.Step{{Name: "reserve", Result: []byte("r2")}, {Name: "charge"}}; !sameSteps(got, want) {
+		t.Errorf("steps after the takeover %v, want %v", got, want)
+	}
+	if err := second.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys
+		WHERE request_header_names IS NULL AND request_header_values IS NULL AND request_method IS NULL`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("%d rows without the kept request after the record (%v), want 1", left, err)
+	}
+}
+
+// TestLeaseOfUnpairedStepArraysIsCorrupt: step arrays that do not pair up
+// (damaged outside idem) make the key's steps unreadable, as a damaged
+// list of the previous version's does.
+func TestLeaseOfUnpairedStepArraysIsCorrupt(t *testing.T) {
+	for name, damage := range map[string]string{
+		"lengths": `step_results = step_results[1:0]`,
+		"null":    `step_names = ARRAY[NULL]::text[]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			pool := pgtest.NewPool(t)
+			s := postgres.New(pool)
+			lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			if err != nil || lc.Lease == nil {
+				t.Fatalf("lease: %+v, %v", lc, err)
+			}
+			if err := lc.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now(), `+damage); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
+				t.Fatalf("claim of a key with unpaired step arrays: %+v, %v; want store.ErrCorrupt", c, err)
+			}
+		})
 	}
 }

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // holdTableLock takes lock (a mode of LOCK TABLE) on idempotency_keys in a
@@ -109,7 +109,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
 	leased := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
-	lc, err := s.Lease(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
 	}
@@ -122,7 +122,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 		if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
-		if _, err := s.Lease(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
 	}
@@ -132,10 +132,10 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	}{
 		{"extend", func(ctx context.Context) error { return lc.Lease.Extend(ctx, time.Hour) }},
 		{"save", func(ctx context.Context) error {
-			return lc.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+			return lc.Lease.SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+			return lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 	} {
 		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
@@ -148,7 +148,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 
 	release()
 	claimAndComplete(t, s, key)
-	if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record of the lease once the lock is gone: %v", err)
 	}
 	var n, recorded int
@@ -168,51 +168,71 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
-	if err := c.Txn.Complete(cctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := c.Txn.Record(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
-	l, err := s.Lease(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	l, err := s.ClaimLeased(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
-	if err := l.Lease.Complete(cctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := l.Lease.Record(cctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // TestClaimRoundTrips counts the round trips on the wire of claims on one
-// connection, and of the records that follow them: bounding the lock waits
-// of a connection's first claim, and those of every record, must cost
-// nothing once the connection has claimed and recorded. A warm claim is
-// one round trip, and so is a warm record, atomic or leased; in
-// QueryExecModeDescribeExec, where pgx describes every statement of every
-// batch in a round trip of its own, so the transaction is always opened in
-// one before, a claim and a leased record cost three, an atomic record
-// (whose transaction is open) two.
+// connection, and of the records that follow them, in every QueryExecMode:
+// bounding the lock waits of a connection's first claim, and those of
+// every record, must cost nothing once the connection has claimed and
+// recorded, except where pgx describes statements before a batch. It pins
+// what sendBounded relies on in pgx:
+//
+//   - in exec and simple_protocol, a batch is one round trip, the first on a
+//     connection too;
+//   - in cache_statement, a statement prepared with Conn.Prepare (its SQL as
+//     its name) runs from a batch that queues its SQL with no round trip
+//     more, Prepare of it with a context that has ended answers whether it
+//     is prepared without sending anything, and it stays prepared after a
+//     batch that failed: a warm claim is one round trip, and the first
+//     claim after one that failed behind a table lock prepares nothing
+//     again but the statements without a table that pgx's own cache drops
+//     then (a round trip to deallocate them, one to prepare them);
+//   - in cache_describe, pgx keeps a statement's description once it has
+//     described it: a warm claim is the transaction's BEGIN and then one
+//     batch, two round trips;
+//   - in describe_exec, pgx describes every batch's statements in a round
+//     trip of their own, inside the transaction begun before: three.
 func TestClaimRoundTrips(t *testing.T) {
+	// Round trips of an atomic claim, its record, a leased claim and its
+	// record.
+	type trips [4]int64
 	for _, tc := range []struct {
-		mode                     pgx.QueryExecMode
-		warm, atomicRec, leasRec int64
+		mode                pgx.QueryExecMode
+		first, second, warm trips
+		afterFailed         int64 // the atomic claim after one that failed
 	}{
-		{pgx.QueryExecModeCacheStatement, 1, 1, 1},
-		{pgx.QueryExecModeCacheDescribe, 1, 1, 1},
-		{pgx.QueryExecModeDescribeExec, 3, 2, 3},
-		{pgx.QueryExecModeExec, 1, 1, 1},
-		{pgx.QueryExecModeSimpleProtocol, 1, 1, 1},
+		// The second claim prepares the BEGIN of the batch that the
+		// first, which begins its transaction on its own, did not send.
+		{pgx.QueryExecModeCacheStatement, trips{4, 2, 4, 3}, trips{2, 1, 1, 1}, trips{1, 1, 1, 1}, 3},
+		{pgx.QueryExecModeCacheDescribe, trips{3, 2, 3, 3}, trips{2, 1, 2, 2}, trips{2, 1, 2, 2}, 3},
+		{pgx.QueryExecModeDescribeExec, trips{3, 2, 3, 3}, trips{3, 2, 3, 3}, trips{3, 2, 3, 3}, 3},
+		{pgx.QueryExecModeExec, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, 1},
+		{pgx.QueryExecModeSimpleProtocol, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, trips{1, 1, 1, 1}, 1},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			t.Parallel()
-			cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+			dsn := pgtest.NewDatabase(t)
+			cfg, err := pgxpool.ParseConfig(dsn)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg.MaxConns = 1
 			cfg.ConnConfig.DefaultQueryExecMode = tc.mode
 			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-			var trips atomic.Int64
+			var n atomic.Int64
 			cfg.ConnConfig.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, conn net.Conn) (net.Conn, error) {
-				return &tripConn{Conn: conn, trips: &trips}, nil
+				return &tripConn{Conn: conn, trips: &n}, nil
 			}
 			pool, err := pgxpool.NewWithConfig(ctx, cfg)
 			if err != nil {
@@ -222,46 +242,69 @@ func TestClaimRoundTrips(t *testing.T) {
 			if err := pool.Ping(ctx); err != nil {
 				t.Fatal(err)
 			}
-			s := postgres.New(pool)
-			var atomicTrips, atomicRecords, leaseTrips, leaseRecords []int64
-			count := func(into *[]int64, f func() error) {
+			s := postgres.New(pool, postgres.WithLockTimeout(300*time.Millisecond))
+			count := func(f func() error) int64 {
 				t.Helper()
-				before := trips.Load()
+				before := n.Load()
 				if err := f(); err != nil {
 					t.Fatal(err)
 				}
-				*into = append(*into, trips.Load()-before)
+				return n.Load() - before
 			}
+			var got []trips
 			for i := range 3 {
 				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
-				var c store.Claim
-				count(&atomicTrips, func() (err error) {
+				var (
+					tr trips
+					c  store.Claim
+					l  store.LeasedClaim
+				)
+				tr[0] = count(func() (err error) {
 					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
 						err = fmt.Errorf("claim of a new key: %+v", c)
 					}
 					return err
 				})
-				count(&atomicRecords, func() error { return c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
+				tr[1] = count(func() error { return c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
-				var l store.LeaseClaim
-				count(&leaseTrips, func() (err error) {
-					if l, err = s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
+				tr[2] = count(func() (err error) {
+					if l, err = s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
 						err = fmt.Errorf("lease of a new key: %+v", l)
 					}
 					return err
 				})
-				count(&leaseRecords, func() error { return l.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}) })
+				tr[3] = count(func() error { return l.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
+				got = append(got, tr)
 			}
-			t.Logf("round trips of three atomic claims %v and their records %v, of three leased claims %v and their records %v",
-				atomicTrips, atomicRecords, leaseTrips, leaseRecords)
-			for i := 1; i < 3; i++ {
-				if atomicTrips[i] != tc.warm || leaseTrips[i] != tc.warm {
-					t.Fatalf("warm claims took %v (atomic) and %v (leased) round trips, want %d each", atomicTrips[1:], leaseTrips[1:], tc.warm)
-				}
-				if atomicRecords[i] != tc.atomicRec || leaseRecords[i] != tc.leasRec {
-					t.Fatalf("warm records took %v (atomic) and %v (leased) round trips, want %d and %d",
-						atomicRecords[1:], leaseRecords[1:], tc.atomicRec, tc.leasRec)
-				}
+
+			// A claim that fails behind a table lock, on the same
+			// connection, and the next one.
+			release := holdTableLock(t, dsn, "SHARE ROW EXCLUSIVE")
+			if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+				t.Fatalf("claim behind the table lock: %v, want ErrInUse", err)
+			}
+			release()
+			var c store.Claim
+			afterFailed := count(func() (err error) {
+				c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				return err
+			})
+			if err := c.Txn.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round trips of an atomic claim, its record, a leased claim and its record, three times: %v; "+
+				"of a claim after one that failed: %d", got, afterFailed)
+			if got[0] != tc.first {
+				t.Errorf("the first claims and records took %v round trips, want %v", got[0], tc.first)
+			}
+			if got[1] != tc.second {
+				t.Errorf("the second claims and records took %v round trips, want %v", got[1], tc.second)
+			}
+			if got[2] != tc.warm {
+				t.Errorf("warm claims and records took %v round trips, want %v", got[2], tc.warm)
+			}
+			if afterFailed != tc.afterFailed {
+				t.Errorf("the claim after one that failed took %d round trips, want %d", afterFailed, tc.afterFailed)
 			}
 		})
 	}
@@ -364,12 +407,12 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 	for _, tc := range []struct {
 		name     string
 		takeover bool // the row is committed, expired, and locked
-		code     codes.Code
+		code     code.Code
 	}{
-		{"uncommitted insert/success", false, codes.OK},
-		{"uncommitted insert/recorded error", false, codes.InvalidArgument},
-		{"locked expired row/success", true, codes.OK},
-		{"locked expired row/recorded error", true, codes.InvalidArgument},
+		{"uncommitted insert/success", false, code.Code_OK},
+		{"uncommitted insert/recorded error", false, code.Code_INVALID_ARGUMENT},
+		{"locked expired row/success", true, code.Code_OK},
+		{"locked expired row/recorded error", true, code.Code_INVALID_ARGUMENT},
 	} {
 		k := store.Key{Tenant: "t", Method: "/svc/M", Key: tc.name}
 		args := []any{k.Tenant, k.Method, k.Key}
@@ -385,7 +428,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			if _, err := tx.Exec(ctx, `INSERT INTO w VALUES ($1)`, k.Key); err != nil {
 				t.Fatal(err)
 			}
-			return c.Txn.Complete(ctx, store.Outcome{Code: tc.code, Body: []byte("r")})
+			return c.Txn.Record(ctx, store.Outcome{Code: tc.code, Body: []byte("r")})
 		}
 		rows := func() (writes, completed int) {
 			t.Helper()
@@ -424,7 +467,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			t.Fatalf("%s: retry once the row is free: %v", tc.name, err)
 		}
 		wantWrites := 1
-		if tc.code != codes.OK {
+		if tc.code != code.Code_OK {
 			wantWrites = 0 // a recorded error discards the writes
 		}
 		if w, c := rows(); w != wantWrites || c != 1 {
@@ -444,7 +487,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	released := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
 	var leases []store.Lease
 	for _, k := range []store.Key{held, released} {
-		l, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 		}
@@ -468,10 +511,10 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	}{
 		{"extend", func(ctx context.Context) error { return leases[0].Extend(ctx, time.Hour) }},
 		{"save", func(ctx context.Context) error {
-			return leases[0].SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge", Data: []byte("ch_1")})
+			return leases[0].SaveStep(ctx, store.Step{Name: "charge", Result: []byte("ch_1")})
 		}},
 		{"record", func(ctx context.Context) error {
-			return leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")})
+			return leases[0].Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")})
 		}},
 		{"release", func(ctx context.Context) error { return leases[1].Release(ctx) }},
 	} {
@@ -482,7 +525,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 			t.Errorf("lease %s behind the locked key row: %v, want ErrInUse", w.name, err)
 		}
 	}
-	if _, ok := leases[0].RecoveryPoint(); ok {
+	if _, ok := leases[0].LastStep(); ok {
 		t.Fatal("a save that gave up set the lease's recovery point")
 	}
 
@@ -496,7 +539,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		t.Fatalf("the writes that gave up changed the rows:\n%s\nwant\n%s", after, before)
 	}
 	// The record that gave up left the lease the caller's.
-	if err := leases[0].Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err != nil {
+	if err := leases[0].Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record once the row is free: %v", err)
 	}
 	var status string

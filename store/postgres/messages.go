@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DefaultRetention is how long an [Inbox] keeps a processed message's id by
+// defaultRetention is how long an [Inbox] keeps a processed message's id by
 // default.
-const DefaultRetention = 7 * 24 * time.Hour
+const defaultRetention = 7 * 24 * time.Hour
 
 // MaxMessageIDLength is the longest message id, in bytes, that an [Inbox]
 // accepts. With the longest consumer name (255 bytes) it still fits the
@@ -57,8 +57,16 @@ type inboxOptions struct {
 	observe   observeOptions
 }
 
-// InboxOption configures an [Inbox].
-type InboxOption func(*inboxOptions)
+// An InboxOption configures an [Inbox]: [WithRetention], or an
+// [ObserveOption].
+type InboxOption interface {
+	applyInbox(*inboxOptions)
+}
+
+// inboxOptionFunc is an InboxOption of the inbox alone.
+type inboxOptionFunc func(*inboxOptions)
+
+func (f inboxOptionFunc) applyInbox(o *inboxOptions) { f(o) }
 
 // WithRetention sets how long the id of a processed message is kept
 // (processed_messages.expires_at = processing time + d). It must exceed
@@ -66,15 +74,15 @@ type InboxOption func(*inboxOptions)
 // again: its redelivery window (for JetStream, the stream's max age or
 // ack wait × max deliveries, whichever ends first) and the time a producer
 // may retry a publish. A sweeper deletes rows past expires_at; until it
-// does, the row still marks the message processed. Default:
-// [DefaultRetention] (7 days). Non-positive values select the default.
+// does, the row still marks the message processed. Default: 7 days.
+// Non-positive values select the default.
 func WithRetention(d time.Duration) InboxOption {
-	return func(o *inboxOptions) {
+	return inboxOptionFunc(func(o *inboxOptions) {
 		if d <= 0 {
-			d = DefaultRetention
+			d = defaultRetention
 		}
 		o.retention = d
-	}
+	})
 }
 
 // Inbox makes the side effects of an at-least-once message consumer happen
@@ -98,9 +106,9 @@ type Inbox struct {
 // ProcessOnce fails with an error that says so, and that is not an
 // ErrInvalidMessageID, since the messages are not at fault.
 func NewInbox(db Beginner, consumer string, opts ...InboxOption) *Inbox {
-	o := inboxOptions{retention: DefaultRetention}
+	o := inboxOptions{retention: defaultRetention}
 	for _, opt := range opts {
-		opt(&o)
+		opt.applyInbox(&o)
 	}
 	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds(), obs: newInboxObserver(o.observe, consumer)}
 	if consumer == "" {

@@ -212,17 +212,19 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 	inbox := postgres.NewInbox(pool, "shipping")
 	const copies = 20
 	var (
-		wg         sync.WaitGroup
+		wg, called sync.WaitGroup
 		runs, dups atomic.Int32
 		errs       = make(chan error, copies)
 	)
+	called.Add(copies)
 	for range copies {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			called.Done()
 			dup, err := inbox.ProcessOnce(ctx, "order-4", func(tx pgx.Tx) error {
 				runs.Add(1)
-				time.Sleep(50 * time.Millisecond) // hold the row while others arrive
+				called.Wait() // hold the row until every copy was delivered
 				return ship("order-4", "shipping")(tx)
 			})
 			if err != nil {
@@ -294,14 +296,15 @@ func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 
 func TestInboxRetention(t *testing.T) {
 	pool := newInboxDB(t)
+	const week = 7 * 24 * time.Hour // the default, as WithRetention documents it
 	for _, c := range []struct {
 		consumer string
 		opts     []postgres.InboxOption
 		want     time.Duration
 	}{
-		{"default", nil, postgres.DefaultRetention},
+		{"default", nil, week},
 		{"thirty-days", []postgres.InboxOption{postgres.WithRetention(30 * 24 * time.Hour)}, 30 * 24 * time.Hour},
-		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, postgres.DefaultRetention},
+		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, week},
 	} {
 		if _, err := postgres.NewInbox(pool, c.consumer, c.opts...).ProcessOnce(ctx, "m", func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)

@@ -48,44 +48,47 @@ func (o observeOptions) tracer() trace.Tracer {
 	return tp.Tracer(instrumentationScope)
 }
 
-// WithSweepLogger sets where [Sweeper.Run] logs: a failed pass at level
-// ERROR, a pass that deleted rows at level DEBUG. Default: [slog.Default],
-// as it is when a line is logged; nil selects the default.
-func WithSweepLogger(l *slog.Logger) SweeperOption {
-	return func(o *sweeperOptions) { o.observe.logger = l }
+// WithLogger sets where [Sweeper.Run] logs: a failed pass at level ERROR,
+// a pass that deleted rows at level DEBUG. Default: [slog.Default], as it
+// is when a line is logged; nil selects the default. The store and the
+// inbox do not log.
+func WithLogger(l *slog.Logger) SweeperOption {
+	return sweeperOptionFunc(func(o *sweeperOptions) { o.observe.logger = l })
 }
 
-// WithSweepMeterProvider sets the OpenTelemetry meter provider of the
-// sweeper's metrics: idem.sweeper.deleted (a counter of deleted rows, by
-// attribute idem.table) and idem.sweeper.pass.duration (a histogram of the
-// passes' durations, in seconds). Default: the global provider,
-// [otel.GetMeterProvider]; nil selects the default.
-func WithSweepMeterProvider(mp metric.MeterProvider) SweeperOption {
-	return func(o *sweeperOptions) { o.observe.meterProvider = mp }
+// An ObserveOption configures both a [Sweeper] and an [Inbox]: the same
+// value may be passed to [NewSweeper] and to [NewInbox].
+type ObserveOption interface {
+	SweeperOption
+	InboxOption
 }
 
-// WithSweepTracerProvider sets the OpenTelemetry tracer provider of the
-// span idem.sweeper.pass that each [Sweeper.Sweep] records. Default: the
-// global provider, [otel.GetTracerProvider]; nil selects the default.
-func WithSweepTracerProvider(tp trace.TracerProvider) SweeperOption {
-	return func(o *sweeperOptions) { o.observe.tracerProvider = tp }
+// observeOption sets the observeOptions of a Sweeper or an Inbox.
+type observeOption func(*observeOptions)
+
+func (f observeOption) applySweeper(o *sweeperOptions) { f(&o.observe) }
+func (f observeOption) applyInbox(o *inboxOptions)     { f(&o.observe) }
+
+// WithMeterProvider sets the OpenTelemetry meter provider of the metrics
+// of a [Sweeper] or an [Inbox]. The sweeper's are idem.sweeper.deleted (a
+// counter of deleted rows, by attribute idem.table) and
+// idem.sweeper.pass.duration (a histogram of the passes' durations, in
+// seconds); the inbox's is idem.inbox.messages, a counter of the messages
+// [Inbox.ProcessOnce] processed or found processed before, by attributes
+// idem.consumer and idem.outcome (processed, duplicate). Default: the
+// global provider, [otel.GetMeterProvider]; nil selects the default.
+func WithMeterProvider(mp metric.MeterProvider) ObserveOption {
+	return observeOption(func(o *observeOptions) { o.meterProvider = mp })
 }
 
-// WithInboxMeterProvider sets the OpenTelemetry meter provider of the
-// inbox's counter idem.inbox.messages: the messages [Inbox.ProcessOnce]
-// processed or found processed before, by attributes idem.consumer and
-// idem.outcome (processed, duplicate). Default: the global provider,
-// [otel.GetMeterProvider]; nil selects the default.
-func WithInboxMeterProvider(mp metric.MeterProvider) InboxOption {
-	return func(o *inboxOptions) { o.observe.meterProvider = mp }
-}
-
-// WithInboxTracerProvider sets the OpenTelemetry tracer provider of the
-// span idem.inbox.process that each [Inbox.ProcessOnce] of a valid message
-// id records, with its consumer and outcome. Default: the global provider,
-// [otel.GetTracerProvider]; nil selects the default.
-func WithInboxTracerProvider(tp trace.TracerProvider) InboxOption {
-	return func(o *inboxOptions) { o.observe.tracerProvider = tp }
+// WithTracerProvider sets the OpenTelemetry tracer provider of the spans
+// of a [Sweeper] or an [Inbox]: idem.sweeper.pass, which each
+// [Sweeper.Sweep] records, and idem.inbox.process, which each
+// [Inbox.ProcessOnce] of a valid message id records, with its consumer and
+// outcome. Default: the global provider, [otel.GetTracerProvider]; nil
+// selects the default.
+func WithTracerProvider(tp trace.TracerProvider) ObserveOption {
+	return observeOption(func(o *observeOptions) { o.tracerProvider = tp })
 }
 
 // The attributes of the sweeper's and the inbox's metrics and spans.

@@ -2,20 +2,21 @@ package postgres
 
 import "time"
 
-// Defaults of the options below.
+// The defaults of the options below.
 const (
-	DefaultLockTimeout = 2 * time.Second
-	DefaultTTL         = 24 * time.Hour
+	defaultLockTimeout = 2 * time.Second
+	defaultTTL         = 24 * time.Hour
 )
 
 type options struct {
 	lockTimeout time.Duration
 	ttl         time.Duration
+	now         func() time.Time // nil: the database's clock
 }
 
 var defaultOptions = options{
-	lockTimeout: DefaultLockTimeout,
-	ttl:         DefaultTTL,
+	lockTimeout: defaultLockTimeout,
+	ttl:         defaultTTL,
 }
 
 // Option configures a [Store].
@@ -34,7 +35,7 @@ type Option func(*options)
 // under the session's setting. A claim, and a lease's write, also waits at
 // most this long for a connection of the pool, and fails (the interceptor
 // answers UNAVAILABLE) rather than queue behind claims that wait for a
-// busy key. Default: [DefaultLockTimeout] (2 s). Values below one
+// busy key. Default: 2 seconds. Values below one
 // millisecond are raised to one millisecond, since PostgreSQL reads zero
 // as "wait forever".
 func WithLockTimeout(d time.Duration) Option {
@@ -44,12 +45,29 @@ func WithLockTimeout(d time.Duration) Option {
 // WithTTL sets how long a key is kept (expires_at = claim time + ttl). Past
 // it the key counts as absent, so a request with that key runs again. Make it
 // longer than any client's retry window, and say so in your API's contract.
-// Default: [DefaultTTL] (24 h). Non-positive values select the default.
+// Default: 24 hours. Non-positive values select the default.
 func WithTTL(ttl time.Duration) Option {
 	return func(o *options) {
 		if ttl <= 0 {
-			ttl = DefaultTTL
+			ttl = defaultTTL
 		}
 		o.ttl = ttl
 	}
+}
+
+// WithClock sets the clock by which the store's statements tell the time:
+// a key's expiry, a lease's end, how long ago a lease ran out. Each
+// statement is given the clock's time as a parameter in place of the
+// database's now(), as river's are, so that a test can move time forward
+// instead of sleeping. It must be safe for concurrent use, and every
+// store that shares the database must read the same clock: two clocks
+// that disagree disagree about whether a lease ran out or a key expired.
+// The lock timeout and the waits for a connection are measured in real
+// time, whatever the clock says; a [Sweeper] and an [Inbox] keep the
+// database's clock, and so do the columns created_at and updated_at,
+// which no statement compares. Default: the database's clock
+// (now(), the start of the statement's transaction), one clock for every
+// server that shares the database. A nil clock selects the default.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now }
 }

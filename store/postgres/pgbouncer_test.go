@@ -8,11 +8,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 	"github.com/idemkit/idem/store/storetest"
 )
 
@@ -35,7 +35,7 @@ func TestPgBouncerConformance(t *testing.T) {
 	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: pgBouncerPoolSize})
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
 		pool := bouncedPool(t, b.NewDatabase(t), 4)
-		return postgres.New(pool, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.New(pool, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }
 
@@ -133,7 +133,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.InvalidArgument, Body: []byte("st")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
 	}
 	// The owner pins the only server connection, so the duplicate waits
@@ -228,7 +228,7 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 	exec(`INSERT INTO processed_messages (consumer, message_id, expires_at)
 		SELECT 'shipping', 'old-' || i, now() - interval '1 hour' FROM generate_series(1, 5) i`)
 
-	deleted, err := postgres.NewSweeper(pool, postgres.WithSweepBatchSize(10), postgres.WithSweepPause(0)).Sweep(ctx)
+	deleted, err := postgres.NewSweeper(pool, postgres.WithBatchSize(10), postgres.WithPause(0)).Sweep(ctx)
 	if err != nil || deleted != 30 {
 		t.Fatalf("Sweep: %d rows, %v; want 30", deleted, err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -23,21 +23,26 @@ type Store struct {
 	shards []*pgxpool.Pool
 	route  func(tenant string) int // nil: every tenant on shards[0]
 	ttl    time.Duration
+	clock  func() time.Time // nil: the database's clock
 
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
 	setLockTimeout    string
+
+	// modes holds the QueryExecMode each pool's connections are configured
+	// with, read once: sendBounded sends by it.
+	modes map[*pgxpool.Pool]pgx.QueryExecMode
 }
 
 var (
-	_ store.Store       = (*Store)(nil)
-	_ store.Completions = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Finishing = (*Store)(nil)
 )
 
 // New returns a Store on pool. The claim always runs on pool, so point it at
-// the primary, never a read replica. The pool's QueryExecMode is honoured,
-// so a pool configured for a transaction-mode connection pooler works as
-// it is.
+// the primary, never a read replica. The pool's QueryExecMode
+// (ConnConfig.DefaultQueryExecMode, read once, here) is honoured, so a pool
+// configured for a transaction-mode connection pooler works as it is.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return newStore([]*pgxpool.Pool{pool}, nil, opts)
 }
@@ -115,10 +120,18 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 	for _, opt := range opts {
 		opt(&o)
 	}
+	modes := make(map[*pgxpool.Pool]pgx.QueryExecMode, len(shards))
+	for _, pool := range shards {
+		if pool != nil {
+			modes[pool] = pool.Config().ConnConfig.DefaultQueryExecMode
+		}
+	}
 	return &Store{
+		modes:             modes,
 		shards:            shards,
 		route:             route,
 		ttl:               o.ttl,
+		clock:             o.now,
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
@@ -130,6 +143,11 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
 			o.lockTimeout.Milliseconds()),
 	}
+}
+
+// modeOf returns the QueryExecMode of pool's connections.
+func (s *Store) modeOf(pool *pgxpool.Pool) pgx.QueryExecMode {
+	return s.modes[pool]
 }
 
 const (
@@ -146,9 +164,9 @@ const (
 	// serializes the claims of a key, without waiting: when another claim
 	// of the key holds it, the claim waits for it in a round trip of its
 	// own (waitKey). $1 and $2 are the lock's keys.
-	// It also returns now(), the transaction's time, by which the record
-	// computes the key's expiry.
-	tryKey = "SELECT pg_try_advisory_xact_lock($1, $2), now()"
+	// It also returns the claim's time ($3, or now(): see [Store.now]), by
+	// which the record computes the key's expiry.
+	tryKey = "SELECT pg_try_advisory_xact_lock($1, $2), coalesce($3::timestamptz, now())"
 
 	// waitKey waits for the key's advisory lock, for at most the lock
 	// timeout ($3, in milliseconds), and then puts the session's
@@ -160,22 +178,24 @@ const (
 
 	// lockKey takes the key's advisory lock, under the transaction's lock
 	// timeout, unless the key is completed and unexpired: for the claims
-	// that write at once, a leased claim and an error recorded afresh.
+	// that write at once, a leased claim and an error recorded afresh. $7 is
+	// the time (see [Store.now]).
 	lockKey = `SELECT pg_advisory_xact_lock($2, $3)
 WHERE NOT EXISTS (
     SELECT FROM idempotency_keys
     WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
-      AND status = 'completed' AND expires_at > now())`
+      AND status = 'completed' AND expires_at > coalesce($7::timestamptz, now()))`
 
 	// selectEntry reads the key's row, after the key's lock was tried or
 	// taken: as a statement of its own, so that its snapshot (under READ
 	// COMMITTED) sees what the lock's previous holder committed. $1 is the
 	// scope's id, $2 to $4 the scope, which every read compares, so that two
-	// keys whose ids collide never see each other's row.
+	// keys whose ids collide never see each other's row. $5 is the time
+	// (see [Store.now]).
 	selectEntry = `SELECT status, request_hash, response_code, response, response_not_cached, expires_at,
-    expires_at <= now(),
-    CASE WHEN status = 'in_progress' AND locked_until > now()
-        THEN extract(epoch FROM locked_until - now()) ELSE 0 END
+    expires_at <= coalesce($5::timestamptz, now()),
+    CASE WHEN status = 'in_progress' AND locked_until > coalesce($5::timestamptz, now())
+        THEN extract(epoch FROM locked_until - coalesce($5::timestamptz, now())) ELSE 0 END
 FROM idempotency_keys
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 
@@ -192,15 +212,16 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 	// SQLSTATE 22P02; it depends on count(*), so the planner cannot fold it
 	// into an error of every execution. Plain SQL, no function of ours.
 	recordColumns = `(id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now() + $9 * interval '1 second')`
+    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, coalesce($10::timestamptz, now()) + $9 * interval '1 second')`
 	recordTakeover = `
     SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
         request_hash = excluded.request_hash, status = 'completed',
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL
-    WHERE k.expires_at <= now()`
+        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL,
+        recovery_steps = NULL, step_names = NULL, step_results = NULL
+    WHERE k.expires_at <= coalesce($10::timestamptz, now())`
 	recordCheck = `
     RETURNING 1
 )
@@ -222,7 +243,8 @@ FROM recorded`
 // its transaction back in the background before the connection returns to
 // the pool. One that finds the key's lock taken by a claim still running
 // waits for it in a second round trip. The first claim on a connection
-// costs three round trips more (see the package's overview).
+// costs more, and so does every claim in pgx's cache_describe and
+// describe_exec modes (see the package's overview).
 //
 // A claim waits at most the lock timeout for a connection of the pool, too:
 // claims that wait for a key's lock hold their connections meanwhile, and
@@ -249,7 +271,9 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	if err != nil {
 		return store.Claim{}, err
 	}
-	tx, entry, now, err := s.claim(ctx, conn.Conn(), sc, key)
+	mode := s.modeOf(pool)
+	at := s.now()
+	tx, entry, now, err := s.claim(ctx, conn.Conn(), mode, sc, key, at)
 	switch {
 	case err != nil:
 		_ = abandon(ctx, conn)
@@ -260,9 +284,19 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
 	ttl := s.ttlOf(r)
-	t := &txn{store: s, conn: conn, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), takeover: entry != nil}
+	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
+}
+
+// now is the time a statement takes for now, its parameter: nil, for
+// which it reads the database's clock (now(), the start of its
+// transaction), unless [WithClock] set a clock of the store's own.
+func (s *Store) now() any {
+	if s.clock == nil {
+		return nil
+	}
+	return s.clock()
 }
 
 // ttlOf is how long the key of r is kept.
@@ -291,13 +325,13 @@ func (s *Store) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn,
 
 // claim sends the claim's batch on conn and, when the key's lock was taken
 // and its answer is not settled, waits for it; it leaves the transaction
-// open. It returns the transaction and the entry found (nil when the key
-// has no row).
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.Key) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
-	br, tx, err := s.sendBounded(ctx, conn, false, []*pgx.QueuedQuery{
+// open. It returns the transaction, the entry found (nil when the key
+// has no row) and the claim's time, at (see [Store.now]) or the database's.
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, at any) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
+	br, tx, err := s.sendBounded(ctx, conn, mode, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
-		{SQL: tryKey, Arguments: []any{lockClass, sc.lock}},
-		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: tryKey, Arguments: []any{lockClass, sc.lock, at}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, at}},
 	})
 	if err != nil {
 		return nil, nil, now, err
@@ -311,7 +345,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	settled := entry != nil && entry.State == store.Completed && !entry.expired
+	settled := entry != nil && entry.State == store.Recorded && !entry.expired
 	if err != nil || locked || settled {
 		// A completed key needs no lock: its replays run side by side.
 		return tx, entry, now, err
@@ -319,7 +353,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, sc scope, key store.K
 	// Another claim of the key holds its lock: wait, and read what it left.
 	br = conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
 		{SQL: waitKey, Arguments: []any{lockClass, sc.lock, s.lockTimeoutMillis}},
-		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key}},
+		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, at}},
 	}})
 	defer func() {
 		if cerr := br.Close(); err == nil {
@@ -345,10 +379,10 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 	var (
 		e      foundEntry
 		status string
-		code   *int32
+		rcode  *int32
 		lease  float64
 	)
-	err := row.Scan(&status, &e.Fingerprint, &code, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
+	err := row.Scan(&status, &e.Fingerprint, &rcode, &e.Outcome.Body, &e.Outcome.NotCached, &e.ExpiresAt, &e.expired, &lease)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
@@ -357,14 +391,14 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 	}
 	switch status {
 	case "completed":
-		e.State = store.Completed
+		e.State = store.Recorded
 	case "in_progress":
 		e.State = store.InProgress
 	default:
 		return nil, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
 	}
-	if code != nil {
-		e.Outcome.Code = codes.Code(*code)
+	if rcode != nil {
+		e.Outcome.Code = code.Code(*rcode)
 	}
 	e.LeaseRemaining = time.Duration(lease * float64(time.Second))
 	return &e, nil
@@ -391,10 +425,12 @@ const cleanupTimeout = 5 * time.Second
 type txn struct {
 	store    *Store
 	conn     *pgxpool.Conn // nil once finished
+	mode     pgx.QueryExecMode
 	key      store.Key
 	scope    scope
 	fp       []byte
 	ttl      float64 // seconds
+	now      any     // the claim's time (see Store.now), which the record's transaction shares
 	takeover bool    // the key's row exists, expired; the record takes it over
 	tx       *guardedTx
 	closed   atomic.Bool // closes tx for the handler once the claim finished
@@ -421,12 +457,12 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	return tx, ok
 }
 
-func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
+func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	if t.conn == nil {
 		return errFinished
 	}
 	defer func() { _ = t.finish(ctx) }()
-	if out.Code != codes.OK {
+	if out.Code != code.Code_OK {
 		return interpretError(t.recordError(ctx, out))
 	}
 	record := recordInsert
@@ -441,7 +477,7 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	// for it without a bound, and commit whenever it ends.
 	br := t.conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
 		{SQL: t.store.setLockTimeout},
-		{SQL: record, Arguments: t.recordArgs(out)},
+		{SQL: record, Arguments: t.recordArgs(out, t.now)},
 		{SQL: "COMMIT"},
 	}})
 	_, err := br.Exec() // setLockTimeout
@@ -454,9 +490,10 @@ func (t *txn) Complete(ctx context.Context, out store.Outcome) error {
 	return interpretError(err)
 }
 
-func (t *txn) recordArgs(out store.Outcome) []any {
+// recordArgs are the arguments of a record of out at now (see [Store.now]).
+func (t *txn) recordArgs(out store.Outcome, now any) []any {
 	return []any{t.scope.id, t.key.Tenant, t.key.Method, t.key.Key, t.fp,
-		int32(out.Code), out.Body, out.NotCached, t.ttl}
+		int32(out.Code), out.Body, out.NotCached, t.ttl, now}
 }
 
 // recordError records a deterministic error without the handler's writes:
@@ -471,9 +508,11 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 	if err := t.tx.Tx.Rollback(ctx); err != nil {
 		return err
 	}
-	br, _, err := t.store.sendBounded(ctx, t.conn.Conn(), true, []*pgx.QueuedQuery{
-		{SQL: lockKey, Arguments: []any{t.scope.id, lockClass, t.scope.lock, t.key.Tenant, t.key.Method, t.key.Key}},
-		{SQL: recordOver, Arguments: t.recordArgs(out)},
+	// A transaction of its own, with a time of its own.
+	now := t.store.now()
+	br, _, err := t.store.sendBounded(ctx, t.conn.Conn(), t.mode, true, []*pgx.QueuedQuery{
+		{SQL: lockKey, Arguments: []any{t.scope.id, lockClass, t.scope.lock, t.key.Tenant, t.key.Method, t.key.Key, now}},
+		{SQL: recordOver, Arguments: t.recordArgs(out, now)},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {

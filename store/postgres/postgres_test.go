@@ -12,12 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -103,7 +103,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 	if timeout != "0" {
 		t.Fatalf("handler runs with lock_timeout %s; the claim's bound leaked into the handler", timeout)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("resp")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("resp")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Release(ctx); err != nil {
@@ -115,7 +115,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 		t.Fatalf("second claim: %+v, %v", again, err)
 	}
 	e := again.Entry
-	if e.State != store.Completed || string(e.Fingerprint) != "fp" || e.Outcome.Code != codes.OK || string(e.Outcome.Body) != "resp" {
+	if e.State != store.Recorded || string(e.Fingerprint) != "fp" || e.Outcome.Code != code.Code_OK || string(e.Outcome.Body) != "resp" {
 		t.Fatalf("entry %+v", e)
 	}
 	if time.Until(e.ExpiresAt) < 23*time.Hour {
@@ -152,20 +152,22 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 	s := postgres.New(pool, postgres.WithLockTimeout(5*time.Second))
 	var (
 		owners, entries atomic.Int32
-		wg              sync.WaitGroup
+		wg, called      sync.WaitGroup
 	)
+	called.Add(32)
 	for range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			called.Done()
 			c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 			switch {
 			case err != nil:
 				t.Error(err)
 			case c.Txn != nil:
 				owners.Add(1)
-				time.Sleep(50 * time.Millisecond) // others queue on the row
-				if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+				called.Wait() // the others called Claim while the key is held
+				if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 					t.Error(err)
 				}
 			default:
@@ -235,7 +237,7 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.InvalidArgument, Body: []byte("st")}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
 	}
 	var writes, keys int
@@ -256,7 +258,7 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 	}
 	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
 	_, _ = tx.Exec(ctx, `SELECT 1/0`) // a handler that swallows this error
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("r")}); err == nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err == nil {
 		t.Fatal("Complete succeeded on an aborted transaction")
 	}
 	var n int
@@ -320,15 +322,15 @@ CREATE TRIGGER skip_write BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH R
 func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		mode pgx.QueryExecMode
-		code codes.Code
+		code code.Code
 	}{
-		{pgx.QueryExecModeCacheStatement, codes.OK},
-		{pgx.QueryExecModeCacheStatement, codes.InvalidArgument},
-		{pgx.QueryExecModeExec, codes.OK},
-		{pgx.QueryExecModeSimpleProtocol, codes.OK},
+		{pgx.QueryExecModeCacheStatement, code.Code_OK},
+		{pgx.QueryExecModeCacheStatement, code.Code_INVALID_ARGUMENT},
+		{pgx.QueryExecModeExec, code.Code_OK},
+		{pgx.QueryExecModeSimpleProtocol, code.Code_OK},
 	} {
-		code := tc.code
-		t.Run(tc.mode.String()+"/"+code.String(), func(t *testing.T) {
+		oc := tc.code
+		t.Run(tc.mode.String()+"/"+oc.String(), func(t *testing.T) {
 			pool := newPool(t, pgtest.NewDatabase(t), tc.mode)
 			if _, err := pool.Exec(ctx, `CREATE TABLE w (v int)`); err != nil {
 				t.Fatal(err)
@@ -345,7 +347,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				if _, err := tx.Exec(ctx, `INSERT INTO w VALUES (1)`); err != nil {
 					t.Fatal(err)
 				}
-				return c.Txn.Complete(ctx, store.Outcome{Code: code, Body: []byte("r")})
+				return c.Txn.Record(ctx, store.Outcome{Code: oc, Body: []byte("r")})
 			}
 			rows := func() (writes, keys int) {
 				t.Helper()
@@ -372,7 +374,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				t.Fatalf("retry: %v", err)
 			}
 			wantWrites := 1
-			if code != codes.OK {
+			if oc != code.Code_OK {
 				wantWrites = 0 // a recorded error discards the writes
 			}
 			if w, k := rows(); w != wantWrites || k != 1 {

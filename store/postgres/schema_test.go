@@ -1,20 +1,23 @@
 package postgres_test
 
 import (
+	"bytes"
 	"errors"
 	"io/fs"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // TestScopeIDMatchesMigration checks that the id the store gives a key's row
@@ -88,7 +91,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}) })
 			waitForAdvisoryLockWaiter(t, pool)
 			write(first, "first")
-			if err := first.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("first")}); err != nil {
+			if err := first.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("first")}); err != nil {
 				t.Fatal(err)
 			}
 			wg.Wait()
@@ -96,7 +99,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				t.Fatalf("second claim: %+v, %v; want a Txn, as its snapshot predates the first's commit", second, err2)
 			}
 			write(second, "second")
-			err = second.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("second")})
+			err = second.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("second")})
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("second record: %v, want store.ErrConflict", err)
 			}
@@ -187,17 +190,17 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 	if err != nil || old.Txn == nil {
 		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
 	}
-	if err := old.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("new")}); err != nil {
+	if err := old.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("new")}); err != nil {
 		t.Fatal(err)
 	}
-	leased, err := s.Lease(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	leased, err := s.ClaimLeased(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || leased.Lease == nil {
 		t.Fatalf("abandoned lease after the migration: %+v, %v; want a takeover", leased, err)
 	}
-	if p, ok := leased.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" || string(p.Data) != "ch_1" {
+	if p, ok := leased.Lease.LastStep(); !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
 		t.Fatalf("recovery point after the takeover: %+v, %v", p, ok)
 	}
-	if err := leased.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("leased")}); err != nil {
+	if err := leased.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("leased")}); err != nil {
 		t.Fatal(err)
 	}
 	var rows int
@@ -243,7 +246,7 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.Lease(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("lease without idem's tables: %v, want ErrNotReady", err)
 	}
 	// Once migrated, the same store serves.
@@ -254,4 +257,92 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 		t.Fatalf("Check after Migrate: %v", err)
 	}
 	claimAndComplete(t, s, key)
+}
+
+// TestMigration0007 takes an installation of the schema before migration
+// 0007 (built by its down migration) with rows as the previous version
+// wrote them: a leased call's steps in recovery_steps, a call saved before
+// steps were kept with its recovery point alone, and a call kept for a
+// completer with its metadata in request_metadata. After Migrate each reads
+// as before: the same steps, the same last recovery point, the same
+// metadata; the lone recovery point is the call's one step, in the arrays.
+func TestMigration0007(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	down, err := fs.ReadFile(migrations.FS, "0007_step_and_header_arrays.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(string(down))
+	exec(`DELETE FROM idem_schema_migrations WHERE version = 7`)
+
+	// The previous version's encoding: entries (field 1) of a name (1)
+	// and a value (2). Steps reserve=r1, charge=ch_1, empty=""; metadata
+	// x-multi=a, x-multi=b, x-user=u-7.
+	const (
+		oldSteps    = `\x0a0d0a0772657365727665120272310a0e0a06636861726765120463685f310a090a05656d7074791200`
+		oldMetadata = `\x0a0c0a07782d6d756c74691201610a0c0a07782d6d756c74691201620a0d0a06782d757365721203752d37`
+	)
+	id := pgtest.KeyIDSQL("'acme'", "'/svc/M'", "$1::text")
+	leased := `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
+    recovery_point, recovery_data, recovery_steps, request_method, request_payload, request_metadata)
+VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now() - interval '1 hour', 7, $2, $3, $4, $5, $6, $7)`
+	exec(leased, "steps", "empty", []byte{}, oldSteps, nil, nil, nil)
+	exec(leased, "point", "charge_sent", []byte("ch_42"), nil, nil, nil, nil)
+	exec(leased, "kept", nil, nil, nil, "/svc/Charge", []byte("request"), oldMetadata)
+
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	var names, results string
+	if err := pool.QueryRow(ctx, `SELECT step_names::text, step_results::text FROM idempotency_keys WHERE key = 'point'`).Scan(&names, &results); err != nil {
+		t.Fatal(err)
+	}
+	if names != `{charge_sent}` || results != `{"\\x63685f3432"}` {
+		t.Fatalf("the lone recovery point moved to step_names %s, step_results %s; want {charge_sent} and ch_42", names, results)
+	}
+
+	s := postgres.New(pool)
+	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
+	for _, tc := range []struct {
+		key   string
+		steps []store.Step
+	}{
+		{"steps", []store.Step{{Name: "reserve", Result: []byte("r1")}, {Name: "charge", Result: []byte("ch_1")}, {Name: "empty"}}},
+		{"point", []store.Step{{Name: "charge_sent", Result: []byte("ch_42")}}},
+	} {
+		lc, err := s.ClaimLeased(ctx, k(tc.key), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		if err != nil || lc.Lease == nil || !lc.TookOver {
+			t.Fatalf("%s: takeover after the migration: %+v, %v", tc.key, lc, err)
+		}
+		if got := lc.Lease.Steps(); !sameSteps(got, tc.steps) {
+			t.Errorf("%s: steps after the migration %v, want %v", tc.key, got, tc.steps)
+		}
+		last := tc.steps[len(tc.steps)-1]
+		if p, ok := lc.Lease.LastStep(); !ok || p.Name != last.Name || !bytes.Equal(p.Result, last.Result) {
+			t.Errorf("%s: recovery point after the migration %+v, %v; want %+v", tc.key, p, ok, last)
+		}
+	}
+
+	list, err := s.Abandoned(ctx, 0, 10)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("Abandoned after the migration: %+v, %v; want the kept call", list, err)
+	}
+	want := map[string][]string{"x-multi": {"a", "b"}, "x-user": {"u-7"}}
+	if a := list[0]; a.Unreadable != nil || a.Key != k("kept") || a.Call.Method != "/svc/Charge" ||
+		string(a.Call.Request) != "request" || !maps.EqualFunc(a.Call.Metadata, want, slices.Equal) {
+		t.Fatalf("the kept call after the migration: %+v, want its method, request and metadata %v", a, want)
+	}
+}
+
+// sameSteps reports whether a and b hold the same steps in the same order.
+func sameSteps(a, b []store.Step) bool {
+	return slices.EqualFunc(a, b, func(p, q store.Step) bool {
+		return p.Name == q.Name && bytes.Equal(p.Result, q.Result)
+	})
 }

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 	"github.com/idemkit/idem/store/storetest"
 )
 
@@ -74,7 +74,7 @@ func claimAndWrite(t *testing.T, s *postgres.Store, k store.Key, body string) st
 	if err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2) RETURNING db`, k.Tenant, k.Key).Scan(&db); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(body)}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -124,7 +124,7 @@ func TestShardedClaimRunsOnTheTenantsShard(t *testing.T) {
 	exec(t, b, `UPDATE idempotency_keys SET response = 'from shard 1'`)
 	for k, want := range map[store.Key]string{ka: "from shard 0", kb: "from shard 1"} {
 		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
-		if err != nil || c.Entry == nil || c.Entry.State != store.Completed {
+		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded {
 			t.Fatalf("retry of %v: %+v, %v; want the completed entry", k, c, err)
 		}
 		if got := string(c.Entry.Outcome.Body); got != want {
@@ -139,11 +139,14 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 		mu     sync.Mutex
 		owners = map[string]int{}
 		wg     sync.WaitGroup
+		called sync.WaitGroup
 	)
+	called.Add(32)
 	for i := range 32 {
 		tenant := []string{alpha, beta}[i%2]
 		wg.Go(func() {
 			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: "dup"}
+			called.Done()
 			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
 			if err != nil {
 				t.Error(err)
@@ -159,8 +162,8 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key) VALUES ($1, $2)`, k.Tenant, k.Key); err != nil {
 				t.Error(err)
 			}
-			time.Sleep(50 * time.Millisecond) // the others queue behind the key
-			if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+			called.Wait() // the others called Claim while the key is held
+			if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -176,24 +179,25 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 }
 
 func TestShardedLeaseWritesToItsShard(t *testing.T) {
-	s, a, b := twoShards(t)
+	clock := newTestClock()
+	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
 	k := store.Key{Tenant: beta, Method: "/svc/Charge", Key: "k"}
-	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
 	l := lc.Lease
-	if err := l.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}); err != nil {
+	if err := l.SaveStep(ctx, store.Step{Name: "charge_sent", Result: []byte("ch_1")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Extend(ctx, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
-WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + interval '50 minutes'`, beta); n != 1 {
+WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
 		t.Fatalf("shard 1 holds %d rows of beta's lease with its recovery point and extended lease, want 1", n)
 	}
-	if err := l.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte("charged")}); err != nil {
+	if err := l.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
@@ -206,18 +210,18 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	// Release, on the other shard: a claim with a recovery point keeps it
 	// and ends its lease; one without is deleted.
 	ka := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
-	kept, err := s.Lease(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	kept, err := s.ClaimLeased(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
 	if err != nil || kept.Lease == nil {
 		t.Fatalf("lease: %+v, %v", kept, err)
 	}
-	if err := kept.Lease.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+	if err := kept.Lease.SaveStep(ctx, store.Step{Name: "charge_sent"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := kept.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	gone := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "gone"}
-	released, err := s.Lease(ctx, gone, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	released, err := s.ClaimLeased(ctx, gone, store.Request{Fingerprint: []byte("fp")}, time.Hour)
 	if err != nil || released.Lease == nil {
 		t.Fatalf("lease: %+v, %v", released, err)
 	}
@@ -227,7 +231,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	if err := released.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= now()`, alpha); n != 1 || keysOf(t, a, alpha) != 1 {
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= $2`, alpha, clock.Now()); n != 1 || keysOf(t, a, alpha) != 1 {
 		t.Fatalf("shard 0: %d released rows with a recovery point, %d keys of alpha; want 1 and 1", n, keysOf(t, a, alpha))
 	}
 	if keysOf(t, b, alpha) != 0 {
@@ -235,30 +239,30 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until > now() + 
 	}
 
 	// A takeover on the key's shard fences the earlier owner off there.
-	short, err := s.Lease(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, 100*time.Millisecond)
+	short, err := s.ClaimLeased(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, 100*time.Millisecond)
 	if err != nil || short.Lease == nil {
 		t.Fatalf("lease: %+v, %v", short, err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	taker, err := s.Lease(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	clock.Add(200 * time.Millisecond)
+	taker, err := s.ClaimLeased(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || !taker.TookOver {
 		t.Fatalf("takeover: %+v, %v", taker, err)
 	}
 	if err := short.Lease.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Extend of the fenced lease: %v, want ErrLeaseLost", err)
 	}
-	if err := taker.Lease.Complete(ctx, store.Outcome{Code: codes.OK}); err != nil {
+	if err := taker.Lease.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-var completion = &store.Completion{Method: "/svc/Charge", Request: []byte("request")}
+var completion = &store.Call{Method: "/svc/Charge", Request: []byte("request")}
 
-// abandonLease leases k, kept for completion, for a lease that runs out at
-// once, and leaves it.
+// abandonLease leases k, kept for completion, for a lease of a millisecond,
+// and leaves it.
 func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 	t.Helper()
-	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Millisecond)
+	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Millisecond)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -269,7 +273,7 @@ func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 // lease ended, so Abandoned lists it at once.
 func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
 	t.Helper()
-	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Hour)
+	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Hour)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -279,7 +283,8 @@ func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
 }
 
 func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
-	s, a, b := twoShards(t)
+	clock := newTestClock()
+	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
 	for _, k := range []store.Key{
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a1"},
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a2"},
@@ -288,7 +293,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	} {
 		abandonLease(t, s, k)
 	}
-	time.Sleep(20 * time.Millisecond)
+	clock.Add(20 * time.Millisecond)
 
 	got, err := s.Abandoned(ctx, 0, 10)
 	if err != nil || len(got) != 4 {
@@ -304,11 +309,11 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	// request) records it on its own shard.
 	got, _ = s.Abandoned(ctx, 0, 10)
 	for _, c := range got {
-		lc, err := s.Lease(ctx, c.Key, store.Request{Fingerprint: c.Fingerprint, Completion: &c.Completion}, time.Minute)
+		lc, err := s.ClaimLeased(ctx, c.Key, store.Request{Fingerprint: c.Fingerprint, Call: &c.Call}, time.Minute)
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover of %v: %+v, %v", c.Key, lc, err)
 		}
-		if err := lc.Lease.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(c.Key.Key)}); err != nil {
+		if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(c.Key.Key)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -334,9 +339,10 @@ func TestShardedAbandonedSurvivesAFailedShard(t *testing.T) {
 	}
 	down.Close() // every query of a closed pool fails
 	route := func(tenant string) int { return byName(tenant) }
-	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route)
+	clock := newTestClock()
+	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route, postgres.WithClock(clock.Now))
 	abandonLease(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
-	time.Sleep(20 * time.Millisecond)
+	clock.Add(20 * time.Millisecond)
 
 	got, err := s.Abandoned(ctx, 0, 10)
 	if len(got) != 1 || got[0].Key.Tenant != alpha {
@@ -367,7 +373,7 @@ func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
 					t.Errorf("Claim's error %v is %v, want none of store's sentinels", err, sentinel)
 				}
 			}
-			lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 			if !errors.Is(err, postgres.ErrNoShard) || lc.Lease != nil || lc.Entry != nil {
 				t.Fatalf("Lease = %+v, %v; want ErrNoShard", lc, err)
 			}
@@ -435,7 +441,7 @@ func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
 	if c.Txn != nil || c.Entry != nil {
 		t.Errorf("Claim = %+v, want nothing", c)
 	}
-	lc, err := s.Lease(ctx, k, store.Request{Fingerprint: []byte("fp"), Completion: completion}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Minute)
 	wantPanicError("Lease", err)
 	if lc.Lease != nil || lc.Entry != nil {
 		t.Errorf("Lease = %+v, want nothing", lc)
@@ -587,16 +593,8 @@ func TestShardByHashSpreadsTheSuitesTenants(t *testing.T) {
 func TestShardedConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
 		shards := []*pgxpool.Pool{pgtest.NewPool(t), pgtest.NewPool(t)}
-		// Connected before the case starts: Abandoned asks both shards,
-		// also one the case has not used yet, and opening a connection
-		// then, on a busy machine, can outlast the leases of 100 ms that
-		// the Completions cases time.
-		for _, p := range shards {
-			if err := p.Ping(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return postgres.NewSharded(shards, shardByHash, postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout))
+		return postgres.NewSharded(shards, shardByHash,
+			postgres.WithTTL(cfg.TTL), postgres.WithLockTimeout(cfg.LockTimeout), postgres.WithClock(cfg.Now))
 	})
 }
 

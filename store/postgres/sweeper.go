@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Defaults of the sweeper's options.
+// The defaults of the sweeper's options.
 const (
-	DefaultSweepInterval  = time.Minute
-	DefaultSweepBatchSize = 1000
-	DefaultSweepPause     = 100 * time.Millisecond
+	defaultSweepInterval  = time.Minute
+	defaultSweepBatchSize = 1000
+	defaultSweepPause     = 100 * time.Millisecond
 )
 
 type sweeperOptions struct {
@@ -25,45 +25,52 @@ type sweeperOptions struct {
 }
 
 var defaultSweeperOptions = sweeperOptions{
-	interval:  DefaultSweepInterval,
-	batchSize: DefaultSweepBatchSize,
-	pause:     DefaultSweepPause,
+	interval:  defaultSweepInterval,
+	batchSize: defaultSweepBatchSize,
+	pause:     defaultSweepPause,
 }
 
-// SweeperOption configures a [Sweeper].
-type SweeperOption func(*sweeperOptions)
+// A SweeperOption configures a [Sweeper]: [WithInterval], [WithBatchSize],
+// [WithPause], [WithLogger], or an [ObserveOption].
+type SweeperOption interface {
+	applySweeper(*sweeperOptions)
+}
 
-// WithSweepInterval sets how long [Sweeper.Run] waits after the end of one
-// pass before it starts the next. Default: [DefaultSweepInterval] (1 min).
-// Non-positive values select the default.
-func WithSweepInterval(d time.Duration) SweeperOption {
-	return func(o *sweeperOptions) {
+// sweeperOptionFunc is a SweeperOption of the sweeper alone.
+type sweeperOptionFunc func(*sweeperOptions)
+
+func (f sweeperOptionFunc) applySweeper(o *sweeperOptions) { f(o) }
+
+// WithInterval sets how long [Sweeper.Run] waits after the end of one
+// pass before it starts the next. Default: one minute. Non-positive values
+// select the default.
+func WithInterval(d time.Duration) SweeperOption {
+	return sweeperOptionFunc(func(o *sweeperOptions) {
 		if d <= 0 {
-			d = DefaultSweepInterval
+			d = defaultSweepInterval
 		}
 		o.interval = d
-	}
+	})
 }
 
-// WithSweepBatchSize sets how many rows one DELETE removes at most, and so
-// how many row locks it holds until it commits. Default:
-// [DefaultSweepBatchSize] (1000). Non-positive values select the default.
-func WithSweepBatchSize(n int) SweeperOption {
-	return func(o *sweeperOptions) {
+// WithBatchSize sets how many rows one DELETE of a [Sweeper] removes at
+// most, and so how many row locks it holds until it commits. Default: 1000
+// rows. Non-positive values select the default.
+func WithBatchSize(n int) SweeperOption {
+	return sweeperOptionFunc(func(o *sweeperOptions) {
 		if n <= 0 {
-			n = DefaultSweepBatchSize
+			n = defaultSweepBatchSize
 		}
 		o.batchSize = n
-	}
+	})
 }
 
-// WithSweepPause sets the pause between two batches of a pass, which leaves
-// room for the requests, autovacuum and replication to keep up. A pass
-// therefore removes at most about one batch per pause. Default:
-// [DefaultSweepPause] (100 ms). Zero means no pause; negative values are
-// read as zero.
-func WithSweepPause(d time.Duration) SweeperOption {
-	return func(o *sweeperOptions) { o.pause = max(d, 0) }
+// WithPause sets the pause between two batches of a [Sweeper]'s pass,
+// which leaves room for the requests, autovacuum and replication to keep
+// up. A pass therefore removes at most about one batch per pause. Default:
+// 100 milliseconds. Zero means no pause; negative values are read as zero.
+func WithPause(d time.Duration) SweeperOption {
+	return sweeperOptionFunc(func(o *sweeperOptions) { o.pause = max(d, 0) })
 }
 
 // Sweeper deletes expired rows of the tables idempotency_keys and
@@ -95,7 +102,7 @@ type Sweeper struct {
 func NewSweeper(pool *pgxpool.Pool, opts ...SweeperOption) *Sweeper {
 	o := defaultSweeperOptions
 	for _, opt := range opts {
-		opt(&o)
+		opt.applySweeper(&o)
 	}
 	return &Sweeper{pool: pool, opts: o, obs: newSweeperObserver(o.observe)}
 }
@@ -184,8 +191,8 @@ func (s *Sweeper) sweep(ctx context.Context, t sweepTable) (deleted int64, err e
 }
 
 // Run sweeps at once and then again each interval after a pass ended (see
-// [WithSweepInterval]), until ctx ends. A failed pass is logged at level
-// ERROR (see [WithSweepLogger]) and retried at the next interval; it does
+// [WithInterval]), until ctx ends. A failed pass is logged at level
+// ERROR (see [WithLogger]) and retried at the next interval; it does
 // not stop Run. A pass that deleted rows is logged at level DEBUG. Run returns only when ctx is done, and then returns ctx.Err(),
 // which is never nil: callers that stop it by cancelling ctx may ignore it.
 func (s *Sweeper) Run(ctx context.Context) error {

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // waitLimit bounds the waits of these tests for something that happens in
@@ -237,8 +237,8 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 	warm.Wait()
 
 	sw := postgres.NewSweeper(openPool(t, connString),
-		postgres.WithSweepBatchSize(batchSize),
-		postgres.WithSweepPause(10*time.Millisecond))
+		postgres.WithBatchSize(batchSize),
+		postgres.WithPause(10*time.Millisecond))
 	phase.Store(during)
 	deleted, err := sw.Sweep(ctx)
 	phase.Store(after)
@@ -298,7 +298,7 @@ func claimFresh(s *postgres.Store, k store.Key) error {
 	if c.Txn == nil {
 		return fmt.Errorf("fresh key %s: found an entry %+v", k.Key, c.Entry)
 	}
-	if err := c.Txn.Complete(ctx, store.Outcome{Code: codes.OK, Body: []byte(k.Key)}); err != nil {
+	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(k.Key)}); err != nil {
 		return fmt.Errorf("fresh key %s: complete: %w", k.Key, err)
 	}
 	return nil
@@ -314,7 +314,7 @@ func claimLive(s *postgres.Store, k store.Key) error {
 		_ = c.Txn.Release(ctx)
 		return fmt.Errorf("live key %s: claimed it; want its entry", k.Key)
 	}
-	if c.Entry.State != store.Completed || c.Entry.Outcome.Code != codes.OK || !bytes.Equal(c.Entry.Outcome.Body, []byte("r")) {
+	if c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_OK || !bytes.Equal(c.Entry.Outcome.Body, []byte("r")) {
 		return fmt.Errorf("live key %s: entry %+v", k.Key, c.Entry)
 	}
 	return nil
@@ -339,8 +339,8 @@ func TestConcurrentSweepersDeleteEachRowOnce(t *testing.T) {
 	wg.Add(sweepers)
 	for i := range sweepers {
 		sw := postgres.NewSweeper(openPool(t, connString),
-			postgres.WithSweepBatchSize(batchSize),
-			postgres.WithSweepPause(0))
+			postgres.WithBatchSize(batchSize),
+			postgres.WithPause(0))
 		go func() {
 			defer wg.Done()
 			ready.Done()
@@ -400,7 +400,7 @@ func TestRunStopsWithContext(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	var log syncBuffer
-	sw := postgres.NewSweeper(pool, postgres.WithSweepLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	sw := postgres.NewSweeper(pool, postgres.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	go func() { done <- sw.Run(runCtx) }()
 
 	// The first pass runs at once; the next would come a minute later.
@@ -446,8 +446,8 @@ func TestRunKeepsGoingAfterAFailedPass(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	var log syncBuffer
-	sw := postgres.NewSweeper(openPool(t, pool.Config().ConnString()), postgres.WithSweepInterval(50*time.Millisecond),
-		postgres.WithSweepLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	sw := postgres.NewSweeper(openPool(t, pool.Config().ConnString()), postgres.WithInterval(50*time.Millisecond),
+		postgres.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	go func() { done <- sw.Run(runCtx) }()
 
 	waitFor(t, "a pass to sweep idempotency_keys", func() bool {
@@ -517,7 +517,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestVacuumDoesNotTruncateKeys(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	insertKeys(t, pool, "gone", 5000, "-1 hour")
-	n, err := postgres.NewSweeper(pool, postgres.WithSweepPause(0)).Sweep(ctx)
+	n, err := postgres.NewSweeper(pool, postgres.WithPause(0)).Sweep(ctx)
 	if err != nil || n != 5000 {
 		t.Fatalf("Sweep = %d, %v; want 5000 rows", n, err)
 	}

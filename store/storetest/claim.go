@@ -3,10 +3,11 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
+	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
 )
@@ -26,7 +27,7 @@ var claimCases = []testCase{
 		if ctx.Err() == nil {
 			t.Error("Txn.Context is not derived from its parent: cancelling the parent left it live")
 		}
-		if err := txn.Complete(t.Context(), okOutcome("r")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("r")); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 	}},
@@ -37,39 +38,34 @@ var claimCases = []testCase{
 			out  store.Outcome
 		}{
 			{"OK", okOutcome("response")},
-			{"OKEmpty", store.Outcome{Code: codes.OK}},
+			{"OKEmpty", store.Outcome{Code: code.Code_OK}},
 			{"DeterministicError", errorOutcome()},
-			{"NotCachedWithReference", store.Outcome{Code: codes.OK, Body: []byte("order-42"), NotCached: true}},
-			{"NotCachedWithoutReference", store.Outcome{Code: codes.OK, NotCached: true}},
+			{"NotCachedWithReference", store.Outcome{Code: code.Code_OK, Body: []byte("order-42"), NotCached: true}},
+			{"NotCachedWithoutReference", store.Outcome{Code: code.Code_OK, NotCached: true}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				k := key
 				k.Key = tc.name
-				before := time.Now()
+				claimed := cfg.Now()
 				txn := claimTxn(t, s, k, fp)
-				if err := txn.Complete(t.Context(), tc.out); err != nil {
+				if err := txn.Record(t.Context(), tc.out); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
-				after := time.Now()
 				e := claimEntry(t, s, k, fp)
-				wantCompleted(t, e, fp, tc.out)
-				// Clocks of another process may differ a little.
-				const slack = 2 * time.Second
-				if e.ExpiresAt.Before(before.Add(cfg.TTL-slack)) || e.ExpiresAt.After(after.Add(cfg.TTL+slack)) {
-					t.Errorf("ExpiresAt %v, want about %v after the claim (%v)", e.ExpiresAt, cfg.TTL, before)
-				}
+				wantRecorded(t, e, fp, tc.out)
+				wantAbout(t, "ExpiresAt", e.ExpiresAt, claimed.Add(cfg.TTL))
 			})
 		}
 	}},
 
 	{name: "DifferentFingerprintSeesFirst", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, other), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, other), fp, okOutcome("first"))
 		// The mismatch changed nothing.
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
 	{name: "ReleaseLeavesNoTrace", run: func(t *testing.T, s store.Store, _ Config) {
@@ -79,32 +75,32 @@ var claimCases = []testCase{
 		}
 		// Free again, even for another request: nothing of the first remains.
 		again := claimTxn(t, s, key, other)
-		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+		if err := again.Record(t.Context(), okOutcome("second")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+		wantRecorded(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
 	{name: "ReleaseAfterCompleteIsNoOp", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("kept")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("kept")); err != nil {
 			t.Fatal(err)
 		}
 		if err := txn.Release(t.Context()); err != nil {
 			t.Errorf("Release after Complete: %v, want nil", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
 	}},
 
 	{name: "CompleteTwiceFails", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(t.Context(), okOutcome("second")); err == nil {
+		if err := txn.Record(t.Context(), okOutcome("second")); err == nil {
 			t.Error("second Complete succeeded, want an error")
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
 	{name: "CompleteAfterReleaseFails", run: func(t *testing.T, s store.Store, _ Config) {
@@ -112,7 +108,7 @@ var claimCases = []testCase{
 		if err := txn.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(t.Context(), okOutcome("late")); err == nil {
+		if err := txn.Record(t.Context(), okOutcome("late")); err == nil {
 			t.Error("Complete after Release succeeded, want an error")
 		}
 		_ = claimTxn(t, s, key, fp) // still free
@@ -122,30 +118,35 @@ var claimCases = []testCase{
 		f := bytes.Clone(fp)
 		txn := claimTxn(t, s, key, f)
 		out := okOutcome("response")
-		if err := txn.Complete(t.Context(), out); err != nil {
+		if err := txn.Record(t.Context(), out); err != nil {
 			t.Fatal(err)
 		}
 		copy(out.Body, "XXXXXXXX")
 		copy(f, "XXXXXXXX")
 		e := claimEntry(t, s, key, fp)
-		wantCompleted(t, e, fp, okOutcome("response"))
+		wantRecorded(t, e, fp, okOutcome("response"))
 		copy(e.Outcome.Body, "YYYYYYYY")
 		copy(e.Fingerprint, "YYYYYYYY")
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("response"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("response"))
 	}},
 
 	{name: "ConcurrentClaimsHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
 		const n = 50
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(200 * time.Millisecond) // the others arrive and wait
-				if err := c.Txn.Complete(t.Context(), okOutcome("owner")); err != nil {
+				// The others have all called Claim while the key is held:
+				// they wait for it, or find it completed.
+				called.Wait()
+				if err := c.Txn.Record(t.Context(), okOutcome("owner")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -156,11 +157,12 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("owner"))
+			wantRecorded(t, e, fp, okOutcome("owner"))
 		}
 	}},
 
 	{name: "WaitForOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		owner := claimTxn(t, s, key, fp)
 		start := time.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
@@ -175,10 +177,10 @@ var claimCases = []testCase{
 			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
 		}
 		// The key is not lost: the owner still records, and it is replayed.
-		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
 	}},
 
 	{name: "WaitEndsWithContext", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -203,20 +205,22 @@ var claimCases = []testCase{
 		first := claimTxn(t, s, key, fp)
 		const n = 10
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		released := make(chan error, 1)
 		go func() {
-			time.Sleep(300 * time.Millisecond) // the others are waiting by now
+			called.Wait() // the others all called Claim while the key was held
 			released <- first.Release(context.Background())
 		}()
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(100 * time.Millisecond)
-				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+				if err := c.Txn.Record(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -230,34 +234,36 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("second"))
+			wantRecorded(t, e, fp, okOutcome("second"))
 		}
 	}},
 
-	{name: "ExpiredKeyIsFree", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsFree", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		cfg.advance(cfg.TTL / 2)
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first")) // not yet
+		cfg.advance(cfg.TTL/2 + 300*time.Millisecond)
 		// Expired counts as absent: even another fingerprint runs afresh.
 		again := claimTxn(t, s, key, other)
-		if err := again.Complete(t.Context(), okOutcome("second")); err != nil {
+		if err := again.Record(t.Context(), okOutcome("second")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
+		wantRecorded(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
 	{name: "ExpiryIsClaimTimePlusTTL", run: func(t *testing.T, s store.Store, cfg Config) {
-		before := time.Now()
+		before := cfg.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
 		}
 		defer func() { _ = c.Txn.Release(context.Background()) }()
 		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(cfg.TTL))
-		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := c.Txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
 		e := claimEntry(t, s, key, fp)
@@ -265,55 +271,58 @@ var claimCases = []testCase{
 			t.Errorf("the entry expires at %v, %v from the claim's %v", e.ExpiresAt, d, c.ExpiresAt)
 		}
 
-		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
 		if err != nil || l.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
 		defer func() { _ = l.Lease.Release(context.Background()) }()
 		wantAbout(t, "the lease's expiry", l.ExpiresAt, before.Add(cfg.TTL))
 	}},
 
-	{name: "RequestTTLOverridesTheStores", long: true, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "RequestTTLOverridesTheStores", run: func(t *testing.T, s store.Store, cfg Config) {
 		const ttl = time.Second // the store's is an hour
-		before := time.Now()
+		before := cfg.Now()
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp, TTL: ttl})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
 		}
 		wantAbout(t, "the claim's expiry", c.ExpiresAt, before.Add(ttl))
-		if err := c.Txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := c.Txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		l, err := s.Lease(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
 		if err != nil || l.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(l), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
-		if err := l.Lease.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Lease.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
-		time.Sleep(ttl + 300*time.Millisecond)
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		cfg.advance(ttl + 300*time.Millisecond)
 		claimTxn(t, s, key, fp)
 		_ = takeLease(t, s, leaseKey, fp, time.Minute)
 	}},
 
-	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", long: true, cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ConcurrentClaimsOfExpiredKeyHaveOneOwner", cfg: Config{TTL: 2 * time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		const n = 20
 		var r tally
+		var called sync.WaitGroup
+		called.Add(n)
 		concurrently(n, func(int) {
+			called.Done()
 			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Txn != nil:
 				r.owner()
-				time.Sleep(100 * time.Millisecond)
-				if err := c.Txn.Complete(t.Context(), okOutcome("second")); err != nil {
+				called.Wait() // the others called Claim while the key was held
+				if err := c.Txn.Record(t.Context(), okOutcome("second")); err != nil {
 					r.err(err)
 				}
 			default:
@@ -324,7 +333,7 @@ var claimCases = []testCase{
 			t.Fatalf("%d owners, %d entries, errors %v; want 1 owner and %d entries", r.owners, len(r.entries), r.errs, n-1)
 		}
 		for _, e := range r.entries {
-			wantCompleted(t, e, fp, okOutcome("second"))
+			wantRecorded(t, e, fp, okOutcome("second"))
 		}
 	}},
 
@@ -346,12 +355,12 @@ var claimCases = []testCase{
 		// collision shows as an Entry.
 		for _, k := range keys {
 			txn := claimTxn(t, s, k, fp)
-			if err := txn.Complete(t.Context(), okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key)); err != nil {
+			if err := txn.Record(t.Context(), okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, k := range keys {
-			wantCompleted(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
 		}
 		// A held key does not make another one wait.
 		_ = claimTxn(t, s, store.Key{Tenant: "a/b", Method: "c", Key: "e"}, fp)
@@ -380,15 +389,15 @@ var claimCases = []testCase{
 				}
 			}
 		}
-		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatalf("the lease was disturbed by the claims: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("leased"))
 	}},
 
-	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
-		time.Sleep(400 * time.Millisecond)
+		cfg.advance(400 * time.Millisecond)
 		// Only Lease takes a run-out lease over; an atomic claim does not.
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		switch {
@@ -404,7 +413,7 @@ var claimCases = []testCase{
 				t.Errorf("LeaseRemaining %v of a run-out lease, want 0", c.Entry.LeaseRemaining)
 			}
 		}
-		if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
 			t.Fatalf("the lease was disturbed by the claim: %v", err)
 		}
 	}},

@@ -5,11 +5,12 @@
 // # Running it
 //
 // Call [Run] from a test of the store's package, with a function that
-// builds an empty store with the timings of [Config]:
+// builds an empty store with the timings and the clock of [Config]:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-//			return memory.New(memory.WithTTL(cfg.TTL), memory.WithLockTimeout(cfg.LockTimeout))
+//			return memory.New(memory.WithTTL(cfg.TTL), memory.WithLockTimeout(cfg.LockTimeout),
+//				memory.WithClock(cfg.Now))
 //		})
 //	}
 //
@@ -28,7 +29,7 @@
 // out, a wait that ends with its context, an owner that releases while
 // others wait, many claims of an expired key, and claims of a leased key.
 //
-// Leased claims ([store.Store.Lease] and [store.Lease]): a free key, a live
+// Leased claims ([store.Store.ClaimLeased] and [store.Lease]): a free key, a live
 // lease, a run-out lease taken over with its recovery point (or not, for
 // another fingerprint), which takeovers report (and which claims do not),
 // Extend, fencing of a stale owner's every write
@@ -40,7 +41,15 @@
 // text are held, in Claim and in Lease; keys past a bound, not valid UTF-8
 // or with a NUL byte are refused with [store.ErrInvalidKey].
 //
-// The cases wait for leases, expiry and lock timeouts of a few hundred
-// milliseconds to a few seconds, with margins meant for busy machines; the
-// whole suite takes some seconds of wall time, mostly asleep.
+// # Time
+//
+// The store must tell the time by [Config].Now, the case's clock, for
+// everything it keeps or compares: a key's expiry, a lease's end, how long
+// ago a lease ran out. The clock starts far from the real time and stands
+// still until the case moves it forward, so no case sleeps for a key to
+// expire or a lease to run out, and none depends on how fast the machine
+// is. The lock timeout is real time: the cases that test it wait for it,
+// a few hundred milliseconds. Cases that make claims wait for one another
+// on what they can observe (every claim called, the owner finished), never
+// for a fixed time.
 package storetest

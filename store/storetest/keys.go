@@ -16,27 +16,27 @@ var keyCases = []testCase{
 		for _, k := range validKeys() {
 			t.Run(k.name, func(t *testing.T) {
 				txn := claimTxn(t, s, k.key, fp)
-				if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
+				if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
-				wantCompleted(t, claimEntry(t, s, k.key, fp), fp, okOutcome("atomic"))
+				wantRecorded(t, claimEntry(t, s, k.key, fp), fp, okOutcome("atomic"))
 
 				leased := k.key
 				leased.Key = k.key.Key[:len(k.key.Key)-1] + "L"
 				l := takeLease(t, s, leased, fp, time.Minute)
-				if err := l.Complete(t.Context(), okOutcome("leased")); err != nil {
+				if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
-				wantCompleted(t, leaseEntry(t, s, leased, fp, time.Minute), fp, okOutcome("leased"))
+				wantRecorded(t, leaseEntry(t, s, leased, fp, time.Minute), fp, okOutcome("leased"))
 			})
 		}
 		// A non-ASCII tenant is its own scope, apart from its ASCII look-alike.
 		ascii := store.Key{Tenant: "Zurich", Method: key.Method, Key: key.Key}
 		txn := claimTxn(t, s, ascii, other)
-		if err := txn.Complete(t.Context(), okOutcome("ascii")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("ascii")); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
+		wantRecorded(t, claimEntry(t, s, store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
 	}},
 
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
@@ -50,13 +50,13 @@ var keyCases = []testCase{
 				if c.Txn != nil || c.Entry != nil {
 					t.Errorf("Claim of an invalid key = %s, want neither", describeClaim(c))
 				}
-				lc, err := s.Lease(t.Context(), k.key, store.Request{Fingerprint: fp}, time.Minute)
+				lc, err := s.ClaimLeased(t.Context(), k.key, store.Request{Fingerprint: fp}, time.Minute)
 				if lc.Lease != nil {
 					_ = lc.Lease.Release(context.Background())
 				}
 				wantInvalidKey(t, "Lease", err, k.field)
 				if lc.Lease != nil || lc.Entry != nil {
-					t.Errorf("Lease of an invalid key = %s, want neither", describeLeaseClaim(lc))
+					t.Errorf("Lease of an invalid key = %s, want neither", describeLeasedClaim(lc))
 				}
 			})
 		}

@@ -17,16 +17,17 @@ import (
 const (
 	shortLease = 300 * time.Millisecond
 	longLease  = time.Minute
-	// runOut is how long to sleep for a short lease to run out, with margin.
+	// runOut is how far to move the clock for a short lease to run out,
+	// with margin.
 	runOut = shortLease + 300*time.Millisecond
 )
 
-// leaseCases exercise Store.Lease and Lease: leased mode.
+// leaseCases exercise Store.ClaimLeased and Lease: leased mode.
 var leaseCases = []testCase{
 	{name: "FreeKeyGivesLease", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
 		wantNoPoint(t, l)
-		if err := l.Complete(t.Context(), okOutcome("r")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("r")); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 	}},
@@ -41,7 +42,7 @@ var leaseCases = []testCase{
 				t.Errorf("LeaseRemaining %v, want in (0, %v]", r, d)
 			}
 		}
-		if err := l.Complete(t.Context(), okOutcome("r")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("r")); err != nil {
 			t.Fatalf("the lease was disturbed: %v", err)
 		}
 	}},
@@ -50,7 +51,7 @@ var leaseCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+			c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 			switch {
 			case err != nil:
 				r.err(err)
@@ -72,103 +73,103 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "TakeoverKeepsRecoveryPoint", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "TakeoverKeepsSteps", run: func(t *testing.T, s store.Store, cfg Config) {
 		first := takeLease(t, s, key, fp, shortLease)
 		data := []byte("ch_1")
-		for _, p := range []store.RecoveryPoint{{Step: "created"}, {Step: "charge_sent", Data: data}} {
-			if err := first.SaveRecoveryPoint(t.Context(), p); err != nil {
-				t.Fatalf("SaveRecoveryPoint(%q): %v", p.Step, err)
+		for _, p := range []store.Step{{Name: "created"}, {Name: "charge_sent", Result: data}} {
+			if err := first.SaveStep(t.Context(), p); err != nil {
+				t.Fatalf("SaveStep(%q): %v", p.Name, err)
 			}
 		}
 		copy(data, "XXXX") // the store kept its own copy
-		wantPoint(t, first, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
-		time.Sleep(runOut)
+		wantPoint(t, first, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
+		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
-		wantPoint(t, second, store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")})
+		wantPoint(t, second, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
 		// The takeover holds the new lease length.
 		e := leaseEntry(t, s, key, fp, longLease)
 		wantInProgress(t, e, fp)
 		if e.LeaseRemaining < longLease/2 {
 			t.Errorf("LeaseRemaining %v after a takeover for %v", e.LeaseRemaining, longLease)
 		}
-		if err := second.Complete(t.Context(), okOutcome("second")); err != nil {
+		if err := second.Record(t.Context(), okOutcome("second")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("second"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("second"))
 	}},
 
-	{name: "TakeoverIsReported", run: func(t *testing.T, s store.Store, _ Config) {
-		first := takeLeaseClaim(t, s, key, fp, shortLease)
+	{name: "TakeoverIsReported", run: func(t *testing.T, s store.Store, cfg Config) {
+		first := takeLeasedClaim(t, s, key, fp, shortLease)
 		if first.TookOver {
 			t.Errorf("the lease of a free key reports a takeover")
 		}
-		time.Sleep(runOut)
-		second := takeLeaseClaim(t, s, key, fp, longLease)
+		cfg.advance(runOut)
+		second := takeLeasedClaim(t, s, key, fp, longLease)
 		if !second.TookOver {
 			t.Errorf("the lease of a key whose lease ran out reports no takeover")
 		}
 		// A lease released with a recovery point ends at once: the next
 		// claim takes it over too.
-		if err := second.Lease.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "sent"}); err != nil {
+		if err := second.Lease.SaveStep(t.Context(), store.Step{Name: "sent"}); err != nil {
 			t.Fatal(err)
 		}
 		if err := second.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		third := takeLeaseClaim(t, s, key, fp, longLease)
+		third := takeLeasedClaim(t, s, key, fp, longLease)
 		if !third.TookOver {
 			t.Errorf("the lease of a key released with a recovery point reports no takeover")
 		}
-		if err := third.Lease.Complete(t.Context(), okOutcome("third")); err != nil {
+		if err := third.Lease.Record(t.Context(), okOutcome("third")); err != nil {
 			t.Fatal(err)
 		}
-		if c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease); err != nil || c.TookOver {
-			t.Errorf("Lease of a completed key = %s, %v; want its entry and no takeover", describeLeaseClaim(c), err)
+		if c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease); err != nil || c.TookOver {
+			t.Errorf("Lease of a completed key = %s, %v; want its entry and no takeover", describeLeasedClaim(c), err)
 		}
 		// A key released without a recovery point is free again.
 		released := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
-		fresh := takeLeaseClaim(t, s, released, fp, longLease)
+		fresh := takeLeasedClaim(t, s, released, fp, longLease)
 		if err := fresh.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if again := takeLeaseClaim(t, s, released, fp, longLease); again.TookOver {
+		if again := takeLeasedClaim(t, s, released, fp, longLease); again.TookOver {
 			t.Errorf("the lease of a released key reports a takeover")
 		}
 	}},
 
-	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RunOutLeaseWithOtherFingerprintIsNotTakenOver", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		e := leaseEntry(t, s, key, other, longLease)
 		wantInProgress(t, e, fp)
 		if e.LeaseRemaining != 0 {
 			t.Errorf("LeaseRemaining %v of a run-out lease, want 0", e.LeaseRemaining)
 		}
 		// The holder was not fenced off: nobody took the key.
-		if err := l.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatalf("Complete of the run-out lease: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
-	{name: "ExtendKeepsLeaseLive", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ExtendKeepsLeaseLive", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(shortLease / 3)
+		cfg.advance(shortLease / 3)
 		if err := l.Extend(t.Context(), longLease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
-		time.Sleep(runOut) // past the lease's first end
+		cfg.advance(runOut) // past the lease's first end
 		e := leaseEntry(t, s, key, fp, longLease)
 		wantInProgress(t, e, fp)
 		if e.LeaseRemaining < longLease/2 {
 			t.Errorf("LeaseRemaining %v after Extend(%v)", e.LeaseRemaining, longLease)
 		}
-		if err := l.Complete(t.Context(), okOutcome("first")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatalf("Complete of the extended lease: %v", err)
 		}
 	}},
 
-	{name: "StaleOwnerIsFenced", long: true, run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StaleOwnerIsFenced", run: func(t *testing.T, s store.Store, cfg Config) {
 		for _, tc := range []struct {
 			name  string
 			write func(ctx context.Context, l store.Lease) error
@@ -188,9 +189,9 @@ var leaseCases = []testCase{
 				},
 			},
 			{
-				name: "SaveRecoveryPoint",
+				name: "SaveStep",
 				write: func(ctx context.Context, l store.Lease) error {
-					return l.SaveRecoveryPoint(ctx, store.RecoveryPoint{Step: "stale"})
+					return l.SaveStep(ctx, store.Step{Name: "stale"})
 				},
 				check: func(t *testing.T, k store.Key, owner store.Lease) {
 					// Let the new owner's lease run out, and take over again:
@@ -198,9 +199,8 @@ var leaseCases = []testCase{
 					if err := owner.Extend(t.Context(), 0); err != nil {
 						t.Fatalf("Extend: %v", err)
 					}
-					time.Sleep(100 * time.Millisecond)
 					third := takeLease(t, s, k, fp, longLease)
-					wantPoint(t, third, store.RecoveryPoint{Step: "second"})
+					wantPoint(t, third, store.Step{Name: "second"})
 					if err := third.Release(t.Context()); err != nil {
 						t.Fatal(err)
 					}
@@ -208,7 +208,7 @@ var leaseCases = []testCase{
 			},
 			{
 				name:  "Complete",
-				write: func(ctx context.Context, l store.Lease) error { return l.Complete(ctx, okOutcome("stale")) },
+				write: func(ctx context.Context, l store.Lease) error { return l.Record(ctx, okOutcome("stale")) },
 				check: func(t *testing.T, k store.Key, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
 				},
@@ -225,72 +225,72 @@ var leaseCases = []testCase{
 				k := key
 				k.Key = tc.name
 				stale := takeLease(t, s, k, fp, shortLease)
-				if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "first"}); err != nil {
+				if err := stale.SaveStep(t.Context(), store.Step{Name: "first"}); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(runOut)
+				cfg.advance(runOut)
 				owner := takeLease(t, s, k, fp, longLease)
-				if err := owner.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "second"}); err != nil {
+				if err := owner.SaveStep(t.Context(), store.Step{Name: "second"}); err != nil {
 					t.Fatal(err)
 				}
 				if err := tc.write(t.Context(), stale); !errors.Is(err, store.ErrLeaseLost) {
 					t.Errorf("stale %s: %v, want ErrLeaseLost", tc.name, err)
 				}
 				tc.check(t, k, owner)
-				if tc.name == "SaveRecoveryPoint" {
+				if tc.name == "SaveStep" {
 					return // the owner was taken over in turn
 				}
-				if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+				if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
 					t.Fatalf("the new owner's Complete: %v", err)
 				}
-				wantCompleted(t, claimEntry(t, s, k, fp), fp, okOutcome("owner"))
+				wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome("owner"))
 			})
 		}
 	}},
 
-	{name: "StaleOwnerIsFencedAfterKeyWasFreedAndLeasedAgain", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StaleOwnerIsFencedAfterKeyWasFreedAndLeasedAgain", run: func(t *testing.T, s store.Store, cfg Config) {
 		stale := takeLease(t, s, key, fp, shortLease)
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
 		if err := second.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		// A new request, with another fingerprint, leases the free key.
 		owner := takeLease(t, s, key, other, longLease)
-		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "stale"}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("stale SaveRecoveryPoint: %v, want ErrLeaseLost", err)
+		if err := stale.SaveStep(t.Context(), store.Step{Name: "stale"}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale SaveStep: %v, want ErrLeaseLost", err)
 		}
 		if err := stale.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale Extend: %v, want ErrLeaseLost", err)
 		}
-		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
 		}
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), other)
-		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
 			t.Fatalf("the new owner's Complete: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("owner"))
+		wantRecorded(t, claimEntry(t, s, key, other), other, okOutcome("owner"))
 	}},
 
 	{name: "CompleteIsReplayed", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
-		if err := l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_confirmed"}); err != nil {
+		if err := l.SaveStep(t.Context(), store.Step{Name: "charge_confirmed"}); err != nil {
 			t.Fatal(err)
 		}
 		out := errorOutcome()
-		if err := l.Complete(t.Context(), out); err != nil {
+		if err := l.Record(t.Context(), out); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 		if err := l.Release(t.Context()); err != nil {
 			t.Errorf("Release after Complete: %v, want nil", err)
 		}
-		if err := l.Complete(t.Context(), okOutcome("again")); err == nil {
+		if err := l.Record(t.Context(), okOutcome("again")); err == nil {
 			t.Error("second Complete succeeded, want an error")
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, out)
-		wantCompleted(t, leaseEntry(t, s, key, fp, longLease), fp, out)
-		wantCompleted(t, leaseEntry(t, s, key, other, longLease), fp, out)
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, out)
+		wantRecorded(t, leaseEntry(t, s, key, fp, longLease), fp, out)
+		wantRecorded(t, leaseEntry(t, s, key, other, longLease), fp, out)
 	}},
 
 	{name: "ReleaseFreesKey", run: func(t *testing.T, s store.Store, _ Config) {
@@ -298,7 +298,7 @@ var leaseCases = []testCase{
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		if err := l.Complete(t.Context(), okOutcome("late")); err == nil {
+		if err := l.Record(t.Context(), okOutcome("late")); err == nil {
 			t.Error("Complete after Release succeeded, want an error")
 		}
 		again := takeLease(t, s, key, other, longLease)
@@ -307,15 +307,15 @@ var leaseCases = []testCase{
 			t.Fatal(err)
 		}
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
 			t.Fatal(err)
 		}
 	}},
 
-	{name: "ReleaseAfterRecoveryPointEndsLease", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ReleaseAfterStepEndsLease", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
-		point := store.RecoveryPoint{Step: "charge_sent", Data: []byte("ch_1")}
-		if err := l.SaveRecoveryPoint(t.Context(), point); err != nil {
+		point := store.Step{Name: "charge_sent", Result: []byte("ch_1")}
+		if err := l.SaveStep(t.Context(), point); err != nil {
 			t.Fatal(err)
 		}
 		if err := l.Release(t.Context()); err != nil {
@@ -326,42 +326,42 @@ var leaseCases = []testCase{
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), fp)
 		again := takeLease(t, s, key, fp, longLease)
 		wantPoint(t, again, point)
-		if err := l.Complete(t.Context(), okOutcome("stale")); err == nil {
+		if err := l.Record(t.Context(), okOutcome("stale")); err == nil {
 			t.Error("Complete after Release succeeded, want an error")
 		}
-		if err := again.Complete(t.Context(), okOutcome("resumed")); err != nil {
+		if err := again.Record(t.Context(), okOutcome("resumed")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("resumed"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("resumed"))
 	}},
 
 	{name: "CompletedKeyIsNotLeased", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
-		if err := txn.Complete(t.Context(), okOutcome("atomic")); err != nil {
+		if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range [][]byte{fp, other} {
-			wantCompleted(t, leaseEntry(t, s, key, f, longLease), fp, okOutcome("atomic"))
+			wantRecorded(t, leaseEntry(t, s, key, f, longLease), fp, okOutcome("atomic"))
 		}
 	}},
 
-	{name: "ConcurrentTakeoversHaveOneOwner", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ConcurrentTakeoversHaveOneOwner", run: func(t *testing.T, s store.Store, cfg Config) {
 		stale := takeLease(t, s, key, fp, shortLease)
-		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+		if err := stale.SaveStep(t.Context(), store.Step{Name: "charge_sent"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+			c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Lease != nil:
 				r.owner()
 				t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
-				if p, ok := c.Lease.RecoveryPoint(); !ok || p.Step != "charge_sent" {
+				if p, ok := c.Lease.LastStep(); !ok || p.Name != "charge_sent" {
 					r.err(errors.New("the takeover lost the recovery point"))
 				}
 			default:
@@ -377,42 +377,42 @@ var leaseCases = []testCase{
 				t.Errorf("LeaseRemaining %v, want > 0", e.LeaseRemaining)
 			}
 		}
-		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
 		}
 	}},
 
-	{name: "ExpiredKeyIsLeasedAfresh", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredKeyIsLeasedAfresh", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// The lease outlives the key: expiry wins.
 		stale := takeLease(t, s, key, fp, longLease)
-		if err := stale.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "charge_sent"}); err != nil {
+		if err := stale.SaveStep(t.Context(), store.Step{Name: "charge_sent"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
-		c := takeLeaseClaim(t, s, key, other, longLease)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
+		c := takeLeasedClaim(t, s, key, other, longLease)
 		if c.TookOver {
 			t.Errorf("the lease of an expired key reports a takeover")
 		}
 		l := c.Lease
 		wantNoPoint(t, l)
-		if err := stale.Complete(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Complete of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)
 		}
-		if err := l.Complete(t.Context(), okOutcome("fresh")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("fresh")); err != nil {
 			t.Fatal(err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
+		wantRecorded(t, claimEntry(t, s, key, other), other, okOutcome("fresh"))
 	}},
 
-	{name: "ExpiredLeaseWritesNothing", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredLeaseWritesNothing", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		// Nobody took the expired key over, but it counts as absent: its
 		// holder can neither extend, save, record nor release it.
 		l := takeLease(t, s, key, fp, longLease)
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		for name, err := range map[string]error{
-			"Extend":            l.Extend(t.Context(), longLease),
-			"SaveRecoveryPoint": l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "late"}),
-			"Complete":          l.Complete(t.Context(), okOutcome("late")),
+			"Extend":   l.Extend(t.Context(), longLease),
+			"SaveStep": l.SaveStep(t.Context(), store.Step{Name: "late"}),
+			"Complete": l.Record(t.Context(), okOutcome("late")),
 		} {
 			if !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("%s of an expired lease: %v, want ErrLeaseLost", name, err)
@@ -426,24 +426,24 @@ var leaseCases = []testCase{
 		for _, tc := range []struct {
 			name   string
 			finish func(txn store.Txn) error
-			check  func(t *testing.T, c store.LeaseClaim)
+			check  func(t *testing.T, c store.LeasedClaim)
 		}{
 			{
 				name:   "Complete",
-				finish: func(txn store.Txn) error { return txn.Complete(context.Background(), okOutcome("atomic")) },
-				check: func(t *testing.T, c store.LeaseClaim) {
+				finish: func(txn store.Txn) error { return txn.Record(context.Background(), okOutcome("atomic")) },
+				check: func(t *testing.T, c store.LeasedClaim) {
 					if c.Entry == nil {
-						t.Fatalf("Lease = %s, want the completed entry", describeLeaseClaim(c))
+						t.Fatalf("Lease = %s, want the completed entry", describeLeasedClaim(c))
 					}
-					wantCompleted(t, c.Entry, fp, okOutcome("atomic"))
+					wantRecorded(t, c.Entry, fp, okOutcome("atomic"))
 				},
 			},
 			{
 				name:   "Release",
 				finish: func(txn store.Txn) error { return txn.Release(context.Background()) },
-				check: func(t *testing.T, c store.LeaseClaim) {
+				check: func(t *testing.T, c store.LeasedClaim) {
 					if c.Lease == nil {
-						t.Fatalf("Lease = %s, want a Lease", describeLeaseClaim(c))
+						t.Fatalf("Lease = %s, want a Lease", describeLeasedClaim(c))
 					}
 					wantNoPoint(t, c.Lease)
 				},
@@ -453,15 +453,29 @@ var leaseCases = []testCase{
 				k := key
 				k.Key = tc.name
 				txn := claimTxn(t, s, k, fp)
-				errc := make(chan error, 1)
+				type result struct {
+					c   store.LeasedClaim
+					err error
+				}
+				calling, leased := make(chan struct{}), make(chan result, 1)
 				go func() {
-					time.Sleep(300 * time.Millisecond)
-					errc <- tc.finish(txn)
+					close(calling)
+					c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
+					leased <- result{c, err}
 				}()
-				c, err := s.Lease(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
-				if ferr := <-errc; ferr != nil {
+				<-calling
+				select {
+				case r := <-leased:
+					// It must wait for the atomic owner, which has not
+					// finished, for up to the lock timeout.
+					t.Fatalf("Lease of a key held by an atomic claim returned %s, %v before the claim finished", describeLeasedClaim(r.c), r.err)
+				default:
+				}
+				if ferr := tc.finish(txn); ferr != nil {
 					t.Fatalf("the atomic owner's %s: %v", tc.name, ferr)
 				}
+				r := <-leased
+				c, err := r.c, r.err
 				if err != nil {
 					t.Fatalf("Lease of a key held by an atomic claim: %v", err)
 				}
@@ -474,15 +488,16 @@ var leaseCases = []testCase{
 	}},
 
 	{name: "LeaseWaitForAtomicOwnerIsBounded", cfg: Config{TTL: time.Hour, LockTimeout: 300 * time.Millisecond}, run: func(t *testing.T, s store.Store, cfg Config) {
+		warm(t, s, 2)
 		_ = claimTxn(t, s, key, fp)
 		start := time.Now()
-		c, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+		c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
 		waited := time.Since(start)
 		if !isInUse(err) {
 			if c.Lease != nil {
 				_ = c.Lease.Release(t.Context())
 			}
-			t.Fatalf("Lease of a key held by an atomic claim = %s, %v; want ErrInUse", describeLeaseClaim(c), err)
+			t.Fatalf("Lease of a key held by an atomic claim = %s, %v; want ErrInUse", describeLeasedClaim(c), err)
 		}
 		if waited < cfg.LockTimeout/2 {
 			t.Errorf("gave up after %v, want a wait of about the lock timeout %v", waited, cfg.LockTimeout)
@@ -496,17 +511,17 @@ var leaseCases = []testCase{
 			k := key
 			k.Key = fmt.Sprintf("with-point-%v", withPoint)
 			l := takeLease(t, s, k, fp, shortLease)
-			var want *store.RecoveryPoint
+			var want *store.Step
 			if withPoint {
-				want = &store.RecoveryPoint{Step: "first"}
-				if err := l.SaveRecoveryPoint(t.Context(), *want); err != nil {
+				want = &store.Step{Name: "first"}
+				if err := l.SaveStep(t.Context(), *want); err != nil {
 					t.Fatal(err)
 				}
 			}
 			for name, err := range map[string]error{
-				"Extend":            l.Extend(ended, longLease),
-				"SaveRecoveryPoint": l.SaveRecoveryPoint(ended, store.RecoveryPoint{Step: "ended"}),
-				"Complete":          l.Complete(ended, okOutcome("ended")),
+				"Extend":   l.Extend(ended, longLease),
+				"SaveStep": l.SaveStep(ended, store.Step{Name: "ended"}),
+				"Complete": l.Record(ended, okOutcome("ended")),
 			} {
 				if !errors.Is(err, context.Canceled) {
 					t.Errorf("%s with an ended context: %v, want context.Canceled", name, err)
@@ -542,32 +557,32 @@ var leaseCases = []testCase{
 		}
 	}},
 
-	{name: "InvalidRecoveryPointIsRefused", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "InvalidStepIsRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
 		// At the bounds: saved.
-		last := store.RecoveryPoint{Step: "étape_✓", Data: []byte("d")}
-		for _, p := range []store.RecoveryPoint{
-			{Step: "charge_sent", Data: bytes.Repeat([]byte{0xff}, store.MaxRecoveryDataBytes)},
-			{Step: strings.Repeat("s", store.MaxStepLength)},
+		last := store.Step{Name: "étape_✓", Result: []byte("d")}
+		for _, p := range []store.Step{
+			{Name: "charge_sent", Result: bytes.Repeat([]byte{0xff}, store.MaxStepResultBytes)},
+			{Name: strings.Repeat("s", store.MaxStepLength)},
 			last,
 		} {
-			if err := l.SaveRecoveryPoint(t.Context(), p); err != nil {
-				t.Fatalf("SaveRecoveryPoint(%d-byte step, %d bytes of data): %v", len(p.Step), len(p.Data), err)
+			if err := l.SaveStep(t.Context(), p); err != nil {
+				t.Fatalf("SaveStep(%d-byte step, %d bytes of data): %v", len(p.Name), len(p.Result), err)
 			}
 		}
 		// Past them: refused, and nothing is saved.
-		for name, p := range map[string]store.RecoveryPoint{
-			"empty step":            {Data: []byte("d")},
-			"256-byte step":         {Step: strings.Repeat("s", store.MaxStepLength+1)},
-			"NUL":                   {Step: "charge\x00sent"},
-			"invalid UTF-8":         {Step: "charge\xffsent"},
-			"newline":               {Step: "charge\nsent"},
-			"DEL":                   {Step: "charge\x7fsent"},
-			"data past 64 KiB":      {Step: "charge_sent", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
-			"NUL and data too long": {Step: "\x00", Data: make([]byte, store.MaxRecoveryDataBytes+1)},
+		for name, p := range map[string]store.Step{
+			"empty step":            {Result: []byte("d")},
+			"256-byte step":         {Name: strings.Repeat("s", store.MaxStepLength+1)},
+			"NUL":                   {Name: "charge\x00sent"},
+			"invalid UTF-8":         {Name: "charge\xffsent"},
+			"newline":               {Name: "charge\nsent"},
+			"DEL":                   {Name: "charge\x7fsent"},
+			"data past 64 KiB":      {Name: "charge_sent", Result: make([]byte, store.MaxStepResultBytes+1)},
+			"NUL and data too long": {Name: "\x00", Result: make([]byte, store.MaxStepResultBytes+1)},
 		} {
-			if err := l.SaveRecoveryPoint(t.Context(), p); !errors.Is(err, store.ErrInvalidRecoveryPoint) {
-				t.Errorf("SaveRecoveryPoint with %s: %v, want ErrInvalidRecoveryPoint", name, err)
+			if err := l.SaveStep(t.Context(), p); !errors.Is(err, store.ErrInvalidStep) {
+				t.Errorf("SaveStep with %s: %v, want ErrInvalidStep", name, err)
 			}
 		}
 		wantPoint(t, l, last)
@@ -588,8 +603,8 @@ var leaseCases = []testCase{
 				if i%2 == 0 {
 					err = l.Extend(t.Context(), longLease)
 				} else {
-					err = l.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: "step", Data: []byte{byte(i), byte(j)}})
-					_, _ = l.RecoveryPoint()
+					err = l.SaveStep(t.Context(), store.Step{Name: "step", Result: []byte{byte(i), byte(j)}})
+					_, _ = l.LastStep()
 				}
 				if err != nil {
 					errs.err(err)
@@ -599,7 +614,7 @@ var leaseCases = []testCase{
 		if len(errs.errs) != 0 {
 			t.Fatalf("concurrent writes of one holder: %v", errs.errs)
 		}
-		if err := l.Complete(t.Context(), okOutcome("done")); err != nil {
+		if err := l.Record(t.Context(), okOutcome("done")); err != nil {
 			t.Fatal(err)
 		}
 	}},

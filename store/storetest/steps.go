@@ -12,26 +12,26 @@ import (
 )
 
 // wantSteps fails the test unless l's steps are want, in order.
-func wantSteps(t *testing.T, l store.Lease, want ...store.RecoveryPoint) {
+func wantSteps(t *testing.T, l store.Lease, want ...store.Step) {
 	t.Helper()
 	got := l.Steps()
-	if !slices.EqualFunc(got, want, func(a, b store.RecoveryPoint) bool {
-		return a.Step == b.Step && bytes.Equal(a.Data, b.Data)
+	if !slices.EqualFunc(got, want, func(a, b store.Step) bool {
+		return a.Name == b.Name && bytes.Equal(a.Result, b.Result)
 	}) {
 		t.Errorf("Steps() = %v, want %v", got, want)
 	}
 }
 
-func point(step, data string) store.RecoveryPoint {
-	return store.RecoveryPoint{Step: step, Data: []byte(data)}
+func point(step, data string) store.Step {
+	return store.Step{Name: step, Result: []byte(data)}
 }
 
 var stepCases = []testCase{
 	{name: "EveryStepIsKeptInOrder", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, time.Minute)
 		wantSteps(t, l)
-		for _, p := range []store.RecoveryPoint{point("reserve", "r1"), point("charge", "ch_1"), point("reserve", "r2")} {
-			if err := l.SaveRecoveryPoint(t.Context(), p); err != nil {
+		for _, p := range []store.Step{point("reserve", "r1"), point("charge", "ch_1"), point("reserve", "r2")} {
+			if err := l.SaveStep(t.Context(), p); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -40,31 +40,31 @@ var stepCases = []testCase{
 		wantPoint(t, l, point("reserve", "r2"))
 	}},
 
-	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, cfg Config) {
 		first := takeLease(t, s, key, fp, 200*time.Millisecond)
-		for _, p := range []store.RecoveryPoint{point("reserve", "r1"), point("charge", "ch_1")} {
-			if err := first.SaveRecoveryPoint(t.Context(), p); err != nil {
+		for _, p := range []store.Step{point("reserve", "r1"), point("charge", "ch_1")} {
+			if err := first.SaveStep(t.Context(), p); err != nil {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond)
+		cfg.advance(300 * time.Millisecond)
 		second := takeLease(t, s, key, fp, time.Minute)
 		wantSteps(t, second, point("reserve", "r1"), point("charge", "ch_1"))
 		wantPoint(t, second, point("charge", "ch_1"))
 	}},
 
-	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, _ Config) {
-		// What interceptor.Step relies on: an owner whose key was taken
+	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, cfg Config) {
+		// What idem.Step relies on: an owner whose key was taken
 		// over learns it from Extend, before it runs a step, and from
 		// then on every write of its lease fails; the new owner's steps
 		// stand.
 		stale := takeLease(t, s, key, fp, shortLease)
-		if err := stale.SaveRecoveryPoint(t.Context(), point("s1", "r1")); err != nil {
+		if err := stale.SaveStep(t.Context(), point("s1", "r1")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(runOut)
+		cfg.advance(runOut)
 		owner := takeLease(t, s, key, fp, longLease)
-		if err := owner.SaveRecoveryPoint(t.Context(), point("s2", "c1")); err != nil {
+		if err := owner.SaveStep(t.Context(), point("s2", "c1")); err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
@@ -72,66 +72,66 @@ var stepCases = []testCase{
 				t.Errorf("the stale owner's Extend: %v, want ErrLeaseLost", err)
 			}
 		}
-		if err := stale.SaveRecoveryPoint(t.Context(), point("s2", "stale")); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("the stale owner's SaveRecoveryPoint: %v, want ErrLeaseLost", err)
+		if err := stale.SaveStep(t.Context(), point("s2", "stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("the stale owner's SaveStep: %v, want ErrLeaseLost", err)
 		}
-		if err := owner.Complete(t.Context(), okOutcome("owner")); err != nil {
+		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
 			t.Fatalf("the new owner's Complete: %v", err)
 		}
-		wantCompleted(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
 		wantSteps(t, owner, point("s1", "r1"), point("s2", "c1"))
 	}},
 
 	{name: "StepsAreBounded", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, time.Minute)
 		for i := range store.MaxSteps {
-			if err := l.SaveRecoveryPoint(t.Context(), point(fmt.Sprint("s", i), "x")); err != nil {
+			if err := l.SaveStep(t.Context(), point(fmt.Sprint("s", i), "x")); err != nil {
 				t.Fatalf("step %d of %d: %v", i+1, store.MaxSteps, err)
 			}
 		}
-		err := l.SaveRecoveryPoint(t.Context(), point("one-too-many", "x"))
-		if !errors.Is(err, store.ErrInvalidRecoveryPoint) {
-			t.Fatalf("step %d: %v, want ErrInvalidRecoveryPoint", store.MaxSteps+1, err)
+		err := l.SaveStep(t.Context(), point("one-too-many", "x"))
+		if !errors.Is(err, store.ErrInvalidStep) {
+			t.Fatalf("step %d: %v, want ErrInvalidStep", store.MaxSteps+1, err)
 		}
 		if n := len(l.Steps()); n != store.MaxSteps {
 			t.Errorf("%d steps after a refused one, want %d", n, store.MaxSteps)
 		}
 
 		big := takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "big"}, fp, time.Minute)
-		data := bytes.Repeat([]byte{7}, store.MaxRecoveryDataBytes)
+		data := bytes.Repeat([]byte{7}, store.MaxStepResultBytes)
 		var err2 error
 		saved := 0
 		for i := range store.MaxStepsBytes/len(data) + 1 {
-			if err2 = big.SaveRecoveryPoint(t.Context(), store.RecoveryPoint{Step: fmt.Sprint("b", i), Data: data}); err2 != nil {
+			if err2 = big.SaveStep(t.Context(), store.Step{Name: fmt.Sprint("b", i), Result: data}); err2 != nil {
 				break
 			}
 			saved++
 		}
-		if !errors.Is(err2, store.ErrInvalidRecoveryPoint) || saved*len(data) > store.MaxStepsBytes {
-			t.Fatalf("after %d steps of %d bytes: %v; want ErrInvalidRecoveryPoint before %d bytes", saved, len(data), err2, store.MaxStepsBytes)
+		if !errors.Is(err2, store.ErrInvalidStep) || saved*len(data) > store.MaxStepsBytes {
+			t.Fatalf("after %d steps of %d bytes: %v; want ErrInvalidStep before %d bytes", saved, len(data), err2, store.MaxStepsBytes)
 		}
 	}},
 }
 
-// completions returns s as store.Completions, or fails the test when s
+// completions returns s as store.Finishing, or fails the test when s
 // does not keep completions.
-func completions(t *testing.T, s store.Store) store.Completions {
+func completions(t *testing.T, s store.Store) store.Finishing {
 	t.Helper()
-	c, ok := s.(store.Completions)
+	c, ok := s.(store.Finishing)
 	if !ok {
-		t.Skip("the store does not implement store.Completions")
+		t.Skip("the store does not implement store.Finishing")
 	}
 	return c
 }
 
-var completion = &store.Completion{
+var completion = &store.Call{
 	Method:   "/idem.test.v1.Test/Do",
 	Request:  []byte("request bytes"),
-	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}},
+	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}, "x-trace-bin": {"\x00\xff\x80 binary"}},
 }
 
 // abandonedKeys returns the keys Abandoned lists.
-func abandonedKeys(t *testing.T, c store.Completions, grace time.Duration) []store.Abandoned {
+func abandonedKeys(t *testing.T, c store.Finishing, grace time.Duration) []store.Abandoned {
 	t.Helper()
 	list, err := c.Abandoned(t.Context(), grace, 100)
 	if err != nil {
@@ -141,18 +141,18 @@ func abandonedKeys(t *testing.T, c store.Completions, grace time.Duration) []sto
 }
 
 var completionCases = []testCase{
-	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
-		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
 		// Without a completion, or still leased: not listed.
 		_ = takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "plain"}, fp, 100*time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned during the lease: %v", got)
 		}
-		time.Sleep(250 * time.Millisecond)
+		cfg.advance(250 * time.Millisecond)
 		if got := abandonedKeys(t, c, time.Hour); len(got) != 0 {
 			t.Fatalf("Abandoned within the grace period: %v", got)
 		}
@@ -162,14 +162,14 @@ var completionCases = []testCase{
 		}
 		a := got[0]
 		if a.Key != key || !bytes.Equal(a.Fingerprint, fp) || a.Takeovers != 0 ||
-			a.Completion.Method != completion.Method || !bytes.Equal(a.Completion.Request, completion.Request) ||
-			!slices.Equal(a.Completion.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(a.Completion.Metadata["x-user"], []string{"u1"}) {
+			a.Call.Method != completion.Method || !bytes.Equal(a.Call.Request, completion.Request) ||
+			!slices.Equal(a.Call.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(a.Call.Metadata["x-user"], []string{"u1"}) {
 			t.Fatalf("Abandoned = %+v", a)
 		}
 
 		// Taken over as a retry would: counted, and spaced further.
 		taker := takeLease(t, s, key, fp, 100*time.Millisecond)
-		time.Sleep(250 * time.Millisecond)
+		cfg.advance(250 * time.Millisecond)
 		if got := abandonedKeys(t, c, 100*time.Millisecond); len(got) != 0 {
 			t.Fatalf("Abandoned after a takeover, before twice the grace: %v", got)
 		}
@@ -181,9 +181,9 @@ var completionCases = []testCase{
 
 	{name: "ReleaseKeepsACompletableClaim", run: func(t *testing.T, s store.Store, _ Config) {
 		c := completions(t, s)
-		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, time.Hour)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, time.Hour)
 		if err != nil || lc.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
 		// A transient failure before any step: the claim and its request
 		// stay, for a retry or a completer, and the lease ends at once.
@@ -191,17 +191,17 @@ var completionCases = []testCase{
 			t.Fatal(err)
 		}
 		got := abandonedKeys(t, c, 0)
-		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Completion.Request, completion.Request) {
+		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Call.Request, completion.Request) {
 			t.Fatalf("Abandoned after Release = %v, want the key with its request", got)
 		}
 		// Another request under the key is refused; the same one takes over.
-		other, err := s.Lease(t.Context(), key, store.Request{Fingerprint: other, Completion: completion}, time.Hour)
+		other, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: other, Call: completion}, time.Hour)
 		if err != nil || other.Lease != nil || other.Entry == nil {
-			t.Fatalf("lease with another fingerprint: %s, %v; want the entry in progress", describeLeaseClaim(other), err)
+			t.Fatalf("lease with another fingerprint: %s, %v; want the entry in progress", describeLeasedClaim(other), err)
 		}
-		taker, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp}, time.Hour)
+		taker, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, time.Hour)
 		if err != nil || taker.Lease == nil || !taker.TookOver {
-			t.Fatalf("lease after Release: %s (took over: %v), %v; want a takeover", describeLeaseClaim(taker), taker.TookOver, err)
+			t.Fatalf("lease after Release: %s (took over: %v), %v; want a takeover", describeLeasedClaim(taker), taker.TookOver, err)
 		}
 		// The takeover without a completion of its own keeps the request.
 		if err := taker.Lease.Release(t.Context()); err != nil {
@@ -212,28 +212,28 @@ var completionCases = []testCase{
 		}
 	}},
 
-	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
-		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
-		if err := lc.Lease.Complete(t.Context(), okOutcome("done")); err != nil {
+		if err := lc.Lease.Record(t.Context(), okOutcome("done")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		cfg.advance(150 * time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned lists a completed call: %v", got)
 		}
 	}},
 
-	{name: "ExpiredCallIsNotListed", long: true, cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "ExpiredCallIsNotListed", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
 		c := completions(t, s)
-		lc, err := s.Lease(t.Context(), key, store.Request{Fingerprint: fp, Completion: completion}, 100*time.Millisecond)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
-			t.Fatalf("lease: %s, %v", describeLeaseClaim(lc), err)
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
-		time.Sleep(cfg.TTL + 300*time.Millisecond)
+		cfg.advance(cfg.TTL + 300*time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned lists an expired call: %v", got)
 		}

@@ -6,7 +6,7 @@
 //
 // Checkout reserves stock in its own database, charges the customer with a
 // payment provider over gRPC and records the order, each an
-// [interceptor.Step] whose result is saved under the request's key as soon
+// [idem.Step] whose result is saved under the request's key as soon
 // as the step returns:
 //
 //	reserve  result: the reservation id
@@ -25,24 +25,24 @@
 // the two makes the takeover run the step again. Each step is therefore
 // idempotent under the request's key: the reservation and the order are
 // rows unique by the key, and the provider call carries the request's child
-// key for [StepCharge] (interceptor.ChildKey(ctx, StepCharge)), attached by
+// key for [StepCharge] (idem.ChildKey(ctx, StepCharge)), attached by
 // idem's client interceptor, so the provider answers a repeated call with
 // the charge it already made. When an attempt fails with a transient error
 // (the provider unreachable after the client's retries) after a step was
 // saved, idem ends the lease but keeps the claim, so the retry takes over
 // and resumes after that step too.
 //
-// # Completion
+// # Finishing
 //
-// Checkout is completable ((idem.v1.method).complete in its proto): the
+// Checkout is finishable ((idem.v1.method).finish in its proto): the
 // claim keeps the request until the outcome is recorded. When the client
-// gives up after its worker died, the [interceptor.Completer] that every
-// replica runs ([NewCompleter]) takes the abandoned checkout over once its
+// gives up after its worker died, the [idem.Finisher] that every
+// replica runs ([NewFinisher]) takes the abandoned checkout over once its
 // lease has run out and a grace period has passed, runs it to the end in
 // the same way, and records its outcome, answer or deterministic error,
 // which the client's retry, if it comes while the key lives, gets
 // replayed. Checkout reads nothing from the request's metadata, so the
-// completer keeps none (interceptor.WithCompletionMetadata would name it).
+// finisher keeps none (idem.WithFinishHeaders would name it).
 package checkoutsvc
 
 import (
@@ -60,6 +60,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 	"github.com/idemkit/idem/interceptor"
@@ -86,7 +87,7 @@ func Restock(ctx context.Context, db *pgxpool.Pool, sku string, n int) error {
 }
 
 // The steps of Checkout, in the order it runs them. Each runs with
-// [interceptor.Step]: its result is saved under the request's key as soon
+// [idem.Step]: its result is saved under the request's key as soon
 // as it returns, and a takeover of the key gets it back without running the
 // step again.
 const (
@@ -95,7 +96,7 @@ const (
 	StepReserve = "reserve"
 	// StepCharge charges the customer with the provider; its result is the
 	// provider's charge id. The provider call's idempotency key is
-	// interceptor.ChildKey(ctx, StepCharge), derived from the Checkout
+	// idem.ChildKey(ctx, StepCharge), derived from the Checkout
 	// request's tenant, method and key.
 	StepCharge = "charge"
 	// StepConfirm records the order; its result is the order id.
@@ -131,7 +132,7 @@ const (
 // Hook is called as Checkout reaches each point: [PointStarted], each
 // step once its result is saved (the detail is the result, followed by
 // [Resumed] when an earlier attempt had saved it), and the points inside
-// the steps. ctx is the call's: interceptor.KeyFromContext gives its key.
+// the steps. ctx is the call's: idem.KeyFromContext gives its key.
 // It runs on the call's goroutine.
 type Hook func(ctx context.Context, point, detail string)
 
@@ -165,30 +166,38 @@ func New(pool *pgxpool.Pool, provider providerv1.ProviderServiceClient, opts ...
 
 // NewServer returns a gRPC server with svc registered behind panic recovery
 // and idem on svc's database. Checkout's proto options put it in leased
-// mode with a 2 s lease, completable; opts may override them
-// ([interceptor.WithLeased]).
-func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
+// mode with a 2 s lease, finishable; opts may override them
+// ([idem.WithLeased]).
+func NewServer(svc *Service, opts ...idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(svc.pool), opts...)
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(svc.pool), opts...),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	checkoutv1.RegisterCheckoutServiceServer(srv, svc)
-	return srv
+	return srv, nil
 }
 
-// NewCompleter returns a completer of the checkouts abandoned on svc's
+// NewFinisher returns a finisher of the checkouts abandoned on svc's
 // database, with svc registered: run it (Run) on every replica. opts must
 // be the server's ([NewServer]), so that it runs Checkout as the server
-// would; copts set its grace and pace.
-func NewCompleter(svc *Service, opts []interceptor.ServerOption, copts ...interceptor.CompleterOption) (*interceptor.Completer, error) {
-	c, err := interceptor.NewCompleter(interceptor.NewEngine(postgres.New(svc.pool), opts...), copts...)
+// would; cfg sets its grace and pace.
+func NewFinisher(svc *Service, opts []idem.Option, cfg idem.FinisherConfig) (*idem.Finisher, error) {
+	engine, err := idem.New(postgres.New(svc.pool), opts...)
 	if err != nil {
 		return nil, err
 	}
-	checkoutv1.RegisterCheckoutServiceServer(c, svc)
-	return c, nil
+	f, err := idem.NewFinisher(engine, cfg)
+	if err != nil {
+		return nil, err
+	}
+	checkoutv1.RegisterCheckoutServiceServer(interceptor.FinisherRegistrar(f), svc)
+	return f, nil
 }
 
 // ClientInterceptors returns the unary client interceptors for the
@@ -209,7 +218,7 @@ func ClientInterceptors() []grpc.UnaryClientInterceptor {
 
 // Checkout reserves stock, charges the customer and records the order,
 // each a step that runs once per key: a takeover, by a retry or a
-// completer, skips the steps an earlier attempt saved. Too little stock
+// finisher, skips the steps an earlier attempt saved. Too little stock
 // fails it with FAILED_PRECONDITION, which idem records as the key's
 // answer.
 func (s *Service) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest) (*checkoutv1.CheckoutResponse, error) {
@@ -217,7 +226,7 @@ func (s *Service) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest)
 		req.GetUnitPriceCents() <= 0 || len(req.GetCurrency()) != 3 {
 		return nil, status.Error(codes.InvalidArgument, "customer_id, sku, a positive quantity and unit price and a three-letter currency are required")
 	}
-	key, ok := interceptor.KeyFromContext(ctx)
+	key, ok := idem.KeyFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Internal, "Checkout must run under the idem interceptor")
 	}
@@ -237,12 +246,12 @@ func (s *Service) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest)
 	return &checkoutv1.CheckoutResponse{OrderId: order, ReservationId: reservation, ChargeId: charge, AmountCents: amount(req)}, nil
 }
 
-// step runs fn as the step name of the call ([interceptor.Step]) and tells
+// step runs fn as the step name of the call ([idem.Step]) and tells
 // the hook once its result is saved. Errors are returned as they are:
 // store.ErrLeaseLost tells idem that another attempt took the key over.
 func (s *Service) step(ctx context.Context, name string, fn func(context.Context) (string, error)) (string, error) {
 	ran := false
-	result, err := interceptor.Step(ctx, name, func(ctx context.Context) ([]byte, error) {
+	result, err := idem.Step(ctx, name, func(ctx context.Context) ([]byte, error) {
 		ran = true
 		id, err := fn(ctx)
 		return []byte(id), err
@@ -313,7 +322,7 @@ func (s *Service) charge(ctx context.Context, req *checkoutv1.CheckoutRequest) (
 		return "", err
 	}
 	detail := resp.GetChargeId()
-	if len(header.Get(interceptor.ReplayedHeader)) > 0 {
+	if len(header.Get(idem.ReplayedHeader)) > 0 {
 		detail += Replayed
 	}
 	s.hook(ctx, PointChargeAnswered, detail)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
@@ -38,16 +39,20 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 
 // NewServer returns a gRPC server with stub registered behind, in chain
 // order, the stub's log of calls, panic recovery and idem on pool.
-func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.ServerOption) *grpc.Server {
+func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(pool), opts...)
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		stub.logCall,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	providerv1.RegisterProviderServiceServer(srv, stub)
-	return srv
+	return srv, nil
 }
 
 // Call is one Charge call as it reached the provider, before idem.
@@ -90,7 +95,7 @@ func (s *Stub) CallsWithKey(key string) int {
 // call with its key and outcome.
 func (s *Stub) logCall(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	var key string
-	if v := metadata.ValueFromIncomingContext(ctx, interceptor.KeyHeader); len(v) == 1 {
+	if v := metadata.ValueFromIncomingContext(ctx, idem.KeyHeader); len(v) == 1 {
 		key = v[0]
 	}
 	resp, err := handler(ctx, req)
@@ -106,7 +111,7 @@ func (s *Stub) Charge(ctx context.Context, req *providerv1.ChargeRequest) (*prov
 		return nil, status.Error(codes.InvalidArgument, "customer_id, a positive amount and a three-letter currency are required")
 	}
 	tx, ok := postgres.TxFromContext(ctx)
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Internal, "Charge must run under the idem interceptor")
 	}

@@ -38,6 +38,11 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 // ConsumerName scopes the consumer's message ids in processed_messages.
 const ConsumerName = "shipping"
 
+// Retention is how long the consumer's inbox keeps a processed message's
+// id (postgres.WithRetention): 7 days, which must outlast the broker's
+// redelivery window (see CheckRetention).
+const Retention = 7 * 24 * time.Hour
+
 // OrderPlaced is the event the consumer applies.
 type OrderPlaced struct {
 	// ID is assigned by the producer when it creates the event and sent as
@@ -133,8 +138,10 @@ type Consumer struct {
 }
 
 // NewConsumer returns a consumer that records shipments and processed
-// message ids in db.
+// message ids in db, keeping the ids for Retention unless opts say
+// otherwise.
 func NewConsumer(db *pgxpool.Pool, opts ...postgres.InboxOption) *Consumer {
+	opts = append([]postgres.InboxOption{postgres.WithRetention(Retention)}, opts...)
 	return &Consumer{inbox: postgres.NewInbox(db, ConsumerName, opts...)}
 }
 

@@ -308,10 +308,10 @@ func TestRetentionOutlastsRedelivery(t *testing.T) {
 		shipping.ConsumerName, ev.ID).Scan(&kept); err != nil {
 		t.Fatal(err)
 	}
-	if kept != postgres.DefaultRetention || kept <= window {
-		t.Fatalf("id kept for %v; want the default %v, longer than the redelivery window %v", kept, postgres.DefaultRetention, window)
+	if kept != shipping.Retention || kept <= window {
+		t.Fatalf("id kept for %v; want %v, longer than the redelivery window %v", kept, shipping.Retention, window)
 	}
-	if err := shipping.CheckRetention(sInfo.Config, cInfo.Config, postgres.DefaultRetention); err != nil {
+	if err := shipping.CheckRetention(sInfo.Config, cInfo.Config, shipping.Retention); err != nil {
 		t.Fatal(err)
 	}
 	if err := shipping.CheckRetention(sInfo.Config, cInfo.Config, window/2); err == nil {
@@ -321,7 +321,7 @@ func TestRetentionOutlastsRedelivery(t *testing.T) {
 	unbounded.MaxAge = 0
 	forever := cInfo.Config
 	forever.MaxDeliver = -1
-	if err := shipping.CheckRetention(unbounded, forever, postgres.DefaultRetention); err == nil {
+	if err := shipping.CheckRetention(unbounded, forever, shipping.Retention); err == nil {
 		t.Fatal("CheckRetention accepted a broker that redelivers forever")
 	}
 }

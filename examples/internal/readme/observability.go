@@ -10,29 +10,30 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )
 
 // The snippets of the README's section "Observability".
 
-func observed(store *postgres.Store, meterProvider metric.MeterProvider, tracerProvider trace.TracerProvider, logger *slog.Logger) grpc.UnaryServerInterceptor {
-	return interceptor.UnaryServerInterceptor(store,
-		interceptor.WithMeterProvider(meterProvider), // also a client option
-		interceptor.WithTracerProvider(tracerProvider),
-		interceptor.WithLogger(logger))
+func observed(store *postgres.Store, meterProvider metric.MeterProvider, tracerProvider trace.TracerProvider, logger *slog.Logger) (*idem.Engine, error) {
+	return idem.New(store,
+		idem.WithMeterProvider(meterProvider), // also a client option
+		idem.WithTracerProvider(tracerProvider),
+		idem.WithLogger(logger))
 }
 
-func logged(logger logging.Logger, store *postgres.Store) grpc.ServerOption {
+func logged(logger logging.Logger, engine *idem.Engine) grpc.ServerOption {
 	return grpc.ChainUnaryInterceptor(
 		logging.UnaryServerInterceptor(logger), // first: it sees idem's fields
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(store),
+		interceptor.UnaryServerInterceptor(engine),
 	)
 }
 
-func hooked(replayedPayments metric.Int64Counter) interceptor.ServerOption {
-	return interceptor.WithOutcomeHook(func(ctx context.Context, o interceptor.Outcome) {
+func hooked(replayedPayments metric.Int64Counter) idem.Option {
+	return idem.WithOutcomeHook(func(ctx context.Context, o idem.Outcome) {
 		if o.Replayed {
 			replayedPayments.Add(ctx, 1) // the customer retried; nothing was charged again
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/idemkit/idem"
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
@@ -34,7 +35,7 @@ type checkout struct {
 func (c *checkout) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest) (*checkoutv1.CheckoutResponse, error) {
 	provider := c.provider
 	amount := req.GetUnitPriceCents() * int64(req.GetQuantity())
-	chargeID, err := interceptor.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+	chargeID, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 		resp, err := provider.Charge(ctx, &providerv1.ChargeRequest{CustomerId: req.GetCustomerId(), AmountCents: amount})
 		return []byte(resp.GetChargeId()), err
 	})
@@ -44,14 +45,13 @@ func (c *checkout) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest
 	return &checkoutv1.CheckoutResponse{ChargeId: string(chargeID)}, nil
 }
 
-func runCompleter(ctx context.Context, store *postgres.Store, opts []interceptor.ServerOption, svc *checkout) error {
-	engine := interceptor.NewEngine(store, opts...) // the server's options
-	completer, err := interceptor.NewCompleter(engine)
+func runFinisher(ctx context.Context, engine *idem.Engine, svc *checkout) error {
+	finisher, err := idem.NewFinisher(engine, idem.FinisherConfig{}) // the server's engine
 	if err != nil {
 		return err
 	}
-	checkoutv1.RegisterCheckoutServiceServer(completer, svc)
-	go completer.Run(ctx) // every 10 s; abandoned = lease ran out 30 s ago
+	checkoutv1.RegisterCheckoutServiceServer(interceptor.FinisherRegistrar(finisher), svc)
+	go finisher.Run(ctx) // every 10 s; abandoned = lease ran out 30 s ago
 	return nil
 }
 
@@ -86,4 +86,11 @@ func consume(ctx context.Context, pool *pgxpool.Pool, msg jetstream.Msg, msgID, 
 	}
 	_ = duplicate    // processed now or before, either way:
 	return msg.Ack() // acknowledge after the commit
+}
+
+// upgraded is the snippet of the README's section "Upgrading".
+func upgraded(store *postgres.Store, opts []idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(store, opts...) // fails when an option names a method that is not a unary method in the protobuf registry
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
+	return srv, err
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
@@ -27,11 +27,14 @@ func newServer(ctx context.Context) (*grpc.Server, error) {
 	if err := store.Check(ctx); err != nil { // says now, not on the first call, if idem cannot serve
 		return nil, err
 	}
+	engine, err := idem.New(store, idem.WithTenant(tenantFromAuth))
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(
 			recovery.UnaryServerInterceptor(),
-			interceptor.UnaryServerInterceptor(store,
-				interceptor.WithTenant(interceptor.TenantFunc(tenantFromAuth))),
+			interceptor.UnaryServerInterceptor(engine),
 		),
 		grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()),
 	)
@@ -41,9 +44,10 @@ func newServer(ctx context.Context) (*grpc.Server, error) {
 
 // tenantFromAuth returns the caller's tenant. Derive it from the caller's
 // verified identity (here a header an authenticating proxy sets), never
-// only from a value the client chooses freely.
-func tenantFromAuth(ctx context.Context) (string, error) {
-	if v := metadata.ValueFromIncomingContext(ctx, "x-authenticated-tenant"); len(v) == 1 {
+// only from a value the client chooses freely. header is the request
+// metadata, lower-case names.
+func tenantFromAuth(ctx context.Context, header map[string][]string) (string, error) {
+	if v := header["x-authenticated-tenant"]; len(v) == 1 {
 		return v[0], nil
 	}
 	return "", errors.New("no authenticated tenant")

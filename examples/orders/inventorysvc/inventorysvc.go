@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	inventoryv1 "github.com/idemkit/idem/examples/gen/inventory/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
@@ -37,14 +38,17 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 // NewServer returns a gRPC server with the idem interceptor and stub
 // registered. Like the payments example, it reads the tenant from
 // paymentsvc.TenantHeader.
-func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...interceptor.ServerOption) *grpc.Server {
-	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
+func NewServer(pool *pgxpool.Pool, stub *Stub, opts ...idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(pool), append([]idem.Option{idem.WithTenant(paymentsvc.TenantOf)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(postgres.New(pool), opts...),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	inventoryv1.RegisterInventoryServiceServer(srv, stub)
-	return srv
+	return srv, nil
 }
 
 // Call is one execution of Reserve.
@@ -76,7 +80,7 @@ func (s *Stub) Reserve(ctx context.Context, req *inventoryv1.ReserveRequest) (*i
 		return nil, status.Error(codes.InvalidArgument, "sku and a positive quantity are required")
 	}
 	tx, ok := postgres.TxFromContext(ctx)
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Internal, "Reserve must run under the idem interceptor")
 	}

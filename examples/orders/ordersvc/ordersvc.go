@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	inventoryv1 "github.com/idemkit/idem/examples/gen/inventory/v1"
 	ordersv1 "github.com/idemkit/idem/examples/gen/orders/v1"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
@@ -41,7 +42,7 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 }
 
 // ReserveStep is the step name of the stock reservation: its key is the
-// order request's child key for it, interceptor.ChildKey(ctx, ReserveStep).
+// order request's child key for it, idem.ChildKey(ctx, ReserveStep).
 // The payments are not named, so their keys are derived from the method
 // name and the call's ordinal (the first call to
 // "/payments.v1.PaymentService/CreatePayment" for the goods, the second for
@@ -67,20 +68,27 @@ func ClientInterceptors() []grpc.UnaryClientInterceptor {
 // NewServer returns a gRPC server with the idem interceptor and the
 // OrderService registered. Its tenant, like the payments example's, comes
 // from paymentsvc.TenantHeader.
-func NewServer(svc *Service, opts ...interceptor.ServerOption) *grpc.Server {
-	return grpc.NewServer(grpc.ChainUnaryInterceptor(ServerInterceptors(svc, opts...)...))
+func NewServer(svc *Service, opts ...idem.Option) (*grpc.Server, error) {
+	ics, err := ServerInterceptors(svc, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewServer(grpc.ChainUnaryInterceptor(ics...)), nil
 }
 
 // ServerInterceptors returns the server chain of [NewServer]: recovery,
 // then idem on the service's database.
-func ServerInterceptors(svc *Service, opts ...interceptor.ServerOption) []grpc.UnaryServerInterceptor {
-	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))}, opts...)
+func ServerInterceptors(svc *Service, opts ...idem.Option) ([]grpc.UnaryServerInterceptor, error) {
+	engine, err := idem.New(postgres.New(svc.pool), append([]idem.Option{idem.WithTenant(paymentsvc.TenantOf)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
 	return []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(svc.pool), opts...),
-	}
+		interceptor.UnaryServerInterceptor(engine),
+	}, nil
 }
 
 // Service implements ordersv1.OrderServiceServer.
@@ -106,7 +114,7 @@ func (s *Service) PlaceOrder(ctx context.Context, req *ordersv1.PlaceOrderReques
 		return nil, status.Error(codes.InvalidArgument, "customer_id, sku, a positive quantity and a positive unit price are required")
 	}
 	tx, ok := postgres.TxFromContext(ctx)
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Internal, "PlaceOrder must run under the idem interceptor")
 	}
@@ -125,7 +133,7 @@ func (s *Service) PlaceOrder(ctx context.Context, req *ordersv1.PlaceOrderReques
 		return nil, err
 	}
 
-	res, err := s.inventory.Reserve(interceptor.ContextWithStep(out, ReserveStep),
+	res, err := s.inventory.Reserve(idem.ContextWithStep(out, ReserveStep),
 		&inventoryv1.ReserveRequest{Sku: req.GetSku(), Quantity: req.GetQuantity()})
 	if err != nil {
 		return nil, err

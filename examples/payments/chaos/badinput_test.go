@@ -26,9 +26,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -55,7 +55,10 @@ func newBadEnv(t *testing.T) *badEnv {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (key text NOT NULL, value text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	srv := paymentsvc.NewServer(pool, interceptor.WithLogger(idemLogger))
+	srv, err := paymentsvc.NewServer(pool, idem.WithLogger(idemLogger))
+	if err != nil {
+		t.Fatal(err)
+	}
 	testv1.RegisterTestServiceServer(srv, &effectService{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,7 +87,7 @@ func (effectService) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoR
 	if !ok {
 		return nil, status.Error(codes.Internal, "Do must run under the idem interceptor")
 	}
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	if _, err := tx.Exec(ctx, `INSERT INTO effects (key, value) VALUES ($1, $2)`, key, req.GetValue()); err != nil {
 		return nil, err
 	}
@@ -143,7 +146,7 @@ func (e *badEnv) create(t *testing.T, req *paymentsv1.CreatePaymentRequest, kv .
 
 // keyed returns the metadata pairs of a call under key for tenant.
 func keyed(tenant, key string) []string {
-	return []string{interceptor.KeyHeader, key, paymentsvc.TenantHeader, tenant}
+	return []string{idem.KeyHeader, key, paymentsvc.TenantHeader, tenant}
 }
 
 // TestBadInput is a table of malformed and misused idempotency keys,
@@ -179,7 +182,7 @@ func TestBadInput(t *testing.T) {
 	})
 	t.Run("two key values", func(t *testing.T) {
 		e := newBadEnv(t)
-		_, _, err := e.create(t, payment, interceptor.KeyHeader, "a", interceptor.KeyHeader, "b", paymentsvc.TenantHeader, "acme")
+		_, _, err := e.create(t, payment, idem.KeyHeader, "a", idem.KeyHeader, "b", paymentsvc.TenantHeader, "acme")
 		wantBadKey(t, err)
 		e.nothingWritten(t)
 	})
@@ -233,8 +236,8 @@ func TestBadInput(t *testing.T) {
 		other.AmountCents++
 		resp, _, err := e.create(t, other, keyed("acme", "k")...)
 		st := wantCode(t, err, codes.FailedPrecondition)
-		if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyReused || resp != nil {
-			t.Fatalf("ErrorInfo %v and response %v; want %s and no response", info, resp, interceptor.ReasonKeyReused)
+		if info := errorInfo(st); info.GetReason() != idem.ReasonKeyReused || resp != nil {
+			t.Fatalf("ErrorInfo %v and response %v; want %s and no response", info, resp, idem.ReasonKeyReused)
 		}
 		e.wantRows(t, 1, 1, 0)
 		var amount int64
@@ -447,7 +450,7 @@ CREATE TRIGGER skip_write BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH R
 }
 
 func replayed(header metadata.MD) bool {
-	return slices.Contains(header.Get(interceptor.ReplayedHeader), "true")
+	return slices.Contains(header.Get(idem.ReplayedHeader), "true")
 }
 
 // wantCode fails t unless err carries code c.
@@ -466,8 +469,8 @@ func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
 func wantScopeInvalid(t *testing.T, err error, rule string) {
 	t.Helper()
 	st := wantCode(t, err, codes.InvalidArgument)
-	if info := errorInfo(st); info.GetReason() != interceptor.ReasonScopeInvalid || info.GetDomain() != interceptor.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s", info, interceptor.ReasonScopeInvalid)
+	if info := errorInfo(st); info.GetReason() != idem.ReasonScopeInvalid || info.GetDomain() != idem.Domain {
+		t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonScopeInvalid)
 	}
 	if msg := st.Message(); !strings.Contains(msg, "tenant") || !strings.Contains(msg, rule) || len(msg) > 200 {
 		t.Fatalf("message %q: want a short one naming the tenant and %q", msg, rule)
@@ -482,13 +485,13 @@ func wantBadKey(t *testing.T, err error) {
 	for _, d := range st.Details() {
 		if br, ok := d.(*errdetails.BadRequest); ok {
 			for _, v := range br.GetFieldViolations() {
-				if v.GetField() == interceptor.KeyHeader {
+				if v.GetField() == idem.KeyHeader {
 					return
 				}
 			}
 		}
 	}
-	t.Fatalf("no BadRequest violation on %s in %v", interceptor.KeyHeader, st.Proto())
+	t.Fatalf("no BadRequest violation on %s in %v", idem.KeyHeader, st.Proto())
 }
 
 func errorInfo(st *status.Status) *errdetails.ErrorInfo {
@@ -526,7 +529,7 @@ func h2Call(addr, tenant, key string, req proto.Message) (*status.Status, error)
 	}
 	hreq.Header["content-type"] = []string{"application/grpc"}
 	hreq.Header["te"] = []string{"trailers"}
-	hreq.Header[interceptor.KeyHeader] = []string{key}
+	hreq.Header[idem.KeyHeader] = []string{key}
 	hreq.Header[paymentsvc.TenantHeader] = []string{tenant}
 	resp, err := client.Do(hreq)
 	if err != nil {
@@ -589,7 +592,7 @@ func h2Reset(addr, key string, req proto.Message) error {
 		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
 		{":path", paymentsv1.PaymentService_CreatePayment_FullMethodName},
 		{"content-type", "application/grpc"}, {"te", "trailers"},
-		{paymentsvc.TenantHeader, "acme"}, {interceptor.KeyHeader, key},
+		{paymentsvc.TenantHeader, "acme"}, {idem.KeyHeader, key},
 	} {
 		block = append(block, 0)
 		block = hpackString(block, f[0])

@@ -15,11 +15,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/record"
 )
 
 // TestCrashAnywhere kills the payments server with SIGKILL at random
@@ -97,7 +98,7 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	req := &paymentsv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250, Currency: "EUR", TraceId: "first"}
 	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-1", paymentsvc.TenantHeader, "acme")
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-1", paymentsvc.TenantHeader, "acme")
 	conn := dial(t, crash.addr)
 	defer conn.Close()
 	_, err := paymentsv1.NewPaymentServiceClient(conn).CreatePayment(
@@ -141,13 +142,17 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	if resp.GetPayment().GetId() != paymentID {
 		t.Fatalf("retry got payment %q, the committed one is %s", resp.GetPayment().GetId(), paymentID)
 	}
-	if !slices.Contains(header.Get(interceptor.ReplayedHeader), "true") {
+	if !slices.Contains(header.Get(idem.ReplayedHeader), "true") {
 		t.Fatalf("retry not marked as a replay; header %v", header)
 	}
-	// The row holds the response in an envelope of six bytes (0x00, the
-	// code, a checksum); the reply carries what follows.
-	if got := codec.last(); len(stored) < 6 || stored[0] != 0 || !bytes.Equal(got, stored[6:]) {
-		t.Fatalf("retry got response bytes %x, stored %x", got, stored)
+	// The row holds the response in a record (internal/record); the reply
+	// carries its payload, byte for byte.
+	rec, err := record.Decode(stored)
+	if err != nil || rec.Bare {
+		t.Fatalf("stored response %x: %+v, %v; want a record", stored, rec, err)
+	}
+	if got := codec.last(); !bytes.Equal(got, rec.Payload) {
+		t.Fatalf("retry got response bytes %x, recorded %x", got, rec.Payload)
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d payments after the retry (%v), want 1", n, err)

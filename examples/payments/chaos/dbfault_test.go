@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // observerApp is the application_name of the test's own connections, which
@@ -220,8 +220,8 @@ func TestTableLock(t *testing.T) {
 			// that nothing bounds ends in DEADLINE_EXCEEDED instead.
 			_, err = call("k")
 			st := wantCode(t, err, codes.Aborted)
-			if info := errorInfo(st); info.GetReason() != interceptor.ReasonKeyInUse {
-				t.Fatalf("ErrorInfo %v, want %s", info, interceptor.ReasonKeyInUse)
+			if info := errorInfo(st); info.GetReason() != idem.ReasonKeyInUse {
+				t.Fatalf("ErrorInfo %v, want %s", info, idem.ReasonKeyInUse)
 			}
 			if err := lock.Rollback(ctx); err != nil {
 				t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestFailover fails PostgreSQL over while 16 clients drive 240 payments:

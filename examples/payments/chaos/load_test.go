@@ -24,9 +24,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 )
 
 // op is one logical payment: a key and the request retried under it.
@@ -176,7 +176,7 @@ func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 		a, err := l.call(client, o)
 		st := status.Convert(err)
 		l.count(st)
-		if err == nil || interceptor.DefaultClassifier.Deterministic(st) {
+		if err == nil || recorded(st) {
 			o.answers = append(o.answers, a)
 			continue
 		}
@@ -195,7 +195,7 @@ func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 func (l *load) call(client paymentsv1.PaymentServiceClient, o *op) (answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, o.key, paymentsvc.TenantHeader, o.tenant)
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, o.key, paymentsvc.TenantHeader, o.tenant)
 	req := proto.Clone(o.req).(*paymentsv1.CreatePaymentRequest)
 	req.TraceId = randomHex(8)
 	var header metadata.MD
@@ -206,7 +206,7 @@ func (l *load) call(client paymentsv1.PaymentServiceClient, o *op) (answer, erro
 	a := answer{
 		code:      status.Code(err),
 		paymentID: resp.GetPayment().GetId(),
-		replayed:  slices.Contains(header.Get(interceptor.ReplayedHeader), "true"),
+		replayed:  slices.Contains(header.Get(idem.ReplayedHeader), "true"),
 		raw:       codec.last(),
 		at:        time.Now(),
 	}
@@ -471,4 +471,15 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// recorded reports whether idem records an error of st's code, as it does
+// by default (idem.WithClassifier): such an answer is definitive, and a
+// retry under the same key gets it again.
+func recorded(st *status.Status) bool {
+	switch st.Code() {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.AlreadyExists, codes.NotFound:
+		return true
+	}
+	return false
 }

@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // The tests in this file run the payments server with its database URL

@@ -18,11 +18,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
-	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
 // countingService is PaymentService behind a downstream stub's ledger: it
@@ -38,7 +39,7 @@ type countingService struct {
 }
 
 func (s *countingService) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaymentRequest) (*paymentsv1.CreatePaymentResponse, error) {
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	s.mu.Lock()
 	s.executions[key]++
 	hold := s.hold
@@ -96,12 +97,15 @@ func startInProcessOn(t *testing.T, dsn string, poolSize int32, storeOpts ...pos
 		t.Fatal(err)
 	}
 	svc := &countingService{Service: paymentsvc.New(pool), executions: make(map[string]int)}
+	engine, err := idem.New(postgres.New(pool, storeOpts...), idem.WithTenant(paymentsvc.TenantOf))
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(pool, storeOpts...),
-			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -310,7 +314,7 @@ func (r stormResult) acceptable() bool {
 func stormCall(conn *grpc.ClientConn, tenant, key string, req *paymentsv1.CreatePaymentRequest) stormResult {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key, paymentsvc.TenantHeader, tenant)
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, key, paymentsvc.TenantHeader, tenant)
 	var header metadata.MD
 	began := time.Now()
 	resp, err := paymentsv1.NewPaymentServiceClient(conn).CreatePayment(ctx, req, grpc.Header(&header))
@@ -318,7 +322,7 @@ func stormCall(conn *grpc.ClientConn, tenant, key string, req *paymentsv1.Create
 	return stormResult{
 		code:     st.Code(),
 		id:       resp.GetPayment().GetId(),
-		replayed: slices.Contains(header.Get(interceptor.ReplayedHeader), "true"),
+		replayed: slices.Contains(header.Get(idem.ReplayedHeader), "true"),
 		retry:    retryDelay(st) > 0 && hasKeyInUse(st),
 		took:     time.Since(began),
 		err:      err,
@@ -329,7 +333,7 @@ func stormCall(conn *grpc.ClientConn, tenant, key string, req *paymentsv1.Create
 func hasKeyInUse(st *status.Status) bool {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason() == interceptor.ReasonKeyInUse && info.GetDomain() == interceptor.Domain
+			return info.GetReason() == idem.ReasonKeyInUse && info.GetDomain() == idem.Domain
 		}
 	}
 	return false

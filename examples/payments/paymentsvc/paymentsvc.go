@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemgateway"
@@ -58,7 +59,14 @@ const TenantHTTPHeader = "X-Tenant-Id"
 
 // Tenant returns the caller's tenant from [TenantHeader].
 func Tenant(ctx context.Context) (string, error) {
-	v := metadata.ValueFromIncomingContext(ctx, TenantHeader)
+	md, _ := metadata.FromIncomingContext(ctx)
+	return TenantOf(ctx, md)
+}
+
+// TenantOf returns the tenant of a call from [TenantHeader] in its request
+// metadata, header: idem's tenant ([idem.WithTenant]).
+func TenantOf(_ context.Context, header map[string][]string) (string, error) {
+	v := header[TenantHeader]
 	if len(v) != 1 || v[0] == "" {
 		return "", status.Error(codes.Unauthenticated, "missing "+TenantHeader+" header")
 	}
@@ -66,8 +74,9 @@ func Tenant(ctx context.Context) (string, error) {
 }
 
 // NewServer returns a gRPC server with the idem interceptor, PaymentService,
-// health checking and server reflection registered.
-func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Server {
+// health checking and server reflection registered. It fails when opts
+// name a method that is not a unary method of a registered service.
+func NewServer(pool *pgxpool.Pool, opts ...idem.Option) (*grpc.Server, error) {
 	return newServer(postgres.New(pool), New(pool), opts)
 }
 
@@ -76,7 +85,7 @@ func NewServer(pool *pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Serve
 // shards[ShardOf(tenant, len(shards))], and each CreatePayment claims its
 // key and inserts the payment in one transaction there. Every shard needs
 // the schema ([Migrate]).
-func NewShardedServer(shards []*pgxpool.Pool, opts ...interceptor.ServerOption) *grpc.Server {
+func NewShardedServer(shards []*pgxpool.Pool, opts ...idem.Option) (*grpc.Server, error) {
 	route := func(tenant string) int { return ShardOf(tenant, len(shards)) }
 	return newServer(postgres.NewSharded(shards, route), NewSharded(shards), opts)
 }
@@ -91,20 +100,23 @@ func ShardOf(tenant string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-func newServer(st *postgres.Store, svc *Service, opts []interceptor.ServerOption) *grpc.Server {
-	opts = append([]interceptor.ServerOption{interceptor.WithTenant(interceptor.TenantFunc(Tenant))}, opts...)
+func newServer(st *postgres.Store, svc *Service, opts []idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(st, append([]idem.Option{idem.WithTenant(TenantOf)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		// A panic releases the idempotency key inside idem, then becomes
 		// INTERNAL here, without the stack trace the default handler sends.
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(st, opts...),
+		interceptor.UnaryServerInterceptor(engine),
 	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)
-	return srv
+	return srv, nil
 }
 
 // NewGateway returns a grpc-gateway ServeMux that serves PaymentService as
@@ -159,7 +171,7 @@ func (s *Service) CreatePayment(ctx context.Context, req *paymentsv1.CreatePayme
 		return nil, err
 	}
 	tx, ok := postgres.TxFromContext(ctx)
-	key, _ := interceptor.KeyFromContext(ctx)
+	key, _ := idem.KeyFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Internal, "CreatePayment must run under the idem interceptor")
 	}

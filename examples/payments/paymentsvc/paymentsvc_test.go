@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -29,7 +29,10 @@ func newClient(t *testing.T) (paymentsv1.PaymentServiceClient, *pgxpool.Pool) {
 	if err := paymentsvc.Migrate(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	srv := paymentsvc.NewServer(pool)
+	srv, err := paymentsvc.NewServer(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +53,7 @@ func call(tenant, key string) context.Context {
 		md.Set(paymentsvc.TenantHeader, tenant)
 	}
 	if key != "" {
-		md.Set(interceptor.KeyHeader, key)
+		md.Set(idem.KeyHeader, key)
 	}
 	return metadata.NewOutgoingContext(context.Background(), md)
 }

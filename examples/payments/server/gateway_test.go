@@ -18,9 +18,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // gatewayServer runs the server with -http-listen: gRPC and HTTP/JSON on
@@ -151,7 +151,7 @@ const (
 
 // The problem details the README shows.
 const (
-	problemReused  = `{"type":"https://pkg.go.dev/github.com/idemkit/idem/interceptor#ReasonKeyReused","title":"Idempotency-Key is already used","status":422,"detail":"This Idempotency-Key was used with a different request to this operation; send a new key with a new request.","reason":"IDEMPOTENCY_KEY_REUSED"}`
+	problemReused  = `{"type":"https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyReused","title":"Idempotency-Key is already used","status":422,"detail":"This Idempotency-Key was used with a different request to this operation; send a new key with a new request.","reason":"IDEMPOTENCY_KEY_REUSED"}`
 	problemMissing = `{"type":"https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#ReasonKeyMissing","title":"Idempotency-Key is missing","status":400,"detail":"This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.","reason":"IDEMPOTENCY_KEY_MISSING"}`
 )
 
@@ -242,7 +242,7 @@ func TestMixedTransports(t *testing.T) {
 		return curl(t, srv.httpURL, fmt.Sprintf(`curl -i http://127.0.0.1:8080/v1/payments -H 'Content-Type: application/json' -H 'X-Tenant-Id: acme' -H 'Idempotency-Key: %s' -d '%s'`, key, reqJSON))
 	}
 	keyed := func(key string) context.Context {
-		return metadata.AppendToOutgoingContext(t.Context(), interceptor.KeyHeader, key, "x-tenant-id", "acme")
+		return metadata.AppendToOutgoingContext(t.Context(), idem.KeyHeader, key, "x-tenant-id", "acme")
 	}
 
 	t.Run("gRPC, then HTTP", func(t *testing.T) {
@@ -269,8 +269,8 @@ func TestMixedTransports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := header.Get(interceptor.ReplayedHeader); len(v) != 1 || v[0] != "true" || !proto.Equal(again, &first) {
-			t.Fatalf("gRPC retry: %v, %s %v; want %v, replayed", again, interceptor.ReplayedHeader, v, &first)
+		if v := header.Get(idem.ReplayedHeader); len(v) != 1 || v[0] != "true" || !proto.Equal(again, &first) {
+			t.Fatalf("gRPC retry: %v, %s %v; want %v, replayed", again, idem.ReplayedHeader, v, &first)
 		}
 	})
 

@@ -55,8 +55,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
 )
 
@@ -137,23 +137,29 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 		}
 		pools[i] = pool
 	}
-	var srv *grpc.Server
+	var (
+		srv *grpc.Server
+		err error
+	)
 	if len(pools) == 1 {
 		// Say now, not on the first call, if idem cannot serve.
 		if err := postgres.New(pools[0]).Check(ctx); err != nil {
 			return err
 		}
-		srv = paymentsvc.NewServer(pools[0], interceptor.WithMeterProvider(mp))
+		srv, err = paymentsvc.NewServer(pools[0], idem.WithMeterProvider(mp))
 	} else {
 		route := func(tenant string) int { return paymentsvc.ShardOf(tenant, len(pools)) }
 		if err := postgres.NewSharded(pools, route).Check(ctx); err != nil {
 			return err
 		}
-		srv = paymentsvc.NewShardedServer(pools, interceptor.WithMeterProvider(mp))
+		srv, err = paymentsvc.NewShardedServer(pools, idem.WithMeterProvider(mp))
+	}
+	if err != nil {
+		return err
 	}
 	// Each shard's expired keys are swept on that shard.
 	for _, pool := range pools {
-		go func() { _ = postgres.NewSweeper(pool, postgres.WithSweepMeterProvider(mp)).Run(ctx) }()
+		go func() { _ = postgres.NewSweeper(pool, postgres.WithMeterProvider(mp)).Run(ctx) }()
 	}
 
 	var gateway *http.Server
@@ -195,7 +201,7 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 		srv.GracefulStop()
 	}()
 	log.Printf("payments server listening on %s", lis.Addr())
-	err := srv.Serve(lis)
+	err = srv.Serve(lis)
 	close(served)
 	select {
 	case gerr := <-gatewayErr:

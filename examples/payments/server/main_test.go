@@ -15,9 +15,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -52,7 +52,7 @@ func TestServer(t *testing.T) {
 	}
 
 	client := paymentsv1.NewPaymentServiceClient(conn)
-	keyed := metadata.AppendToOutgoingContext(callCtx, interceptor.KeyHeader, "k", "x-tenant-id", "acme")
+	keyed := metadata.AppendToOutgoingContext(callCtx, idem.KeyHeader, "k", "x-tenant-id", "acme")
 	req := &paymentsv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, Currency: "EUR"}
 	first, err := client.CreatePayment(keyed, req)
 	if err != nil {

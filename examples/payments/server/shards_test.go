@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
-	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // tenantOn returns a tenant that paymentsvc.ShardOf sends to shard i of n.
@@ -60,7 +60,7 @@ func TestServerShards(t *testing.T) {
 	tenants := []string{tenantOn(t, 0, 2), tenantOn(t, 1, 2)}
 	ids := make([]string, 2)
 	for i, tenant := range tenants {
-		keyed := metadata.AppendToOutgoingContext(callCtx, interceptor.KeyHeader, "pay-1", paymentsvc.TenantHeader, tenant)
+		keyed := metadata.AppendToOutgoingContext(callCtx, idem.KeyHeader, "pay-1", paymentsvc.TenantHeader, tenant)
 		req := &paymentsv1.CreatePaymentRequest{CustomerId: "c-" + tenant, AmountCents: int64(100 + i), Currency: "EUR"}
 		first, err := client.CreatePayment(keyed, req)
 		if err != nil {
@@ -68,7 +68,7 @@ func TestServerShards(t *testing.T) {
 		}
 		var header metadata.MD
 		again, err := client.CreatePayment(keyed, req, grpc.Header(&header))
-		if err != nil || again.GetPayment().GetId() != first.GetPayment().GetId() || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+		if err != nil || again.GetPayment().GetId() != first.GetPayment().GetId() || len(header.Get(idem.ReplayedHeader)) != 1 {
 			t.Fatalf("%s's retry: %v, %v (header %v); want a replay of payment %s", tenant, again, err, header, first.GetPayment().GetId())
 		}
 		ids[i] = first.GetPayment().GetId()

@@ -124,13 +124,13 @@ type MethodPolicy struct {
 	// method, and keep it. Two methods must never share a scope. Unset means
 	// the full method name.
 	Scope string `protobuf:"bytes,6,opt,name=scope,proto3" json:"scope,omitempty"`
-	// complete lets a completer finish the method's calls when their callers
-	// are gone (MODE_LEASED only): the leased claim also keeps the request and
-	// the metadata its handler needs until the outcome is recorded, and a
-	// completer (interceptor.Completer) takes abandoned calls over and runs
-	// them to the end. The request can hold personal data; it is kept only
-	// for methods that set this.
-	Complete      bool `protobuf:"varint,7,opt,name=complete,proto3" json:"complete,omitempty"`
+	// finish lets a finisher finish the method's calls when their callers are
+	// gone (MODE_LEASED only): the leased claim also keeps the request and the
+	// metadata its handler needs until the outcome is recorded, and a
+	// finisher (idem.Finisher) takes abandoned calls over and runs them to
+	// the end. The request can hold personal data; it is kept only for
+	// methods that set this.
+	Finish        bool `protobuf:"varint,7,opt,name=finish,proto3" json:"finish,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,9 +207,9 @@ func (x *MethodPolicy) GetScope() string {
 	return ""
 }
 
-func (x *MethodPolicy) GetComplete() bool {
+func (x *MethodPolicy) GetFinish() bool {
 	if x != nil {
-		return x.Complete
+		return x.Finish
 	}
 	return false
 }
@@ -316,15 +316,15 @@ var File_idem_v1_options_proto protoreflect.FileDescriptor
 
 const file_idem_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x97\x02\n" +
+	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x93\x02\n" +
 	"\fMethodPolicy\x12!\n" +
 	"\fkey_required\x18\x01 \x01(\bR\vkeyRequired\x12!\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\r.idem.v1.ModeR\x04mode\x12/\n" +
 	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x121\n" +
 	"\x15rerun_when_not_cached\x18\x04 \x01(\bR\x12rerunWhenNotCached\x12+\n" +
 	"\x03ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
-	"\x05scope\x18\x06 \x01(\tR\x05scope\x12\x1a\n" +
-	"\bcomplete\x18\a \x01(\bR\bcomplete\"P\n" +
+	"\x05scope\x18\x06 \x01(\tR\x05scope\x12\x16\n" +
+	"\x06finish\x18\a \x01(\bR\x06finish\"P\n" +
 	"\vFieldPolicy\x12/\n" +
 	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\bR\x03key*>\n" +

@@ -1,19 +1,35 @@
-// Package pgtest provides PostgreSQL for tests and demos: it finds a
-// server, or starts a throwaway one, and hands out isolated databases with
-// idem's schema already applied. Use it to test your handlers as they run in
-// production, through the interceptor on a real transaction (see the
-// example): store/memory has no transaction to hand them.
+// Package pgtest gives tests a PostgreSQL database of their own, with
+// idem's schema applied and no rows. Use it to test your handlers as they
+// run in production, through the interceptor on a real transaction (see the
+// examples): store/memory has no transaction to hand them.
 //
-// # Stability
+// # Tests
 //
-// [NewDatabase], [NewPool], [Run], [Start], [Server.CreateDatabase],
-// [Server.ConnString], [Server.Close] and [KeyIDSQL] are supported and follow
-// the module's versioning. The helpers that own and break servers,
-// [StartCluster], [Server.Restart] and those for poolers and standbys
-// ([StartPgBouncer], [NewPgBouncer], [PgBouncer], [StartReplicated],
-// [NewReplicated] and [Replicated]), exist for idem's own
-// fault tests; they are documented, but outside the compatibility promise,
-// and may change in any minor release.
+// A test asks for a pool, or for a configuration to adjust before opening
+// one:
+//
+//	func TestCreatePayment(t *testing.T) {
+//		pool := pgtest.NewPool(t)
+//		st := postgres.New(pool)
+//		// ...
+//	}
+//
+// [NewPool] closes its pool when the test ends, and [NewConfig] and
+// [NewPool] drop the database then. Under go test -short they skip the
+// test, so that the quick run leaves out every test that needs a database;
+// when no PostgreSQL can be had, they fail it with a message that says how
+// to get one, and never skip it for that.
+//
+// A package whose tests use pgtest should let [Run] wrap them, so that a
+// throwaway cluster the tests started is stopped as soon as they finish:
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(pgtest.Run(m))
+//	}
+//
+// Without such a TestMain everything works the same, but a throwaway
+// cluster outlives the test binary: a watchdog process stops it and removes
+// its directory only after the test binary has exited.
 //
 // # Finding a server
 //
@@ -34,9 +50,6 @@
 //     the end. initdb refuses to run as root, so when the process runs as
 //     root the cluster runs as the OS user postgres.
 //
-// When none works, the error says what was tried and how to get PostgreSQL.
-// Tests then fail; pgtest never skips them.
-//
 // The server needs PostgreSQL 13 or later, and the role needs permission to
 // create databases.
 //
@@ -48,48 +61,15 @@
 // once per server and named after a hash of the migration files
 // (idem_template_<hash>), so a schema change gets a new template; templates
 // of earlier schemas stay until someone drops them. Test databases are named
-// idem_test_<random hex>; [NewDatabase] drops its database when the test
-// ends, and one left behind by a killed test run can be dropped by hand.
+// idem_test_<random hex>; one left behind by a killed test run can be
+// dropped by hand.
 //
-// # Tests
+// # Compatibility
 //
-// A test asks for a pool or a connection string:
-//
-//	func TestClaim(t *testing.T) {
-//		pool := pgtest.NewPool(t)
-//		st := postgres.New(pool)
-//		// ...
-//	}
-//
-// A package whose tests use pgtest should let [Run] wrap its tests, so that
-// a throwaway cluster the tests started is stopped as soon as they finish:
-//
-//	func TestMain(m *testing.M) {
-//		os.Exit(pgtest.Run(m))
-//	}
-//
-// Without such a TestMain everything works the same, but a throwaway cluster
-// outlives the test binary: a watchdog process stops it and removes its
-// directory only after the test binary has exited. Stopping it is what Run
-// is for.
-//
-// # Owning a server
-//
-// Tests of what happens when the database goes away need a server they may
-// take down. [StartCluster] always starts a throwaway cluster, whatever
-// DATABASE_URL and the libpq defaults say, and [Server.Restart] stops it as
-// a crash would and starts it again while clients keep using it. pgtest
-// never restarts a server it did not start.
-//
-// Failover tests need two: [StartReplicated] starts a primary and a standby
-// that streams from it (synchronously or not), [Replicated.CreateDatabase]
-// gives a connection string naming both with target_session_attrs =
-// read-write, and [Replicated.KillPrimary] and [Replicated.Promote] fail
-// the primary over while clients keep using it; [NewReplicated] does the
-// first two for a test and stops both servers when it ends.
-//
-// # Programs
-//
-// Programs such as idem's demos use [Start], [Server.CreateDatabase] and
-// [Server.Close] instead, which do the same without a testing.TB.
+// [NewConfig], [NewPool] and [Run] are the whole package, and follow the
+// module's versioning: their signatures stay, and so do the ways of finding
+// a server above and the promise of a new, migrated, empty database per
+// call. What a database holds follows idem's migrations, which change with
+// idem; the names of the template and test databases are not part of the
+// promise.
 package pgtest

@@ -1,8 +1,6 @@
 package pgtest_test
 
 import (
-	"context"
-	"log"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,29 +25,20 @@ func ExampleNewPool() {
 	_ = testStore
 }
 
-// A program such as a demo starts PostgreSQL, or finds it, and runs on a
-// database of its own.
-func ExampleStart() {
-	ctx := context.Background()
-	srv, err := pgtest.Start(ctx)
-	if err != nil {
-		log.Fatal(err) // the message says how to get PostgreSQL
+// A test that needs its own pool settings adjusts the configuration before
+// opening the pool; it closes the pool itself, and the database is dropped
+// after that, when the test ends.
+func ExampleNewConfig() {
+	testStore := func(t *testing.T) {
+		cfg := pgtest.NewConfig(t)
+		cfg.MaxConns = 2
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close) // before the database is dropped
+		st := postgres.New(pool)
+		_ = st // exercise the store
 	}
-	defer srv.Close() // stops a throwaway cluster
-
-	connString, drop, err := srv.CreateDatabase(ctx)
-	if err != nil {
-		log.Print(err)
-		return
-	}
-	defer drop(ctx)
-
-	pool, err := pgxpool.New(ctx, connString)
-	if err != nil {
-		log.Print(err)
-		return
-	}
-	defer pool.Close()
-	st := postgres.New(pool)
-	_ = st // serve with idem's interceptor
+	_ = testStore
 }

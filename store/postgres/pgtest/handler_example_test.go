@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/postgres"
@@ -35,9 +36,13 @@ func testCreatePayment(t *testing.T) {
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE payments (id bigserial PRIMARY KEY, customer text, amount bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	intercept := interceptor.UnaryServerInterceptor(postgres.New(pool))
+	engine, err := idem.New(postgres.New(pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	intercept := interceptor.UnaryServerInterceptor(engine)
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.PaymentService_CreatePayment_FullMethodName}
-	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(interceptor.KeyHeader, "order-1"))
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idem.KeyHeader, "order-1"))
 	req := &testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250}
 	for range 2 { // a call and its retry
 		if _, err := intercept(ctx, req, info, createPayment); err != nil {

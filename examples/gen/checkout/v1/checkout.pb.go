@@ -7,7 +7,7 @@
 // Package checkout.v1 is the example of idem's leased mode: a checkout
 // reserves stock in the service's own database, charges a payment provider
 // over the network and confirms the order, saving each step's result as it
-// goes, so that a retry after a crash, or a completer when the client has
+// goes, so that a retry after a crash, or a finisher when the client has
 // given up, resumes instead of starting over.
 
 package checkoutv1

@@ -7,7 +7,7 @@
 // Package checkout.v1 is the example of idem's leased mode: a checkout
 // reserves stock in the service's own database, charges a payment provider
 // over the network and confirms the order, saving each step's result as it
-// goes, so that a retry after a crash, or a completer when the client has
+// goes, so that a retry after a crash, or a finisher when the client has
 // given up, resumes instead of starting over.
 
 package checkoutv1
@@ -38,9 +38,9 @@ type CheckoutServiceClient interface {
 	// requires an idempotency-key header. It runs in leased mode because the
 	// charge leaves the database: the key is held with a lease, and a retry
 	// after the lease ran out takes the key over and resumes after the last
-	// step the earlier attempt saved. It is completable: the claim keeps the
+	// step the earlier attempt saved. It is finishable: the claim keeps the
 	// request until the outcome is recorded, so that when no retry comes, a
-	// completer takes the abandoned checkout over and finishes it, and the
+	// finisher takes the abandoned checkout over and finishes it, and the
 	// client's retry, whenever it comes while the key lives, replays the
 	// outcome. The lease is short so that the example's takeovers are quick;
 	// a production service sets it well above the method's p99 latency.
@@ -75,9 +75,9 @@ type CheckoutServiceServer interface {
 	// requires an idempotency-key header. It runs in leased mode because the
 	// charge leaves the database: the key is held with a lease, and a retry
 	// after the lease ran out takes the key over and resumes after the last
-	// step the earlier attempt saved. It is completable: the claim keeps the
+	// step the earlier attempt saved. It is finishable: the claim keeps the
 	// request until the outcome is recorded, so that when no retry comes, a
-	// completer takes the abandoned checkout over and finishes it, and the
+	// finisher takes the abandoned checkout over and finishes it, and the
 	// client's retry, whenever it comes while the key lives, replays the
 	// outcome. The lease is short so that the example's takeovers are quick;
 	// a production service sets it well above the method's p99 latency.

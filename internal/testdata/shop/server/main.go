@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/memory"
 
@@ -45,7 +46,11 @@ func run() error {
 		return err
 	}
 	svc := &shop{}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
+	engine, err := idem.New(memory.New())
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	shopv1.RegisterShopServiceServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
@@ -63,7 +68,7 @@ func run() error {
 	if status.Code(err) != codes.InvalidArgument {
 		return fmt.Errorf("a call without a key got %v, want InvalidArgument: the option was not read", err)
 	}
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-1")
 	first, err := client.PlaceOrder(keyed, &shopv1.PlaceOrderRequest{Sku: "book", TraceId: "a"})
 	if err != nil {
 		return fmt.Errorf("first call: %v", err)
@@ -77,8 +82,8 @@ func run() error {
 		return fmt.Errorf("retry got %q after %q and %d orders, want a replay of one order: fingerprint_exclude was not read",
 			retry.GetOrderId(), first.GetOrderId(), svc.orders)
 	}
-	if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-		return fmt.Errorf("retry's %s header is %q, want true", interceptor.ReplayedHeader, got)
+	if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		return fmt.Errorf("retry's %s header is %q, want true", idem.ReplayedHeader, got)
 	}
 	if os.Getenv("GOLANG_PROTOBUF_REGISTRATION_CONFLICT") != "panic" {
 		return fmt.Errorf("run with GOLANG_PROTOBUF_REGISTRATION_CONFLICT=panic, so that a file registered twice fails")

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/interceptor"
@@ -60,13 +61,16 @@ func main() {
 	}
 	// The chain of paymentsvc.NewServer, with the crash outside it: it sees
 	// what idem returned, after idem's COMMIT.
+	engine, err := idem.New(postgres.New(pool), idem.WithTenant(paymentsvc.TenantOf))
+	if err != nil {
+		log.Fatal(err)
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		crashAfterCommit,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})),
-		interceptor.UnaryServerInterceptor(postgres.New(pool),
-			interceptor.WithTenant(interceptor.TenantFunc(paymentsvc.Tenant))),
+		interceptor.UnaryServerInterceptor(engine),
 	))
 	paymentsv1.RegisterPaymentServiceServer(srv, paymentsvc.New(pool))
 	healthpb.RegisterHealthServer(srv, health.NewServer())

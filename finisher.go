@@ -1,0 +1,362 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemkit/idem/store"
+)
+
+// ReasonNotFinished is the ErrorInfo reason recorded for a leased call that
+// a [Finisher] gave up on: it was abandoned by its caller and failed every
+// attempt to finish it, or what was kept of it cannot be read. Its steps
+// may be partly done.
+const ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
+
+// ResultUnreadable: a Finisher could not read what was kept of an abandoned
+// call (its row is damaged, or its request is not a request of its
+// method), so the call cannot be run again; it was recorded as failed
+// (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_FINISHED) and the problem
+// logged at ERROR.
+const ResultUnreadable Result = "unreadable"
+
+// FinisherConfig configures a [Finisher]. A zero field selects its
+// default; so does a negative one, except Grace.
+type FinisherConfig struct {
+	// Interval is how long [Finisher.Run] waits between passes.
+	// Default: 10 s.
+	Interval time.Duration
+	// Grace is how long after a lease ran out a call counts as abandoned,
+	// for its own retry to take it over first; it doubles after each
+	// attempt to finish the call that failed. Default: 30 s. A negative
+	// Grace means none: a call counts as abandoned as soon as its lease
+	// ran out, and failed attempts add no wait.
+	Grace time.Duration
+	// BatchSize is how many calls a pass takes on at most. Default: 100.
+	BatchSize int
+	// MaxAttempts is after how many takeovers of a call (by retries or
+	// finishers) a finisher gives up on it and records it as failed.
+	// Default: 8.
+	MaxAttempts int
+	// ListTimeout bounds how long a pass waits for the store's list of
+	// abandoned calls; a store of several databases (postgres.NewSharded)
+	// asks them all at once, so this bounds each of them. Default: 10 s.
+	ListTimeout time.Duration
+	// AttemptTimeout bounds each attempt to finish one call: its context's
+	// deadline, for the handler and idem's store calls. Default: 1 min.
+	AttemptTimeout time.Duration
+}
+
+// withDefaults returns c with its zero fields set to their defaults, and a
+// negative Grace to none.
+func (c FinisherConfig) withDefaults() FinisherConfig {
+	set := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	set(&c.Interval, 10*time.Second)
+	switch {
+	case c.Grace == 0:
+		c.Grace = 30 * time.Second
+	case c.Grace < 0:
+		c.Grace = 0
+	}
+	set(&c.ListTimeout, 10*time.Second)
+	set(&c.AttemptTimeout, time.Minute)
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 8
+	}
+	return c
+}
+
+// Finisher finishes leased calls whose callers are gone: a call of a method
+// that opted in ((idem.v1.method).finish, or [WithFinish]) whose lease ran
+// out and which nobody took over within a grace period is taken over as a
+// retry would (a new fencing token, the same request, kept with the
+// claim), and its handler is run through the [Engine], after its recorded
+// steps, to the end. Its outcome is recorded, so the caller's retry, if it
+// ever comes, replays it.
+//
+// Each transport registers the handlers it serves with [Finisher.Handle]:
+// interceptor.FinisherRegistrar takes a gRPC service as a grpc.Server
+// does, idemconnect.FinishHandler a Connect handler. Run one Finisher per
+// replica, as the sweeper: finishers skip each other's calls, and the
+// fencing token lets only one of them, or a retry, finish a call. Each
+// failed attempt waits twice as long as the one before (the grace, then
+// twice it, and so on); after the last attempt the call is recorded as
+// failed, FAILED_PRECONDITION with ErrorInfo reason [ReasonNotFinished],
+// which its retry then replays. A call whose kept request cannot be read
+// (a damaged row, or bytes that are not a request of its method) is
+// recorded so at once, logged at ERROR and reported as [ResultUnreadable];
+// it never holds up the others. A panic anywhere in one call's attempt is
+// logged and leaves the call for a later pass.
+//
+// The handler runs with the tenant and the request metadata
+// ([WithFinishHeaders]) kept with the call, and the call's key. Idem's
+// metrics, logs and outcome hook see the run, with [Outcome].Finishing
+// set.
+//
+// A Finisher is safe for concurrent use.
+type Finisher struct {
+	engine *Engine
+	store  store.Finishing
+	cfg    FinisherConfig
+
+	mu       sync.Mutex
+	handlers map[string]FinishFunc // by full method
+}
+
+// FinishFunc runs one abandoned call of a method again, through its
+// transport's handler and the [Engine]: req is its kept request, header
+// its kept request metadata with its key ([KeyHeader]). Run ctx as it is
+// down to [Engine.Handle], which reads the run from it. Its error is the
+// call's, as Handle returned it.
+type FinishFunc func(ctx context.Context, req proto.Message, header map[string][]string) error
+
+// NewFinisher returns a Finisher of the calls e serves. e's store must
+// keep what finishing needs (store.Finishing); both of idem's stores do.
+func NewFinisher(e *Engine, cfg FinisherConfig) (*Finisher, error) {
+	cs, ok := e.store.(store.Finishing)
+	if !ok {
+		return nil, fmt.Errorf("idem: the store (%T) does not keep calls to finish", e.store)
+	}
+	return &Finisher{engine: e, store: cs, cfg: cfg.withDefaults(), handlers: map[string]FinishFunc{}}, nil
+}
+
+// Engine returns the Engine the Finisher runs calls through.
+func (f *Finisher) Engine() *Engine { return f.engine }
+
+// Handle registers run as the way to run again the calls of fullMethod
+// ("/pkg.Service/Method"). A method registered twice keeps the later run.
+func (f *Finisher) Handle(fullMethod string, run FinishFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.handlers[fullMethod] = run
+}
+
+// finishCtxKey is the key of the finishRun in the context of a call a
+// Finisher runs: it crosses the transport's handler chain (its
+// interceptors) to reach the Engine, as a retry's metadata would.
+type finishCtxKey struct{}
+
+// finishRun is one Finisher's run of a call: the tenant kept with it, and
+// the result the Engine settled it with.
+type finishRun struct {
+	tenant string
+	result Result
+}
+
+// Finish runs one pass: it takes on up to the batch size of abandoned
+// calls, one after the other, and returns how many it finished (recorded an
+// outcome for, a recorded failure included). A call another finisher or a
+// retry holds is skipped; a call that fails transiently is left for a later
+// pass. The error reports a failure to list the calls (within
+// ListTimeout); the calls the store listed all the same (those of the
+// shards that answered, for a store of several databases) are taken on
+// first.
+func (f *Finisher) Finish(ctx context.Context) (int, error) {
+	list, err := f.list(ctx)
+	done := 0
+	for _, a := range list {
+		if ctx.Err() != nil {
+			return done, ctx.Err()
+		}
+		if f.attempt(ctx, a) {
+			done++
+		}
+	}
+	return done, err
+}
+
+// list returns the abandoned calls to take on, within the list timeout.
+func (f *Finisher) list(ctx context.Context) (list []store.Abandoned, err error) {
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.ListTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			list, err = nil, fmt.Errorf("idem: listing abandoned calls panicked: %v", p)
+		}
+	}()
+	return f.store.Abandoned(ctx, f.cfg.Grace, f.cfg.BatchSize)
+}
+
+// Run finishes at once and then again every interval, until ctx ends. A
+// failure to list the calls is logged and tried again at the next pass. It
+// returns ctx's error.
+func (f *Finisher) Run(ctx context.Context) error {
+	for {
+		if _, err := f.Finish(ctx); err != nil && ctx.Err() == nil {
+			f.engine.log(ctx, slog.LevelError, "idem: listing abandoned calls failed", store.Key{}, err)
+		}
+		t := time.NewTimer(f.cfg.Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// attempt tries to finish a's call once, within the attempt timeout, and
+// reports whether it did. A panic is logged and counts as not finished.
+func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (done bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			done = false
+			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+	defer cancel()
+	return f.finish(ctx, a)
+}
+
+// finish runs a's call through its registered handler and reports whether
+// an outcome is now recorded for it.
+func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
+	if a.Unreadable != nil {
+		return f.setAside(ctx, a, a.Unreadable)
+	}
+	if a.Takeovers >= f.cfg.MaxAttempts {
+		return f.giveUp(ctx, a)
+	}
+	method := a.Call.Method
+	f.mu.Lock()
+	run, ok := f.handlers[method]
+	f.mu.Unlock()
+	if !ok {
+		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Key, nil)
+		return false
+	}
+	req, err := requestOf(method, a.Call.Request)
+	if err != nil {
+		return f.setAside(ctx, a, fmt.Errorf("idem: the kept request is not a request of %s: %w", method, err))
+	}
+	header := make(map[string][]string, len(a.Call.Metadata)+1)
+	for k, v := range a.Call.Metadata {
+		header[k] = append([]string(nil), v...)
+	}
+	header[KeyHeader] = []string{a.Key.Key}
+	r := &finishRun{tenant: a.Key.Tenant}
+	err = f.call(context.WithValue(ctx, finishCtxKey{}, r), run, req, header)
+	switch r.result {
+	case ResultExecuted, ResultReplayed:
+		return true
+	case ResultInUse, ResultLeaseLost:
+		return false // a retry or another finisher holds it, or took it over
+	}
+	if err != nil {
+		f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Key, err)
+	}
+	return false
+}
+
+// call runs run, turning a panic of the handler into an error.
+func (f *Finisher) call(ctx context.Context, run FinishFunc, req proto.Message, header map[string][]string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = newError(code.Code_INTERNAL, fmt.Sprintf("idem: the handler panicked: %v", p))
+		}
+	}()
+	return run(ctx, req, header)
+}
+
+// requestOf decodes the kept request of a call of fullMethod into a new
+// message of the method's input type, from the protobuf registry.
+func requestOf(fullMethod string, b []byte) (proto.Message, error) {
+	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+	if err != nil {
+		return nil, err
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return nil, fmt.Errorf("%s is not a method", name)
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
+	if err != nil {
+		return nil, err
+	}
+	m := mt.New().Interface()
+	if err := proto.Unmarshal(b, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// giveUp records a's call as failed for good, taking it over first.
+func (f *Finisher) giveUp(ctx context.Context, a store.Abandoned) bool {
+	msg := fmt.Sprintf("idem: the call was abandoned by its caller, and %d attempts to finish it failed; some of its steps may be done", a.Takeovers)
+	if !f.recordFailed(ctx, a, msg) {
+		return false
+	}
+	f.engine.log(ctx, slog.LevelError, "idem: gave up finishing an abandoned call; it is recorded as failed", a.Key, nil)
+	f.report(ctx, a, ResultNotFinished)
+	return true
+}
+
+// setAside records a's call, which cannot be run again because what was
+// kept of it cannot be read (why says how), as failed for good, so that it
+// leaves the list of abandoned calls and its retries get an answer. It is
+// logged at ERROR with the call's scope, never with what was kept.
+func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) bool {
+	f.engine.log(ctx, slog.LevelError, "idem: an abandoned call cannot be finished: what was kept of it cannot be read; it is recorded as failed", a.Key, why)
+	if !f.recordFailed(ctx, a, "idem: the call was abandoned by its caller, and what was kept to finish it cannot be read; some of its steps may be done") {
+		return false
+	}
+	f.report(ctx, a, ResultUnreadable)
+	return true
+}
+
+// recordFailed takes a's call over, as a retry would, and records it as
+// failed, FAILED_PRECONDITION with ErrorInfo reason ReasonNotFinished and
+// message msg. The takeover's fencing token keeps the record from
+// replacing the outcome of a retry or another finisher that took the call
+// meanwhile. It reports whether the outcome was recorded.
+func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg string) bool {
+	lc, err := f.engine.store.ClaimLeased(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
+	if err != nil {
+		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Key, err)
+		return false
+	}
+	if lc.Lease == nil {
+		return false // a retry or another finisher holds it, or recorded it
+	}
+	st := newError(code.Code_FAILED_PRECONDITION, msg,
+		&errdetails.ErrorInfo{Reason: ReasonNotFinished, Domain: Domain}).status
+	body, _, err := encodeOutcome(code.Code_FAILED_PRECONDITION, st, nil, nil)
+	if err == nil {
+		err = lc.Lease.Record(ctx, store.Outcome{Code: code.Code_FAILED_PRECONDITION, Body: body})
+	}
+	if err != nil {
+		_ = lc.Lease.Release(ctx)
+		f.engine.log(ctx, slog.LevelWarn, "idem: recording an abandoned call as failed failed; it is tried again later", a.Key, err)
+		return false
+	}
+	return true
+}
+
+// report reports the outcome r of a's call, which the Finisher recorded
+// without running it.
+func (f *Finisher) report(ctx context.Context, a store.Abandoned, r Result) {
+	method := a.Call.Method
+	if method == "" {
+		method = a.Key.Method
+	}
+	f.engine.report(ctx, &callState{method: method, mode: ModeLeased, result: r, started: time.Now(), key: a.Key, finishing: true})
+}

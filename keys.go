@@ -1,0 +1,57 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemkit/idem/store"
+)
+
+// Metadata keys of idem.
+const (
+	// KeyHeader is the request metadata key that carries the idempotency
+	// key: exactly one value of 1 to 255 visible ASCII characters
+	// (0x21 to 0x7E). A UUID is a good key.
+	KeyHeader = "idempotency-key"
+	// ReplayedHeader is the response header set to "true" when the response
+	// is a replay of a recorded one.
+	ReplayedHeader = "idempotent-replayed"
+	// ExpiresHeader is the response header that says, on the first answer
+	// and every replay, when the key stops counting: RFC 3339, UTC (for
+	// example 2026-12-01T20:15:04Z). A retry after it runs the call again.
+	ExpiresHeader = "idempotency-key-expires"
+)
+
+// ValidateKey reports whether key is an acceptable idempotency key: 1 to
+// [store.MaxKeyLength] (255) bytes, each visible ASCII (0x21 to 0x7E). Its
+// error says what is wrong, without the key.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(key) > store.MaxKeyLength {
+		return fmt.Errorf("must be at most %d bytes, got %d", store.MaxKeyLength, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("must be visible ASCII (0x21-0x7E), got byte 0x%02x at offset %d", c, i)
+		}
+	}
+	return nil
+}
+
+type keyCtxKey struct{}
+
+// KeyFromContext returns the validated idempotency key of the request being
+// handled. It reports false outside a keyed request.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	k, ok := requestKey(ctx)
+	return k.Key, ok
+}
+
+// requestKey returns the scope of the keyed request handled in ctx: its
+// tenant, method and key.
+func requestKey(ctx context.Context) (store.Key, bool) {
+	k, ok := ctx.Value(keyCtxKey{}).(store.Key)
+	return k, ok
+}

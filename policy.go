@@ -1,0 +1,202 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	idemv1 "github.com/idemkit/idem/gen/idem/v1"
+)
+
+// method is the idempotency policy of one RPC, read once from its
+// descriptor.
+type method struct {
+	// found: the method is in the registry.
+	found bool
+	// exempt methods are safe to retry as they are (idempotency_level
+	// IDEMPOTENT or NO_SIDE_EFFECTS) and bypass idem.
+	exempt bool
+	// required rejects calls without a key.
+	required bool
+	// output is the response type, needed to replay without the handler;
+	// nil when the method is not in the protobuf registry.
+	output protoreflect.MessageType
+	// raw responses go to gRPC as their recorded bytes, carried as the
+	// unknown fields of an empty message: re-encoding a decoded response of
+	// this type could reorder map entries or extensions.
+	raw bool
+
+	// leased methods hold their keys with a lease of this length instead
+	// of a transaction.
+	leased bool
+	lease  time.Duration
+	// loader rebuilds responses too large to record; rerun allows running
+	// the handler again instead.
+	loader Loader
+	rerun  bool
+
+	// ttl is how long the method's keys are kept; zero is the store's
+	// default. scope names its keys; empty is the full method name.
+	ttl   time.Duration
+	scope string
+	// keyField is the string field of the request that carries the call's
+	// key when the metadata does not; nil when none is marked.
+	keyField protoreflect.FieldDescriptor
+	// streaming methods are refused keys.
+	streaming bool
+	// finish keeps a leased call's request for a Finisher.
+	finish bool
+}
+
+// methods caches policies by full method name.
+type methods struct {
+	files *protoregistry.Files
+	types *protoregistry.Types
+	opts  *options // per-method options, which override the descriptor
+	cache sync.Map // string -> *method
+}
+
+// newMethods returns a cache of the policies of the methods in the global
+// protobuf registry, with the per-method options of o (nil: none).
+func newMethods(o *options) *methods {
+	if o == nil {
+		o = evaluateOptions(nil) // a client's: the descriptors alone
+	}
+	return &methods{files: protoregistry.GlobalFiles, types: protoregistry.GlobalTypes, opts: o}
+}
+
+func (ms *methods) lookup(fullMethod string) *method {
+	if m, ok := ms.cache.Load(fullMethod); ok {
+		return m.(*method)
+	}
+	m := ms.resolve(fullMethod)
+	if lease, ok := ms.opts.leases[fullMethod]; ok {
+		m.leased = true
+		if lease > 0 {
+			m.lease = lease
+		}
+	}
+	if m.lease <= 0 {
+		m.lease = defaultLease
+	}
+	m.loader = ms.opts.loaders[fullMethod]
+	m.rerun = m.rerun || ms.opts.rerun[fullMethod]
+	m.finish = m.finish || ms.opts.finish[fullMethod]
+	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
+	return actual.(*method)
+}
+
+// resolve reads the policy of "/pkg.Service/Method" from the registry. A
+// check returns an error naming every method the per-method options name
+// that is not a unary method of a service in the protobuf registry: a
+// misspelt name would otherwise leave its method without the policy meant
+// for it, silently.
+func (ms *methods) check() error {
+	var errs []error
+	seen := map[string]bool{}
+	checkOne := func(option, fullMethod string) {
+		if seen[option+fullMethod] {
+			return
+		}
+		seen[option+fullMethod] = true
+		m := ms.resolve(fullMethod)
+		switch {
+		case !m.found:
+			errs = append(errs, fmt.Errorf("idem: %s names %q, which is not a method of a service in the protobuf registry (want \"/pkg.Service/Method\", and the service's generated package imported)", option, fullMethod))
+		case m.streaming:
+			errs = append(errs, fmt.Errorf("idem: %s names %q, which streams; idem keys unary methods", option, fullMethod))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.leases)) {
+		checkOne("WithLeased", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.loaders)) {
+		checkOne("WithLoader", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.rerun)) {
+		checkOne("WithRerunWhenNotCached", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.finish)) {
+		checkOne("WithFinish", name)
+	}
+	return errors.Join(errs...)
+}
+
+// method the registry does not know takes a key when the client sends one.
+func (ms *methods) resolve(fullMethod string) *method {
+	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
+	d, err := ms.files.FindDescriptorByName(name)
+	if err != nil {
+		return &method{}
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return &method{}
+	}
+	m := &method{found: true}
+	if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok && opts != nil {
+		switch opts.GetIdempotencyLevel() {
+		case descriptorpb.MethodOptions_IDEMPOTENT, descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
+			m.exempt = true
+		}
+		if p, ok := proto.GetExtension(opts, idemv1.E_Method).(*idemv1.MethodPolicy); ok {
+			m.required = p.GetKeyRequired()
+			m.leased = p.GetMode() == idemv1.Mode_MODE_LEASED
+			m.lease = p.GetLease().AsDuration()
+			m.rerun = p.GetRerunWhenNotCached()
+			m.ttl = p.GetTtl().AsDuration()
+			m.scope = p.GetScope()
+			m.finish = p.GetFinish()
+		}
+	}
+	m.streaming = md.IsStreamingClient() || md.IsStreamingServer()
+	fields := md.Input().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if p, ok := proto.GetExtension(fd.Options(), idemv1.E_Field).(*idemv1.FieldPolicy); ok && p.GetKey() &&
+			fd.Kind() == protoreflect.StringKind && fd.Cardinality() != protoreflect.Repeated {
+			m.keyField = fd
+			break
+		}
+	}
+	if mt, err := ms.types.FindMessageByName(md.Output().FullName()); err == nil {
+		m.output = mt
+		// A message with required fields cannot be encoded empty.
+		m.raw = !canonical(md.Output(), map[protoreflect.FullName]bool{}) &&
+			md.Output().RequiredNumbers().Len() == 0
+	}
+	return m
+}
+
+// canonical reports whether every message of type md encodes to the same
+// bytes however it was built: protobuf orders known fields by number, but
+// leaves the order of map entries and extensions unspecified.
+func canonical(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
+	if seen[md.FullName()] {
+		return true
+	}
+	seen[md.FullName()] = true
+	if md.ExtensionRanges().Len() > 0 {
+		return false
+	}
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.IsMap() {
+			return false
+		}
+		if fd.Message() != nil && !canonical(fd.Message(), seen) {
+			return false
+		}
+	}
+	return true
+}
