@@ -439,18 +439,19 @@ var leaseStores = []struct {
 // for at most 10 s, and returns the answer and its header.
 func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, error) {
 	t.Helper()
-	until := time.Now().Add(10 * time.Second)
-	for {
-		var header metadata.MD
-		resp, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
-		if status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
-			return resp, header, err
-		}
-		if time.Now().After(until) {
-			t.Fatalf("key %q still in use after 10 s: %v", key, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var (
+		resp   *testv1.DoResponse
+		header metadata.MD
+		err    error
+	)
+	if !eventually(10*time.Second, func() bool {
+		header = nil
+		resp, err = e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+		return status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse
+	}) {
+		t.Fatalf("key %q still in use after 10 s: %v", key, err)
 	}
+	return resp, header, err
 }
 
 // TestLeasedRecordsAfterClientDeadline: a leased handler that ignores its
@@ -602,8 +603,13 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 			err  error
 		}{{"ok", nil}, {"deterministic", status.Error(codes.NotFound, "gone")}} {
 			t.Run(st.name+"/"+outcome.name, func(t *testing.T) {
+				clock := &testClock{}
+				newStore := st.new
+				if st.name == "memory" {
+					newStore = func(*pgxpool.Pool) store.Store { return memory.New(memory.WithClock(clock.now)) }
+				}
 				e := newEnv(t, setup{
-					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: st.new(pool)} },
+					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: newStore(pool)} },
 					opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
@@ -623,8 +629,17 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 					t.Fatalf("effects = %d, want 1", got)
 				}
 
-				// Once the lease has run out, a retry takes the call over.
-				_, _, err = settle(t, e, "k")
+				// Once the lease has run out, by the database's clock or
+				// by store/memory's moved past it, a retry takes the call
+				// over.
+				if st.name == "postgres" {
+					waitFor(t, 10*time.Second, func() bool {
+						return e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND locked_until < now()`) == 1
+					})
+				} else {
+					clock.advance(lease + time.Millisecond)
+				}
+				err = callErr(e, "k")
 				if status.Code(err) != status.Code(outcome.err) {
 					t.Fatalf("retry after the lease ran out: %v, want %v", err, outcome.err)
 				}
