@@ -222,7 +222,7 @@ func TestFinishersAndALateRetryRace(t *testing.T) {
 	eachFinishableStore(t, func(t *testing.T, c *finishable) {
 		p := &provider{}
 		var crash atomic.Bool
-		var finishRuns atomic.Int32
+		var finishRuns, met atomic.Int32
 		crash.Store(true)
 		c.svc.setHook(func(ctx context.Context, _ string) error {
 			if _, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
@@ -233,7 +233,11 @@ func TestFinishersAndALateRetryRace(t *testing.T) {
 			if crash.Swap(false) {
 				panic("worker dies")
 			}
-			time.Sleep(50 * time.Millisecond) // long enough for the others to meet it
+			// The run holds until the other two contenders have
+			// met it and given up.
+			if !eventually(30*time.Second, func() bool { return met.Load() >= 2 }) {
+				return status.Error(codes.Internal, "the other contenders never met the run")
+			}
 			finishRuns.Add(1)
 			return nil
 		})
@@ -241,9 +245,16 @@ func TestFinishersAndALateRetryRace(t *testing.T) {
 		other := newFinisher(t, c.engine, idem.FinisherConfig{}, c.svc)
 		var wg sync.WaitGroup
 		var retryErr error
-		wg.Go(func() { _, _ = c.finisher.Finish(t.Context()) })
-		wg.Go(func() { _, _ = other.Finish(t.Context()) })
 		wg.Go(func() {
+			defer met.Add(1)
+			_, _ = c.finisher.Finish(t.Context())
+		})
+		wg.Go(func() {
+			defer met.Add(1)
+			_, _ = other.Finish(t.Context())
+		})
+		wg.Go(func() {
+			defer met.Add(1)
 			ctx := metadata.AppendToOutgoingContext(withKey("order-2"), "x-tenant-id", "acme")
 			_, retryErr = c.client.Do(ctx, &testv1.DoRequest{Value: "v"})
 		})

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,6 +44,10 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 type testService struct {
 	testv1.UnimplementedTestServiceServer
 	pool *pgxpool.Pool
+
+	// arrived counts the calls that reached the server, before idem saw
+	// them.
+	arrived atomic.Int64
 
 	mu         sync.Mutex
 	executions int64
@@ -205,7 +210,12 @@ func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 	svc := &testService{pool: pool}
 	log := &logBuffer{}
 	e := newEngine(t, st, append([]idem.Option{idem.WithTenant(tenantFromMetadata), idem.WithLogger(log.logger())}, s.opts...)...)
+	arrive := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		svc.arrived.Add(1)
+		return h(ctx, req)
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		arrive,
 		recovery.UnaryServerInterceptor(),
 		interceptor.UnaryServerInterceptor(e),
 	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
@@ -363,4 +373,26 @@ func grpcError(err error) error {
 		return status.ErrorProto(ie.Status())
 	}
 	return err
+}
+
+// eventually polls cond until it holds or timeout has passed, and reports
+// whether it held. It is for waits on a condition that nothing signals; its
+// answer does not depend on how often it polls.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	limit := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(limit) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	if !eventually(timeout, cond) {
+		t.Fatalf("gave up waiting after %v", timeout)
+	}
 }

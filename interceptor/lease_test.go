@@ -116,7 +116,8 @@ func TestLeasedErrors(t *testing.T) {
 // longer than its lease from being taken over.
 func TestLeasedLiveLease(t *testing.T) {
 	const lease = 600 * time.Millisecond
-	e := leasedEnv(t, lease)
+	st, beats := beating(func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) })
+	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var once sync.Once
@@ -138,10 +139,11 @@ func TestLeasedLiveLease(t *testing.T) {
 	if d := wantRetryDelay(t, callErr(e, "slow")); d <= 0 || d > lease {
 		t.Fatalf("retry delay during a live lease = %v, want in (0, %v]", d, lease)
 	}
-	// Outlive the lease four times over; every duplicate meanwhile is
-	// refused, none takes over.
-	for range 8 {
-		time.Sleep(lease / 3)
+	// Outlive the lease four times over: the heartbeat beats every third
+	// of a lease at most, so twelve beats take four leases. Every duplicate
+	// meanwhile is refused, none takes over.
+	for beat := range int64(12) {
+		waitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > beat })
 		if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 			t.Fatalf("duplicate while the heartbeat runs: %v", err)
 		}
@@ -156,6 +158,41 @@ func TestLeasedLiveLease(t *testing.T) {
 	if err := callErr(e, "slow"); err != nil {
 		t.Fatalf("replay after the slow call: %v", err)
 	}
+}
+
+// beatingStore counts the lease extensions its leases were asked for (the
+// heartbeat's, in the tests that use it), as each starts.
+type beatingStore struct {
+	store.Store
+	beats atomic.Int64
+}
+
+func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+	if c.Lease != nil {
+		c.Lease = &beatingLease{Lease: c.Lease, s: s}
+	}
+	return c, err
+}
+
+type beatingLease struct {
+	store.Lease
+	s *beatingStore
+}
+
+func (l *beatingLease) Extend(ctx context.Context, d time.Duration) error {
+	l.s.beats.Add(1)
+	return l.Lease.Extend(ctx, d)
+}
+
+// beating returns a setup.store that builds st on the test's database
+// wrapped in a beatingStore, which it also returns.
+func beating(st func(*pgxpool.Pool) store.Store) (func(*pgxpool.Pool) store.Store, *beatingStore) {
+	b := &beatingStore{}
+	return func(pool *pgxpool.Pool) store.Store {
+		b.Store = st(pool)
+		return b
+	}, b
 }
 
 func callErr(e *env, key string) error {
@@ -366,9 +403,14 @@ func TestLeasedTransientErrorKeepsSteps(t *testing.T) {
 // recorded must not turn a completed call into a lost lease. The lease is so
 // short that the heartbeat beats every millisecond.
 func TestLeasedHeartbeatAfterComplete(t *testing.T) {
-	e := leasedEnv(t, 3*time.Millisecond)
+	st, beats := beating(func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) })
+	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithLeased(3*time.Millisecond, doMethod)}})
 	e.svc.setHook(func(context.Context, string) error {
-		time.Sleep(2 * time.Millisecond) // let the heartbeat beat
+		// Let the heartbeat beat.
+		before := beats.beats.Load()
+		if !eventually(10*time.Second, func() bool { return beats.beats.Load() > before }) {
+			return status.Error(codes.Internal, "the heartbeat never beat")
+		}
 		return nil
 	})
 	for i := range 150 {
@@ -397,18 +439,19 @@ var leaseStores = []struct {
 // for at most 10 s, and returns the answer and its header.
 func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, error) {
 	t.Helper()
-	until := time.Now().Add(10 * time.Second)
-	for {
-		var header metadata.MD
-		resp, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
-		if status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
-			return resp, header, err
-		}
-		if time.Now().After(until) {
-			t.Fatalf("key %q still in use after 10 s: %v", key, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var (
+		resp   *testv1.DoResponse
+		header metadata.MD
+		err    error
+	)
+	if !eventually(10*time.Second, func() bool {
+		header = nil
+		resp, err = e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
+		return status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse
+	}) {
+		t.Fatalf("key %q still in use after 10 s: %v", key, err)
 	}
+	return resp, header, err
 }
 
 // TestLeasedRecordsAfterClientDeadline: a leased handler that ignores its
@@ -469,7 +512,8 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
+			newStore, beats := beating(st.new)
+			e := newEnv(t, setup{store: newStore, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
 			started, gone, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var finishOnce sync.Once
 			finishHandler := func() { finishOnce.Do(func() { close(finish) }) }
@@ -495,8 +539,12 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 			wantCode(t, <-errc, codes.Canceled)
 			<-gone
 
-			for range 8 { // four leases
-				time.Sleep(lease / 2)
+			// Four leases: the heartbeat beats every third of a lease
+			// at most, so twelve beats after the client went away
+			// take four leases.
+			from := beats.beats.Load()
+			for beat := range int64(12) {
+				waitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > from+beat })
 				if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 					t.Fatalf("retry while the handler runs without its client: %v, want ABORTED %s", err, idem.ReasonKeyInUse)
 				}
@@ -555,8 +603,13 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 			err  error
 		}{{"ok", nil}, {"deterministic", status.Error(codes.NotFound, "gone")}} {
 			t.Run(st.name+"/"+outcome.name, func(t *testing.T) {
+				clock := &testClock{}
+				newStore := st.new
+				if st.name == "memory" {
+					newStore = func(*pgxpool.Pool) store.Store { return memory.New(memory.WithClock(clock.now)) }
+				}
 				e := newEnv(t, setup{
-					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: st.new(pool)} },
+					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: newStore(pool)} },
 					opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
@@ -576,8 +629,17 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 					t.Fatalf("effects = %d, want 1", got)
 				}
 
-				// Once the lease has run out, a retry takes the call over.
-				_, _, err = settle(t, e, "k")
+				// Once the lease has run out, by the database's clock or
+				// by store/memory's moved past it, a retry takes the call
+				// over.
+				if st.name == "postgres" {
+					waitFor(t, 10*time.Second, func() bool {
+						return e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND locked_until < now()`) == 1
+					})
+				} else {
+					clock.advance(lease + time.Millisecond)
+				}
+				err = callErr(e, "k")
 				if status.Code(err) != status.Code(outcome.err) {
 					t.Fatalf("retry after the lease ran out: %v, want %v", err, outcome.err)
 				}

@@ -157,7 +157,7 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 		first <- err
 	}()
 	// Once the first call holds the key, a duplicate finds it in use.
-	waitUntil(t, func() bool { return svc.count() == 1 })
+	waitFor(t, 10*time.Second, func() bool { return svc.count() == 1 })
 	second := make(chan error, 1)
 	var resp *testv1.DoResponse
 	go func() {
@@ -228,16 +228,4 @@ func (s *trailerStream) SetTrailer(md metadata.MD) error {
 // withKeyCtx returns ctx with key in its outgoing metadata.
 func withKeyCtx(ctx context.Context, key string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, key)
-}
-
-// waitUntil polls cond until it holds, failing the test after 10 s.
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	limit := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(limit) {
-			t.Fatal("gave up waiting")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -138,13 +138,15 @@ func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
 // concurrentDuplicatesExecuteOnce sends 200 concurrent calls with one key
 // to e, whose pool should have 16 connections.
 func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
-	// Hold the first execution long enough for every duplicate to arrive
-	// while it is in flight.
+	const callers = 200
+	// Hold the first execution until every duplicate has reached the
+	// server while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
-		time.Sleep(200 * time.Millisecond)
+		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+			return status.Error(codes.Internal, "the duplicates never arrived")
+		}
 		return nil
 	})
-	const callers = 200
 	var (
 		wg                  sync.WaitGroup
 		mu                  sync.Mutex

@@ -141,13 +141,18 @@ func TestStoresConcurrentDuplicatesRunOnce(t *testing.T) {
 
 // concurrentDuplicatesRunOnce sends 20 concurrent calls with one key to e.
 func concurrentDuplicatesRunOnce(t *testing.T, e *env) {
+	const callers = 20
+	// Hold the first execution until every duplicate has reached the
+	// server while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
-		time.Sleep(100 * time.Millisecond)
+		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+			return status.Error(codes.Internal, "the duplicates never arrived")
+		}
 		return nil
 	})
 	var wg sync.WaitGroup
-	errs := make(chan error, 20)
-	for range 20 {
+	errs := make(chan error, callers)
+	for range callers {
 		wg.Go(func() {
 			_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 			errs <- err

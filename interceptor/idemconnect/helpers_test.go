@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -451,4 +452,18 @@ func listen(t *testing.T) net.Listener {
 		t.Fatal(err)
 	}
 	return lis
+}
+
+// eventually polls cond until it holds or timeout has passed, and reports
+// whether it held. It is for waits on a condition that nothing signals; its
+// answer does not depend on how often it polls.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	limit := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(limit) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
