@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemkit/idem/store"
@@ -279,14 +277,9 @@ func (f *Finisher) call(ctx context.Context, run FinishFunc, req proto.Message, 
 // requestOf decodes the kept request of a call of fullMethod into a new
 // message of the method's input type, from the protobuf registry.
 func requestOf(fullMethod string, b []byte) (proto.Message, error) {
-	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+	md, err := findMethod(protoregistry.GlobalFiles, fullMethod)
 	if err != nil {
 		return nil, err
-	}
-	md, ok := d.(protoreflect.MethodDescriptor)
-	if !ok {
-		return nil, fmt.Errorf("%s is not a method", name)
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
 	if err != nil {

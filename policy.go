@@ -96,6 +96,21 @@ func (ms *methods) lookup(fullMethod string) *method {
 }
 
 // resolve reads the policy of "/pkg.Service/Method" from the registry. A
+// findMethod returns the descriptor of fullMethod ("/pkg.Service/Method")
+// in files.
+func findMethod(files *protoregistry.Files, fullMethod string) (protoreflect.MethodDescriptor, error) {
+	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
+	d, err := files.FindDescriptorByName(name)
+	if err != nil {
+		return nil, err
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return nil, fmt.Errorf("%s is not a method", name)
+	}
+	return md, nil
+}
+
 // check returns an error naming every method the per-method options name
 // that is not a unary method of a service in the protobuf registry: a
 // misspelt name would otherwise leave its method without the policy meant
@@ -133,13 +148,8 @@ func (ms *methods) check() error {
 
 // method the registry does not know takes a key when the client sends one.
 func (ms *methods) resolve(fullMethod string) *method {
-	name := protoreflect.FullName(strings.Replace(strings.TrimPrefix(fullMethod, "/"), "/", ".", 1))
-	d, err := ms.files.FindDescriptorByName(name)
+	md, err := findMethod(ms.files, fullMethod)
 	if err != nil {
-		return &method{}
-	}
-	md, ok := d.(protoreflect.MethodDescriptor)
-	if !ok {
 		return &method{}
 	}
 	m := &method{found: true}
