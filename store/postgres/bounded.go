@@ -107,6 +107,42 @@ func (s *Store) beginFirst(ctx context.Context, conn *pgx.Conn, waits bool, qs [
 	return conn.SendBatch(ctx, b), tx, nil
 }
 
+// sendInTx sends qs in the transaction open on conn, with the store's lock
+// timeout set first for what is left of it, so that every wait of qs is
+// bounded, their parsing included: as in sendBounded, a statement is sent
+// with the lock timeout in one round trip only where pgx sends it whole
+// (QueryExecModeExec, QueryExecModeSimpleProtocol, or
+// QueryExecModeCacheStatement with every statement that locks
+// idempotency_keys prepared on conn); otherwise the lock timeout is set in
+// a round trip of its own, the statements prepared under it, and qs sent
+// after. It returns the results of qs alone, which the caller must close.
+func (s *Store) sendInTx(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, qs []*pgx.QueuedQuery) (pgx.BatchResults, error) {
+	whole := mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol ||
+		mode == pgx.QueryExecModeCacheStatement && preparedOn(conn, qs)
+	if whole {
+		b := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: s.setLockTimeout}}, qs...)}
+		br := conn.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+		return br, nil
+	}
+	if _, err := conn.Exec(ctx, s.setLockTimeout); err != nil {
+		return nil, err
+	}
+	if mode == pgx.QueryExecModeCacheStatement {
+		for _, q := range qs {
+			if parseLocksTable(q.SQL) {
+				if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), nil
+}
+
 // restoreLockTimeout puts back the session's lock_timeout, which
 // setLockTimeout kept in idem.lock_timeout.
 const restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"

@@ -67,6 +67,23 @@
 // cache_statement (the first on a connection four, the second two), two in
 // cache_describe (three the first time) and three in describe_exec.
 //
+// # Optimistic claims
+//
+// A claim with store.Request.Optimistic set sends BEGIN alone (one round
+// trip, as the handler's own transaction would) and reads nothing. Its
+// record sends the lock timeout, one INSERT of the completed row that takes
+// over an expired one (ON CONFLICT … DO UPDATE … WHERE the row has
+// expired) and raises when it writes nothing, and COMMIT, in one round
+// trip: the first statements on idempotency_keys in the transaction, so
+// the lock timeout bounds their waits, behind a table lock or a row of
+// the key that another transaction has not committed (a duplicate's
+// record, which it waits for and then finds live). A live row fails the
+// record with store.ErrConflict, and the handler's writes roll back with
+// it. In cache_statement a connection's first record of this kind sets the
+// lock timeout and prepares the INSERT under it before sending, as a
+// claim does; cache_describe and describe_exec describe it after the lock
+// timeout is set.
+//
 // # Leased mode
 //
 // [Store.ClaimLeased] claims a key for a handler that runs outside the claim's
