@@ -17,7 +17,6 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
-
 // outcomes keeps what an outcome hook saw.
 type outcomes struct {
 	mu  sync.Mutex

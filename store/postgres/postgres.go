@@ -463,8 +463,8 @@ type txn struct {
 	// optimistic claims read nothing: the record takes over whatever row
 	// it finds expired, and a row it finds live is store.ErrConflict.
 	optimistic bool
-	tx       *guardedTx
-	closed   atomic.Bool // closes tx for the handler once the claim finished
+	tx         *guardedTx
+	closed     atomic.Bool // closes tx for the handler once the claim finished
 }
 
 type txKey struct{}
