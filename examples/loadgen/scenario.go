@@ -161,11 +161,26 @@ var scenarios = []*scenario{
 			var id pgtype.UUID
 			rand.Read(id.Bytes[:]) // never fails
 			id.Valid = true
-			tx, err := e.pool.Begin(ctx)
+			// On a connection of its own, not pool.Begin's transaction:
+			// the batch's COMMIT ends the transaction without pgx's Tx
+			// knowing, and a deferred Rollback of it would send a ROLLBACK
+			// round trip that sql-atomic does not pay. As the store's
+			// abandon does, roll back only what the connection says is
+			// still open.
+			conn, err := e.pool.Acquire(ctx)
 			if err != nil {
 				return "", err
 			}
-			defer func() { _ = tx.Rollback(ctx) }()
+			defer conn.Release()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			defer func() {
+				if conn.Conn().PgConn().TxStatus() != 'I' {
+					_ = tx.Rollback(context.WithoutCancel(ctx))
+				}
+			}()
 			if err := e.insert(ctx, tx, req, key); err != nil {
 				return "", err
 			}
