@@ -20,6 +20,10 @@
 // comma-separated list (-pg-rtt 0,200us,1ms) runs every round at each and
 // reports them side by side.
 //
+// -handler ledger makes CreatePayment write three rows (the payment, the
+// customer's balance, a ledger entry) in every scenario instead of the
+// payment alone.
+//
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
 //
