@@ -20,6 +20,10 @@
 // comma-separated list (-pg-rtt 0,200us,1ms) runs every round at each and
 // reports them side by side.
 //
+// -handler ledger makes CreatePayment write three rows (the payment, the
+// customer's balance, a ledger entry) in every scenario instead of the
+// payment alone.
+//
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
 //
@@ -54,6 +58,7 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; each runs every scenario once")
 	flag.IntVar(&cfg.StormDuplicates, "storm-duplicates", cfg.StormDuplicates, "requests per key in the storm scenario")
 	flag.StringVar(&scenarios, "scenarios", strings.Join(cfg.Scenarios, ","), "comma-separated scenarios: "+strings.Join(defaultScenarios(), ", "))
+	flag.StringVar(&cfg.Handler, "handler", cfg.Handler, "what CreatePayment writes in every scenario: "+handlerUsage())
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL server to create the scenarios' databases on (default $DATABASE_URL, else the libpq defaults, else a throwaway cluster)")
 	flag.StringVar(&cfg.Target, "target", "", "address of a running payments server; runs only the idem scenarios, against it, without database counters")
 	flag.StringVar(&cfg.JSONPath, "json", "", "write the results as JSON to this file")
@@ -160,7 +165,9 @@ type config struct {
 	Rounds          int
 	StormDuplicates int
 	Scenarios       []string
-	DatabaseURL     string
+	// Handler names the handler (see [handlers]) of every scenario.
+	Handler     string
+	DatabaseURL string
 	// RTTs are the round-trip times to run at; 0 reaches PostgreSQL
 	// directly, more through a delayProxy.
 	RTTs []time.Duration
@@ -186,6 +193,7 @@ func defaultConfig() config {
 		Rounds:          1,
 		StormDuplicates: 8,
 		Scenarios:       defaultScenarios(),
+		Handler:         handlers[0].name,
 		RTTs:            []time.Duration{0},
 		Soak:            defaultSoakConfig(),
 		Capacity:        capacityConfig{Rows: 200_000, Sweeps: defaultSweepSettings},

@@ -76,6 +76,12 @@ func TestScenarios(t *testing.T) {
 	exact("atomic", "commits", by["atomic"].Commits, *by["baseline"].Commits)
 	exact("sql-atomic", "round trips", by["sql-atomic"].RoundTrips, *by["sql-baseline"].RoundTrips)
 	exact("sql-atomic", "commits", by["sql-atomic"].Commits, 1)
+	// The floor sends what sql-atomic sends, without the claim's work.
+	exact("sql-floor", "round trips", by["sql-floor"].RoundTrips, *by["sql-atomic"].RoundTrips)
+	exact("sql-floor", "commits", by["sql-floor"].Commits, *by["sql-atomic"].Commits)
+	exact("sql-floor", "rollbacks", by["sql-floor"].Rollbacks, 0)
+	exact("sql-floor", "round trips over the floor", by["sql-floor"].RoundTripsOverFloor, 0)
+	exact("naive", "round trips over the floor", by["naive"].RoundTripsOverFloor, 3)
 	// A replay reads and rolls back: no commit.
 	exact("replay", "round trips", by["replay"].RoundTrips, 2)
 	exact("replay", "commits", by["replay"].Commits, 0)
@@ -120,6 +126,14 @@ func TestScenarios(t *testing.T) {
 	md, err := os.ReadFile(cfg.MarkdownPath)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, want := range []string{"| round trips − sql-floor |", "Handler (`-handler payment`): "} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown has no %q:\n%s", want, md)
+		}
+	}
+	if decoded.Config.Handler != "payment" {
+		t.Errorf("JSON says handler %q, want payment", decoded.Config.Handler)
 	}
 	for _, s := range rep.Scenarios {
 		if !strings.Contains(string(md), "| "+s.Scenario+" |") {
