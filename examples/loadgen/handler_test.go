@@ -29,7 +29,7 @@ func TestFloorCountsExactly(t *testing.T) {
 	for _, h := range handlers {
 		t.Run(h.name, func(t *testing.T) {
 			got := map[string]counts{}
-			for _, name := range []string{"baseline", "atomic", "leased", "naive", "sql-baseline", "sql-atomic", "sql-floor"} {
+			for _, name := range []string{"baseline", "atomic", "optimistic", "leased", "naive", "sql-baseline", "sql-atomic", "sql-optimistic", "sql-floor"} {
 				got[name] = countRequests(ctx, t, h, pg, name, n)
 			}
 			per := func(c int64) float64 { return float64(c) / n }
@@ -46,6 +46,10 @@ func TestFloorCountsExactly(t *testing.T) {
 				"atomic":       {RoundTrips: trips, Commits: 1},
 				"sql-baseline": {RoundTrips: trips, Commits: 1, Statements: trips},
 				"sql-atomic":   {RoundTrips: trips, Commits: 1},
+				"optimistic":   {RoundTrips: trips, Commits: 1},
+				// BEGIN, the statements, the lock timeout, the key row,
+				// COMMIT: one statement more than the floor.
+				"sql-optimistic": {RoundTrips: trips, Commits: 1, Statements: trips + 2},
 				// BEGIN, the statements, the key row, COMMIT.
 				"sql-floor": {RoundTrips: trips, Commits: 1, Statements: trips + 1},
 				// The claim and the record commit on their own.

@@ -108,6 +108,19 @@ func TestScenarios(t *testing.T) {
 	if c := *by["storm"].Commits; c <= 0 || c >= 1 {
 		t.Errorf("storm: %v commits per request, want between 0 and 1", c)
 	}
+	// Optimistic mode sends what atomic sends; its replays run the
+	// handler and roll it back, then claim again.
+	exact("optimistic", "round trips", by["optimistic"].RoundTrips, *by["baseline"].RoundTrips)
+	exact("optimistic", "commits", by["optimistic"].Commits, 1)
+	exact("sql-optimistic", "round trips", by["sql-optimistic"].RoundTrips, *by["sql-floor"].RoundTrips)
+	exact("sql-optimistic", "commits", by["sql-optimistic"].Commits, 1)
+	exact("optimistic-replay", "commits", by["optimistic-replay"].Commits, 0)
+	if o := by["optimistic-replay"].Outcomes; o[string(executed)] != 0 {
+		t.Errorf("optimistic-replay executed %d requests", o[string(executed)])
+	}
+	if o := by["optimistic-storm"].Outcomes; o[string(executed)] == 0 || o[string(replayed)] == 0 {
+		t.Errorf("optimistic-storm outcomes %v, want both executed and replayed", o)
+	}
 
 	var decoded report
 	b, err := os.ReadFile(cfg.JSONPath)

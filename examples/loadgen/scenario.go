@@ -74,18 +74,8 @@ var scenarios = []*scenario{
 		reference: "baseline",
 		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
-		prepare: func(ctx context.Context, e *env) error {
-			for i := range replayKeys {
-				if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
-					return fmt.Errorf("completing replay key %d: %w", i, err)
-				}
-			}
-			return nil
-		},
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) % replayKeys
-			return e.create(ctx, e.replayKey(i), i)
-		},
+		prepare:   completeReplayKeys,
+		call:      replay,
 	},
 	{
 		name:      "leased",
@@ -100,10 +90,29 @@ var scenarios = []*scenario{
 		reference: "baseline",
 		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
-			return e.create(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i)
-		},
+		call:      storm,
+	},
+	{
+		name:      "optimistic",
+		about:     "the handler under idem in optimistic mode, fresh keys: BEGIN, the handler's statements, the record with COMMIT; nothing read first",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
+	},
+	{
+		name:      "optimistic-replay",
+		about:     "optimistic mode, keys already completed: the handler runs and rolls back, then the stored response comes back",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		prepare:   completeReplayKeys,
+		call:      replay,
+	},
+	{
+		name:      "optimistic-storm",
+		about:     "optimistic mode, -storm-duplicates concurrent requests per key",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		call:      storm,
 	},
 	{
 		name:      "naive",
@@ -141,6 +150,26 @@ var scenarios = []*scenario{
 			}
 			if claim.Txn == nil {
 				return "", fmt.Errorf("fresh key %s was taken", key)
+			}
+			defer func() { _ = claim.Txn.Release(ctx) }()
+			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
+			if err := e.write(ctx, tx, req, key); err != nil {
+				return "", err
+			}
+			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
+		},
+	},
+	{
+		name:      "sql-optimistic",
+		about:     "no gRPC: idem's store with optimistic claims (BEGIN, the handler's statements, record with COMMIT) on a pgx pool",
+		reference: "sql-baseline",
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1)
+			req := request(i)
+			key := e.freshKey()
+			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: true})
+			if err != nil {
+				return "", err
 			}
 			defer func() { _ = claim.Txn.Release(ctx) }()
 			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
@@ -190,6 +219,29 @@ var scenarios = []*scenario{
 			return executed, tx.SendBatch(ctx, b).Close()
 		},
 	},
+}
+
+// completeReplayKeys completes the keys that replay asks for.
+func completeReplayKeys(ctx context.Context, e *env) error {
+	for i := range replayKeys {
+		if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
+			return fmt.Errorf("completing replay key %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// replay sends a key completeReplayKeys completed.
+func replay(ctx context.Context, e *env) (outcome, error) {
+	i := e.seq.Add(1) % replayKeys
+	return e.create(ctx, e.replayKey(i), i)
+}
+
+// storm sends each key -storm-duplicates times, from as many clients at
+// once.
+func storm(ctx context.Context, e *env) (outcome, error) {
+	i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
+	return e.create(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i)
 }
 
 // insertKeyRow is the sql-floor scenario's write of a key row, in the

@@ -137,6 +137,12 @@ func newLeasedServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
 	return newIdemServer(pool, h, idem.WithLeased(60*time.Second, createPayment)) // idem's default lease
 }
 
+// newOptimisticServer is newIdemServer with CreatePayment in optimistic
+// mode.
+func newOptimisticServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithOptimistic(createPayment))
+}
+
 type naiveTxKey struct{}
 
 // naive is the textbook idempotency interceptor that idem is measured
