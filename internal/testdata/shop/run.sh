@@ -13,13 +13,48 @@ cp -R "$(dirname "$0")/." "$work"
 rm "$work/run.sh"
 cd "$work"
 
-# In a real module: go get github.com/idemkit/idem@latest. Here idem comes
-# from the repository under test.
+# In a real module: go get github.com/idemkit/idem@latest, and in tools/
+# go get -tool github.com/idemkit/idem/cmd/buf-plugin-idem@latest for the
+# lint rule buf.yaml names. Here both come from the repository under test.
 go mod edit -require=github.com/idemkit/idem@v0.0.0 -replace=github.com/idemkit/idem="$repo"
+plugin=github.com/idemkit/idem/cmd/buf-plugin-idem
+(cd tools &&
+	go mod edit -require="$plugin@v0.0.0" -replace="$plugin=$repo/cmd/buf-plugin-idem" -tool="$plugin" &&
+	go mod tidy)
 
 idem_dir=$(go list -m -f '{{.Dir}}' github.com/idemkit/idem)
 go tool buf export "$idem_dir/proto" -o third_party/idem
 go tool buf lint
+# The lint fails on a method that looks mutating and says nothing about
+# retries, at the method's line.
+cat >proto/shop/v1/refund.proto <<'PROTO'
+syntax = "proto3";
+
+package shop.v1;
+
+// RefundService refunds orders.
+service RefundService {
+  // RefundOrder refunds an order.
+  rpc RefundOrder(RefundOrderRequest) returns (RefundOrderResponse);
+}
+
+// RefundOrderRequest names the order.
+message RefundOrderRequest {
+  // order_id is the order to refund.
+  string order_id = 1;
+}
+
+// RefundOrderResponse is empty.
+message RefundOrderResponse {}
+PROTO
+if go tool buf lint --path proto/shop/v1/refund.proto >lint.txt; then
+	echo "buf lint passed a mutating method without (idem.v1.method)" >&2
+	exit 1
+fi
+cat lint.txt
+[ "$(wc -l <lint.txt)" -eq 1 ]
+grep -q '^proto/shop/v1/refund.proto:8:3:shop.v1.RefundService.RefundOrder looks mutating' lint.txt
+rm proto/shop/v1/refund.proto lint.txt
 go tool buf generate
 go mod tidy
 
