@@ -138,14 +138,14 @@ type Request struct {
 	TTL time.Duration
 
 	// Optimistic lets Claim read nothing before the handler runs: the key is
-	// not looked at until Txn.Record, which writes its row only where
-	// there is none (or an expired one) and otherwise fails with
-	// ErrConflict, having rolled back the handler's writes. The caller
-	// then claims again without Optimistic, to answer from what the other
-	// request left. A first execution costs no read; a retry of a recorded
-	// key, or a duplicate running alongside, costs a handler run that is
-	// rolled back. A store may ignore it and claim as it always does.
-	// ClaimLeased ignores it.
+	// not looked at until Txn.Record, which writes its entry where there is
+	// none and may fail with ErrConflict where there is one, recorded, in
+	// progress or expired, having rolled back the handler's writes. The
+	// caller then claims again without Optimistic, to answer from what the
+	// other request left (or take an expired key over). A first execution
+	// costs no read; a retry of a recorded key, or a duplicate running
+	// alongside, costs a handler run that is rolled back. A store may
+	// ignore it and claim as it always does. ClaimLeased ignores it.
 	Optimistic bool
 
 	// Call is, for a leased claim of a method that opted in to
@@ -255,7 +255,7 @@ type Txn interface {
 	// discarded and only the outcome is kept. On error nothing was recorded,
 	// unless the error leaves the commit's result unknown; either way a
 	// retry is safe. For an optimistic claim (Request.Optimistic) that
-	// finds the key taken by another request, it fails with ErrConflict.
+	// finds the key has an entry, it may fail with ErrConflict.
 	Record(ctx context.Context, out Outcome) error
 
 	// Release discards the claim and the handler's writes, so that a retry

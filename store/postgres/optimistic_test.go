@@ -117,15 +117,27 @@ func TestOptimisticClaim(t *testing.T) {
 	})
 
 	t.Run("expired row", func(t *testing.T) {
+		// The record does not take the row over: the atomic claim that
+		// follows the conflict does.
 		k := store.Key{Tenant: "t", Method: "/svc/M", Key: "expired"}
 		if _, err := pool.Exec(ctx, insertExpiredRow, k.Tenant, k.Method, k.Key); err != nil {
 			t.Fatal(err)
 		}
-		if err := optimistic(t, ctx, s, k, "fp", ok("fresh")); err != nil {
-			t.Fatalf("record over an expired row: %v", err)
+		if err := optimistic(t, ctx, s, k, "fp", ok("fresh")); !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("record over an expired row: %v, want ErrConflict", err)
 		}
-		if w, n, body := keyRows(t, pool, k); w != 1 || n != 1 || body != "fresh" {
-			t.Fatalf("%d writes, %d completed rows recording %q; want 1, 1, \"fresh\"", w, n, body)
+		if w, n, _ := keyRows(t, pool, k); w != 0 || n != 0 {
+			t.Fatalf("%d writes, %d live completed rows; want none", w, n)
+		}
+		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		if err != nil || c.Txn == nil {
+			t.Fatalf("atomic claim of the expired key: %+v, %v; want to own it", c, err)
+		}
+		if err := c.Txn.Record(ctx, ok("fresh")); err != nil {
+			t.Fatal(err)
+		}
+		if _, n, body := keyRows(t, pool, k); n != 1 || body != "fresh" {
+			t.Fatalf("%d completed rows recording %q; want 1, \"fresh\"", n, body)
 		}
 	})
 

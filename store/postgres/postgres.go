@@ -255,8 +255,7 @@ FROM recorded`
 //
 // An optimistic claim (store.Request.Optimistic) costs the transaction's
 // BEGIN alone and reads nothing: its record decides, and fails with
-// store.ErrConflict where the key's row is live (see the package's
-// overview).
+// store.ErrConflict where the key has a row (see the package's overview).
 //
 // A key that breaks the rules of [store.Key.Validate] fails with
 // [store.ErrInvalidKey] before any statement is sent: the rules keep every
@@ -460,8 +459,8 @@ type txn struct {
 	ttl      float64 // seconds
 	now      any     // the claim's time (see Store.now), which the record's transaction shares
 	takeover bool    // the key's row exists, expired; the record takes it over
-	// optimistic claims read nothing: the record takes over whatever row
-	// it finds expired, and a row it finds live is store.ErrConflict.
+	// optimistic claims read nothing: a row the record finds is
+	// store.ErrConflict.
 	optimistic bool
 	tx         *guardedTx
 	closed     atomic.Bool // closes tx for the handler once the claim finished
@@ -524,17 +523,18 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	return interpretError(err)
 }
 
-// recordOptimistic records out for a claim that read nothing: the record
-// takes the key's row over where it exists and has expired, and writes
-// nothing, which fails it before COMMIT, where the row is live. Its waits
-// are bounded by the lock timeout, set in the same round trip: behind an
-// uncommitted row of the key (a duplicate's record, a claim in leased
-// mode), and, since no statement of the transaction has locked the table
-// yet, behind a table lock, while the server parses it too
-// ([Store.sendInTx]).
+// recordOptimistic records out for a claim that read nothing: the INSERT of
+// an atomic claim's record, which fails on the primary key where the key
+// has a row, live or expired (an expired row is rare, and the atomic claim
+// that follows the conflict takes it over: a takeover here would make
+// every record pay for ON CONFLICT). Its waits are bounded by the lock
+// timeout, set in the same round trip: behind an uncommitted row of the
+// key (a duplicate's record, a claim in leased mode), and, since no
+// statement of the transaction has locked the table yet, behind a table
+// lock, while the server parses it too ([Store.sendInTx]).
 func (t *txn) recordOptimistic(ctx context.Context, out store.Outcome) error {
 	br, err := t.store.sendInTx(ctx, t.conn.Conn(), t.mode, []*pgx.QueuedQuery{
-		{SQL: recordOver, Arguments: t.recordArgs(out, t.now)},
+		{SQL: recordInsert, Arguments: t.recordArgs(out, t.now)},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
@@ -548,7 +548,9 @@ func (t *txn) recordOptimistic(ctx context.Context, out store.Outcome) error {
 }
 
 // taken reports err, a record's, as store.ErrConflict where an optimistic
-// claim's record found the key's row live.
+// claim's record wrote no row (a recorded error's, whose INSERT takes an
+// expired row over, found it live); a unique violation on the key's row is
+// store.ErrConflict already.
 func (t *txn) taken(err error) error {
 	if t.optimistic && errors.Is(err, errNotRecorded) {
 		return fmt.Errorf("%w: %w", store.ErrConflict, err)

@@ -9,7 +9,8 @@ import (
 
 // optimisticCases exercise claims with Request.Optimistic set, which a
 // store may read before the handler or not: either way a key's recorded
-// outcome stands, and a free or expired key is recorded.
+// outcome stands, and a free key is recorded; an expired key is recorded
+// by the optimistic claim or, after its ErrConflict, by an atomic claim.
 var optimisticCases = []testCase{
 	{name: "FreeKeyRecords", run: func(t *testing.T, s store.Store, cfg Config) {
 		claimed := cfg.Now()
@@ -58,8 +59,15 @@ var optimisticCases = []testCase{
 		if err != nil || c.Txn == nil {
 			t.Fatalf("optimistic Claim of an expired key = %s, %v; want a Txn", describeClaim(c), err)
 		}
-		if err := c.Txn.Record(t.Context(), okOutcome("new")); err != nil {
-			t.Fatalf("Record over the expired key: %v", err)
+		err = c.Txn.Record(t.Context(), okOutcome("new"))
+		_ = c.Txn.Release(t.Context())
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			if err := claimTxn(t, s, key, other).Record(t.Context(), okOutcome("new")); err != nil {
+				t.Fatalf("Record of the atomic claim after the conflict: %v", err)
+			}
+		case err != nil:
+			t.Fatalf("Record over the expired key: %v, want nil or ErrConflict", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, other), other, okOutcome("new"))
 	}},
