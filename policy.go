@@ -143,6 +143,9 @@ func (ms *methods) check() error {
 	for _, name := range slices.Sorted(maps.Keys(ms.opts.leases)) {
 		checkOne("WithLeased", name)
 	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.optimistic)) {
+		checkOne("WithOptimistic", name)
+	}
 	for _, name := range slices.Sorted(maps.Keys(ms.opts.loaders)) {
 		checkOne("WithLoader", name)
 	}
