@@ -173,19 +173,19 @@ func WithLeased(lease time.Duration, fullMethods ...string) Option {
 // WithOptimistic puts the named methods ("/pkg.Service/Method") in
 // optimistic mode: as in atomic mode, the handler's writes and the outcome
 // commit in one transaction, but the key is not read before the handler
-// runs. The outcome's record writes the key's row only where there is none;
-// where another request has written it, the handler's writes are rolled
-// back and the call claims the key as in atomic mode: it answers from that
-// request's outcome, as a retry would, or, where the row has expired, runs
-// the handler again. A first execution saves the read, the
+// runs. The outcome's record writes the key's row only where there is
+// none; where another request has written it, the handler's writes are
+// rolled back and the call claims the key as in atomic mode: it answers
+// from that request's outcome, as a retry would, or, where the row has
+// expired, runs the handler again. A first execution saves the read, the
 // table lock and the key's lock of atomic mode; a retry of a recorded key,
 // or a duplicate running alongside, costs a run of the handler that is
 // rolled back, and a replay answers after the handler instead of at once.
 // Choose it only for handlers whose every effect is in the transaction
 // (no call to another service, no message sent) and whose retries are
 // rare; BENCHMARKS.md has the figures. The same is declared in the .proto
-// file with option (idem.v1.method).mode = MODE_OPTIMISTIC. A method named
-// by [WithLeased] too is leased. Default: none.
+// file with option (idem.v1.method).mode = MODE_OPTIMISTIC. A method in
+// leased mode, by [WithLeased] or its .proto, stays leased. Default: none.
 func WithOptimistic(fullMethods ...string) Option {
 	return optionFunc(func(o *options) {
 		for _, m := range fullMethods {
