@@ -225,6 +225,13 @@ func ExampleWithLeased() {
 	_ = idem.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
 }
 
+func ExampleWithOptimistic() {
+	// CreatePayment writes only through the claim's transaction and is
+	// rarely retried: let its first executions skip the read of the key,
+	// and its retries pay a rolled-back run of the handler instead.
+	_ = idem.WithOptimistic("/payments.v1.PaymentService/CreatePayment")
+}
+
 func ExampleStep() {
 	// A leased handler that charges a provider once per key, even when a
 	// retry takes over from a worker that crashed after the charge: the
