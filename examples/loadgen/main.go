@@ -50,7 +50,7 @@ func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
 	var capacity bool
-	var replot string
+	var replot, rereport string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -78,6 +78,7 @@ func main() {
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
 	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: turn the key table's vacuum_truncate back on (PostgreSQL's default, which migration 0006 turns off), so that vacuum takes an ACCESS EXCLUSIVE lock to truncate the table")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.StringVar(&rereport, "replot", "", "write the -json, -markdown and -svg of the scenarios' run in this JSON file again, with this loadgen's targets, without running it")
 	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
 	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
@@ -108,6 +109,12 @@ func main() {
 	}
 	if replot != "" {
 		if err := replotSoak(cfg, replot, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if rereport != "" {
+		if err := replotScenarios(cfg, rereport, os.Stdout); err != nil {
 			fatal(err)
 		}
 		return

@@ -122,6 +122,16 @@ func TestScenarios(t *testing.T) {
 		t.Errorf("optimistic-storm outcomes %v, want both executed and replayed", o)
 	}
 
+	// -replot renders the same report from the JSON alone.
+	again := cfg
+	again.JSONPath, again.MarkdownPath, again.SVGPath = "", filepath.Join(dir, "again.md"), ""
+	if err := replotScenarios(again, cfg.JSONPath, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := readFile(t, cfg.MarkdownPath), readFile(t, again.MarkdownPath); a != b {
+		t.Errorf("-replot's markdown differs from the run's:\n%s\n---\n%s", b, a)
+	}
+
 	var decoded report
 	b, err := os.ReadFile(cfg.JSONPath)
 	if err != nil {
@@ -360,4 +370,13 @@ func TestPGTCPAddr(t *testing.T) {
 	if _, err := run(ctx, cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-pg-rtt needs PostgreSQL over TCP") {
 		t.Fatalf("run at 1ms against a server without a TCP listener: %v, want the error", err)
 	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
