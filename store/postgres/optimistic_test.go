@@ -261,21 +261,26 @@ func optimisticRecordsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, poo
 // TestOptimisticRoundTrips counts the round trips of an optimistic claim
 // and its record on one connection, in every QueryExecMode: the claim is
 // the transaction's BEGIN alone, and a warm record is one round trip where
-// pgx sends a batch whole.
+// pgx sends a batch whole, after a record that failed on a recorded key
+// too.
 func TestOptimisticRoundTrips(t *testing.T) {
 	type trips [2]int64 // the claim, its record
 	for _, tc := range []struct {
 		mode        pgx.QueryExecMode
 		first, warm trips
+		// afterConflict is what a claim and its record cost after a
+		// record that failed.
+		afterConflict int64
 	}{
-		// The first record sets the lock timeout (a statement pgx
-		// prepares first), prepares the record under it, and sends it with
-		// COMMIT, which pgx prepares first too.
-		{pgx.QueryExecModeCacheStatement, trips{1, 4}, trips{1, 1}},
-		{pgx.QueryExecModeCacheDescribe, trips{1, 3}, trips{1, 2}},
-		{pgx.QueryExecModeDescribeExec, trips{1, 3}, trips{1, 3}},
-		{pgx.QueryExecModeExec, trips{1, 1}, trips{1, 1}},
-		{pgx.QueryExecModeSimpleProtocol, trips{1, 1}, trips{1, 1}},
+		// The first record sets the lock timeout, prepares its three
+		// statements under it, and sends the record with COMMIT.
+		{pgx.QueryExecModeCacheStatement, trips{1, 5}, trips{1, 1}, 2},
+		// pgx drops the descriptions of a failed batch, and describes
+		// them again.
+		{pgx.QueryExecModeCacheDescribe, trips{1, 3}, trips{1, 2}, 4},
+		{pgx.QueryExecModeDescribeExec, trips{1, 3}, trips{1, 3}, 4},
+		{pgx.QueryExecModeExec, trips{1, 1}, trips{1, 1}, 2},
+		{pgx.QueryExecModeSimpleProtocol, trips{1, 1}, trips{1, 1}, 2},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			t.Parallel()
@@ -301,7 +306,29 @@ func TestOptimisticRoundTrips(t *testing.T) {
 				tr[1] = n.Load() - before
 				got = append(got, tr)
 			}
-			t.Logf("round trips of an optimistic claim and its record, three times: %v", got)
+			// A record that fails on the key recorded last, and a claim and
+			// record of a new key after it.
+			k := store.Key{Tenant: "t", Method: "/svc/M", Key: "k2"}
+			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("record of a recorded key: %v, want ErrConflict", err)
+			}
+			before := n.Load()
+			k.Key = "after-the-conflict"
+			if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
+				t.Fatal(err)
+			}
+			after := n.Load() - before
+			t.Logf("round trips of an optimistic claim and its record, three times: %v; after a conflict: %d", got, after)
+			if after != tc.afterConflict {
+				t.Errorf("a claim and record after a record that failed took %d round trips, want %d", after, tc.afterConflict)
+			}
 			if got[0] != tc.first {
 				t.Errorf("the first claim and record took %v round trips, want %v", got[0], tc.first)
 			}
