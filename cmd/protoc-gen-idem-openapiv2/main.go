@@ -18,7 +18,11 @@
 //     success responses, and Idempotent-Replayed on its default (error)
 //     response: recorded errors are replayed too.
 //
-// Every other operation and file stays as protoc-gen-openapiv2 wrote it. A
+// Every other operation and file stays as protoc-gen-openapiv2 wrote it,
+// except that a file that declares no service gets no document (where
+// protoc-gen-openapiv2 writes one without paths, such as one for idem's own
+// options.proto when it is in the buf workspace, and merges its info into
+// the document of allow_merge). A
 // parameter or header the method's own openapiv2_operation option declares
 // is kept, not replaced; so is a response, whose description gets idem's
 // added to it (its schema says what the service's own errors carry).
@@ -54,6 +58,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -86,6 +91,7 @@ func run(in io.Reader, out, stderr io.Writer, command []string) error {
 	if err := checkParameter(req.GetParameter()); err != nil {
 		return err
 	}
+	withServices(req)
 	if err := mark(req); err != nil {
 		return err
 	}
@@ -123,6 +129,16 @@ func checkParameter(parameter string) error {
 		}
 	}
 	return nil
+}
+
+// withServices leaves out of the files to generate those that declare no
+// service.
+func withServices(req *pluginpb.CodeGeneratorRequest) {
+	services := map[string]bool{}
+	for _, f := range req.GetProtoFile() {
+		services[f.GetName()] = len(f.GetService()) > 0
+	}
+	req.FileToGenerate = slices.DeleteFunc(req.FileToGenerate, func(name string) bool { return !services[name] })
 }
 
 // generate runs command, a protoc plugin, with the request req.

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/pluginpb"
 )
 
@@ -181,5 +183,20 @@ func copyTree(t *testing.T, src, dst string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWithServices: a file that declares no service is not generated.
+func TestWithServices(t *testing.T) {
+	req := &pluginpb.CodeGeneratorRequest{
+		FileToGenerate: []string{"idem/v1/options.proto", "shop/v1/shop.proto"},
+		ProtoFile: []*descriptorpb.FileDescriptorProto{
+			{Name: proto.String("idem/v1/options.proto")},
+			{Name: proto.String("shop/v1/shop.proto"), Service: []*descriptorpb.ServiceDescriptorProto{{Name: proto.String("ShopService")}}},
+		},
+	}
+	withServices(req)
+	if got := req.GetFileToGenerate(); !slices.Equal(got, []string{"shop/v1/shop.proto"}) {
+		t.Fatalf("files to generate %q; want shop/v1/shop.proto alone", got)
 	}
 }
