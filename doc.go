@@ -242,7 +242,11 @@
 // [OutgoingKeys] gives each outgoing call of a keyed method its key; the
 // client adapters (interceptor.UnaryClientInterceptor, idemconnect's
 // interceptor) use it. Outside a keyed handler it gives each call a new
-// UUID, unless the caller set one ([ContextWithKey], or the metadata).
+// UUID, unless the caller set one ([ContextWithKey], the metadata, or the
+// request's field marked (idem.v1.field).key). When that field is empty,
+// the key idem attaches goes there too, on a copy of the request, as
+// Google's client libraries fill a request_id (AIP-4235); see
+// [OutgoingKeys].
 // Inside a keyed handler it derives a child key from the request's whole
 // scope, its tenant, method and key, and a step: [DeriveKey](request,
 // step), where step is the name set with [ContextWithStep] (or [Step]); a

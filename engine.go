@@ -167,6 +167,7 @@ type callState struct {
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
+	optimistic    bool      // the claim being recorded read nothing first
 
 	statusOf func(error) (*spb.Status, bool) // Call.Status
 }
@@ -202,8 +203,11 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	m := e.methods.lookup(call.Method)
 	c.m = m
 	c.mode = ModeAtomic
-	if m.leased {
+	switch {
+	case m.leased:
 		c.mode = ModeLeased
+	case m.optimistic:
+		c.mode = ModeOptimistic
 	}
 	if call.KeyError != nil {
 		return refuse(ResultInvalidKey, invalidKey(call.KeyError.Error()))
@@ -258,8 +262,17 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	if m.leased {
 		return e.lease(ctx, c, fp, call, h)
 	}
+	return e.atomic(ctx, c, fp, h, m.optimistic)
+}
+
+// atomic runs a call in atomic mode, or in optimistic mode: the store reads
+// nothing before the handler runs, and a record that finds the key taken
+// by another request (store.ErrConflict) rolls the handler's writes back;
+// the call then claims the key again, as in atomic mode, and answers from
+// what the other request left, most often its recorded outcome.
+func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler, optimistic bool) (Answer, error) {
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	claim, err := e.store.Claim(cctx, skey, store.Request{Fingerprint: fp, TTL: m.ttl})
+	claim, err := e.store.Claim(cctx, c.key, store.Request{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim = t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
@@ -269,8 +282,19 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 		return e.replay(ctx, c, h, fp, claim.Entry)
 	}
 	defer func() { _ = claim.Txn.Release(ctx) }()
-	return e.execute(claim.Txn.Context(ctx), c, h, claim.Txn)
+	c.optimistic = optimistic
+	a, err := e.execute(claim.Txn.Context(ctx), c, h, claim.Txn)
+	c.optimistic = false
+	if errors.Is(err, errTaken) {
+		_ = claim.Txn.Release(ctx)
+		return e.atomic(ctx, c, fp, h, false)
+	}
+	return a, err
 }
+
+// errTaken reports, from [Engine.record], that an optimistic claim's record
+// found the key taken by another request.
+var errTaken = errors.New("idem: the key was taken by another request")
 
 // keyFrom returns the call's key and whether it carried one. A key that is
 // present but invalid is an error naming the rule it breaks.
@@ -497,6 +521,9 @@ func (e *Engine) record(ctx context.Context, c *callState, rec recorder, out sto
 	c.record = t.end(err)
 	if err == nil {
 		return Answer{}, nil
+	}
+	if c.optimistic && errors.Is(err, store.ErrConflict) {
+		return Answer{}, errTaken
 	}
 	if _, leased := rec.(*leaseRecorder); leased || errors.Is(err, store.ErrLeaseLost) {
 		return refuse(ResultStoreError, err)

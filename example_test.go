@@ -160,22 +160,28 @@ func ExampleChildKey() {
 
 // OutgoingKeys is what the client adapters (interceptor.UnaryClientInterceptor,
 // idemconnect's interceptor) call for each outgoing call; a client over
-// another transport calls it the same way and sends the keys it returns.
+// another transport calls it the same way and sends the request and the
+// keys it returns.
 func ExampleOutgoingKeys() {
 	keys := idem.NewOutgoingKeys()
 	req := &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"}
 
 	// Outside a keyed handler, a call the caller keyed itself keeps its key.
+	// CreatePaymentRequest carries its key in request_id, marked
+	// (idem.v1.field).key: the request to send is a copy with the key
+	// there too, and the caller's message is left as it was.
 	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	k, err := keys.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
+	send, k, err := keys.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
 	fmt.Println(k, err)
+	fmt.Printf("%q %q\n", send.(*testv1.CreatePaymentRequest).GetRequestId(), req.GetRequestId())
 
 	// A key the caller set that is not a key fails the call before it is sent.
-	_, err = keys.For(idem.ContextWithKey(context.Background(), "has space"),
+	_, _, err = keys.For(idem.ContextWithKey(context.Background(), "has space"),
 		testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
 	fmt.Println(err)
 	// Output:
 	// [invoice-2024-0042] <nil>
+	// "invoice-2024-0042" ""
 	// INVALID_ARGUMENT: idem: key set with ContextWithKey: must be visible ASCII (0x21-0x7E), got byte 0x20 at offset 3
 }
 
@@ -183,7 +189,7 @@ func ExampleContextWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
 	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	keys, _ := idem.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+	_, keys, _ := idem.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
 		&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"}, nil)
 	fmt.Println(keys)
 	// Output: [invoice-2024-0042]
@@ -200,7 +206,7 @@ func ExampleContextWithStep() {
 	}
 	outgoing := idem.NewOutgoingKeys() // as the client adapters hold it
 	charge := func(ctx context.Context, cents int64) []string {
-		keys, _ := outgoing.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+		_, keys, _ := outgoing.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
 			&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: cents, Currency: "EUR"}, nil)
 		return keys // sent with the call
 	}
@@ -223,6 +229,13 @@ func ExampleWithLeased() {
 	// Checkout calls a payment provider, which no database transaction can
 	// roll back: hold its keys with a two-minute lease instead.
 	_ = idem.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
+}
+
+func ExampleWithOptimistic() {
+	// CreatePayment writes only through the claim's transaction and is
+	// rarely retried: let its first executions skip the read of the key,
+	// and its retries pay a rolled-back run of the handler instead.
+	_ = idem.WithOptimistic("/payments.v1.PaymentService/CreatePayment")
 }
 
 func ExampleStep() {

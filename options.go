@@ -40,10 +40,11 @@ type options struct {
 	retryDelay  time.Duration
 	fingerprint []fingerprint.Option
 
-	leases    map[string]time.Duration // leased methods and their leases (0: default)
-	maxStored int
-	loaders   map[string]Loader
-	rerun     map[string]bool
+	leases     map[string]time.Duration // leased methods and their leases (0: default)
+	optimistic map[string]bool          // methods in optimistic mode
+	maxStored  int
+	loaders    map[string]Loader
+	rerun      map[string]bool
 
 	logger  *slog.Logger // nil: slog.Default()
 	verbose bool
@@ -68,6 +69,7 @@ func evaluateOptions(opts []Option) *options {
 		retryDelay: defaultRetryDelay,
 		maxStored:  defaultMaxStored,
 		leases:     map[string]time.Duration{},
+		optimistic: map[string]bool{},
 		loaders:    map[string]Loader{},
 		rerun:      map[string]bool{},
 		finish:     map[string]bool{},
@@ -164,6 +166,30 @@ func WithLeased(lease time.Duration, fullMethods ...string) Option {
 	return optionFunc(func(o *options) {
 		for _, m := range fullMethods {
 			o.leases[m] = max(lease, 0)
+		}
+	})
+}
+
+// WithOptimistic puts the named methods ("/pkg.Service/Method") in
+// optimistic mode: as in atomic mode, the handler's writes and the outcome
+// commit in one transaction, but the key is not read before the handler
+// runs. The outcome's record writes the key's row only where there is
+// none; where another request has written it, the handler's writes are
+// rolled back and the call claims the key as in atomic mode: it answers
+// from that request's outcome, as a retry would, or, where the row has
+// expired, runs the handler again. A first execution saves the read, the
+// table lock and the key's lock of atomic mode; a retry of a recorded key,
+// or a duplicate running alongside, costs a run of the handler that is
+// rolled back, and a replay answers after the handler instead of at once.
+// Choose it only for handlers whose every effect is in the transaction
+// (no call to another service, no message sent) and whose retries are
+// rare; BENCHMARKS.md has the figures. The same is declared in the .proto
+// file with option (idem.v1.method).mode = MODE_OPTIMISTIC. A method in
+// leased mode, by [WithLeased] or its .proto, stays leased. Default: none.
+func WithOptimistic(fullMethods ...string) Option {
+	return optionFunc(func(o *options) {
+		for _, m := range fullMethods {
+			o.optimistic[m] = true
 		}
 	})
 }

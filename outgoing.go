@@ -27,7 +27,9 @@ import (
 //     (a request_id, as AIP-155 has it), when that field is set: it is the
 //     call's key, on every retry, and idem attaches none of its own (the
 //     caller's metadata goes as it is, less the key of the request being
-//     handled). An empty field changes nothing;
+//     handled). An empty field changes nothing, nor does one that holds the
+//     key of the request being handled (a handler that sends on the
+//     message it was sent), which is never forwarded;
 //  1. the key set with [ContextWithKey], sent as it is (to optional-key
 //     methods too);
 //  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
@@ -45,9 +47,35 @@ import (
 //     keys land near each other in the server's index).
 //
 // The request's own key is never forwarded, on any method: a handler that
-// copies its incoming metadata to its outgoing context sends a keyed method
-// the child key, and an IDEMPOTENT, NO_SIDE_EFFECTS or unselected
-// optional-key method no key at all.
+// copies its incoming metadata to its outgoing context, or its request's key
+// field to the request it sends, sends a keyed method the child key, and an
+// IDEMPOTENT, NO_SIDE_EFFECTS or unselected optional-key method no key at
+// all (in a copy of the request whose key field is cleared).
+//
+// # Filling the request's key field
+//
+// When the key is idem's (1, 3 or 4) and the method's request has a field
+// marked (idem.v1.field).key that is empty (or holds the key of the request
+// being handled), the key also goes in that field, as Google's client
+// libraries fill a request_id (AIP-4235). The call carries it twice, in the
+// field and in the metadata: idem's server accepts the two because they are
+// the same, and a server or proxy that reads only one of them still reads
+// the call's key. The field is set on a copy of the request (proto.Clone),
+// which [OutgoingKeys.For] returns for the adapter to send. The caller's
+// message is never changed: a message shared between goroutines is never
+// written to, and one sent again, or used as a template for other calls,
+// makes another logical call, with a key of its own (a filled field would
+// silently make it a replay of the first). The retries below the adapter
+// (grpc-go's retryPolicy, which resends the first attempt's bytes; a retry
+// interceptor placed after idem's, which sends the same copy again) keep
+// the filled key. A caller that retries by calling again, above the
+// interceptor, sets the field (or [ContextWithKey]) itself, and keeps it.
+//
+// The key idem generates for the field is the UUIDv7 of 4, one key for
+// both places: idem's server takes any key, and a version 7 UUID is a UUID
+// to an API that asks for one. An API that declares its field
+// (google.api.field_info).format = UUID4 and checks the version should
+// have its callers fill the field.
 type OutgoingKeys struct {
 	keyed   func(context.Context, string) bool
 	methods *methods
@@ -65,43 +93,69 @@ func NewOutgoingKeys(opts ...ClientOption) *OutgoingKeys {
 	}
 }
 
-// For returns the idempotency keys a call of fullMethod made with ctx and
-// the request message req carries, given the keys sent, which the caller
-// put on the call itself (usually none): one key of idem's, or sent as it
-// is, or sent less the key of the request being handled in ctx, which is
-// never forwarded. When req carries its key in its field marked
-// (idem.v1.field).key, For adds no key of idem's: the field's is the
-// call's. The keys are values, decoded from their transport's syntax. An
-// error is an [*Error] that fails the call before it is sent:
-// INVALID_ARGUMENT for a key set with [ContextWithKey] that [ValidateKey]
-// refuses. Each call of For with a key counts in the metric
-// idem.client.keys (see [WithMeterProvider]): call it once per logical
-// call.
-func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, req any, sent []string) ([]string, error) {
-	key, src, err := k.keyFor(ctx, fullMethod, req, sent)
+// For returns the request to send for a call of fullMethod made with ctx
+// and the request message req, and the idempotency keys it carries, given
+// the keys sent, which the caller put on the call itself (usually none):
+// one key of idem's, or sent as it is, or sent less the key of the request
+// being handled in ctx, which is never forwarded. The request to send is
+// req, or, when idem's key also goes in req's empty field marked
+// (idem.v1.field).key, a copy of req with the field set (see "Filling the
+// request's key field"); req is never changed. When req carries its key in
+// that field, For adds no key of idem's: the field's is the call's. The
+// keys are values, decoded from their transport's syntax. An error is an
+// [*Error] that fails the call before it is sent: INVALID_ARGUMENT for a
+// key set with [ContextWithKey] that [ValidateKey] refuses. Each call of
+// For with a key counts in the metric idem.client.keys (see
+// [WithMeterProvider]): call it once per logical call, and send the request
+// it returns on every attempt.
+func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, req any, sent []string) (send any, keys []string, err error) {
+	m := k.methods.lookup(fullMethod)
+	msg, field := keyField(m, req)
+	own := "" // the key req carries in its field
+	if field != nil {
+		own = msg.Get(field).String()
+	}
+	// A request that carries the key of the request being handled (a
+	// handler that sends on the message it was sent) carries none: that
+	// key is never forwarded.
+	parent, inHandler := requestKey(ctx)
+	forwarded := own != "" && inHandler && own == parent.Key
+	if forwarded {
+		own = ""
+	}
+	key, src, err := k.keyFor(ctx, m, fullMethod, own, sent)
 	if err != nil {
-		return nil, err
+		return req, nil, err
 	}
 	k.obs.keyed(ctx, fullMethod, src)
+	if field != nil && (key != "" || forwarded) {
+		c := proto.Clone(msg.Interface()).ProtoReflect()
+		if key != "" {
+			c.Set(field, protoreflect.ValueOfString(key))
+		} else {
+			c.Clear(field)
+		}
+		req = c.Interface()
+	}
 	if key != "" {
-		return []string{key}, nil
+		return req, []string{key}, nil
 	}
-	if parent, inHandler := requestKey(ctx); inHandler && slices.Contains(sent, parent.Key) {
-		return slices.DeleteFunc(slices.Clone(sent), func(v string) bool { return v == parent.Key }), nil
+	if inHandler && slices.Contains(sent, parent.Key) {
+		return req, slices.DeleteFunc(slices.Clone(sent), func(v string) bool { return v == parent.Key }), nil
 	}
-	return sent, nil
+	return req, sent, nil
 }
 
-// keyFor returns the key to send with a call of method whose request is
-// req and that carries the keys sent, or "" to send no key of idem's: sent
-// then goes as it is, less the request's own key. It also says where the
-// call's key comes from, "" when it carries none.
-func (k *OutgoingKeys) keyFor(ctx context.Context, method string, req any, sent []string) (string, keySource, error) {
-	m := k.methods.lookup(method)
+// keyFor returns the key to send with a call of method m (named method)
+// whose request carries the key own in its field marked (idem.v1.field).key
+// ("" when it has none, or it is empty) and the keys sent; or "" to send no
+// key of idem's: sent then goes as it is, less the request's own key. It
+// also says where the call's key comes from, "" when it carries none.
+func (k *OutgoingKeys) keyFor(ctx context.Context, m *method, method, own string, sent []string) (string, keySource, error) {
 	if m.exempt {
 		return "", "", nil
 	}
-	if fieldKey(m, req) != "" {
+	if own != "" {
 		return "", sourceCaller, nil // the request's own field carries it
 	}
 	if key, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
@@ -128,20 +182,24 @@ func (k *OutgoingKeys) keyFor(ctx context.Context, method string, req any, sent 
 	return u.String(), sourceGenerated, nil
 }
 
-// fieldKey returns the key req carries in the field of method m marked
-// (idem.v1.field).key; "" when it has none, or req is not m's request.
-func fieldKey(m *method, req any) string {
+// keyField returns req as a message and its field that carries the key of
+// method m, the string field marked (idem.v1.field).key; nil and nil when m
+// has none, or req is not m's request.
+func keyField(m *method, req any) (protoreflect.Message, protoreflect.FieldDescriptor) {
 	msg, ok := req.(proto.Message)
 	if m.keyField == nil || !ok || msg == nil {
-		return ""
+		return nil, nil
 	}
 	r := msg.ProtoReflect()
+	if !r.IsValid() {
+		return nil, nil // a typed nil
+	}
 	fd := r.Descriptor().Fields().ByNumber(m.keyField.Number())
 	if r.Descriptor().FullName() != m.keyField.ContainingMessage().FullName() ||
 		fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() {
-		return ""
+		return nil, nil
 	}
-	return r.Get(fd).String()
+	return r, fd
 }
 
 // derive returns the child key of the request parent for the next call of

@@ -39,6 +39,9 @@ type method struct {
 	// of a transaction.
 	leased bool
 	lease  time.Duration
+	// optimistic methods read their keys only when recording (atomic
+	// otherwise).
+	optimistic bool
 	// loader rebuilds responses too large to record; rerun allows running
 	// the handler again instead.
 	loader Loader
@@ -84,6 +87,12 @@ func (ms *methods) lookup(fullMethod string) *method {
 		if lease > 0 {
 			m.lease = lease
 		}
+	}
+	if ms.opts.optimistic[fullMethod] {
+		m.optimistic = true
+	}
+	if m.leased {
+		m.optimistic = false
 	}
 	if m.lease <= 0 {
 		m.lease = defaultLease
@@ -134,6 +143,9 @@ func (ms *methods) check() error {
 	for _, name := range slices.Sorted(maps.Keys(ms.opts.leases)) {
 		checkOne("WithLeased", name)
 	}
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.optimistic)) {
+		checkOne("WithOptimistic", name)
+	}
 	for _, name := range slices.Sorted(maps.Keys(ms.opts.loaders)) {
 		checkOne("WithLoader", name)
 	}
@@ -161,6 +173,7 @@ func (ms *methods) resolve(fullMethod string) *method {
 		if p, ok := proto.GetExtension(opts, idemv1.E_Method).(*idemv1.MethodPolicy); ok {
 			m.required = p.GetKeyRequired()
 			m.leased = p.GetMode() == idemv1.Mode_MODE_LEASED
+			m.optimistic = p.GetMode() == idemv1.Mode_MODE_OPTIMISTIC
 			m.lease = p.GetLease().AsDuration()
 			m.rerun = p.GetRerunWhenNotCached()
 			m.ttl = p.GetTtl().AsDuration()

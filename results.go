@@ -65,6 +65,9 @@ const (
 	// ModeLeased holds the key with a lease, committed before the handler
 	// runs.
 	ModeLeased Mode = "leased"
+	// ModeOptimistic runs the handler in a transaction as ModeAtomic does,
+	// but reads the key only when recording the outcome.
+	ModeOptimistic Mode = "optimistic"
 )
 
 // Outcome describes how one call went, for [WithOutcomeHook]. It never

@@ -19,6 +19,13 @@ import (
 // carries the same key. [idem.OutgoingKeys] gives the rules: which methods
 // are keyed, and which key each call gets.
 //
+// When the key is idem's and the method's request has an empty field marked
+// (idem.v1.field).key (a request_id), the key also goes in that field, as
+// AIP-4235 has client libraries fill it: the interceptor sends a copy of
+// the request with the field set, and the caller's message is left as it
+// is. grpc-go's retries resend that copy's bytes, so every attempt carries
+// the same field and metadata.
+//
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
 func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientInterceptor {
@@ -27,7 +34,7 @@ func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientIntercept
 		ctx, opts = trackAttempts(ctx, opts)
 		md, _ := metadata.FromOutgoingContext(ctx)
 		sent := md.Get(idem.KeyHeader)
-		keys, err := k.For(ctx, method, req, sent)
+		send, keys, err := k.For(ctx, method, req, sent)
 		if err != nil {
 			var ie *idem.Error
 			if errors.As(err, &ie) {
@@ -44,6 +51,6 @@ func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientIntercept
 			}
 			ctx = metadata.NewOutgoingContext(ctx, md)
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
+		return invoker(ctx, method, send, reply, cc, opts...)
 	}
 }

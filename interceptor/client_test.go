@@ -39,6 +39,7 @@ const (
 type attempt struct {
 	method string
 	keys   []string // values of idempotency-key
+	field  string   // request_id of a DoRequest
 	code   codes.Code
 	start  time.Time
 	end    time.Time
@@ -49,16 +50,42 @@ type attempt struct {
 type recorder struct {
 	mu       sync.Mutex
 	attempts []attempt
+	// refuse, when set, is asked about the n-th call (from 1) to reach
+	// the server; an error it returns is the call's answer, and the call
+	// goes no further.
+	refuse  func(n int) error
+	arrived int
 }
 
 func (r *recorder) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	a := attempt{method: info.FullMethod, keys: metadata.ValueFromIncomingContext(ctx, idem.KeyHeader), start: time.Now()}
-	resp, err := handler(ctx, req)
+	if d, ok := req.(*testv1.DoRequest); ok {
+		a.field = d.GetRequestId()
+	}
+	r.mu.Lock()
+	r.arrived++
+	refuse, n := r.refuse, r.arrived
+	r.mu.Unlock()
+	var err error
+	if refuse != nil {
+		err = refuse(n)
+	}
+	var resp any
+	if err == nil {
+		resp, err = handler(ctx, req)
+	}
 	a.code, a.end = status.Code(err), time.Now()
 	r.mu.Lock()
 	r.attempts = append(r.attempts, a)
 	r.mu.Unlock()
 	return resp, err
+}
+
+// setRefuse sets r.refuse.
+func (r *recorder) setRefuse(refuse func(n int) error) {
+	r.mu.Lock()
+	r.refuse = refuse
+	r.mu.Unlock()
 }
 
 func (r *recorder) all() []attempt {
@@ -332,6 +359,10 @@ func assertOneKeyManyAttempts(t *testing.T, rec *recorder, pool *pgxpool.Pool, s
 		if k := onlyKey(t, a); k != key {
 			t.Fatalf("attempt %d carried key %s, attempt 0 carried %s", i, k, key)
 		}
+		// The request's empty request_id was filled with the same key.
+		if a.field != key {
+			t.Errorf("attempt %d carried request_id %q, want the key %s", i, a.field, key)
+		}
 	}
 	if got := svc.count(); got != int64(n) {
 		t.Errorf("handler ran %d times, want %d", got, n)
@@ -498,24 +529,43 @@ func (r *relay) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoRespon
 	return &testv1.DoResponse{Value: req.GetValue()}, nil
 }
 
+// TestClientDerivesChildKeys: a keyed handler's calls get keys derived from
+// its request's, whether that key came in the metadata or in the request's
+// request_id, the same on every execution; each downstream call carries its
+// child key in its metadata and in its own request_id.
 func TestClientDerivesChildKeys(t *testing.T) {
+	for _, via := range []string{"metadata", "request_id"} {
+		t.Run(via, func(t *testing.T) { testClientDerivesChildKeys(t, via) })
+	}
+}
+
+func testClientDerivesChildKeys(t *testing.T, via string) {
 	downPool, upPool := newEffectsPool(t), newEffectsPool(t)
 	down := &testService{pool: downPool}
 	downRec, downAddr := serve(t, downPool, down)
 	up := &relay{down: dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))}
-	_, upAddr := serve(t, upPool, up)
+	upRec, upAddr := serve(t, upPool, up)
 	client := dial(t, upAddr)
 	ctx := deadline(t, 30*time.Second)
 
 	const parent = "parent-key"
 	req := &testv1.DoRequest{Value: "order"}
-	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, parent)
+	if via == "metadata" {
+		ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, parent)
+	} else {
+		req.RequestId = parent
+	}
 	_, err := client.Do(ctx, req)
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("first execution: %v, want UNAVAILABLE", err)
 	}
 	if _, err := client.Do(ctx, req); err != nil {
 		t.Fatalf("retry: %v", err)
+	}
+	for _, a := range upRec.of(methodDo) {
+		if got := len(a.keys); (got == 0) != (via == "request_id") {
+			t.Fatalf("the upstream call carried metadata keys %q with its key in %s", a.keys, via)
+		}
 	}
 
 	scope := store.Key{Method: methodDo, Key: parent}
@@ -525,12 +575,17 @@ func TestClientDerivesChildKeys(t *testing.T) {
 		idem.DeriveKey(scope, "named"),
 		callKey(scope, methodDo, 3),
 	}
-	var got []string
+	var got, fields []string
 	for _, a := range downRec.of(methodDo) {
 		got = append(got, onlyKey(t, a))
+		fields = append(fields, a.field)
 	}
-	if wantBoth := append(slices.Clone(want), want...); !slices.Equal(got, wantBoth) {
+	wantBoth := append(slices.Clone(want), want...)
+	if !slices.Equal(got, wantBoth) {
 		t.Fatalf("downstream saw keys\n%q\nwant the derived sequence twice\n%q", got, wantBoth)
+	}
+	if !slices.Equal(fields, wantBoth) {
+		t.Errorf("downstream requests carried request_id\n%q\nwant their child keys\n%q", fields, wantBoth)
 	}
 	for _, m := range []string{methodMaybe, methodRead} {
 		for _, a := range downRec.of(m) {

@@ -59,7 +59,10 @@
 //
 // [UnaryClientInterceptor] attaches keys to the calls of keyed methods, as
 // [idem.OutgoingKeys] gives them: a new key per logical call, or a child key
-// derived from the request being handled. Put it before any retry
+// derived from the request being handled. A request whose field marked
+// (idem.v1.field).key (a request_id) is empty carries the key there as
+// well, on a copy of the message, as AIP-4235 has client libraries fill it;
+// one whose field is set is sent with that key alone. Put it before any retry
 // interceptor in the client's chain, so that the key is attached once and
 // every attempt carries it:
 //
@@ -72,7 +75,7 @@
 //
 // grpc-go's own retries (a retryPolicy in the service config, listing
 // ABORTED and UNAVAILABLE) run below every interceptor and resend the same
-// metadata. [BackoffRetryInfo] makes the retry interceptor wait as long as
+// metadata and message. [BackoffRetryInfo] makes the retry interceptor wait as long as
 // the server's RetryInfo asks; [RetryDelay] reads it for hand-written
 // loops. Streaming calls are not intercepted by the client interceptor and
 // pass through untouched.

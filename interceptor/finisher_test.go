@@ -41,7 +41,7 @@ type provider struct {
 var providerKeys = idem.NewOutgoingKeys()
 
 func (p *provider) charge(ctx context.Context) string {
-	keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
+	_, keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
 	key := keys[0]
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -115,6 +115,11 @@ func (s *testService) Renamed(ctx context.Context, req *testv1.DoRequest) (*test
 	return s.Do(ctx, req)
 }
 
+// Optimistic is Do in optimistic mode.
+func (s *testService) Optimistic(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	return s.Do(ctx, req)
+}
+
 // Watch streams one response.
 func (s *testService) Watch(req *testv1.DoRequest, stream grpc.ServerStreamingServer[testv1.DoResponse]) error {
 	return stream.Send(&testv1.DoResponse{Value: req.GetValue()})

@@ -32,6 +32,8 @@ func TestNewRefusesMethodsItCannotKey(t *testing.T) {
 		refuse bool
 	}{
 		{"unknown, WithLeased", idem.WithLeased(0, unknown), []string{"WithLeased", unknown, "not a method"}, true},
+		{"unknown, WithOptimistic", idem.WithOptimistic(unknown), []string{"WithOptimistic", unknown, "not a method"}, true},
+		{"streaming, WithOptimistic", idem.WithOptimistic(watch), []string{"WithOptimistic", watch, "streams"}, true},
 		{"unknown, WithLoader", idem.WithLoader(unknown, nopLoader{}), []string{"WithLoader", unknown}, true},
 		{"unknown, WithRerunWhenNotCached", idem.WithRerunWhenNotCached(unknown), []string{"WithRerunWhenNotCached", unknown}, true},
 		{"unknown, WithFinish", idem.WithFinish(unknown), []string{"WithFinish", unknown}, true},

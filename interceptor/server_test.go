@@ -410,7 +410,19 @@ func TestMethodPolicy(t *testing.T) {
 }
 
 func TestExpiredKeyRunsAgain(t *testing.T) {
-	e := newEnv(t, setup{})
+	expiredKeyRunsAgain(t, newEnv(t, setup{}))
+}
+
+// TestOptimisticExpiredKeyRunsAgain: in optimistic mode the record finds
+// the expired row, and the atomic claim that follows takes it over and
+// runs the handler again.
+func TestOptimisticExpiredKeyRunsAgain(t *testing.T) {
+	expiredKeyRunsAgain(t, newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod)}}))
+}
+
+// expiredKeyRunsAgain expires a key e's server recorded, and calls it
+// again, once and then from many callers at once.
+func expiredKeyRunsAgain(t *testing.T, e *env) {
 	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 	if err != nil {
 		t.Fatal(err)

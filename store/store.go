@@ -137,6 +137,17 @@ type Request struct {
 	// as absent. Zero selects the store's default.
 	TTL time.Duration
 
+	// Optimistic lets Claim read nothing before the handler runs: the key is
+	// not looked at until Txn.Record, which writes its entry where there is
+	// none and may fail with ErrConflict where there is one, recorded, in
+	// progress or expired, having rolled back the handler's writes. The
+	// caller then claims again without Optimistic, to answer from what the
+	// other request left (or take an expired key over). A first execution
+	// costs no read; a retry of a recorded key, or a duplicate running
+	// alongside, costs a handler run that is rolled back. A store may
+	// ignore it and claim as it always does. ClaimLeased ignores it.
+	Optimistic bool
+
 	// Call is, for a leased claim of a method that opted in to
 	// completion, what a completer needs to run the call again when its
 	// caller is gone; nil keeps nothing. Stores that implement [Finishing]
@@ -201,7 +212,9 @@ type Claim struct {
 	// Txn is set when the caller now owns the key.
 	Txn Txn
 	// ExpiresAt is, with Txn, when the key will stop counting (by the
-	// store's clock): its claim time plus the TTL.
+	// store's clock): its claim time plus the TTL. For an optimistic claim
+	// that has not read the store's clock, the store may give its own
+	// estimate.
 	ExpiresAt time.Time
 	// Entry is set when the key was already taken by another request.
 	Entry *Entry
@@ -229,8 +242,8 @@ type Store interface {
 	ClaimLeased(ctx context.Context, key Key, r Request, lease time.Duration) (LeasedClaim, error)
 }
 
-// Txn is an owned claim. Exactly one of Complete and Release takes effect;
-// Release after Complete does nothing, so it can be deferred.
+// Txn is an owned claim. Exactly one of Record and Release takes effect;
+// Release after Record does nothing, so it can be deferred.
 type Txn interface {
 	// Context returns a context derived from parent that carries what the
 	// handler needs to join the claim (for PostgreSQL, the transaction that
@@ -241,7 +254,8 @@ type Txn interface {
 	// handler's writes. When out.Code is not OK, the handler's writes are
 	// discarded and only the outcome is kept. On error nothing was recorded,
 	// unless the error leaves the commit's result unknown; either way a
-	// retry is safe.
+	// retry is safe. For an optimistic claim (Request.Optimistic) that
+	// finds the key has an entry, it may fail with ErrConflict.
 	Record(ctx context.Context, out Outcome) error
 
 	// Release discards the claim and the handler's writes, so that a retry
@@ -358,7 +372,7 @@ func MergeStep(steps []Step, p Step) ([]Step, error) {
 // nothing. A Lease is safe for concurrent use, so a
 // heartbeat may Extend it while the handler saves recovery points.
 //
-// Exactly one of Complete and Release takes effect; Release after Complete
+// Exactly one of Record and Release takes effect; Release after Record
 // does nothing, so it can be deferred.
 //
 // SaveStep, Extend and Record honour ctx: with a context that has

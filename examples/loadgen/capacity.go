@@ -135,7 +135,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 	}
 	defer pool.Close()
 
-	e := newEnv(cfg, "")
+	e := newEnv(cfg, handlers[0], "")
 	key := uuid()
 	rep := &capacityReport{
 		Command:       cfg.forReport().Command,

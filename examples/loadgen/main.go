@@ -20,6 +20,10 @@
 // comma-separated list (-pg-rtt 0,200us,1ms) runs every round at each and
 // reports them side by side.
 //
+// -handler ledger makes CreatePayment write three rows (the payment, the
+// customer's balance, a ledger entry) in every scenario instead of the
+// payment alone.
+//
 // -target sends the idem scenarios to a running payments server instead
 // (see examples/payments/server); nothing is counted on the database then.
 //
@@ -46,7 +50,7 @@ func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
 	var capacity bool
-	var replot string
+	var replot, rereport string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
 	flag.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent callers")
@@ -54,6 +58,7 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; each runs every scenario once")
 	flag.IntVar(&cfg.StormDuplicates, "storm-duplicates", cfg.StormDuplicates, "requests per key in the storm scenario")
 	flag.StringVar(&scenarios, "scenarios", strings.Join(cfg.Scenarios, ","), "comma-separated scenarios: "+strings.Join(defaultScenarios(), ", "))
+	flag.StringVar(&cfg.Handler, "handler", cfg.Handler, "what CreatePayment writes in every scenario: "+handlerUsage())
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL server to create the scenarios' databases on (default $DATABASE_URL, else the libpq defaults, else a throwaway cluster)")
 	flag.StringVar(&cfg.Target, "target", "", "address of a running payments server; runs only the idem scenarios, against it, without database counters")
 	flag.StringVar(&cfg.JSONPath, "json", "", "write the results as JSON to this file")
@@ -73,6 +78,7 @@ func main() {
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
 	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: turn the key table's vacuum_truncate back on (PostgreSQL's default, which migration 0006 turns off), so that vacuum takes an ACCESS EXCLUSIVE lock to truncate the table")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.StringVar(&rereport, "replot", "", "write the -json, -markdown and -svg of the scenarios' run in this JSON file again, with this loadgen's targets, without running it")
 	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
 	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
@@ -103,6 +109,12 @@ func main() {
 	}
 	if replot != "" {
 		if err := replotSoak(cfg, replot, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if rereport != "" {
+		if err := replotScenarios(cfg, rereport, os.Stdout); err != nil {
 			fatal(err)
 		}
 		return
@@ -160,7 +172,9 @@ type config struct {
 	Rounds          int
 	StormDuplicates int
 	Scenarios       []string
-	DatabaseURL     string
+	// Handler names the handler (see [handlers]) of every scenario.
+	Handler     string
+	DatabaseURL string
 	// RTTs are the round-trip times to run at; 0 reaches PostgreSQL
 	// directly, more through a delayProxy.
 	RTTs []time.Duration
@@ -186,6 +200,7 @@ func defaultConfig() config {
 		Rounds:          1,
 		StormDuplicates: 8,
 		Scenarios:       defaultScenarios(),
+		Handler:         handlers[0].name,
 		RTTs:            []time.Duration{0},
 		Soak:            defaultSoakConfig(),
 		Capacity:        capacityConfig{Rows: 200_000, Sweeps: defaultSweepSettings},

@@ -76,6 +76,12 @@ func TestScenarios(t *testing.T) {
 	exact("atomic", "commits", by["atomic"].Commits, *by["baseline"].Commits)
 	exact("sql-atomic", "round trips", by["sql-atomic"].RoundTrips, *by["sql-baseline"].RoundTrips)
 	exact("sql-atomic", "commits", by["sql-atomic"].Commits, 1)
+	// The floor sends what sql-atomic sends, without the claim's work.
+	exact("sql-floor", "round trips", by["sql-floor"].RoundTrips, *by["sql-atomic"].RoundTrips)
+	exact("sql-floor", "commits", by["sql-floor"].Commits, *by["sql-atomic"].Commits)
+	exact("sql-floor", "rollbacks", by["sql-floor"].Rollbacks, 0)
+	exact("sql-floor", "round trips over the floor", by["sql-floor"].RoundTripsOverFloor, 0)
+	exact("naive", "round trips over the floor", by["naive"].RoundTripsOverFloor, 3)
 	// A replay reads and rolls back: no commit.
 	exact("replay", "round trips", by["replay"].RoundTrips, 2)
 	exact("replay", "commits", by["replay"].Commits, 0)
@@ -102,6 +108,29 @@ func TestScenarios(t *testing.T) {
 	if c := *by["storm"].Commits; c <= 0 || c >= 1 {
 		t.Errorf("storm: %v commits per request, want between 0 and 1", c)
 	}
+	// Optimistic mode sends what atomic sends; its replays run the
+	// handler and roll it back, then claim again.
+	exact("optimistic", "round trips", by["optimistic"].RoundTrips, *by["baseline"].RoundTrips)
+	exact("optimistic", "commits", by["optimistic"].Commits, 1)
+	exact("sql-optimistic", "round trips", by["sql-optimistic"].RoundTrips, *by["sql-floor"].RoundTrips)
+	exact("sql-optimistic", "commits", by["sql-optimistic"].Commits, 1)
+	exact("optimistic-replay", "commits", by["optimistic-replay"].Commits, 0)
+	if o := by["optimistic-replay"].Outcomes; o[string(executed)] != 0 {
+		t.Errorf("optimistic-replay executed %d requests", o[string(executed)])
+	}
+	if o := by["optimistic-storm"].Outcomes; o[string(executed)] == 0 || o[string(replayed)] == 0 {
+		t.Errorf("optimistic-storm outcomes %v, want both executed and replayed", o)
+	}
+
+	// -replot renders the same report from the JSON alone.
+	again := cfg
+	again.JSONPath, again.MarkdownPath, again.SVGPath = "", filepath.Join(dir, "again.md"), ""
+	if err := replotScenarios(again, cfg.JSONPath, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := readFile(t, cfg.MarkdownPath), readFile(t, again.MarkdownPath); a != b {
+		t.Errorf("-replot's markdown differs from the run's:\n%s\n---\n%s", b, a)
+	}
 
 	var decoded report
 	b, err := os.ReadFile(cfg.JSONPath)
@@ -120,6 +149,14 @@ func TestScenarios(t *testing.T) {
 	md, err := os.ReadFile(cfg.MarkdownPath)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, want := range []string{"| round trips − sql-floor |", "Handler (`-handler payment`): "} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown has no %q:\n%s", want, md)
+		}
+	}
+	if decoded.Config.Handler != "payment" {
+		t.Errorf("JSON says handler %q, want payment", decoded.Config.Handler)
 	}
 	for _, s := range rep.Scenarios {
 		if !strings.Contains(string(md), "| "+s.Scenario+" |") {
@@ -333,4 +370,13 @@ func TestPGTCPAddr(t *testing.T) {
 	if _, err := run(ctx, cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-pg-rtt needs PostgreSQL over TCP") {
 		t.Fatalf("run at 1ms against a server without a TCP listener: %v, want the error", err)
 	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

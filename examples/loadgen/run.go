@@ -40,6 +40,13 @@ func run(ctx context.Context, cfg config, log io.Writer) ([]*report, error) {
 	if delayed && cfg.Target != "" {
 		return nil, errors.New("-pg-rtt delays the scenarios' own connections to PostgreSQL; a -target server has its own")
 	}
+	h, err := lookupHandler(cfg.Handler)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Target != "" && h != handlers[0] {
+		return nil, fmt.Errorf("-handler %s: a -target server runs paymentsvc's handler, %s", h.name, handlers[0].name)
+	}
 	var list []*scenario
 	for _, name := range cfg.Scenarios {
 		s, err := lookupScenario(name)
@@ -89,7 +96,7 @@ func run(ctx context.Context, cfg config, log io.Writer) ([]*report, error) {
 		if len(cfg.RTTs) > 1 {
 			prefix = rttLabel(rtt) + ": "
 		}
-		rep, err := runAt(ctx, cfg, pg, list, rtt, pgAddr, m, log, prefix)
+		rep, err := runAt(ctx, cfg, h, pg, list, rtt, pgAddr, m, log, prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +107,7 @@ func run(ctx context.Context, cfg config, log io.Writer) ([]*report, error) {
 
 // runAt runs every round at round-trip time rtt: through a delay proxy to
 // pgAddr when rtt > 0.
-func runAt(ctx context.Context, cfg config, pg *pgtest.Server, list []*scenario, rtt time.Duration, pgAddr string, m machine, log io.Writer, prefix string) (*report, error) {
+func runAt(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, list []*scenario, rtt time.Duration, pgAddr string, m machine, log io.Writer, prefix string) (*report, error) {
 	rep := &report{Config: cfg.forReport(), Machine: m}
 	rep.Config.PGRTT = rtt.String()
 	var proxy *delayProxy
@@ -133,7 +140,7 @@ func runAt(ctx context.Context, cfg config, pg *pgtest.Server, list []*scenario,
 		for i := range list {
 			s := list[(i+round)%len(list)]
 			fmt.Fprintf(log, "%sround %d/%d: %s ", prefix, round+1, cfg.Rounds, s.name)
-			r, err := runOnce(ctx, cfg, pg, proxy, rtt, s, round)
+			r, err := runOnce(ctx, cfg, h, pg, proxy, rtt, s, round)
 			if err != nil {
 				fmt.Fprintln(log)
 				return nil, fmt.Errorf("%s: %w", s.name, err)
@@ -180,74 +187,16 @@ func randomPrefix() string {
 	return hex.EncodeToString(b)
 }
 
-// runOnce runs s once: a fresh database and pool, a server, preparation,
-// warm-up, and the measurement. The pool connects through proxy, when
-// there is one, which delays round trips by rtt.
-func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayProxy, rtt time.Duration, s *scenario, round int) (*roundResult, error) {
-	e := newEnv(cfg, randomPrefix())
-	var ctrs *counters
-	var dbName, dsn string
-
-	if pg != nil {
-		var drop func(context.Context) error
-		var err error
-		dsn, drop, err = pg.CreateDatabase(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { _ = drop(context.WithoutCancel(ctx)) }()
-		pcfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			return nil, err
-		}
-		dbName = pcfg.ConnConfig.Database
-		if proxy != nil {
-			throughProxy(&pcfg.ConnConfig.Config, proxy.addr())
-		}
-		pcfg.MaxConns = int32(cfg.PoolSize)
-		pcfg.MinConns = int32(cfg.PoolSize)
-		ctrs = &counters{}
-		ctrs.instrument(pcfg)
-		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return nil, err
-		}
-		defer pool.Close()
-		if err := paymentsvc.Migrate(ctx, pool); err != nil {
-			return nil, err
-		}
-		if _, err := pool.Exec(ctx, naiveSchema); err != nil {
-			return nil, err
-		}
-		if err := openAll(ctx, pool, cfg.PoolSize); err != nil {
-			return nil, err
-		}
-		e.pool = pool
-		e.store = postgres.New(pool)
+// runOnce runs s once with handler h: a fresh database and pool, a
+// server, preparation, warm-up, and the measurement. The pool connects
+// through proxy, when there is one, which delays round trips by rtt.
+func runOnce(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, proxy *delayProxy, rtt time.Duration, s *scenario, round int) (*roundResult, error) {
+	e, closeEnv, err := openEnv(ctx, cfg, h, pg, proxy, s)
+	if err != nil {
+		return nil, err
 	}
-
-	if s.server != nil {
-		target := cfg.Target
-		if target == "" {
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return nil, err
-			}
-			srv, err := s.server(e.pool)
-			if err != nil {
-				return nil, err
-			}
-			go func() { _ = srv.Serve(lis) }()
-			defer srv.Stop()
-			target = lis.Addr().String()
-		}
-		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, err
-		}
-		defer func() { _ = conn.Close() }()
-		e.client = paymentsv1.NewPaymentServiceClient(conn)
-	}
+	defer closeEnv()
+	ctrs := e.counters
 
 	if s.prepare != nil {
 		if err := s.prepare(ctx, e); err != nil {
@@ -263,7 +212,7 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 	var sampler *waitSampler
 	if cfg.SampleWaits && pg != nil {
 		var err error
-		if sampler, err = startWaitSampler(ctx, e.pool.Config().ConnConfig.Copy(), dbName); err != nil {
+		if sampler, err = startWaitSampler(ctx, e.pool.Config().ConnConfig.Copy(), e.dbName); err != nil {
 			return nil, err
 		}
 	}
@@ -315,9 +264,96 @@ func runOnce(ctx context.Context, cfg config, pg *pgtest.Server, proxy *delayPro
 	if e.pool != nil {
 		// Backends report their table statistics when they exit.
 		e.pool.Close()
-		r.Tables = tableStats(ctx, dsn)
+		r.Tables = tableStats(ctx, e.dsn)
 	}
 	return r, nil
+}
+
+// openEnv opens what one run of s with handler h needs: unless pg is nil
+// (-target), a fresh database with paymentsvc's schema, naive's and h's,
+// and a pool of cfg.PoolSize connections, all open, that counts into
+// e.counters and connects through proxy when there is one; and, when s
+// calls a server, that server on 127.0.0.1:0 (or cfg.Target) and a
+// client of it. closeEnv undoes it all.
+func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, proxy *delayProxy, s *scenario) (e *env, closeEnv func(), err error) {
+	e = newEnv(cfg, h, randomPrefix())
+	var closers []func()
+	closeEnv = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeEnv()
+		}
+	}()
+
+	if pg != nil {
+		dsn, drop, err := pg.CreateDatabase(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = drop(context.WithoutCancel(ctx)) })
+		pcfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, nil, err
+		}
+		e.dsn, e.dbName = dsn, pcfg.ConnConfig.Database
+		if proxy != nil {
+			throughProxy(&pcfg.ConnConfig.Config, proxy.addr())
+		}
+		pcfg.MaxConns = int32(cfg.PoolSize)
+		pcfg.MinConns = int32(cfg.PoolSize)
+		e.counters = &counters{}
+		e.counters.instrument(pcfg)
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, pool.Close)
+		if err := paymentsvc.Migrate(ctx, pool); err != nil {
+			return nil, nil, err
+		}
+		if _, err := pool.Exec(ctx, naiveSchema); err != nil {
+			return nil, nil, err
+		}
+		if h.schema != "" {
+			if _, err := pool.Exec(ctx, h.schema); err != nil {
+				return nil, nil, fmt.Errorf("the %s handler's schema: %w", h.name, err)
+			}
+		}
+		if err := openAll(ctx, pool, cfg.PoolSize); err != nil {
+			return nil, nil, err
+		}
+		e.pool = pool
+		e.store = postgres.New(pool)
+	}
+
+	if s.server != nil {
+		target := cfg.Target
+		if target == "" {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, nil, err
+			}
+			srv, err := s.server(e.pool, h)
+			if err != nil {
+				_ = lis.Close()
+				return nil, nil, err
+			}
+			go func() { _ = srv.Serve(lis) }()
+			closers = append(closers, srv.Stop)
+			target = lis.Addr().String()
+		}
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = conn.Close() })
+		e.client = paymentsv1.NewPaymentServiceClient(conn)
+	}
+	return e, closeEnv, nil
 }
 
 // quiesce waits, for at most a few seconds, until no connection of pool is

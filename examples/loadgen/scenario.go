@@ -32,9 +32,9 @@ type scenario struct {
 	about string
 	// reference is the scenario this one's throughput is divided by.
 	reference string
-	// server builds the gRPC server the clients call; nil for a scenario
-	// that talks to PostgreSQL directly.
-	server func(pool *pgxpool.Pool) (*grpc.Server, error)
+	// server builds the gRPC server the clients call, whose CreatePayment
+	// writes with h; nil for a scenario that talks to PostgreSQL directly.
+	server func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error)
 	// remote scenarios can run against -target.
 	remote bool
 	// prepare runs once before the warm-up, e.g. to complete the keys that
@@ -55,81 +55,90 @@ const (
 var scenarios = []*scenario{
 	{
 		name:      "baseline",
-		about:     "CreatePayment without idem: BEGIN, the payment insert, COMMIT",
+		about:     "CreatePayment without idem: BEGIN, the handler's statements, COMMIT",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return newPlainServer(pool, nil), nil },
+		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newPlainServer(pool, h, nil), nil },
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "atomic",
-		about:     "paymentsvc under idem, fresh keys: claim, insert and record in one transaction",
+		about:     "the handler under idem, fresh keys: claim, the handler's statements and record in one transaction",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "replay",
-		about:     "paymentsvc under idem, keys already completed: the stored response comes back",
+		about:     "the handler under idem, keys already completed: the stored response comes back",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
-		prepare: func(ctx context.Context, e *env) error {
-			for i := range replayKeys {
-				if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
-					return fmt.Errorf("completing replay key %d: %w", i, err)
-				}
-			}
-			return nil
-		},
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) % replayKeys
-			return e.create(ctx, e.replayKey(i), i)
-		},
+		prepare:   completeReplayKeys,
+		call:      replay,
 	},
 	{
 		name:      "leased",
-		about:     "the same handler under idem in leased mode, fresh keys: the claim commits, the handler's own BEGIN/insert/COMMIT, the record commits",
+		about:     "the handler under idem in leased mode, fresh keys: the claim commits, the handler's own BEGIN, statements, COMMIT, the record commits",
 		reference: "baseline",
 		server:    newLeasedServer,
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "storm",
-		about:     "paymentsvc under idem, -storm-duplicates concurrent requests per key",
+		about:     "the handler under idem, -storm-duplicates concurrent requests per key",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool) (*grpc.Server, error) { return paymentsvc.NewServer(pool) },
+		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
-			return e.create(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i)
-		},
+		call:      storm,
+	},
+	{
+		name:      "optimistic",
+		about:     "the handler under idem in optimistic mode, fresh keys: BEGIN, the handler's statements, the record with COMMIT; nothing read first",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
+	},
+	{
+		name:      "optimistic-replay",
+		about:     "optimistic mode, keys already completed: the handler runs and rolls back, then the stored response comes back",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		prepare:   completeReplayKeys,
+		call:      replay,
+	},
+	{
+		name:      "optimistic-storm",
+		about:     "optimistic mode, -storm-duplicates concurrent requests per key",
+		reference: "baseline",
+		server:    newOptimisticServer,
+		call:      storm,
 	},
 	{
 		name:      "naive",
-		about:     "a textbook interceptor: BEGIN; SET LOCAL lock_timeout; INSERT claim; insert; UPDATE; COMMIT, one round trip each",
+		about:     "a textbook interceptor: BEGIN; SET LOCAL lock_timeout; INSERT claim; the handler's statements; UPDATE; COMMIT, one round trip each",
 		reference: "baseline",
-		server: func(pool *pgxpool.Pool) (*grpc.Server, error) {
-			return newPlainServer(pool, newNaive(pool).intercept), nil
+		server: func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+			return newPlainServer(pool, h, newNaive(pool).intercept), nil
 		},
 		call: func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "sql-baseline",
-		about:     "no gRPC: BEGIN, the payment insert, COMMIT on a pgx pool",
+		about:     "no gRPC: BEGIN, the handler's statements, COMMIT on a pgx pool",
 		reference: "sql-baseline",
 		call: func(ctx context.Context, e *env) (outcome, error) {
 			i := e.seq.Add(1)
 			req := request(i)
 			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				return e.insert(ctx, tx, req, e.freshKey())
+				return e.write(ctx, tx, req, e.freshKey())
 			})
 			return executed, err
 		},
 	},
 	{
 		name:      "sql-atomic",
-		about:     "no gRPC: idem's store (claim batch, payment insert, record with COMMIT) on a pgx pool",
+		about:     "no gRPC: idem's store (claim batch, the handler's statements, record with COMMIT) on a pgx pool",
 		reference: "sql-baseline",
 		call: func(ctx context.Context, e *env) (outcome, error) {
 			i := e.seq.Add(1)
@@ -144,7 +153,27 @@ var scenarios = []*scenario{
 			}
 			defer func() { _ = claim.Txn.Release(ctx) }()
 			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
-			if err := e.insert(ctx, tx, req, key); err != nil {
+			if err := e.write(ctx, tx, req, key); err != nil {
+				return "", err
+			}
+			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
+		},
+	},
+	{
+		name:      "sql-optimistic",
+		about:     "no gRPC: idem's store with optimistic claims (BEGIN, the handler's statements, record with COMMIT) on a pgx pool",
+		reference: "sql-baseline",
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1)
+			req := request(i)
+			key := e.freshKey()
+			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: true})
+			if err != nil {
+				return "", err
+			}
+			defer func() { _ = claim.Txn.Release(ctx) }()
+			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
+			if err := e.write(ctx, tx, req, key); err != nil {
 				return "", err
 			}
 			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
@@ -152,7 +181,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:      "sql-floor",
-		about:     "no gRPC: BEGIN, the payment insert, then one INSERT of a completed key row with COMMIT: what the key row alone costs, no claim",
+		about:     "no gRPC: BEGIN, the handler's statements, then one INSERT of a completed key row with COMMIT: what the key row alone costs, no claim",
 		reference: "sql-baseline",
 		call: func(ctx context.Context, e *env) (outcome, error) {
 			i := e.seq.Add(1)
@@ -161,12 +190,27 @@ var scenarios = []*scenario{
 			var id pgtype.UUID
 			rand.Read(id.Bytes[:]) // never fails
 			id.Valid = true
-			tx, err := e.pool.Begin(ctx)
+			// On a connection of its own, not pool.Begin's transaction:
+			// the batch's COMMIT ends the transaction without pgx's Tx
+			// knowing, and a deferred Rollback of it would send a ROLLBACK
+			// round trip that sql-atomic does not pay. As the store's
+			// abandon does, roll back only what the connection says is
+			// still open.
+			conn, err := e.pool.Acquire(ctx)
 			if err != nil {
 				return "", err
 			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			if err := e.insert(ctx, tx, req, key); err != nil {
+			defer conn.Release()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			defer func() {
+				if conn.Conn().PgConn().TxStatus() != 'I' {
+					_ = tx.Rollback(context.WithoutCancel(ctx))
+				}
+			}()
+			if err := e.write(ctx, tx, req, key); err != nil {
 				return "", err
 			}
 			b := &pgx.Batch{}
@@ -175,6 +219,29 @@ var scenarios = []*scenario{
 			return executed, tx.SendBatch(ctx, b).Close()
 		},
 	},
+}
+
+// completeReplayKeys completes the keys that replay asks for.
+func completeReplayKeys(ctx context.Context, e *env) error {
+	for i := range replayKeys {
+		if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
+			return fmt.Errorf("completing replay key %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// replay sends a key completeReplayKeys completed.
+func replay(ctx context.Context, e *env) (outcome, error) {
+	i := e.seq.Add(1) % replayKeys
+	return e.create(ctx, e.replayKey(i), i)
+}
+
+// storm sends each key -storm-duplicates times, from as many clients at
+// once.
+func storm(ctx context.Context, e *env) (outcome, error) {
+	i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
+	return e.create(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i)
 }
 
 // insertKeyRow is the sql-floor scenario's write of a key row, in the
@@ -210,19 +277,25 @@ func lookupScenario(name string) (*scenario, error) {
 
 // env is what a scenario's clients share during one run.
 type env struct {
-	cfg    config
-	pool   *pgxpool.Pool // nil with -target
-	client paymentsv1.PaymentServiceClient
-	store  *postgres.Store
-	prefix string // makes keys unique to this run
-	seq    atomic.Int64
+	cfg     config
+	handler *handler
+	pool    *pgxpool.Pool // nil with -target
+	client  paymentsv1.PaymentServiceClient
+	store   *postgres.Store
+	prefix  string // makes keys unique to this run
+	seq     atomic.Int64
+
+	// counters count what pool sends; dsn and dbName are its database's.
+	counters *counters
+	dsn      string
+	dbName   string
 
 	// For sql-atomic: the fingerprint and recorded body idem would compute.
 	fingerprint []byte
 	response    []byte
 }
 
-func newEnv(cfg config, prefix string) *env {
+func newEnv(cfg config, h *handler, prefix string) *env {
 	resp := &paymentsv1.CreatePaymentResponse{Payment: &paymentsv1.Payment{
 		Id:          "0b7ba2a5-5b6e-4a8f-9d1c-3f1a2b4c5d6e",
 		CustomerId:  "cus_000000000001",
@@ -234,6 +307,7 @@ func newEnv(cfg config, prefix string) *env {
 	sum := sha256.Sum256(body)
 	return &env{
 		cfg:         cfg,
+		handler:     h,
 		prefix:      prefix,
 		fingerprint: append([]byte{1}, sum[:]...),
 		response:    body,
@@ -248,7 +322,7 @@ func (e *env) replayKey(i int64) string { return fmt.Sprintf("%s-replay-%d", e.p
 // request, so that retries of a key match its fingerprint.
 func request(i int64) *paymentsv1.CreatePaymentRequest {
 	return &paymentsv1.CreatePaymentRequest{
-		CustomerId:  fmt.Sprintf("cus_%012d", i%100000),
+		CustomerId:  fmt.Sprintf("cus_%012d", i%customers),
 		AmountCents: 1000 + i%1000,
 		Currency:    "EUR",
 		Note:        "order " + fmt.Sprint(i),
@@ -271,15 +345,10 @@ func (e *env) create(ctx context.Context, key string, i int64) (outcome, error) 
 	return executed, nil
 }
 
-// insert is the business insert, for the SQL-only scenarios.
-func (e *env) insert(ctx context.Context, tx pgx.Tx, req *paymentsv1.CreatePaymentRequest, key string) error {
-	var (
-		id      string
-		created time.Time
-	)
-	return tx.QueryRow(ctx, insertPayment,
-		tenant, req.GetCustomerId(), req.GetAmountCents(), req.GetCurrency(), req.GetNote(), key,
-	).Scan(&id, &created)
+// write runs the handler's statements on tx, for the SQL-only scenarios.
+func (e *env) write(ctx context.Context, tx pgx.Tx, req *paymentsv1.CreatePaymentRequest, key string) error {
+	_, _, err := e.handler.write(ctx, tx, tenant, key, req)
+	return err
 }
 
 // percentile returns the p-th percentile of sorted durations.

@@ -32,16 +32,18 @@ const insertPayment = `INSERT INTO payments (tenant_id, customer_id, amount_cent
 		 VALUES ($1, $2, $3, $4, $5, $6)
 		 RETURNING id::text, created_at`
 
-// payments is CreatePayment as paymentsvc implements it (the same checks and
-// the same insert), except that it also runs where no claim transaction is
-// in the context: on the transaction of the naive interceptor below, or,
-// with neither, on a transaction of its own on the pool (pgx.BeginFunc:
-// BEGIN, the insert, COMMIT). The baseline scenario is that last case
+// payments is CreatePayment as paymentsvc implements it (the same checks
+// and, with the payment handler, the same insert), with the writes of
+// handler, and it also runs where no claim transaction is in the context:
+// on the transaction of the naive interceptor below, or, with neither, on
+// a transaction of its own on the pool (pgx.BeginFunc: BEGIN, the
+// handler's statements, COMMIT). The baseline scenario is that last case
 // without idem, the leased scenario the same case under idem in leased
 // mode, where the claim has committed before the handler runs.
 type payments struct {
 	paymentsv1.UnimplementedPaymentServiceServer
-	pool *pgxpool.Pool
+	pool    *pgxpool.Pool
+	handler *handler
 }
 
 var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
@@ -66,10 +68,8 @@ func (s *payments) CreatePayment(ctx context.Context, req *paymentsv1.CreatePaym
 		Currency:    req.GetCurrency(),
 	}
 	insert := func(tx pgx.Tx) error {
-		var created time.Time
-		err := tx.QueryRow(ctx, insertPayment,
-			tenant, p.CustomerId, p.AmountCents, p.Currency, req.GetNote(), key[0],
-		).Scan(&p.Id, &created)
+		id, created, err := s.handler.write(ctx, tx, tenant, key[0], req)
+		p.Id = id
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 			return status.Error(codes.AlreadyExists, "a payment with this idempotency key exists")
@@ -99,27 +99,25 @@ func recoveryInterceptor() grpc.UnaryServerInterceptor {
 	}))
 }
 
-// newPlainServer serves payments behind the recovery interceptor and, when
-// extra is not nil, extra.
-func newPlainServer(pool *pgxpool.Pool, extra grpc.UnaryServerInterceptor) *grpc.Server {
+// newPlainServer serves payments with handler h behind the recovery
+// interceptor and, when extra is not nil, extra.
+func newPlainServer(pool *pgxpool.Pool, h *handler, extra grpc.UnaryServerInterceptor) *grpc.Server {
 	chain := []grpc.UnaryServerInterceptor{recoveryInterceptor()}
 	if extra != nil {
 		chain = append(chain, extra)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
-	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool})
+	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool, handler: h})
 	return srv
 }
 
-// newLeasedServer serves payments behind the recovery interceptor and idem
-// with CreatePayment in leased mode: the claim commits on its own, the
-// handler writes in its own transaction, and the outcome is recorded by an
-// UPDATE of its own. The lease is far above any request's latency, so no
-// heartbeat runs during a request.
-func newLeasedServer(pool *pgxpool.Pool) (*grpc.Server, error) {
-	engine, err := idem.New(postgres.New(pool),
-		idem.WithTenant(paymentsvc.TenantOf),
-		idem.WithLeased(60*time.Second, createPayment)) // idem's default lease
+// newIdemServer serves payments with handler h behind the recovery
+// interceptor and idem, as paymentsvc.NewServer chains them: an engine on
+// a postgres.Store of pool, with paymentsvc's tenant and then opts. Without
+// opts CreatePayment runs in atomic mode, its writes on the claim's
+// transaction.
+func newIdemServer(pool *pgxpool.Pool, h *handler, opts ...idem.Option) (*grpc.Server, error) {
+	engine, err := idem.New(postgres.New(pool), append([]idem.Option{idem.WithTenant(paymentsvc.TenantOf)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -127,8 +125,22 @@ func newLeasedServer(pool *pgxpool.Pool) (*grpc.Server, error) {
 		recoveryInterceptor(),
 		interceptor.UnaryServerInterceptor(engine),
 	))
-	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool})
+	paymentsv1.RegisterPaymentServiceServer(srv, &payments{pool: pool, handler: h})
 	return srv, nil
+}
+
+// newLeasedServer is newIdemServer with CreatePayment in leased mode: the
+// claim commits on its own, the handler writes in its own transaction, and
+// the outcome is recorded by an UPDATE of its own. The lease is far above
+// any request's latency, so no heartbeat runs during a request.
+func newLeasedServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithLeased(60*time.Second, createPayment)) // idem's default lease
+}
+
+// newOptimisticServer is newIdemServer with CreatePayment in optimistic
+// mode.
+func newOptimisticServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithOptimistic(createPayment))
 }
 
 type naiveTxKey struct{}

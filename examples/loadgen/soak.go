@@ -354,7 +354,7 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 		return nil, err
 	}
 	defer func() { _ = conn.Close() }()
-	e := newEnv(cfg, randomPrefix())
+	e := newEnv(cfg, handlers[0], randomPrefix())
 	e.client = paymentsv1.NewPaymentServiceClient(conn)
 
 	intervals := int((sc.Duration + sc.Sample - 1) / sc.Sample)

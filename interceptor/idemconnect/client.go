@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"slices"
 
 	"connectrpc.com/connect"
@@ -19,8 +20,13 @@ import (
 // set with [idem.ContextWithKey], or the caller's own header; never
 // the key of the request being handled. A request that carries its key in
 // its field marked (idem.v1.field).key (a request_id) gets no key of idem's:
-// the field's is the call's key, on every attempt. Interceptors placed after it (a
-// retrying one) send every attempt with the same key.
+// the field's is the call's key, on every attempt. When that field is empty
+// and the key is idem's, the key also goes in the field (as AIP-4235 has
+// client libraries fill a request_id): the interceptor sends a copy of the
+// message with the field set, in the request's Msg for the duration of the
+// call, and puts the caller's message back when the call returns.
+// Interceptors placed after it (a retrying one) send every attempt with the
+// same key, in the header and in the field.
 //
 // The key goes in the request header Idempotency-Key: on Connect and
 // gRPC-Web as a Structured Field String, as the IETF draft writes it
@@ -60,7 +66,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 				sent[n] = k
 			}
 		}
-		keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
+		send, keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
 		if err != nil {
 			var ie *idem.Error
 			if errors.As(err, &ie) {
@@ -68,15 +74,43 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 			}
 			return nil, err
 		}
+		// The request may be sent again, as another logical call: leave it
+		// as the caller made it.
+		if send != req.Any() {
+			if restore, ok := setMessage(req, send); ok {
+				defer restore()
+			}
+		}
 		if slices.Equal(keys, sent) {
 			return next(ctx, req)
 		}
 		setKeys(h, keys, protocol)
-		// The request may be sent again, as another logical call: leave it
-		// as the caller made it.
 		defer setValues(h, values)
 		return next(ctx, req)
 	}
+}
+
+// setMessage makes msg the message that req sends, and returns a function
+// that puts req's own message back; it reports false, changing nothing,
+// when req is not a *connect.Request of msg's type. connect-go gives an
+// interceptor no other way to send a message of its own: the message is the
+// exported field Msg of the generic connect.Request[T], which code that
+// sees only a connect.AnyRequest cannot name, so this sets it through
+// reflection. Should it fail, the call still carries its key in the header.
+func setMessage(req connect.AnyRequest, msg any) (restore func(), ok bool) {
+	v := reflect.ValueOf(req)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil, false
+	}
+	f := v.Elem().FieldByName("Msg")
+	m := reflect.ValueOf(msg)
+	if !f.IsValid() || !f.CanSet() || !m.IsValid() || m.Type() != f.Type() {
+		return nil, false
+	}
+	own := reflect.New(f.Type()).Elem()
+	own.Set(f)
+	f.Set(m)
+	return func() { f.Set(own) }, true
 }
 
 func (c *clientInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {

@@ -100,7 +100,9 @@
 // interceptor) does: one key per logical call, kept by every retry made by
 // interceptors placed after it, and child keys derived from the request's
 // inside a keyed handler, so that a retried handler's calls are
-// deduplicated too:
+// deduplicated too. A request whose field marked (idem.v1.field).key (a
+// request_id) is empty carries the key there as well, on a copy of the
+// message, as AIP-4235 has client libraries fill it:
 //
 //	client := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, baseURL,
 //		connect.WithInterceptors(

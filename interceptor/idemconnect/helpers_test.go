@@ -87,6 +87,7 @@ type service struct {
 	runs  int      // executions of CreatePayment, GetPayment and Do
 	keys  []string // the key of each execution (idem.KeyFromContext)
 	raw   []string // the key header of each execution, as it came
+	ids   []string // the request_id of each execution's request ("" if none)
 	hook  func(ctx context.Context, run int) error
 	wrote int // payments written on store/memory
 }
@@ -97,8 +98,9 @@ func (s *service) setHook(h func(ctx context.Context, run int) error) {
 	s.mu.Unlock()
 }
 
-// run counts an execution and returns its number and the hook.
-func (s *service) run(ctx context.Context) (int, func(context.Context, int) error) {
+// run counts an execution of the request msg and returns its number and
+// the hook.
+func (s *service) run(ctx context.Context, msg any) (int, func(context.Context, int) error) {
 	key, _ := idem.KeyFromContext(ctx)
 	raw := ""
 	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
@@ -109,7 +111,19 @@ func (s *service) run(ctx context.Context) (int, func(context.Context, int) erro
 	s.runs++
 	s.keys = append(s.keys, key)
 	s.raw = append(s.raw, raw)
+	id := ""
+	if r, ok := msg.(interface{ GetRequestId() string }); ok {
+		id = r.GetRequestId()
+	}
+	s.ids = append(s.ids, id)
 	return s.runs, s.hook
+}
+
+// requestIDs returns the request_id of each execution's request.
+func (s *service) requestIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.ids...)
 }
 
 // headers returns the key header of each execution, as it came.
@@ -126,7 +140,7 @@ func (s *service) executions() (int, []string) {
 }
 
 func (s *service) createPayment(ctx context.Context, req *connect.Request[testv1.CreatePaymentRequest]) (*connect.Response[testv1.CreatePaymentResponse], error) {
-	n, hook := s.run(ctx)
+	n, hook := s.run(ctx, req.Msg)
 	id := "pay_" + strconv.Itoa(n)
 	if s.pool != nil {
 		tx, ok := postgres.TxFromContext(ctx)
@@ -160,12 +174,12 @@ func (s *service) createPayment(ctx context.Context, req *connect.Request[testv1
 }
 
 func (s *service) getPayment(ctx context.Context, req *connect.Request[testv1.GetPaymentRequest]) (*connect.Response[testv1.GetPaymentResponse], error) {
-	s.run(ctx)
+	s.run(ctx, req.Msg)
 	return connect.NewResponse(&testv1.GetPaymentResponse{Payment: &testv1.Payment{Id: req.Msg.GetId()}}), nil
 }
 
 func (s *service) do(ctx context.Context, req *connect.Request[testv1.DoRequest]) (*connect.Response[testv1.DoResponse], error) {
-	n, _ := s.run(ctx)
+	n, _ := s.run(ctx, req.Msg)
 	return connect.NewResponse(&testv1.DoResponse{
 		Value:     req.Msg.GetValue(),
 		Execution: int64(n),
@@ -206,7 +220,7 @@ func (e *env) serveGRPC(t *testing.T, opts ...idem.Option) testv1.PaymentService
 }
 
 func (s *service) watch(ctx context.Context, req *connect.Request[testv1.ReadRequest], stream *connect.ServerStream[testv1.ReadResponse]) error {
-	n, _ := s.run(ctx)
+	n, _ := s.run(ctx, req.Msg)
 	return stream.Send(&testv1.ReadResponse{Value: req.Msg.GetValue(), Execution: int64(n)})
 }
 

@@ -107,6 +107,61 @@ func (s *Store) beginFirst(ctx context.Context, conn *pgx.Conn, waits bool, qs [
 	return conn.SendBatch(ctx, b), tx, nil
 }
 
+// sendInTx sends qs in the transaction open on conn, with the store's lock
+// timeout set first for what is left of it, so that every wait of qs is
+// bounded, their parsing included: as in sendBounded, a statement is sent
+// with the lock timeout in one round trip only where pgx sends it whole
+// (QueryExecModeExec, QueryExecModeSimpleProtocol, or
+// QueryExecModeCacheStatement with every statement prepared on conn);
+// otherwise the lock timeout is set in a round trip of its own, the
+// statements prepared under it, and qs sent after. It returns the results
+// of qs alone, which the caller must close.
+//
+// In QueryExecModeCacheStatement every statement, the lock timeout and
+// COMMIT too, is prepared by name, not left to pgx's statement cache: a
+// batch that fails makes pgx drop its statements from that cache, and
+// the records sent so fail by design (an optimistic claim's on a key
+// already recorded), so that each failure would cost the connection's
+// next record a round trip to deallocate them and one to prepare them
+// again.
+func (s *Store) sendInTx(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, qs []*pgx.QueuedQuery) (pgx.BatchResults, error) {
+	all := append([]*pgx.QueuedQuery{{SQL: s.setLockTimeout}}, qs...)
+	whole := mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol ||
+		mode == pgx.QueryExecModeCacheStatement && preparedAll(conn, all)
+	if whole {
+		br := conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: all})
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+		return br, nil
+	}
+	// No arguments: pgx sends it with the simple protocol, nothing to
+	// prepare.
+	if _, err := conn.Exec(ctx, s.setLockTimeout); err != nil {
+		return nil, err
+	}
+	if mode == pgx.QueryExecModeCacheStatement {
+		for _, q := range all {
+			if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), nil
+}
+
+// preparedAll reports whether conn holds every statement of qs prepared by
+// name (see preparedOn).
+func preparedAll(conn *pgx.Conn, qs []*pgx.QueuedQuery) bool {
+	for _, q := range qs {
+		if _, err := conn.Prepare(endedContext, q.SQL, q.SQL); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // restoreLockTimeout puts back the session's lock_timeout, which
 // setLockTimeout kept in idem.lock_timeout.
 const restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"

@@ -67,6 +67,24 @@
 // cache_statement (the first on a connection four, the second two), two in
 // cache_describe (three the first time) and three in describe_exec.
 //
+// # Optimistic claims
+//
+// A claim with store.Request.Optimistic set sends BEGIN alone (one round
+// trip, as the handler's own transaction would) and reads nothing. Its
+// record is an atomic claim's (the lock timeout, the INSERT of the
+// completed row, COMMIT, in one round trip), the first statements on
+// idempotency_keys in the transaction, so the lock timeout bounds their
+// waits, behind a table lock or a row of the key that another transaction
+// has not committed (a duplicate's record, which it waits for). A row of
+// the key, live or expired, fails the INSERT on the primary key:
+// store.ErrConflict, and the handler's writes roll back with it. The
+// caller's atomic claim that follows answers from a live row or takes an
+// expired one over; taking it over in the record instead (ON CONFLICT … DO
+// UPDATE) would cost every record the speculative insertion. In cache_statement a connection's first record of this kind sets the
+// lock timeout and prepares the INSERT under it before sending, as a
+// claim does; cache_describe and describe_exec describe it after the lock
+// timeout is set.
+//
 // # Leased mode
 //
 // [Store.ClaimLeased] claims a key for a handler that runs outside the claim's

@@ -96,6 +96,15 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
+
+			// An optimistic claim reaches the table first at its record,
+			// on a connection that has claimed before or never has.
+			if !tc.warm {
+				pool = newPool(t, dsn, tc.mode)
+				s = postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
+			}
+			newWTable(t, pool)
+			optimisticRecordsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
 		})
 	}
 }
@@ -223,25 +232,7 @@ func TestClaimRoundTrips(t *testing.T) {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			t.Parallel()
 			dsn := pgtest.NewDatabase(t)
-			cfg, err := pgxpool.ParseConfig(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.MaxConns = 1
-			cfg.ConnConfig.DefaultQueryExecMode = tc.mode
-			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-			var n atomic.Int64
-			cfg.ConnConfig.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, conn net.Conn) (net.Conn, error) {
-				return &tripConn{Conn: conn, trips: &n}, nil
-			}
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			if err := pool.Ping(ctx); err != nil {
-				t.Fatal(err)
-			}
+			pool, n := countingPool(t, dsn, tc.mode)
 			s := postgres.New(pool, postgres.WithLockTimeout(300*time.Millisecond))
 			count := func(f func() error) int64 {
 				t.Helper()
@@ -308,6 +299,32 @@ func TestClaimRoundTrips(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingPool returns a pool of one connection to dsn, in mode, connected
+// already, and the count of round trips on its socket.
+func countingPool(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgxpool.Pool, *atomic.Int64) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	n := new(atomic.Int64)
+	cfg.ConnConfig.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, conn net.Conn) (net.Conn, error) {
+		return &tripConn{Conn: conn, trips: n}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return pool, n
 }
 
 // tripConn counts round trips: a write that follows a read, or comes
@@ -390,7 +407,8 @@ func TestRecordBehindLockedKeyRowIsBounded(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			pool := newPool(t, dsn, mode)
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
-			recordsGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout)
+			recordsGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout, false)
+			recordsGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout, true)
 			leaseWritesGiveUpBehindLockedKeyRow(t, s, pool, dsn, lockTimeout)
 		})
 	}
@@ -398,8 +416,9 @@ func TestRecordBehindLockedKeyRowIsBounded(t *testing.T) {
 
 // recordsGiveUpBehindLockedKeyRow checks the records of s behind a key's
 // row that a session of its own on lockDSN holds, reading rows through
-// pool, which must have a table w.
-func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration) {
+// pool, which must have a table w; of optimistic claims, which read
+// nothing, if optimistic is set.
+func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration, optimistic bool) {
 	t.Helper()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS w (key text)`); err != nil {
 		t.Fatal(err)
@@ -414,12 +433,13 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 		{"locked expired row/success", true, code.Code_OK},
 		{"locked expired row/recorded error", true, code.Code_INVALID_ARGUMENT},
 	} {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: tc.name}
+		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprintf("%s/optimistic=%t", tc.name, optimistic)}
 		args := []any{k.Tenant, k.Method, k.Key}
-		// run claims k, writes a row of w and records tc.code.
-		run := func(ctx context.Context) error {
+		// run claims k, optimistically or not, writes a row of w and
+		// records tc.code.
+		run := func(ctx context.Context, optimistic bool) error {
 			t.Helper()
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: optimistic})
 			if err != nil || c.Txn == nil {
 				t.Fatalf("%s: claim: %+v, %v; want to own the key", tc.name, c, err)
 			}
@@ -453,17 +473,24 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 		// Far longer than the lock timeout: an unbounded wait ends here,
 		// with context.DeadlineExceeded instead of ErrInUse.
 		cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
-		err := run(cctx)
+		err := run(cctx, optimistic)
 		cancel()
-		if !errors.Is(err, store.ErrInUse) {
-			t.Errorf("%s: record behind the locked key row: %v, want ErrInUse", tc.name, err)
+		want, retryOptimistic := store.ErrInUse, optimistic
+		if optimistic && tc.takeover && tc.code == code.Code_OK {
+			// An optimistic record does not take an expired row over: it
+			// fails on the primary key at once, without waiting for the
+			// row's lock, and the atomic claim that follows takes it over.
+			want, retryOptimistic = store.ErrConflict, false
+		}
+		if !errors.Is(err, want) {
+			t.Errorf("%s: record behind the locked key row: %v, want %v", tc.name, err, want)
 		}
 		if w, c := rows(); w != 0 || c != 0 {
 			t.Fatalf("%s: a record that gave up committed %d writes and %d completed keys, want none", tc.name, w, c)
 		}
 
 		release()
-		if err := run(ctx); err != nil {
+		if err := run(ctx, retryOptimistic); err != nil {
 			t.Fatalf("%s: retry once the row is free: %v", tc.name, err)
 		}
 		wantWrites := 1

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -84,6 +85,8 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
+			newWTable(t, pool)
+			optimisticRecordsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
 		})
 	}
 }
@@ -103,7 +106,8 @@ func TestPgBouncerRecordBehindLockedKeyRowIsBounded(t *testing.T) {
 	}
 	pool := bouncedPool(t, dsn, 4)
 	s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
-	recordsGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout)
+	recordsGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout, false)
+	recordsGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout, true)
 	leaseWritesGiveUpBehindLockedKeyRow(t, s, pool, direct, lockTimeout)
 }
 
@@ -135,6 +139,17 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	}
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("st")}); err != nil {
 		t.Fatal(err)
+	}
+	// An optimistic claim that records, and one of the same key whose
+	// record finds it taken.
+	for i, want := range []error{nil, store.ErrConflict} {
+		c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); !errors.Is(err, want) {
+			t.Fatalf("optimistic record %d: %v, want %v", i+1, err, want)
+		}
 	}
 	// The owner pins the only server connection, so the duplicate waits
 	// in PgBouncer's queue, not on the key's lock; it runs once the owner

@@ -253,6 +253,10 @@ FROM recorded`
 // free in time, Claim fails with an error that is none of store's sentinels
 // (the interceptor answers UNAVAILABLE), having changed nothing.
 //
+// An optimistic claim (store.Request.Optimistic) costs the transaction's
+// BEGIN alone and reads nothing: its record decides, and fails with
+// store.ErrConflict where the key has a row (see the package's overview).
+//
 // A key that breaks the rules of [store.Key.Validate] fails with
 // [store.ErrInvalidKey] before any statement is sent: the rules keep every
 // key within what the table's text columns can hold. On a sharded store
@@ -273,6 +277,9 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	}
 	mode := s.modeOf(pool)
 	at := s.now()
+	if r.Optimistic {
+		return s.claimOptimistic(ctx, conn, mode, sc, key, r, at)
+	}
 	tx, entry, now, err := s.claim(ctx, conn.Conn(), mode, sc, key, at)
 	switch {
 	case err != nil:
@@ -285,6 +292,26 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	}
 	ttl := s.ttlOf(r)
 	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, takeover: entry != nil}
+	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
+	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
+}
+
+// claimOptimistic begins the claim's transaction and reads nothing: the
+// record decides (see [txn.recordOptimistic]). The claim's expiry is
+// reported by the store's clock ([WithClock]), else by the process's: the
+// key's row gets the database's, which no statement has read yet.
+func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, r store.Request, at any) (store.Claim, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		_ = abandon(ctx, conn)
+		return store.Claim{}, interpretError(err)
+	}
+	now, ok := at.(time.Time)
+	if !ok {
+		now = time.Now()
+	}
+	ttl := s.ttlOf(r)
+	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, optimistic: true}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
 }
@@ -432,8 +459,11 @@ type txn struct {
 	ttl      float64 // seconds
 	now      any     // the claim's time (see Store.now), which the record's transaction shares
 	takeover bool    // the key's row exists, expired; the record takes it over
-	tx       *guardedTx
-	closed   atomic.Bool // closes tx for the handler once the claim finished
+	// optimistic claims read nothing: a row the record finds is
+	// store.ErrConflict.
+	optimistic bool
+	tx         *guardedTx
+	closed     atomic.Bool // closes tx for the handler once the claim finished
 }
 
 type txKey struct{}
@@ -462,8 +492,11 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 		return errFinished
 	}
 	defer func() { _ = t.finish(ctx) }()
-	if out.Code != code.Code_OK {
-		return interpretError(t.recordError(ctx, out))
+	switch {
+	case out.Code != code.Code_OK:
+		return t.taken(interpretError(t.recordError(ctx, out)))
+	case t.optimistic:
+		return t.taken(interpretError(t.recordOptimistic(ctx, out)))
 	}
 	record := recordInsert
 	if t.takeover {
@@ -488,6 +521,41 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 		err = cerr
 	}
 	return interpretError(err)
+}
+
+// recordOptimistic records out for a claim that read nothing: the INSERT of
+// an atomic claim's record, which fails on the primary key where the key
+// has a row, live or expired (an expired row is rare, and the atomic claim
+// that follows the conflict takes it over: a takeover here would make
+// every record pay for ON CONFLICT). Its waits are bounded by the lock
+// timeout, set in the same round trip: behind an uncommitted row of the
+// key (a duplicate's record, a claim in leased mode), and, since no
+// statement of the transaction has locked the table yet, behind a table
+// lock, while the server parses it too ([Store.sendInTx]).
+func (t *txn) recordOptimistic(ctx context.Context, out store.Outcome) error {
+	br, err := t.store.sendInTx(ctx, t.conn.Conn(), t.mode, []*pgx.QueuedQuery{
+		{SQL: recordInsert, Arguments: t.recordArgs(out, t.now)},
+		{SQL: "COMMIT"},
+	})
+	if err != nil {
+		return err
+	}
+	err = readComplete(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// taken reports err, a record's, as store.ErrConflict where an optimistic
+// claim's record wrote no row (a recorded error's, whose INSERT takes an
+// expired row over, found it live); a unique violation on the key's row is
+// store.ErrConflict already.
+func (t *txn) taken(err error) error {
+	if t.optimistic && errors.Is(err, errNotRecorded) {
+		return fmt.Errorf("%w: %w", store.ErrConflict, err)
+	}
+	return err
 }
 
 // recordArgs are the arguments of a record of out at now (see [Store.now]).

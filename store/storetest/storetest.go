@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		cases []testCase
 	}{
 		{"Claim", claimCases},
+		{"Optimistic", optimisticCases},
 		{"Lease", leaseCases},
 		{"Key", keyCases},
 		{"Steps", stepCases},

@@ -7,6 +7,7 @@ SELECT status, request_hash, response_code, response, response_not_cached, expir
 \endpipeline
 INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key) VALUES ('acme', 'cus_000000000001', 1001, 'EUR', 'order 1', 'k' || :k) RETURNING id::text, created_at;
 \startpipeline
+SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '5000', true);
 WITH recorded AS (INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at) VALUES (md5('k' || :k)::uuid, 'acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, 'completed', 0, '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, false, now() + 86400 * interval '1 second') RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idem: recording the outcome wrote ' || count(*) || ' rows of idempotency_keys, want 1')::int END FROM recorded;
 COMMIT;
 \endpipeline

@@ -42,6 +42,15 @@ const (
 	// the key's. For handlers whose side effects leave the database (payment
 	// providers, email), which may save recovery points to resume from.
 	Mode_MODE_LEASED Mode = 2
+	// MODE_OPTIMISTIC runs the handler's database writes and records the
+	// response in one transaction, as MODE_ATOMIC does, but reads the key
+	// only when recording: where another request has recorded it (or holds
+	// it), the writes are rolled back and the call answers from that
+	// request's outcome. A first execution saves the claim's read and locks;
+	// a retry or a concurrent duplicate costs a handler run that is rolled
+	// back. For handlers whose every effect is in the database and whose
+	// retries are rare.
+	Mode_MODE_OPTIMISTIC Mode = 3
 )
 
 // Enum value maps for Mode.
@@ -50,11 +59,13 @@ var (
 		0: "MODE_UNSPECIFIED",
 		1: "MODE_ATOMIC",
 		2: "MODE_LEASED",
+		3: "MODE_OPTIMISTIC",
 	}
 	Mode_value = map[string]int32{
 		"MODE_UNSPECIFIED": 0,
 		"MODE_ATOMIC":      1,
 		"MODE_LEASED":      2,
+		"MODE_OPTIMISTIC":  3,
 	}
 )
 
@@ -327,11 +338,12 @@ const file_idem_v1_options_proto_rawDesc = "" +
 	"\x06finish\x18\a \x01(\bR\x06finish\"P\n" +
 	"\vFieldPolicy\x12/\n" +
 	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\bR\x03key*>\n" +
+	"\x03key\x18\x02 \x01(\bR\x03key*S\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_ATOMIC\x10\x01\x12\x0f\n" +
-	"\vMODE_LEASED\x10\x02:O\n" +
+	"\vMODE_LEASED\x10\x02\x12\x13\n" +
+	"\x0fMODE_OPTIMISTIC\x10\x03:O\n" +
 	"\x06method\x12\x1e.google.protobuf.MethodOptions\x18\xcc\xe3\x03 \x01(\v2\x15.idem.v1.MethodPolicyR\x06method:K\n" +
 	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\xe3\x03 \x01(\v2\x14.idem.v1.FieldPolicyR\x05fieldB,Z*github.com/idemkit/idem/gen/idem/v1;idemv1b\x06proto3"
 

@@ -1,92 +1,143 @@
-// Binary server is a buf user's service with idem: it serves PlaceOrder,
-// marked (idem.v1.method).key_required in shop.proto, calls it over
-// loopback, and exits non-zero unless idem read that option at run time.
+// Binary server is a buf user's service with idem: PlaceOrder, marked
+// (idem.v1.method).key_required in shop.proto, served over gRPC, Connect and
+// HTTP/JSON (grpc-gateway), with idem on each wire and one store, so a call
+// over one wire and its retry over another are one operation. The handler
+// writes its order on the transaction that holds the key. main_test.go tests
+// the handler through idem's interceptor, and calls each wire.
 package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
+	"flag"
 	"log"
 	"net"
+	"net/http"
 	"os"
+	"os/signal"
 
+	"connectrpc.com/connect"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/interceptor/idemconnect"
+	"github.com/idemkit/idem/interceptor/idemgateway"
+	"github.com/idemkit/idem/store/postgres"
 
 	shopv1 "example.com/shop/gen/shop/v1"
+	"example.com/shop/gen/shop/v1/shopv1connect"
 )
 
+// schema is the shop's own table, beside idem's.
+const schema = `CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, sku text NOT NULL)`
+
+// shop implements the grpc-go interface. protoc-gen-connect-go ran with
+// the simple option, so the same implementation serves Connect.
 type shop struct {
 	shopv1.UnimplementedShopServiceServer
-	orders int
 }
 
-func (s *shop) PlaceOrder(ctx context.Context, req *shopv1.PlaceOrderRequest) (*shopv1.PlaceOrderResponse, error) {
-	s.orders++
-	return &shopv1.PlaceOrderResponse{OrderId: fmt.Sprintf("order-%d", s.orders)}, nil
+// PlaceOrder writes on the transaction that holds the key.
+func (shop) PlaceOrder(ctx context.Context, req *shopv1.PlaceOrderRequest) (*shopv1.PlaceOrderResponse, error) {
+	tx, ok := postgres.TxFromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "PlaceOrder runs behind idem's interceptor")
+	}
+	var id string
+	err := tx.QueryRow(ctx, `INSERT INTO orders (sku) VALUES ($1) RETURNING id::text`, req.GetSku()).Scan(&id)
+	if err != nil {
+		return nil, err
+	}
+	return &shopv1.PlaceOrderResponse{OrderId: "order-" + id}, nil
 }
 
 func main() {
-	if err := run(); err != nil {
+	grpcAddr := flag.String("grpc-listen", "127.0.0.1:8081", "gRPC address")
+	httpAddr := flag.String("http-listen", "127.0.0.1:8080", "Connect and HTTP/JSON address")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *grpcAddr, *httpAddr); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("ok: idem read (idem.v1.method) from shop.proto")
 }
 
-func run() error {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+func run(ctx context.Context, grpcAddr, httpAddr string) error {
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // else the libpq defaults
 	if err != nil {
 		return err
 	}
-	svc := &shop{}
-	engine, err := idem.New(memory.New())
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil { // idem's tables
+		return err
+	}
+	if _, err := pool.Exec(ctx, schema); err != nil {
+		return err
+	}
+	glis, err := net.Listen("tcp", grpcAddr)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
-	shopv1.RegisterShopServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	hlis, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, pool, glis, hlis)
+}
 
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+// serve serves gRPC on glis, and Connect and HTTP/JSON on hlis, until ctx
+// is done.
+func serve(ctx context.Context, pool *pgxpool.Pool, glis, hlis net.Listener) error {
+	engine, err := idem.New(postgres.New(pool))
+	if err != nil {
+		return err
+	}
+	svc := shop{}
+
+	// gRPC.
+	grpcServer := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)),
+		grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()),
+	)
+	shopv1.RegisterShopServiceServer(grpcServer, svc)
+
+	// HTTP/JSON: the gateway calls the gRPC server, whose interceptor does
+	// the work.
+	conn, err := grpc.NewClient(glis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	client := shopv1.NewShopServiceClient(conn)
-	ctx := context.Background()
+	gateway := runtime.NewServeMux(idemgateway.ServeMuxOptions()...)
+	if err := shopv1.RegisterShopServiceHandler(ctx, gateway, conn); err != nil {
+		return err
+	}
 
-	// key_required: without a key the call must be refused.
-	_, err = client.PlaceOrder(ctx, &shopv1.PlaceOrderRequest{Sku: "book"})
-	if status.Code(err) != codes.InvalidArgument {
-		return fmt.Errorf("a call without a key got %v, want InvalidArgument: the option was not read", err)
+	// Connect, beside the gateway's routes.
+	mux := http.NewServeMux()
+	mux.Handle(shopv1connect.NewShopServiceHandler(svc, connect.WithInterceptors(idemconnect.NewInterceptor(engine))))
+	mux.Handle("/v1/", gateway)
+	httpServer := &http.Server{Handler: mux}
+
+	errc := make(chan error, 2)
+	go func() { errc <- grpcServer.Serve(glis) }()
+	go func() { errc <- httpServer.Serve(hlis) }()
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
 	}
-	keyed := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-1")
-	first, err := client.PlaceOrder(keyed, &shopv1.PlaceOrderRequest{Sku: "book", TraceId: "a"})
-	if err != nil {
-		return fmt.Errorf("first call: %v", err)
+	grpcServer.Stop()
+	if cerr := httpServer.Close(); err == nil {
+		err = cerr
 	}
-	var header metadata.MD
-	retry, err := client.PlaceOrder(keyed, &shopv1.PlaceOrderRequest{Sku: "book", TraceId: "b"}, grpc.Header(&header))
-	if err != nil {
-		return fmt.Errorf("retry: %v", err)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
 	}
-	if retry.GetOrderId() != first.GetOrderId() || svc.orders != 1 {
-		return fmt.Errorf("retry got %q after %q and %d orders, want a replay of one order: fingerprint_exclude was not read",
-			retry.GetOrderId(), first.GetOrderId(), svc.orders)
-	}
-	if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-		return fmt.Errorf("retry's %s header is %q, want true", idem.ReplayedHeader, got)
-	}
-	if os.Getenv("GOLANG_PROTOBUF_REGISTRATION_CONFLICT") != "panic" {
-		return fmt.Errorf("run with GOLANG_PROTOBUF_REGISTRATION_CONFLICT=panic, so that a file registered twice fails")
-	}
-	return nil
+	return err
 }

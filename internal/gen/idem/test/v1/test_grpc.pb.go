@@ -22,11 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TestService_Do_FullMethodName      = "/idem.test.v1.TestService/Do"
-	TestService_Maybe_FullMethodName   = "/idem.test.v1.TestService/Maybe"
-	TestService_Read_FullMethodName    = "/idem.test.v1.TestService/Read"
-	TestService_Renamed_FullMethodName = "/idem.test.v1.TestService/Renamed"
-	TestService_Watch_FullMethodName   = "/idem.test.v1.TestService/Watch"
+	TestService_Do_FullMethodName         = "/idem.test.v1.TestService/Do"
+	TestService_Maybe_FullMethodName      = "/idem.test.v1.TestService/Maybe"
+	TestService_Read_FullMethodName       = "/idem.test.v1.TestService/Read"
+	TestService_Renamed_FullMethodName    = "/idem.test.v1.TestService/Renamed"
+	TestService_Optimistic_FullMethodName = "/idem.test.v1.TestService/Optimistic"
+	TestService_Watch_FullMethodName      = "/idem.test.v1.TestService/Watch"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -45,6 +46,8 @@ type TestServiceClient interface {
 	// Renamed is Do under a scope and a TTL of its own: its keys are kept
 	// under the scope "idem.test.Do", for a second.
 	Renamed(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
+	// Optimistic is Do in optimistic mode.
+	Optimistic(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
 	// Watch streams; keys do not apply to it.
 	Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error)
 }
@@ -97,6 +100,16 @@ func (c *testServiceClient) Renamed(ctx context.Context, in *DoRequest, opts ...
 	return out, nil
 }
 
+func (c *testServiceClient) Optimistic(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DoResponse)
+	err := c.cc.Invoke(ctx, TestService_Optimistic_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *testServiceClient) Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
@@ -132,6 +145,8 @@ type TestServiceServer interface {
 	// Renamed is Do under a scope and a TTL of its own: its keys are kept
 	// under the scope "idem.test.Do", for a second.
 	Renamed(context.Context, *DoRequest) (*DoResponse, error)
+	// Optimistic is Do in optimistic mode.
+	Optimistic(context.Context, *DoRequest) (*DoResponse, error)
 	// Watch streams; keys do not apply to it.
 	Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error
 	mustEmbedUnimplementedTestServiceServer()
@@ -155,6 +170,9 @@ func (UnimplementedTestServiceServer) Read(context.Context, *ReadRequest) (*Read
 }
 func (UnimplementedTestServiceServer) Renamed(context.Context, *DoRequest) (*DoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renamed not implemented")
+}
+func (UnimplementedTestServiceServer) Optimistic(context.Context, *DoRequest) (*DoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Optimistic not implemented")
 }
 func (UnimplementedTestServiceServer) Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -252,6 +270,24 @@ func _TestService_Renamed_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_Optimistic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).Optimistic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_Optimistic_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).Optimistic(ctx, req.(*DoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(DoRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -285,6 +321,10 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Renamed",
 			Handler:    _TestService_Renamed_Handler,
+		},
+		{
+			MethodName: "Optimistic",
+			Handler:    _TestService_Optimistic_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,8 @@
+\set k random(1, 1000000000000)
+BEGIN;
+INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key) VALUES ('acme', 'cus_000000000001', 1001, 'EUR', 'order 1', 'k' || :k) RETURNING id::text, created_at;
+\startpipeline
+SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '5000', true);
+WITH recorded AS (INSERT INTO idempotency_keys AS k (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at) VALUES (md5('k' || :k)::uuid, 'acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, 'completed', 0, '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, false, now() + 86400 * interval '1 second') ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, method = excluded.method, key = excluded.key, request_hash = excluded.request_hash, status = 'completed', response_code = excluded.response_code, response = excluded.response, response_not_cached = excluded.response_not_cached, created_at = now(), updated_at = now(), expires_at = excluded.expires_at, locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL, recovery_steps = NULL, step_names = NULL, step_results = NULL WHERE k.expires_at <= now() RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('idem: recording the outcome wrote ' || count(*) || ' rows of idempotency_keys, want 1')::int END FROM recorded;
+COMMIT;
+\endpipeline
