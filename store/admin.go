@@ -39,7 +39,7 @@ type Admin interface {
 	// retries replay out. It fails with ErrNotFound when k has no entry,
 	// with ErrNotInProgress when its entry is recorded already (forget it
 	// instead), and with a *LeaseLiveError when its lease is live and
-	// force is false.
+	// force is false. An expired entry counts as none: ErrNotFound.
 	Settle(ctx context.Context, k Key, out Outcome, force bool) error
 }
 
