@@ -33,7 +33,7 @@ const (
 type KeyState int32
 
 const (
-	// KEY_STATE_UNSPECIFIED is not a state; as a filter it matches nothing.
+	// KEY_STATE_UNSPECIFIED is not a state; a filter naming it is refused.
 	KeyState_KEY_STATE_UNSPECIFIED KeyState = 0
 	// KEY_STATE_IN_PROGRESS is an entry held by a live lease.
 	KeyState_KEY_STATE_IN_PROGRESS KeyState = 1
