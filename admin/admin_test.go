@@ -324,6 +324,12 @@ func TestPaging(t *testing.T) {
 		// The states' order selects nothing: the token still holds.
 		req.States[0], req.States[1] = req.States[1], req.States[0]
 	}
+	st.mu.Lock()
+	last := st.last
+	st.mu.Unlock()
+	if last.Tenant != "acme" || last.AllTenants || last.Method != doMethod || len(last.States) != 2 || last.Limit != 2 {
+		t.Errorf("the store was asked %+v", last)
+	}
 	if strings.Join(got, ",") != "a,b,c,d,e" {
 		t.Errorf("pages gave %v, want a to e", got)
 	}
