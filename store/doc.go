@@ -28,6 +28,13 @@
 // last [Step], and every later write of the earlier owner's
 // [Lease] fails with [ErrLeaseLost] and changes nothing.
 //
+// [Admin] is implemented by stores that let an operator list their keys
+// ([KeyFilter], [KeyInfo], [KeyState]), read one, forget one so that its
+// next request runs afresh, and settle one stuck in progress with an
+// outcome its retries replay. Forget and Settle refuse a live lease with a
+// [*LeaseLiveError] unless forced; a forced one fences the lease's holder,
+// whose later writes fail with [ErrLeaseLost].
+//
 // Implementations translate their driver's errors into the sentinel errors
 // of this package ([ErrInUse], [ErrConflict], [ErrLeaseLost],
 // [ErrInvalidKey]) so that callers can choose a gRPC status without knowing
@@ -38,7 +45,8 @@
 // Package github.com/idemkit/idem/store/postgres stores keys in PostgreSQL,
 // in the same transaction as the handler's own writes. Package
 // github.com/idemkit/idem/store/memory keeps them in the memory of one
-// process, for unit tests and single-process demos.
+// process, for unit tests and single-process demos. Both implement
+// [Finishing] and [Admin].
 //
 // Package github.com/idemkit/idem/store/storetest is the conformance suite
 // that every implementation passes.

@@ -38,6 +38,10 @@
 //   - The writes of a lease (SaveStep, Extend, Record) fail with
 //     the context's error and change nothing when their context has ended;
 //     Release works regardless.
+//   - It implements store.Admin: [Store.Keys] orders entries by their
+//     creation (by [WithClock]), then by tenant, method and key, and an
+//     atomic claim still running, like an uncommitted row, is neither
+//     listed nor found.
 //
 // Outcomes, fingerprints and recovery points are copied in and out, so
 // callers may reuse their buffers.

@@ -29,6 +29,8 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 		e = &entry{
 			fp:          bytes.Clone(r.Fingerprint),
 			expiresAt:   now.Add(s.ttlOf(r)),
+			createdAt:   now,
+			updatedAt:   now,
 			token:       s.tokens,
 			lockedUntil: now.Add(lease),
 			completion:  cloneCompletion(r.Call),
@@ -40,6 +42,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 		e.token = s.tokens
 		e.lockedUntil = now.Add(lease)
 		e.takeovers++
+		e.updatedAt = now
 		if r.Call != nil {
 			e.completion = cloneCompletion(r.Call)
 		}
@@ -125,7 +128,7 @@ func (l *leased) SaveStep(ctx context.Context, p store.Step) error {
 	s := l.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, _, err := l.heldLocked()
+	e, now, err := l.heldLocked()
 	if err != nil {
 		return err
 	}
@@ -133,7 +136,7 @@ func (l *leased) SaveStep(ctx context.Context, p store.Step) error {
 	if err != nil {
 		return err
 	}
-	e.point, e.steps = clonePoint(&p), steps
+	e.point, e.steps, e.updatedAt = clonePoint(&p), steps, now
 	l.point, l.steps = clonePoint(&p), cloneSteps(steps)
 	return nil
 }
@@ -166,10 +169,11 @@ func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 	s := l.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, _, err := l.heldLocked()
+	e, now, err := l.heldLocked()
 	if err != nil {
 		return err
 	}
+	e.updatedAt = now
 	e.completed = true
 	e.out = cloneOutcome(out)
 	e.lockedUntil = time.Time{}
@@ -227,6 +231,7 @@ func (l *leased) Release(context.Context) error {
 		// lease, so a retry or a completer takes over (and resumes from
 		// the recovery point).
 		e.lockedUntil = now
+		e.updatedAt = now
 		return nil
 	}
 	delete(s.entries, l.key)

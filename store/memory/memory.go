@@ -46,6 +46,9 @@ func New(opts ...Option) *Store {
 type entry struct {
 	fp        []byte
 	expiresAt time.Time
+	// createdAt is when the key was claimed (afresh: a takeover keeps it),
+	// updatedAt when its entry last changed, by Store.now.
+	createdAt, updatedAt time.Time
 
 	// pending is set while an atomic claim owns the key and has neither
 	// completed nor released it; done is closed when it does.
@@ -139,6 +142,8 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	e = &entry{
 		fp:        bytes.Clone(r.Fingerprint),
 		expiresAt: now.Add(s.ttlOf(r)),
+		createdAt: now,
+		updatedAt: now,
 		pending:   true,
 		done:      make(chan struct{}),
 	}
@@ -224,6 +229,7 @@ func (t *txn) Record(_ context.Context, out store.Outcome) error {
 	t.e.pending = false
 	t.e.completed = true
 	t.e.out = cloneOutcome(out)
+	t.e.updatedAt = s.now()
 	close(t.e.done)
 	return nil
 }

@@ -125,11 +125,27 @@
 // record, every later write of a lease) runs on that shard, so the claim
 // and the handler's writes stay one transaction on one database. A route
 // that gives no shard fails the call with [ErrNoShard].
-// [Store.Abandoned] and [Store.Check] look at every shard. [Migrate] each
-// shard, run a [Sweeper] on each, and record a message with the [Inbox]
-// of the shard whose data it changes. docs/shards.md in the repository
+// [Store.Abandoned], [Store.Check] and a [Store.Keys] of every tenant look
+// at every shard. [Migrate] each shard, run a [Sweeper] on each, and
+// record a message with the [Inbox] of the shard whose data it changes. docs/shards.md in the repository
 // says how to move a tenant between shards, and what Citus, CockroachDB or
 // YugabyteDB would need.
+//
+// # Operators
+//
+// The store implements [store.Admin]: [Store.Keys] lists keys a page at a
+// time, ordered by created_at (the database's clock) and id, with a
+// cursor of the last row's; [Store.Key] reads one; [Store.Forget] deletes
+// one and [Store.Settle] records an outcome for one in progress. Each
+// write is one statement in a transaction of its own under the lock
+// timeout, which decides on the row as it finds it once it holds it, so
+// that a lease taken a moment before is not overridden unless forced. A
+// forced write fences the lease's holder, whose later writes match no row
+// and fail with store.ErrLeaseLost. States are told by the store's clock
+// ([WithClock]). On a sharded store a listing of one tenant asks its shard;
+// one of every tenant asks every shard and merges their pages. No index
+// serves the listing's order: a page reads the rows its filter selects, so
+// narrow it (one tenant, a method, creation times) on large tables.
 //
 // # Expiry
 //

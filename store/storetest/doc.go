@@ -37,6 +37,13 @@
 // Release, many takeovers at once, expiry, a completed key, and a lease that
 // waits for an atomic claim.
 //
+// Operators ([store.Admin], for stores that implement it; the cases fail
+// for a store that does not): listing by tenant, every tenant, method,
+// state and creation time, page after page, and a cursor the store did
+// not make; reading a key in each state; Forget and Settle of recorded,
+// abandoned, expired and unknown keys; a live lease refused unless
+// forced, and a forced action fencing the lease's holder; invalid keys.
+//
 // Keys ([store.Key.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in Lease; keys past a bound, not valid UTF-8
 // or with a NUL byte are refused with [store.ErrInvalidKey].

@@ -79,6 +79,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Key", keyCases},
 		{"Steps", stepCases},
 		{"Finishing", completionCases},
+		{"Admin", adminCases},
 	} {
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {

@@ -66,7 +66,8 @@ buf() { GOWORK=off go tool -modfile=tools/go.mod buf "$@"; }
 
 # idem's options, from the Go module, and Google's annotations, from the
 # README's recipe.
-buf export "$(go list -m -f '{{.Dir}}' github.com/idemkit/idem)/proto" -o third_party/idem
+idem=$(go list -m -f '{{.Dir}}' github.com/idemkit/idem)
+buf export "$idem/proto" --path "$idem/proto/idem/v1/options.proto" -o third_party/idem
 readme_run googleapis
 buf lint
 # The lint fails on a method that looks mutating and says nothing about

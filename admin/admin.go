@@ -1,0 +1,381 @@
+package admin
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/internal/record"
+	"github.com/idemkit/idem/store"
+)
+
+// instrumentationScope names the service's tracer.
+const instrumentationScope = "github.com/idemkit/idem/admin"
+
+// Server implements adminv1.AdminServiceServer over a [store.Admin].
+type Server struct {
+	adminv1.UnimplementedAdminServiceServer
+
+	st        store.Admin
+	authorize Authorizer
+	tokens    tokens
+	logger    *slog.Logger
+	tracer    trace.Tracer
+	methods   methods
+}
+
+var _ adminv1.AdminServiceServer = (*Server)(nil)
+
+// NewServer returns the admin service over st, which authorize guards. It
+// panics when st or authorize is nil, or when [WithPageTokenKey] gives a
+// key shorter than 32 bytes: there is no default that would let anyone
+// in.
+func NewServer(st store.Admin, authorize Authorizer, opts ...Option) *Server {
+	if st == nil {
+		panic("admin: NewServer needs a store.Admin")
+	}
+	if authorize == nil {
+		panic("admin: NewServer needs an Authorizer: the admin service lets whoever reaches it forget and settle keys, so it has no default that lets anyone in")
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tokenKey == nil {
+		o.tokenKey = make([]byte, minTokenKeyLength)
+		rand.Read(o.tokenKey) // never fails (crypto/rand)
+	} else if len(o.tokenKey) < minTokenKeyLength {
+		panic(fmt.Sprintf("admin: WithPageTokenKey's key is %d bytes, shorter than the %d needed", len(o.tokenKey), minTokenKeyLength))
+	}
+	tp := o.tracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return &Server{
+		st:        st,
+		authorize: authorize,
+		tokens:    tokens{key: o.tokenKey},
+		logger:    o.logger,
+		tracer:    tp.Tracer(instrumentationScope),
+	}
+}
+
+// Register registers srv on s, as grpc-go's health and reflection services
+// are registered.
+func Register(s grpc.ServiceRegistrar, srv *Server) {
+	adminv1.RegisterAdminServiceServer(s, srv)
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.logger != nil {
+		return s.logger
+	}
+	return slog.Default()
+}
+
+// call is one call of the service as it runs: what was asked, by whom, and
+// the span it runs in.
+type call struct {
+	s     *Server
+	req   Request
+	scope Scope
+	span  trace.Span
+}
+
+// begin starts the span of the call r and authorizes it. On success, it
+// returns the context to run the call in; the caller ends the call with
+// c.end. On refusal, it ends the call itself and returns the answer.
+func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, error) {
+	name := r.Method[len("/"+adminv1.AdminService_ServiceDesc.ServiceName+"/"):]
+	ctx, span := s.tracer.Start(ctx, "idem.admin."+name,
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("rpc.method", r.Method[1:])))
+	c := &call{s: s, req: r, span: span}
+	scope, err := s.authorize.Authorize(ctx, r)
+	if err != nil {
+		if st, ok := status.FromError(err); ok && st.Code() != codes.OK && st.Code() != codes.Unknown {
+			return ctx, nil, c.end(ctx, st.Err(), err)
+		}
+		return ctx, nil, c.end(ctx, status.Error(codes.PermissionDenied, "idem admin: permission denied"), err)
+	}
+	c.scope = scope
+	span.SetAttributes(attribute.String("idem.admin.subject", scope.Subject))
+	switch {
+	case r.AllTenants && !scope.AllTenants:
+		return ctx, nil, c.end(ctx, status.Error(codes.PermissionDenied, "idem admin: listing every tenant's keys is not allowed; name a tenant"), nil)
+	case !r.AllTenants && !scope.Allows(r.Tenant):
+		return ctx, nil, c.end(ctx, status.Errorf(codes.PermissionDenied, "idem admin: tenant %q is not allowed", r.Tenant), nil)
+	}
+	return ctx, c, nil
+}
+
+// end ends the call with answer (nil for success), logs it, and returns
+// answer. cause is the error behind it, logged and never sent.
+func (c *call) end(ctx context.Context, answer, cause error) error {
+	st := status.Convert(answer)
+	c.span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(st.Code())))
+	if answer != nil {
+		c.span.SetStatus(otelcodes.Error, st.Message())
+	}
+	c.span.End()
+	level := slog.LevelInfo
+	switch {
+	case st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated:
+		level = slog.LevelWarn
+	case st.Code() == codes.Unavailable || st.Code() == codes.Internal:
+		level = slog.LevelError
+	case c.req.Method == adminv1.AdminService_ListKeys_FullMethodName || c.req.Method == adminv1.AdminService_GetKey_FullMethodName:
+		level = slog.LevelDebug
+	}
+	attrs := []slog.Attr{
+		slog.String("subject", c.scope.Subject),
+		slog.String("rpc", c.req.Method),
+		slog.String("tenant", c.req.Tenant),
+	}
+	if c.req.AllTenants {
+		attrs = append(attrs, slog.Bool("all_tenants", true))
+	}
+	if c.req.Key.Key != "" || c.req.Key.Method != "" {
+		attrs = append(attrs, slog.String("method", c.req.Key.Method), slog.String("key", c.req.Key.Key))
+	}
+	if c.req.Force {
+		attrs = append(attrs, slog.Bool("force", true))
+	}
+	attrs = append(attrs, slog.String("code", st.Code().String()))
+	if cause != nil {
+		attrs = append(attrs, slog.String("error", cause.Error()))
+	}
+	c.s.log().LogAttrs(ctx, level, "idem admin call", attrs...)
+	return answer
+}
+
+// fail ends the call with the answer to err, a store's error.
+func (c *call) fail(ctx context.Context, err error) error {
+	var live *store.LeaseLiveError
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.end(ctx, status.Error(codes.NotFound, "idem admin: the store holds no entry for the key"), nil)
+	case errors.Is(err, store.ErrNotInProgress):
+		return c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: the key's outcome is recorded already; forget the key instead"), nil)
+	case errors.As(err, &live):
+		return c.end(ctx, status.Errorf(codes.FailedPrecondition, "idem admin: the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+	case errors.Is(err, store.ErrInvalidCursor):
+		return c.end(ctx, status.Error(codes.InvalidArgument, "idem admin: "+errBadToken.Error()), err)
+	case errors.Is(err, store.ErrInvalidKey):
+		return c.end(ctx, status.Error(codes.InvalidArgument, "idem admin: invalid key"), err)
+	case errors.Is(err, context.Canceled):
+		return c.end(ctx, status.Error(codes.Canceled, "idem admin: canceled"), err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return c.end(ctx, status.Error(codes.DeadlineExceeded, "idem admin: deadline exceeded"), err)
+	}
+	return c.end(ctx, status.Error(codes.Unavailable, "idem admin: the store failed; the server's log has the detail"), err)
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "idem admin: "+format, args...)
+}
+
+// keyRequest returns the Request of an RPC on one key.
+func keyRequest(method, tenant, scope, key string, force bool) Request {
+	return Request{Method: method, Tenant: tenant, Key: store.Key{Tenant: tenant, Method: scope, Key: key}, Force: force}
+}
+
+// ListKeys lists the keys that match the request's filter, a page at a
+// time.
+func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*adminv1.ListKeysResponse, error) {
+	r := Request{Method: adminv1.AdminService_ListKeys_FullMethodName, Tenant: req.GetTenant(), AllTenants: req.GetAllTenants()}
+	if r.AllTenants {
+		r.Tenant = ""
+	}
+	ctx, c, err := s.begin(ctx, r)
+	if c == nil {
+		return nil, err
+	}
+	f, err := filter(req)
+	if err != nil {
+		return nil, c.end(ctx, err, nil)
+	}
+	after, err := s.tokens.open(f, req.GetPageToken())
+	if err != nil {
+		return nil, c.end(ctx, invalid("%v", err), nil)
+	}
+	infos, next, err := s.st.Keys(ctx, f, after)
+	if err != nil {
+		return nil, c.fail(ctx, err)
+	}
+	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(f, next)}
+	for _, ki := range infos {
+		if !c.scope.Allows(ki.Key.Tenant) {
+			// The store answered outside the filter: show nothing of it.
+			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Key.Tenant, f.Tenant))
+		}
+		resp.Keys = append(resp.Keys, s.key(ctx, ki))
+	}
+	return resp, c.end(ctx, nil, nil)
+}
+
+// filter returns the store's filter of req, or an INVALID_ARGUMENT answer.
+func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
+	f := store.KeyFilter{Tenant: req.GetTenant(), AllTenants: req.GetAllTenants(), Method: req.GetMethod()}
+	if f.AllTenants && f.Tenant != "" {
+		return f, invalid("tenant must be empty with all_tenants")
+	}
+	for _, st := range req.GetStates() {
+		ks, ok := keyStates[st]
+		if !ok {
+			return f, invalid("states holds %v, which is not a state to list", st)
+		}
+		f.States = append(f.States, ks)
+	}
+	for _, t := range []struct {
+		name string
+		ts   *timestamppb.Timestamp
+		to   *time.Time
+	}{{"created_after", req.GetCreatedAfter(), &f.CreatedAfter}, {"created_before", req.GetCreatedBefore(), &f.CreatedBefore}} {
+		if t.ts == nil {
+			continue
+		}
+		if err := t.ts.CheckValid(); err != nil {
+			return f, invalid("%s is not a valid timestamp", t.name)
+		}
+		*t.to = t.ts.AsTime()
+	}
+	switch n := req.GetPageSize(); {
+	case n < 0:
+		return f, invalid("page_size is negative")
+	case n > 1000:
+		f.Limit = 1000
+	default:
+		f.Limit = int(n)
+	}
+	return f, nil
+}
+
+var keyStates = map[adminv1.KeyState]store.KeyState{
+	adminv1.KeyState_KEY_STATE_IN_PROGRESS: store.KeyInProgress,
+	adminv1.KeyState_KEY_STATE_ABANDONED:   store.KeyAbandoned,
+	adminv1.KeyState_KEY_STATE_RECORDED:    store.KeyRecorded,
+	adminv1.KeyState_KEY_STATE_EXPIRED:     store.KeyExpired,
+}
+
+var protoStates = map[store.KeyState]adminv1.KeyState{
+	store.KeyInProgress: adminv1.KeyState_KEY_STATE_IN_PROGRESS,
+	store.KeyAbandoned:  adminv1.KeyState_KEY_STATE_ABANDONED,
+	store.KeyRecorded:   adminv1.KeyState_KEY_STATE_RECORDED,
+	store.KeyExpired:    adminv1.KeyState_KEY_STATE_EXPIRED,
+}
+
+// GetKey returns everything kept of one key.
+func (s *Server) GetKey(ctx context.Context, req *adminv1.GetKeyRequest) (*adminv1.GetKeyResponse, error) {
+	r := keyRequest(adminv1.AdminService_GetKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	ctx, c, err := s.begin(ctx, r)
+	if c == nil {
+		return nil, err
+	}
+	if err := r.Key.Validate(); err != nil {
+		return nil, c.end(ctx, invalid("%v", err), nil)
+	}
+	ki, err := s.st.Key(ctx, r.Key)
+	if err != nil {
+		return nil, c.fail(ctx, err)
+	}
+	return &adminv1.GetKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// ForgetKey deletes one key's entry.
+func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (*adminv1.ForgetKeyResponse, error) {
+	r := keyRequest(adminv1.AdminService_ForgetKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	ctx, c, err := s.begin(ctx, r)
+	if c == nil {
+		return nil, err
+	}
+	if err := r.Key.Validate(); err != nil {
+		return nil, c.end(ctx, invalid("%v", err), nil)
+	}
+	if err := s.st.Forget(ctx, r.Key, r.Force); err != nil {
+		return nil, c.fail(ctx, err)
+	}
+	return &adminv1.ForgetKeyResponse{}, c.end(ctx, nil, nil)
+}
+
+// SettleKey records an error as the outcome of one key in progress.
+func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (*adminv1.SettleKeyResponse, error) {
+	r := keyRequest(adminv1.AdminService_SettleKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	ctx, c, err := s.begin(ctx, r)
+	if c == nil {
+		return nil, err
+	}
+	if err := r.Key.Validate(); err != nil {
+		return nil, c.end(ctx, invalid("%v", err), nil)
+	}
+	st := req.GetStatus()
+	cd := code.Code(st.GetCode())
+	if cd <= code.Code_OK || cd > code.Code_UNAUTHENTICATED {
+		return nil, c.end(ctx, invalid("status.code must be an error's gRPC code (1 to 16); a response is the method's own to make"), nil)
+	}
+	body, _, err := record.Encode(cd, st, nil, nil)
+	if err != nil {
+		return nil, c.end(ctx, invalid("status cannot be encoded: %v", err), nil)
+	}
+	if err := s.st.Settle(ctx, r.Key, store.Outcome{Code: cd, Body: body}, r.Force); err != nil {
+		return nil, c.fail(ctx, err)
+	}
+	ki, err := s.st.Key(ctx, r.Key)
+	if err != nil {
+		// Settled, but not read back (forgotten since, say): answer with
+		// what was settled rather than an error a retry would not clear.
+		s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a settled key could not be read back",
+			slog.String("tenant", r.Key.Tenant), slog.String("method", r.Key.Method), slog.String("key", r.Key.Key), slog.String("error", err.Error()))
+		ki = store.KeyInfo{Key: r.Key, State: store.KeyRecorded, Outcome: &store.Outcome{Code: cd, Body: body}}
+	}
+	return &adminv1.SettleKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// key returns ki as the service shows it.
+func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
+	ts := func(t time.Time) *timestamppb.Timestamp {
+		if t.IsZero() {
+			return nil
+		}
+		return timestamppb.New(t)
+	}
+	k := &adminv1.Key{
+		Tenant:          ki.Key.Tenant,
+		Method:          ki.Key.Method,
+		Key:             ki.Key.Key,
+		State:           protoStates[ki.State],
+		Fingerprint:     ki.Fingerprint,
+		CreateTime:      ts(ki.CreatedAt),
+		UpdateTime:      ts(ki.UpdatedAt),
+		ExpireTime:      ts(ki.ExpiresAt),
+		LeaseExpireTime: ts(ki.LeaseUntil),
+		Takeovers:       int32(ki.Takeovers),
+		Finishable:      ki.Call != nil,
+	}
+	for _, p := range ki.Steps {
+		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})
+	}
+	if ki.Outcome != nil {
+		out, err := s.outcome(ki.Key.Method, ki.Outcome)
+		if err != nil {
+			s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a recorded outcome cannot be decoded",
+				slog.String("tenant", ki.Key.Tenant), slog.String("method", ki.Key.Method), slog.String("key", ki.Key.Key), slog.String("error", err.Error()))
+		}
+		k.Outcome = out
+	}
+	return k
+}

@@ -1,0 +1,125 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Admin is implemented by stores that let an operator see the keys they
+// hold and act on one: list them, read everything kept of one, forget one
+// (so that its next retry runs afresh) and settle one that is stuck in
+// progress with an outcome the operator chooses (so that its retries stop
+// waiting and replay that outcome). Each action is one statement or one
+// transaction, with the fencing of the rest of the store: a key whose lease
+// is live is refused with a [*LeaseLiveError] unless the action is forced,
+// and a forced action fences the lease's holder, whose later writes
+// (extend, save a step, record) fail with ErrLeaseLost.
+type Admin interface {
+	// Keys returns the entries that match f, oldest first (by their
+	// creation, then by key), at most f.Limit of them, starting after the
+	// cursor after ("" for the first page). It also returns the cursor of
+	// the next page, "" when there is none. A cursor is the store's own,
+	// opaque text; one the store did not make fails with ErrInvalidCursor.
+	Keys(ctx context.Context, f KeyFilter, after string) ([]KeyInfo, string, error)
+
+	// Key returns everything kept of k. It fails with ErrNotFound when the
+	// store holds no entry of k, expired entries included.
+	Key(ctx context.Context, k Key) (KeyInfo, error)
+
+	// Forget deletes k's entry, whatever its state: the next request with
+	// k runs as if it never had. It fails with ErrNotFound when there is
+	// none, and with a *LeaseLiveError when a lease on k is live and force
+	// is false.
+	Forget(ctx context.Context, k Key, force bool) error
+
+	// Settle records out as the outcome of k's entry in progress, ending
+	// its lease and dropping what was kept for a finisher, so that its
+	// retries replay out. It fails with ErrNotFound when k has no entry,
+	// with ErrNotInProgress when its entry is recorded already (forget it
+	// instead), and with a *LeaseLiveError when its lease is live and
+	// force is false. An expired entry counts as none: ErrNotFound.
+	Settle(ctx context.Context, k Key, out Outcome, force bool) error
+}
+
+// KeyState is the state of a key's entry, as an operator sees it.
+type KeyState string
+
+// The states of a key's entry.
+const (
+	// KeyInProgress is an entry held by a live lease (or an atomic claim's
+	// transaction, which no store lists).
+	KeyInProgress KeyState = "in_progress"
+	// KeyAbandoned is an entry in progress whose lease ran out: its caller
+	// is gone, and a retry or a finisher may take it over.
+	KeyAbandoned KeyState = "abandoned"
+	// KeyRecorded is an entry whose outcome is recorded: retries replay it.
+	KeyRecorded KeyState = "recorded"
+	// KeyExpired is an entry past its expiry, which counts as absent and
+	// which the sweeper deletes.
+	KeyExpired KeyState = "expired"
+)
+
+// KeyFilter selects the entries [Admin.Keys] lists. Zero fields select
+// everything.
+type KeyFilter struct {
+	// Tenant selects one tenant's entries; with AllTenants unset, the
+	// empty Tenant is the empty tenant's.
+	Tenant string
+	// AllTenants selects every tenant's entries; Tenant is then ignored.
+	AllTenants bool
+	// Method selects the entries of one scope (a method's full name, or
+	// its (idem.v1.method).scope).
+	Method string
+	// States selects the entries in any of these states.
+	States []KeyState
+	// CreatedAfter and CreatedBefore bound the entries' creation times:
+	// created at or after, and before.
+	CreatedAfter, CreatedBefore time.Time
+	// Limit caps the entries of a page; 0 means 100, and at most 1000.
+	Limit int
+}
+
+// KeyInfo is everything a store keeps of a key's entry.
+type KeyInfo struct {
+	Key         Key
+	State       KeyState
+	Fingerprint []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	ExpiresAt   time.Time
+	// LeaseUntil is, for an entry in progress under a lease, when the
+	// lease runs out (or ran out); zero otherwise.
+	LeaseUntil time.Time
+	// Takeovers counts how often the key was taken over.
+	Takeovers int
+	// Steps are the recovery points saved under the key, in order.
+	Steps []Step
+	// Outcome is the recorded outcome; nil unless State is KeyRecorded
+	// (or KeyExpired after it was recorded).
+	Outcome *Outcome
+	// Call is what was kept for a finisher to run the call again; nil
+	// when nothing was.
+	Call *Call
+}
+
+// ErrNotFound reports a key the store holds no entry of.
+var ErrNotFound = errors.New("store: no entry for the key")
+
+// ErrNotInProgress reports a Settle of an entry whose outcome is recorded.
+var ErrNotInProgress = errors.New("store: the key's outcome is recorded already")
+
+// ErrInvalidCursor reports a page cursor the store did not make.
+var ErrInvalidCursor = errors.New("store: invalid page cursor")
+
+// LeaseLiveError refuses an action on a key whose lease is live, unless
+// forced.
+type LeaseLiveError struct {
+	// Until is when the lease runs out, by the store's clock.
+	Until time.Time
+}
+
+func (e *LeaseLiveError) Error() string {
+	return fmt.Sprintf("store: the key's lease is live until %s; force the action to fence its holder", e.Until.UTC().Format(time.RFC3339Nano))
+}

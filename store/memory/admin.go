@@ -1,0 +1,244 @@
+package memory
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+var _ store.Admin = (*Store)(nil)
+
+// The bounds of a page of [Store.Keys].
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// state returns the state of e at now, as an operator sees it.
+func (e *entry) state(now time.Time) store.KeyState {
+	switch {
+	case e.expired(now):
+		return store.KeyExpired
+	case e.completed:
+		return store.KeyRecorded
+	case now.Before(e.lockedUntil):
+		return store.KeyInProgress
+	}
+	return store.KeyAbandoned
+}
+
+// info returns everything e keeps of k, at now.
+func (e *entry) info(k store.Key, now time.Time) store.KeyInfo {
+	ki := store.KeyInfo{
+		Key:         k,
+		State:       e.state(now),
+		Fingerprint: bytes.Clone(e.fp),
+		CreatedAt:   e.createdAt,
+		UpdatedAt:   e.updatedAt,
+		ExpiresAt:   e.expiresAt,
+		Takeovers:   e.takeovers,
+		Call:        cloneCompletion(e.completion),
+	}
+	if len(e.steps) > 0 {
+		ki.Steps = cloneSteps(e.steps)
+	}
+	if e.completed {
+		out := cloneOutcome(e.out)
+		ki.Outcome = &out
+	} else {
+		ki.LeaseUntil = e.lockedUntil
+	}
+	return ki
+}
+
+// visibleLocked returns the entry of k that an operator sees: none while
+// an atomic claim of k runs, whose entry, like an uncommitted row, no one
+// else sees. The caller holds s.mu.
+func (s *Store) visibleLocked(k store.Key) *entry {
+	e := s.entries[k]
+	if e == nil || e.pending {
+		return nil
+	}
+	return e
+}
+
+// Key implements [store.Admin]. An atomic claim still running has no entry
+// to see yet.
+func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
+	if err := k.Validate(); err != nil {
+		return store.KeyInfo{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.KeyInfo{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.visibleLocked(k)
+	if e == nil {
+		return store.KeyInfo{}, store.ErrNotFound
+	}
+	return e.info(k, s.now()), nil
+}
+
+// cursor is the position of the last entry of a page: its creation, then
+// its key. The cursor's text is its JSON, base64-encoded.
+type cursor struct {
+	At  int64     `json:"at"` // Unix nanoseconds
+	Key store.Key `json:"key"`
+}
+
+func (c cursor) compare(d cursor) int {
+	return cmp.Or(cmp.Compare(c.At, d.At),
+		strings.Compare(c.Key.Tenant, d.Key.Tenant),
+		strings.Compare(c.Key.Method, d.Key.Method),
+		strings.Compare(c.Key.Key, d.Key.Key))
+}
+
+func (c cursor) encode() string {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // a struct of strings and an int
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (cursor, error) {
+	var c cursor
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return c, store.ErrInvalidCursor
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil || dec.More() {
+		return c, store.ErrInvalidCursor
+	}
+	if err := c.Key.Validate(); err != nil {
+		return c, fmt.Errorf("%w: %w", store.ErrInvalidCursor, err)
+	}
+	return c, nil
+}
+
+// Keys implements [store.Admin]: it orders the entries by their creation
+// (by [WithClock]), then by tenant, method and key.
+func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	limit := f.Limit
+	switch {
+	case limit <= 0:
+		limit = defaultPageSize
+	case limit > maxPageSize:
+		limit = maxPageSize
+	}
+	var from *cursor
+	if after != "" {
+		c, err := decodeCursor(after)
+		if err != nil {
+			return nil, "", err
+		}
+		from = &c
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	type found struct {
+		pos  cursor
+		info store.KeyInfo
+	}
+	var all []found
+	for k, e := range s.entries {
+		pos := cursor{At: e.createdAt.UnixNano(), Key: k}
+		switch {
+		case e.pending,
+			!f.AllTenants && k.Tenant != f.Tenant,
+			f.Method != "" && k.Method != f.Method,
+			!f.CreatedAfter.IsZero() && e.createdAt.Before(f.CreatedAfter),
+			!f.CreatedBefore.IsZero() && !e.createdAt.Before(f.CreatedBefore),
+			len(f.States) > 0 && !slices.Contains(f.States, e.state(now)),
+			from != nil && pos.compare(*from) <= 0:
+			continue
+		}
+		all = append(all, found{pos: pos, info: e.info(k, now)})
+	}
+	slices.SortFunc(all, func(a, b found) int { return a.pos.compare(b.pos) })
+	next := ""
+	if len(all) > limit {
+		all = all[:limit]
+		next = all[limit-1].pos.encode()
+	}
+	out := make([]store.KeyInfo, len(all))
+	for i, f := range all {
+		out[i] = f.info
+	}
+	return out, next, nil
+}
+
+// Forget implements [store.Admin]. A forced Forget fences the lease's
+// holder: its later writes fail with store.ErrLeaseLost, also once the
+// key is claimed again, whose lease has a token of its own.
+func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.visibleLocked(k)
+	if e == nil {
+		return store.ErrNotFound
+	}
+	if now := s.now(); !force && e.state(now) == store.KeyInProgress {
+		return &store.LeaseLiveError{Until: e.lockedUntil}
+	}
+	delete(s.entries, k)
+	return nil
+}
+
+// Settle implements [store.Admin]. It ends the lease, so that its holder
+// is fenced (its later writes fail with store.ErrLeaseLost), and drops the
+// steps and the request kept for a completer; it keeps the expiry. An
+// expired entry counts as none: Settle fails with store.ErrNotFound.
+func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, force bool) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.visibleLocked(k)
+	if e == nil {
+		return store.ErrNotFound
+	}
+	now := s.now()
+	switch e.state(now) {
+	case store.KeyExpired:
+		return fmt.Errorf("%w: the key's entry expired", store.ErrNotFound)
+	case store.KeyRecorded:
+		return store.ErrNotInProgress
+	case store.KeyInProgress:
+		if !force {
+			return &store.LeaseLiveError{Until: e.lockedUntil}
+		}
+	}
+	e.completed = true
+	e.out = cloneOutcome(out)
+	e.token = 0 // no lease has it
+	e.lockedUntil = time.Time{}
+	e.point, e.steps, e.completion = nil, nil, nil
+	e.updatedAt = now
+	return nil
+}

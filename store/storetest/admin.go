@@ -1,0 +1,461 @@
+package storetest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/store"
+)
+
+// admin returns s as a store.Admin, failing the test if it is none.
+func admin(t *testing.T, s store.Store) store.Admin {
+	t.Helper()
+	a, ok := s.(store.Admin)
+	if !ok {
+		t.Fatalf("the store (%T) does not implement store.Admin", s)
+	}
+	return a
+}
+
+// keyInfo reads k through a, failing the test on an error.
+func keyInfo(t *testing.T, a store.Admin, k store.Key) store.KeyInfo {
+	t.Helper()
+	ki, err := a.Key(t.Context(), k)
+	if err != nil {
+		t.Fatalf("Key(%v): %v", k, err)
+	}
+	if ki.Key != k {
+		t.Errorf("Key(%v) returned the entry of %v", k, ki.Key)
+	}
+	return ki
+}
+
+// listAll pages through the entries f selects, pageSize at a time, and
+// checks that the pages follow each other: every cursor but the last
+// leads to a page, creation times never go back, and no entry comes twice.
+func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []store.KeyInfo {
+	t.Helper()
+	f.Limit = pageSize
+	var (
+		all   []store.KeyInfo
+		after string
+		seen  = map[store.Key]bool{}
+	)
+	for pages := 0; ; pages++ {
+		if pages > 100 {
+			t.Fatalf("Keys(%+v) never ends", f)
+		}
+		page, next, err := a.Keys(t.Context(), f, after)
+		if err != nil {
+			t.Fatalf("Keys(%+v, %q): %v", f, after, err)
+		}
+		if len(page) > pageSize {
+			t.Fatalf("Keys(%+v) returned %d entries, more than the limit", f, len(page))
+		}
+		if next != "" && len(page) == 0 {
+			t.Fatalf("Keys(%+v) returned an empty page with a next cursor", f)
+		}
+		for _, ki := range page {
+			if seen[ki.Key] {
+				t.Fatalf("Keys(%+v) returned %v twice", f, ki.Key)
+			}
+			seen[ki.Key] = true
+			if n := len(all); n > 0 && ki.CreatedAt.Before(all[n-1].CreatedAt) {
+				t.Errorf("Keys(%+v): %v created at %v comes after one created at %v", f, ki.Key, ki.CreatedAt, all[n-1].CreatedAt)
+			}
+			all = append(all, ki)
+		}
+		if next == "" {
+			return all
+		}
+		after = next
+	}
+}
+
+// keysOf returns the keys of list, in its order.
+func keysOf(list []store.KeyInfo) []store.Key {
+	out := make([]store.Key, len(list))
+	for i, ki := range list {
+		out[i] = ki.Key
+	}
+	return out
+}
+
+// wantKeys fails the test unless got holds exactly want, in any order.
+func wantKeys(t *testing.T, what string, got []store.KeyInfo, want ...store.Key) {
+	t.Helper()
+	ks := keysOf(got)
+	sortKeys := func(a, b store.Key) int {
+		return cmpStrings(a.Tenant+"\x00"+a.Method+"\x00"+a.Key, b.Tenant+"\x00"+b.Method+"\x00"+b.Key)
+	}
+	slices.SortFunc(ks, sortKeys)
+	want = slices.Clone(want)
+	slices.SortFunc(want, sortKeys)
+	if !slices.Equal(ks, want) {
+		t.Errorf("%s lists %v, want %v", what, ks, want)
+	}
+}
+
+func cmpStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// wantLeaseLive fails the test unless err is a *store.LeaseLiveError
+// whose Until is until.
+func wantLeaseLive(t *testing.T, what string, err error, until time.Time) {
+	t.Helper()
+	var live *store.LeaseLiveError
+	if !errors.As(err, &live) {
+		t.Fatalf("%s: %v, want a *store.LeaseLiveError", what, err)
+	}
+	wantAbout(t, what+": the live lease's end", live.Until, until)
+}
+
+// recordKey claims k atomically and records out.
+func recordKey(t *testing.T, s store.Store, k store.Key, out store.Outcome) {
+	t.Helper()
+	if err := claimTxn(t, s, k, fp).Record(t.Context(), out); err != nil {
+		t.Fatalf("Record(%v): %v", k, err)
+	}
+}
+
+// keyOf returns the suite's key with another key string.
+func keyOf(tenant, method, k string) store.Key {
+	return store.Key{Tenant: tenant, Method: method, Key: k}
+}
+
+// adminCases exercise store.Admin.
+var adminCases = []testCase{
+	{name: "KeyOfEachState", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		recorded := keyOf(key.Tenant, key.Method, "recorded")
+		live := keyOf(key.Tenant, key.Method, "live")
+		abandoned := keyOf(key.Tenant, key.Method, "abandoned")
+		expired := keyOf(key.Tenant, key.Method, "expired")
+		start := cfg.Now()
+
+		recordKey(t, s, recorded, errorOutcome())
+		lc, err := s.ClaimLeased(t.Context(), live, store.Request{Fingerprint: fp, Call: completion}, time.Hour)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
+		}
+		for _, p := range []store.Step{{Name: "reserve"}, {Name: "charge", Result: []byte("ch_1")}} {
+			if err := lc.Lease.SaveStep(t.Context(), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first := takeLease(t, s, abandoned, fp, shortLease)
+		if err := first.SaveStep(t.Context(), store.Step{Name: "sent", Result: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: other, TTL: time.Minute}, shortLease); err != nil {
+			t.Fatal(err)
+		}
+
+		ki := keyInfo(t, a, recorded)
+		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != errorOutcome().Code ||
+			!bytes.Equal(ki.Outcome.Body, errorOutcome().Body) || !ki.LeaseUntil.IsZero() || ki.Call != nil || len(ki.Steps) != 0 {
+			t.Errorf("the recorded key: %+v", ki)
+		}
+		if !bytes.Equal(ki.Fingerprint, fp) {
+			t.Errorf("the recorded key's fingerprint is %q, want %q", ki.Fingerprint, fp)
+		}
+		wantAbout(t, "the recorded key's expiry", ki.ExpiresAt, start.Add(cfg.TTL))
+		if ki.CreatedAt.IsZero() || ki.UpdatedAt.Before(ki.CreatedAt) {
+			t.Errorf("the recorded key was created at %v and updated at %v", ki.CreatedAt, ki.UpdatedAt)
+		}
+
+		ki = keyInfo(t, a, live)
+		if ki.State != store.KeyInProgress || ki.Outcome != nil || ki.Takeovers != 0 {
+			t.Errorf("the leased key: %+v", ki)
+		}
+		wantAbout(t, "the live lease's end", ki.LeaseUntil, start.Add(time.Hour))
+		if len(ki.Steps) != 2 || ki.Steps[0].Name != "reserve" || ki.Steps[1].Name != "charge" || string(ki.Steps[1].Result) != "ch_1" {
+			t.Errorf("the leased key's steps: %+v", ki.Steps)
+		}
+		if c := ki.Call; c == nil || c.Method != completion.Method || !bytes.Equal(c.Request, completion.Request) ||
+			!slices.Equal(c.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(c.Metadata["x-trace-bin"], completion.Metadata["x-trace-bin"]) {
+			t.Errorf("the leased key's kept call: %+v, want %+v", ki.Call, completion)
+		}
+
+		cfg.advance(runOut)
+		ki = keyInfo(t, a, abandoned)
+		if ki.State != store.KeyAbandoned || ki.Outcome != nil || len(ki.Steps) != 1 || ki.Steps[0].Name != "sent" {
+			t.Errorf("the abandoned key: %+v", ki)
+		}
+		wantAbout(t, "the abandoned lease's end", ki.LeaseUntil, start.Add(shortLease))
+		second := takeLease(t, s, abandoned, fp, shortLease)
+		if ki := keyInfo(t, a, abandoned); ki.State != store.KeyInProgress || ki.Takeovers != 1 {
+			t.Errorf("the key taken over: %+v, want in progress with 1 takeover", ki)
+		}
+		_ = second
+
+		cfg.advance(2 * time.Minute)
+		ki = keyInfo(t, a, expired)
+		if ki.State != store.KeyExpired || !bytes.Equal(ki.Fingerprint, other) {
+			t.Errorf("the expired key: %+v", ki)
+		}
+		wantAbout(t, "the expired key's expiry", ki.ExpiresAt, start.Add(time.Minute))
+		if ki := keyInfo(t, a, live); ki.State != store.KeyInProgress {
+			t.Errorf("the key leased for an hour is %s two minutes on, want in progress", ki.State)
+		}
+	}},
+
+	{name: "UnknownKeysAreNotFound", run: func(t *testing.T, s store.Store, _ Config) {
+		a := admin(t, s)
+		recordKey(t, s, key, okOutcome("r"))
+		for _, k := range []store.Key{
+			keyOf(key.Tenant, key.Method, "missing"),
+			keyOf("other-tenant", key.Method, key.Key),
+			keyOf(key.Tenant, "/idem.test.v1.Test/Other", key.Key),
+		} {
+			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Key(%v): %v, want ErrNotFound", k, err)
+			}
+			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Forget(%v): %v, want ErrNotFound", k, err)
+			}
+			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Settle(%v): %v, want ErrNotFound", k, err)
+			}
+		}
+		// An atomic claim still running has no entry anyone sees.
+		running := keyOf(key.Tenant, key.Method, "running")
+		_ = claimTxn(t, s, running, fp)
+		if _, err := a.Key(t.Context(), running); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Key of an atomic claim running: %v, want ErrNotFound", err)
+		}
+		wantKeys(t, "Keys during an atomic claim", listAll(t, a, store.KeyFilter{Tenant: key.Tenant}, 10), key)
+	}},
+
+	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
+		a := admin(t, s)
+		for _, k := range []store.Key{
+			{Tenant: key.Tenant, Method: "", Key: key.Key},
+			{Tenant: key.Tenant, Method: key.Method, Key: ""},
+			{Tenant: key.Tenant, Method: key.Method, Key: "nul\x00"},
+		} {
+			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Key(%q): %v, want ErrInvalidKey", k, err)
+			}
+			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Forget(%q): %v, want ErrInvalidKey", k, err)
+			}
+			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Settle(%q): %v, want ErrInvalidKey", k, err)
+			}
+		}
+	}},
+
+	{name: "KeysFilterAndPage", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		const lease = "/idem.test.v1.Test/Lease"
+		var mine, theirs, leased []store.Key
+		for i := range 7 {
+			k := keyOf(key.Tenant, key.Method, fmt.Sprint("k-", i))
+			recordKey(t, s, k, okOutcome(k.Key))
+			mine = append(mine, k)
+			cfg.advance(time.Second)
+		}
+		for i := range 3 {
+			k := keyOf("other-tenant", key.Method, fmt.Sprint("k-", i))
+			recordKey(t, s, k, okOutcome(k.Key))
+			theirs = append(theirs, k)
+		}
+		for i := range 2 {
+			k := keyOf(key.Tenant, lease, fmt.Sprint("l-", i))
+			_ = takeLease(t, s, k, fp, time.Hour)
+			leased = append(leased, k)
+		}
+
+		tenant := slices.Concat(mine, leased)
+		all := slices.Concat(mine, theirs, leased)
+		for _, size := range []int{1, 2, 5, 100} {
+			wantKeys(t, fmt.Sprintf("the tenant's keys, %d a page", size), listAll(t, a, store.KeyFilter{Tenant: key.Tenant}, size), tenant...)
+			wantKeys(t, fmt.Sprintf("every tenant's keys, %d a page", size), listAll(t, a, store.KeyFilter{AllTenants: true, Tenant: "ignored"}, size), all...)
+		}
+		wantKeys(t, "the other tenant's keys", listAll(t, a, store.KeyFilter{Tenant: "other-tenant"}, 2), theirs...)
+		wantKeys(t, "the empty tenant's keys", listAll(t, a, store.KeyFilter{}, 2))
+		wantKeys(t, "the keys of one method", listAll(t, a, store.KeyFilter{AllTenants: true, Method: lease}, 1), leased...)
+		wantKeys(t, "the keys in progress", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyInProgress}}, 1), leased...)
+		wantKeys(t, "the keys recorded of the tenant",
+			listAll(t, a, store.KeyFilter{Tenant: key.Tenant, States: []store.KeyState{store.KeyRecorded, store.KeyExpired}}, 3), mine...)
+		wantKeys(t, "the keys abandoned", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyAbandoned}}, 3))
+
+		// Creation times: [created of k-2, created of k-5) holds k-2 to k-4.
+		from, to := keyInfo(t, a, mine[2]).CreatedAt, keyInfo(t, a, mine[5]).CreatedAt
+		wantKeys(t, "the keys created in a range", listAll(t, a, store.KeyFilter{Tenant: key.Tenant, CreatedAfter: from, CreatedBefore: to}, 2), mine[2:5]...)
+		wantKeys(t, "the keys created before", listAll(t, a, store.KeyFilter{Tenant: key.Tenant, Method: key.Method, CreatedBefore: to}, 2), mine[:5]...)
+		wantKeys(t, "the keys created after", listAll(t, a, store.KeyFilter{Tenant: key.Tenant, Method: key.Method, CreatedAfter: from}, 2), mine[2:]...)
+
+		// The default limit and the last page's cursor.
+		page, next, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true}, "")
+		if err != nil || len(page) != len(all) || next != "" {
+			t.Errorf("Keys without a limit: %d entries, next %q, %v; want %d and no next page", len(page), next, err, len(all))
+		}
+
+		// A cursor the store did not make.
+		_, next, err = a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, "")
+		if err != nil || next == "" {
+			t.Fatalf("first page of 1: next %q, %v", next, err)
+		}
+		for _, bad := range []string{"not a cursor!", next[:len(next)/2], "e30", "AAAA"} {
+			if _, _, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, bad); !errors.Is(err, store.ErrInvalidCursor) {
+				t.Errorf("Keys after %q: %v, want ErrInvalidCursor", bad, err)
+			}
+		}
+	}},
+
+	{name: "ForgetLetsTheKeyRunAfresh", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		recordKey(t, s, key, okOutcome("first"))
+		if err := a.Forget(t.Context(), key, false); err != nil {
+			t.Fatalf("Forget of a recorded key: %v", err)
+		}
+		if _, err := a.Key(t.Context(), key); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Key after Forget: %v, want ErrNotFound", err)
+		}
+		if err := claimTxn(t, s, key, other).Record(t.Context(), okOutcome("second")); err != nil {
+			t.Fatal(err)
+		}
+		wantRecorded(t, claimEntry(t, s, key, other), other, okOutcome("second"))
+
+		// An abandoned lease is forgotten without force, an expired key too.
+		l := takeLease(t, s, leaseKey, fp, shortLease)
+		expired := keyOf(key.Tenant, key.Method, "expired")
+		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: fp, TTL: time.Minute}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		cfg.advance(2 * time.Minute)
+		for _, k := range []store.Key{leaseKey, expired} {
+			if err := a.Forget(t.Context(), k, false); err != nil {
+				t.Fatalf("Forget(%v): %v", k, err)
+			}
+		}
+		if err := l.Record(t.Context(), okOutcome("late")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record of a forgotten lease: %v, want ErrLeaseLost", err)
+		}
+		fresh := takeLeasedClaim(t, s, leaseKey, fp, time.Hour)
+		if fresh.TookOver {
+			t.Errorf("the lease of a forgotten key reports a takeover")
+		}
+	}},
+
+	{name: "ForgetRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		l := takeLease(t, s, leaseKey, fp, longLease)
+		err := a.Forget(t.Context(), leaseKey, false)
+		wantLeaseLive(t, "Forget of a live lease", err, cfg.Now().Add(longLease))
+		if err := l.SaveStep(t.Context(), store.Step{Name: "kept"}); err != nil {
+			t.Fatalf("SaveStep after a refused Forget: %v", err)
+		}
+		if err := a.Forget(t.Context(), leaseKey, true); err != nil {
+			t.Fatalf("forced Forget: %v", err)
+		}
+		if err := l.SaveStep(t.Context(), store.Step{Name: "fenced"}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("SaveStep after a forced Forget: %v, want ErrLeaseLost", err)
+		}
+		// A new claim of the key, and the fenced holder still cannot write.
+		next := takeLeasedClaim(t, s, leaseKey, fp, longLease)
+		if next.TookOver {
+			t.Errorf("the lease after a forced Forget reports a takeover")
+		}
+		if err := l.Record(t.Context(), okOutcome("fenced")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record after a forced Forget: %v, want ErrLeaseLost", err)
+		}
+		if err := next.Lease.Record(t.Context(), okOutcome("next")); err != nil {
+			t.Fatal(err)
+		}
+		wantRecorded(t, leaseEntry(t, s, leaseKey, fp, longLease), fp, okOutcome("next"))
+	}},
+
+	{name: "SettleAnAbandonedKey", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, Call: completion}, shortLease)
+		if err != nil || lc.Lease == nil {
+			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
+		}
+		if err := lc.Lease.SaveStep(t.Context(), store.Step{Name: "charge", Result: []byte("ch_1")}); err != nil {
+			t.Fatal(err)
+		}
+		expiresAt := lc.ExpiresAt
+		cfg.advance(runOut)
+		settled := errorOutcome()
+		if err := a.Settle(t.Context(), leaseKey, settled, false); err != nil {
+			t.Fatalf("Settle of an abandoned key: %v", err)
+		}
+		ki := keyInfo(t, a, leaseKey)
+		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != settled.Code ||
+			!bytes.Equal(ki.Outcome.Body, settled.Body) || ki.Call != nil || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
+			t.Errorf("the settled key: %+v", ki)
+		}
+		wantAbout(t, "the settled key's expiry", ki.ExpiresAt, expiresAt)
+		// Retries replay the settled outcome, atomic and leased alike, and
+		// a finisher has nothing left to run.
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, settled)
+		wantRecorded(t, leaseEntry(t, s, leaseKey, fp, longLease), fp, settled)
+		if f, ok := s.(store.Finishing); ok {
+			if got := abandonedKeys(t, f, 0); len(got) != 0 {
+				t.Errorf("Abandoned after Settle: %v", got)
+			}
+		}
+		if err := lc.Lease.Record(t.Context(), okOutcome("late")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record of a settled lease: %v, want ErrLeaseLost", err)
+		}
+		// Recorded already: refused, forced or not.
+		for _, force := range []bool{false, true} {
+			if err := a.Settle(t.Context(), leaseKey, okOutcome("again"), force); !errors.Is(err, store.ErrNotInProgress) {
+				t.Errorf("Settle (force %v) of a settled key: %v, want ErrNotInProgress", force, err)
+			}
+		}
+		recordKey(t, s, key, okOutcome("r"))
+		if err := a.Settle(t.Context(), key, okOutcome("s"), true); !errors.Is(err, store.ErrNotInProgress) {
+			t.Errorf("Settle of a recorded key: %v, want ErrNotInProgress", err)
+		}
+		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("r"))
+	}},
+
+	{name: "SettleRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		l := takeLease(t, s, leaseKey, fp, longLease)
+		err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), false)
+		wantLeaseLive(t, "Settle of a live lease", err, cfg.Now().Add(longLease))
+		if ki := keyInfo(t, a, leaseKey); ki.State != store.KeyInProgress {
+			t.Errorf("the key after a refused Settle is %s, want in progress", ki.State)
+		}
+		if err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), true); err != nil {
+			t.Fatalf("forced Settle: %v", err)
+		}
+		if err := l.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Extend after a forced Settle: %v, want ErrLeaseLost", err)
+		}
+		if err := l.SaveStep(t.Context(), store.Step{Name: "fenced"}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("SaveStep after a forced Settle: %v, want ErrLeaseLost", err)
+		}
+		if err := l.Record(t.Context(), okOutcome("holder")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record after a forced Settle: %v, want ErrLeaseLost", err)
+		}
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("settled"))
+	}},
+
+	{name: "SettleOfAnExpiredKeyIsNotFound", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		if _, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: time.Minute}, shortLease); err != nil {
+			t.Fatal(err)
+		}
+		cfg.advance(2 * time.Minute)
+		if err := a.Settle(t.Context(), leaseKey, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Settle of an expired key: %v, want ErrNotFound", err)
+		}
+	}},
+}
