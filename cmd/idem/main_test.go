@@ -387,6 +387,7 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	lease := seed(t, postgres.New(pool), func() {})
+	t.Setenv("IDEM_ADMIN_ADDR", "127.0.0.1:1") // gives way to -database-url
 	db := func(args ...string) []string { return append(args, "-database-url", dsn) }
 
 	resp := unmarshal(t, ok(t, db("keys", "list", "-all-tenants", "-o", "json")...), &adminv1.ListKeysResponse{})
