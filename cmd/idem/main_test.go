@@ -3,9 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"log/slog"
+	"math/big"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -15,6 +24,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -426,4 +440,105 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	ok(t, db("keys", "forget", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
 	fails(t, "NOT_FOUND: ", db("keys", "get", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
+}
+
+// TestTLS dials a server over TLS with -ca, -server-name and a client
+// certificate, and a token with -H, which its authorizer reads.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, caKey := newCert(t, "idem test CA", nil, nil)
+	srvCert, srvKey := newCert(t, "admin.internal", ca, caKey)
+	opCert, opKey := newCert(t, "oncall", ca, caKey)
+	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", ca.Raw)
+	writePEM(t, filepath.Join(dir, "op.crt"), "CERTIFICATE", opCert.Raw)
+	b, err := x509.MarshalPKCS8PrivateKey(opKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, filepath.Join(dir, "op.key"), "PRIVATE KEY", b)
+
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	creds := credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{srvCert.Raw}, PrivateKey: srvKey}},
+		ClientCAs:    pool,
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+	})
+	authorize := admin.AuthorizerFunc(func(ctx context.Context, _ admin.Request) (admin.Scope, error) {
+		p, _ := peer.FromContext(ctx)
+		info, _ := p.AuthInfo.(credentials.TLSInfo)
+		if len(info.State.VerifiedChains) == 0 || info.State.VerifiedChains[0][0].Subject.CommonName != "oncall" {
+			return admin.Scope{}, status.Error(codes.Unauthenticated, "dial with an operator's certificate")
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer s3cret" {
+			return admin.Scope{}, status.Error(codes.Unauthenticated, "no operator token")
+		}
+		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.Creds(creds))
+	admin.Register(s, admin.NewServer(memory.New(), authorize, admin.WithLogger(slog.New(slog.DiscardHandler))))
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+
+	conn := []string{"-addr", lis.Addr().String(), "-ca", filepath.Join(dir, "ca.crt"), "-server-name", "admin.internal"}
+	cert := []string{"-cert", filepath.Join(dir, "op.crt"), "-cert-key", filepath.Join(dir, "op.key")}
+	token := []string{"-H", "Authorization: Bearer s3cret"}
+	list := func(args ...[]string) []string {
+		all := []string{"keys", "list", "-tenant", "acme"}
+		for _, a := range args {
+			all = append(all, a...)
+		}
+		return all
+	}
+	if got := rows(t, ok(t, list(conn, cert, token)...)); len(got) != 0 {
+		t.Fatalf("list: %q, want no keys", got)
+	}
+	fails(t, "UNAUTHENTICATED: no operator token", list(conn, cert)...)
+	fails(t, "UNAUTHENTICATED: dial with an operator's certificate", list(conn, token)...)
+	// Without -ca the server's certificate is checked against the system's
+	// roots, which do not hold the test's CA.
+	fails(t, "UNAVAILABLE: ", list(conn[:2], []string{"-server-name", "admin.internal"}, cert, token)...)
+}
+
+// newCert returns a certificate for name and its key, signed by parent
+// (self-signed, as a CA, when parent is nil).
+func newCert(t *testing.T, name string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if parent == nil {
+		tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.KeyUsage = true, true, x509.KeyUsageCertSign
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert, key
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
