@@ -9,6 +9,7 @@
 //	idem keys get    [connection] -tenant T -method M -key K   (or the key as an argument)
 //	idem keys forget [connection] -tenant T -method M -key K [-force]
 //	idem keys settle [connection] -tenant T -method M -key K -code C [-message M] [-force]
+//	idem keys finish [connection] -tenant T -method M -key K
 //
 // # Connection
 //
@@ -64,6 +65,13 @@
 // make. -message is the error's message. A key whose lease is live is
 // refused unless -force, which fences its holder; a recorded key is
 // refused (forget it instead).
+//
+// finish runs an abandoned call to its end now, through the server's
+// finisher, rather than after the finisher's grace: the key must be
+// abandoned (its lease ran out) and kept for a finisher (its method opts in
+// to finish). It prints the key with its recorded outcome. A server without
+// a finisher answers UNIMPLEMENTED; with -database-url there is none, as no
+// handler runs in the command.
 //
 // # Exit status
 //

@@ -27,6 +27,7 @@ const usage = `Usage:
   idem keys get    [connection] -tenant T -method M -key K   (or the key as an argument)
   idem keys forget [connection] -tenant T -method M -key K [-force]
   idem keys settle [connection] -tenant T -method M -key K -code C [-message M] [-force]
+  idem keys finish [connection] -tenant T -method M -key K
 
 Connection, exactly one of:
   -addr host:port     a server's admin service (default $IDEM_ADMIN_ADDR), over TLS:
@@ -104,17 +105,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("unknown command %q", args[0])
 	}
 	if len(args) < 2 {
-		return usagef("keys needs a subcommand: list, get, forget or settle")
+		return usagef("keys needs a subcommand: list, get, forget, settle or finish")
 	}
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
 		"list":   list,
 		"get":    get,
 		"forget": forget,
 		"settle": settle,
+		"finish": finish,
 	}
 	cmd, ok := cmds[args[1]]
 	if !ok {
-		return usagef("unknown command \"keys %s\": want list, get, forget or settle", args[1])
+		return usagef("unknown command \"keys %s\": want list, get, forget, settle or finish", args[1])
 	}
 	return cmd(ctx, args[2:], stdout, stderr)
 }
@@ -325,6 +327,29 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		Status: &spb.Status{Code: int32(cd), Message: message}}
 	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, req, client.SettleKey)
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			return printJSON(stdout, resp)
+		}
+		return printKey(stdout, resp.GetKey())
+	})
+}
+
+func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("finish", stderr)
+	var k keyFlags
+	k.register(fs)
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	if err := k.resolve(rest); err != nil {
+		return err
+	}
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		resp, err := call(ctx, c.timeout, &adminv1.FinishKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.FinishKey)
 		if err != nil {
 			return err
 		}

@@ -301,6 +301,16 @@ func TestSettle(t *testing.T) {
 	fails(t, "NOT_FOUND: ", f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "-key", "order-8", "-code", "9")...)
 }
 
+// TestFinish: finish asks the server's finisher to run an abandoned call
+// now. This server has none, and answers UNIMPLEMENTED, after the
+// authorizer; the finisher's own runs are tested with the admin package
+// and the checkout example.
+func TestFinish(t *testing.T) {
+	f := newFixture(t)
+	f.advance(2 * time.Minute) // order-7's lease runs out
+	fails(t, "UNIMPLEMENTED: ", f.cmd("keys", "finish", "-tenant", "acme", "-method", checkout, "order-7")...)
+}
+
 func TestPaging(t *testing.T) {
 	f := newFixture(t)
 	resp := unmarshal(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-all", "-o", "json")...), &adminv1.ListKeysResponse{})
