@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -102,6 +103,9 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 // recorded so at once, logged at ERROR and reported as [ResultUnreadable];
 // it never holds up the others. A panic anywhere in one call's attempt is
 // logged and leaves the call for a later pass.
+// [Finisher.FinishKey] finishes one given call now, through the same
+// attempt, for an operator (the admin service's FinishKey) who will not
+// wait for the grace.
 //
 // The handler runs with the tenant and the request metadata
 // ([WithFinishHeaders]) kept with the call, and the call's key. Idem's
@@ -173,7 +177,7 @@ func (f *Finisher) Finish(ctx context.Context) (int, error) {
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
-		if f.attempt(ctx, a) {
+		if f.attempt(ctx, a) == nil {
 			done++
 		}
 	}
@@ -210,12 +214,57 @@ func (f *Finisher) Run(ctx context.Context) error {
 	}
 }
 
-// attempt tries to finish a's call once, within the attempt timeout, and
-// reports whether it did. A panic is logged and counts as not finished.
-func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (done bool) {
+// ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
+// nothing was kept for a finisher: its method does not opt in to finish
+// ((idem.v1.method).finish, or [WithFinish]).
+var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
+
+// FinishKey finishes the abandoned call of k now, without waiting for the
+// grace that [Finisher.Finish] leaves its retry: it takes the call over as
+// a retry would and runs it through its registered handler, as a pass
+// does, within the attempt timeout; nil means an outcome is now recorded
+// for it (a recorded error included, and the failure recorded when the
+// call is past its last attempt), which [store.Admin.Key] reads. The store
+// must implement [store.Admin] to read k; both of idem's stores do.
+//
+// It fails with [store.ErrNotFound] when the store holds no live entry of
+// k, [store.ErrNotInProgress] when its outcome is recorded already, a
+// [*store.LeaseLiveError] when its lease is live (its caller, or a retry,
+// may still record it), and [ErrNotFinishable] when nothing was kept to
+// run it again. Otherwise its error is the attempt's, the call left for a
+// later pass: an [*Error] with code ABORTED when a retry or another
+// finisher took the call over first, FAILED_PRECONDITION when its method
+// is not registered with f, or the handler's error, as [Engine.Handle]
+// returned it, when it failed transiently.
+func (f *Finisher) FinishKey(ctx context.Context, k store.Key) error {
+	ad, ok := f.engine.store.(store.Admin)
+	if !ok {
+		return fmt.Errorf("idem: the store (%T) cannot read one key: it does not implement store.Admin", f.engine.store)
+	}
+	ki, err := ad.Key(ctx, k)
+	if err != nil {
+		return err
+	}
+	switch ki.State {
+	case store.KeyRecorded:
+		return store.ErrNotInProgress
+	case store.KeyExpired:
+		return store.ErrNotFound
+	case store.KeyInProgress:
+		return &store.LeaseLiveError{Until: ki.LeaseUntil}
+	}
+	if ki.Call == nil {
+		return ErrNotFinishable
+	}
+	return f.attempt(ctx, store.Abandoned{Key: ki.Key, Fingerprint: ki.Fingerprint, Call: *ki.Call, Takeovers: ki.Takeovers})
+}
+
+// attempt tries to finish a's call once, within the attempt timeout; nil
+// means it did. A panic is logged and counts as not finished.
+func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			done = false
+			err = newError(code.Code_INTERNAL, fmt.Sprintf("idem: finishing the call panicked: %v", p))
 			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
 		}
 	}()
@@ -224,9 +273,9 @@ func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (done bool) {
 	return f.finish(ctx, a)
 }
 
-// finish runs a's call through its registered handler and reports whether
-// an outcome is now recorded for it.
-func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
+// finish runs a's call through its registered handler; nil means an
+// outcome is now recorded for it, an error says why not.
+func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	if a.Unreadable != nil {
 		return f.setAside(ctx, a, a.Unreadable)
 	}
@@ -239,7 +288,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
 	f.mu.Unlock()
 	if !ok {
 		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Key, nil)
-		return false
+		return newError(code.Code_FAILED_PRECONDITION, "idem: the call's method is not registered with the finisher: "+method)
 	}
 	req, err := requestOf(method, a.Call.Request)
 	if err != nil {
@@ -253,15 +302,17 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) bool {
 	r := &finishRun{tenant: a.Key.Tenant}
 	err = f.call(context.WithValue(ctx, finishCtxKey{}, r), run, req, header)
 	switch r.result {
-	case ResultExecuted, ResultReplayed:
-		return true
+	case ResultExecuted, ResultReplayed, ResultNotCached, ResultRebuilt, ResultRerun:
+		return nil // recorded, by this run or before it
 	case ResultInUse, ResultLeaseLost:
-		return false // a retry or another finisher holds it, or took it over
+		return err // a retry or another finisher holds it, or took it over
 	}
-	if err != nil {
-		f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Key, err)
+	if err == nil {
+		// The handler answered without the Engine recording anything.
+		return newError(code.Code_INTERNAL, "idem: the finisher's run of "+method+" recorded no outcome")
 	}
-	return false
+	f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Key, err)
+	return err
 }
 
 // call runs run, turning a panic of the handler into an error.
@@ -293,42 +344,43 @@ func requestOf(fullMethod string, b []byte) (proto.Message, error) {
 }
 
 // giveUp records a's call as failed for good, taking it over first.
-func (f *Finisher) giveUp(ctx context.Context, a store.Abandoned) bool {
+func (f *Finisher) giveUp(ctx context.Context, a store.Abandoned) error {
 	msg := fmt.Sprintf("idem: the call was abandoned by its caller, and %d attempts to finish it failed; some of its steps may be done", a.Takeovers)
-	if !f.recordFailed(ctx, a, msg) {
-		return false
+	if err := f.recordFailed(ctx, a, msg); err != nil {
+		return err
 	}
 	f.engine.log(ctx, slog.LevelError, "idem: gave up finishing an abandoned call; it is recorded as failed", a.Key, nil)
 	f.report(ctx, a, ResultNotFinished)
-	return true
+	return nil
 }
 
 // setAside records a's call, which cannot be run again because what was
 // kept of it cannot be read (why says how), as failed for good, so that it
 // leaves the list of abandoned calls and its retries get an answer. It is
 // logged at ERROR with the call's scope, never with what was kept.
-func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) bool {
+func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) error {
 	f.engine.log(ctx, slog.LevelError, "idem: an abandoned call cannot be finished: what was kept of it cannot be read; it is recorded as failed", a.Key, why)
-	if !f.recordFailed(ctx, a, "idem: the call was abandoned by its caller, and what was kept to finish it cannot be read; some of its steps may be done") {
-		return false
+	if err := f.recordFailed(ctx, a, "idem: the call was abandoned by its caller, and what was kept to finish it cannot be read; some of its steps may be done"); err != nil {
+		return err
 	}
 	f.report(ctx, a, ResultUnreadable)
-	return true
+	return nil
 }
 
 // recordFailed takes a's call over, as a retry would, and records it as
 // failed, FAILED_PRECONDITION with ErrorInfo reason ReasonNotFinished and
 // message msg. The takeover's fencing token keeps the record from
 // replacing the outcome of a retry or another finisher that took the call
-// meanwhile. It reports whether the outcome was recorded.
-func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg string) bool {
+// meanwhile. It returns nil when the outcome was recorded.
+func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg string) error {
 	lc, err := f.engine.store.ClaimLeased(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
 	if err != nil {
 		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Key, err)
-		return false
+		return err
 	}
 	if lc.Lease == nil {
-		return false // a retry or another finisher holds it, or recorded it
+		// A retry or another finisher holds it, or recorded it.
+		return newError(code.Code_ABORTED, "idem: a retry or another finisher took the call over first")
 	}
 	st := newError(code.Code_FAILED_PRECONDITION, msg,
 		&errdetails.ErrorInfo{Reason: ReasonNotFinished, Domain: Domain}).status
@@ -339,9 +391,9 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 	if err != nil {
 		_ = lc.Lease.Release(ctx)
 		f.engine.log(ctx, slog.LevelWarn, "idem: recording an abandoned call as failed failed; it is tried again later", a.Key, err)
-		return false
+		return err
 	}
-	return true
+	return nil
 }
 
 // report reports the outcome r of a's call, which the Finisher recorded

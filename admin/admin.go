@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkit/idem"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store"
@@ -36,6 +37,7 @@ type Server struct {
 	logger    *slog.Logger
 	tracer    trace.Tracer
 	methods   methods
+	finisher  *idem.Finisher
 }
 
 var _ adminv1.AdminServiceServer = (*Server)(nil)
@@ -71,6 +73,7 @@ func NewServer(st store.Admin, authorize Authorizer, opts ...Option) *Server {
 		tokens:    tokens{key: o.tokenKey},
 		logger:    o.logger,
 		tracer:    tp.Tracer(instrumentationScope),
+		finisher:  o.finisher,
 	}
 }
 
@@ -343,6 +346,55 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 		ki = store.KeyInfo{Key: r.Key, State: store.KeyRecorded, Outcome: &store.Outcome{Code: cd, Body: body}}
 	}
 	return &adminv1.SettleKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// FinishKey finishes one abandoned call now, through the server's
+// finisher.
+func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (*adminv1.FinishKeyResponse, error) {
+	r := keyRequest(adminv1.AdminService_FinishKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	ctx, c, err := s.begin(ctx, r)
+	if c == nil {
+		return nil, err
+	}
+	if s.finisher == nil {
+		return nil, c.end(ctx, status.Error(codes.Unimplemented, "idem admin: this server has no finisher to finish calls with (admin.WithFinisher)"), nil)
+	}
+	if err := r.Key.Validate(); err != nil {
+		return nil, c.end(ctx, invalid("%v", err), nil)
+	}
+	err = s.finisher.FinishKey(ctx, r.Key)
+	var (
+		live *store.LeaseLiveError
+		ie   *idem.Error
+	)
+	switch {
+	case err == nil:
+	case errors.Is(err, idem.ErrNotFinishable):
+		return nil, c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil)
+	case errors.Is(err, store.ErrNotInProgress):
+		return nil, c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: the key's outcome is recorded already: there is nothing to finish"), nil)
+	case errors.As(err, &live):
+		return nil, c.end(ctx, status.Errorf(codes.FailedPrecondition, "idem admin: the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+	case errors.As(err, &ie):
+		// The attempt's answer (the call taken over first, its method not
+		// registered, or the handler's transient error): the call is left
+		// to the finisher.
+		st := ie.Status()
+		return nil, c.end(ctx, status.Errorf(codes.Code(st.GetCode()), "idem admin: the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
+	default:
+		if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+			// The handler's own gRPC status, as the call's client would
+			// have got it.
+			return nil, c.end(ctx, status.Errorf(st.Code(), "idem admin: the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.Message()), err)
+		}
+		return nil, c.fail(ctx, err)
+	}
+	ki, err := s.st.Key(ctx, r.Key)
+	if err != nil {
+		// Finished, but not read back (forgotten since, say).
+		return nil, c.fail(ctx, err)
+	}
+	return &adminv1.FinishKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
 }
 
 // key returns ki as the service shows it.

@@ -2,12 +2,13 @@
 Package admin serves idem's admin service, idem.admin.v1.AdminService
 (proto/idem/admin/v1/admin.proto): it lets an operator list the
 idempotency keys a store holds, read everything kept of one, forget one so
-that its next retry runs afresh, and settle one stuck in progress with an
-error its retries then replay. It works on any store that implements
-[store.Admin].
+that its next retry runs afresh, settle one stuck in progress with an
+error its retries then replay, and finish one that was abandoned. It works
+on any store that implements [store.Admin].
 
 	srv := admin.NewServer(st, authorize,
 		admin.WithPageTokenKey(pageTokenKey),
+		admin.WithFinisher(finisher),
 		admin.WithLogger(logger))
 	admin.Register(grpcServer, srv)
 
@@ -40,6 +41,27 @@ protobuf registry (by the method's full name, or by its
 server does not link the method's generated package, the response is
 returned as the bytes recorded, with a note saying why. A recorded error is
 returned as its google.rpc.Status.
+
+# Finishing a call
+
+FinishKey finishes one abandoned leased call now, instead of waiting for
+the finisher's grace: the server's [idem.Finisher], given by
+[WithFinisher], takes the call over as a retry would and runs it through
+the handler registered with it, as its passes do ([idem.Finisher.FinishKey]),
+and FinishKey answers with the key and the outcome recorded, decoded as
+GetKey decodes it. Give it the Finisher the server runs, over the same
+store. Without one, FinishKey answers UNIMPLEMENTED (once the call is
+authorized).
+
+Only a key that is abandoned (its lease ran out) and finishable (its
+method opted in to finish, so its request was kept) can be finished;
+otherwise the answer is FAILED_PRECONDITION saying why: the lease is live
+until a time it names (its caller may still record an outcome; there is no
+force), the method does not opt in to finish (settle or forget the key
+instead), or the outcome is recorded already. When the attempt records
+nothing (a retry took the call over first: ABORTED; the handler failed
+transiently: its code), the call is left to the finisher, and FinishKey
+may be called again.
 
 # Page tokens
 

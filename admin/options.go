@@ -4,6 +4,8 @@ import (
 	"log/slog"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
 )
 
 // An Option configures a [Server].
@@ -13,6 +15,7 @@ type options struct {
 	tokenKey       []byte               // nil: a random key per Server
 	logger         *slog.Logger         // nil: slog.Default()
 	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()
+	finisher       *idem.Finisher       // nil: FinishKey is UNIMPLEMENTED
 }
 
 // minTokenKeyLength is the shortest key WithPageTokenKey accepts: that of
@@ -41,4 +44,13 @@ func WithLogger(l *slog.Logger) Option {
 // [otel.GetTracerProvider]: https://pkg.go.dev/go.opentelemetry.io/otel#GetTracerProvider
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
+}
+
+// WithFinisher sets the finisher FinishKey runs abandoned calls through:
+// give it the Finisher the server runs, with every finishable method
+// registered (interceptor.FinisherRegistrar), over the same store as the
+// service. Default: none, and FinishKey answers UNIMPLEMENTED, after
+// authorizing the call; nil selects the default.
+func WithFinisher(f *idem.Finisher) Option {
+	return func(o *options) { o.finisher = f }
 }

@@ -20,21 +20,38 @@
 // started from the PostgreSQL server binaries on the machine (see package
 // github.com/idemkit/idem/store/postgres/pgtest); the two databases it
 // creates are dropped at the end.
+//
+// With -admin-listen ADDR it also serves idem's admin service
+// (idem.admin.v1.AdminService) on ADDR, a listener of its own, with gRPC
+// health checking and server reflection so that grpcurl works, over the
+// checkout database: FinishKey finishes an abandoned checkout at once,
+// through a finisher of this process, rather than after the replicas'
+// grace. Its demo authorizer admits the callers that send the operator
+// token of -admin-token (default $IDEM_ADMIN_TOKEN) as "authorization:
+// Bearer TOKEN"; the demo refuses to start without one. In production, use
+// mTLS or your identity provider instead. After the stories it keeps
+// serving, for an operator to look at the keys they left, until
+// interrupted.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
+	"github.com/idemkit/idem/examples/internal/adminlisten"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -47,9 +64,32 @@ func main() {
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	adminListen := flag.String("admin-listen", "", "address to serve idem's admin service on, for operators (default: none)")
+	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen)")
+	flag.Parse()
+	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	adm := adminFlags{token: *adminToken, until: interrupted}
+	if *adminListen != "" {
+		if *adminToken == "" {
+			fmt.Fprintln(os.Stderr, "FAIL: -admin-listen:", adminlisten.ErrNoToken)
+			os.Exit(2)
+		}
+		var err error
+		if adm.lis, err = net.Listen("tcp", *adminListen); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			os.Exit(1)
+		}
+	}
+	// The system serves the admin service after the stories, until
+	// interrupted: then nothing bounds the whole run.
+	ctx, cancel := context.WithTimeout(interrupted, 2*time.Minute)
+	if adm.lis != nil {
+		cancel()
+		ctx, cancel = context.WithCancel(interrupted)
+	}
 	defer cancel()
-	if err := run(ctx, os.Stdout, os.Stderr); err != nil {
+	if err := runAdmin(ctx, os.Stdout, os.Stderr, adm); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		os.Exit(1)
 	}
@@ -58,6 +98,17 @@ func main() {
 // run plays the demo, writing the story to w and the replicas' logs to
 // logs.
 func run(ctx context.Context, w, logs io.Writer) error {
+	return runAdmin(ctx, w, logs, adminFlags{})
+}
+
+// runAdmin is run, serving the admin service too unless adm.lis is nil.
+func runAdmin(ctx context.Context, w, logs io.Writer, adm adminFlags) error {
+	if adm.lis != nil {
+		defer adm.lis.Close()
+		if adm.token == "" {
+			return adminlisten.ErrNoToken
+		}
+	}
 	pg, err := pgtest.Start(ctx)
 	if err != nil {
 		return err
@@ -81,7 +132,22 @@ func run(ctx context.Context, w, logs io.Writer) error {
 		return err
 	}
 	defer sys.close()
-	return play(ctx, w, sys)
+	if adm.lis == nil {
+		return play(ctx, w, sys)
+	}
+	stopAdmin, err := sys.serveAdmin(adm.lis, adm.token)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+	fmt.Fprintf(w, "idem's admin service listens on %s (a demo operator token: use mTLS or your identity provider in production).\n", adm.lis.Addr())
+	if err := play(ctx, w, sys); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nThe admin service stays up on %s until interrupted, for a look at the keys the stories left:\n", adm.lis.Addr())
+	fmt.Fprintf(w, "  grpcurl -plaintext -H 'authorization: Bearer TOKEN' -d '{}' %s idem.admin.v1.AdminService/ListKeys\n", adm.lis.Addr())
+	<-adm.until.Done()
+	return nil
 }
 
 func play(ctx context.Context, w io.Writer, sys *system) error {

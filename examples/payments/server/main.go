@@ -30,6 +30,16 @@
 // sweeper's) in the Prometheus text format at http://ADDR/metrics, through
 // the OpenTelemetry SDK and its Prometheus exporter: after a retry,
 // idem_server_requests_total{idem_outcome="replayed",...} counts it.
+//
+// With -admin-listen ADDR it serves idem's admin service
+// (idem.admin.v1.AdminService: list, read, forget and settle keys) on ADDR,
+// a listener of its own, with gRPC health checking and server reflection
+// so that grpcurl works. Its demo authorizer admits the callers that send
+// the operator token of -admin-token (default $IDEM_ADMIN_TOKEN) as
+// "authorization: Bearer TOKEN"; the server refuses to start without one.
+// In production, use mTLS or your identity provider instead. The admin
+// calls are counted in the metrics (rpc_server_call_duration_seconds,
+// through otelgrpc) and traced with the global tracer provider.
 package main
 
 import (
@@ -56,6 +66,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/adminlisten"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -65,6 +76,8 @@ func main() {
 	httpListen := flag.String("http-listen", "", "address to serve HTTP/JSON on, through grpc-gateway (default: none)")
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL, else the libpq defaults)")
 	metricsListen := flag.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (default: none)")
+	adminListen := flag.String("admin-listen", "", "address to serve idem's admin service on, for operators (default: none)")
+	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen)")
 	var shards []string
 	flag.Func("shard-database-url", "PostgreSQL connection string of a shard; repeat it for each shard, in a fixed order (default: one database, -database-url)", func(url string) error {
 		shards = append(shards, url)
@@ -92,7 +105,18 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	if err := run(ctx, lis, httpLis, metricsLis, shards...); err != nil {
+	var adm *adminConfig
+	if *adminListen != "" {
+		if *adminToken == "" {
+			log.Fatalf("-admin-listen: %v", adminlisten.ErrNoToken)
+		}
+		adminLis, err := net.Listen("tcp", *adminListen)
+		if err != nil {
+			log.Fatal(err)
+		}
+		adm = &adminConfig{lis: adminLis, token: *adminToken}
+	}
+	if err := runAdmin(ctx, lis, httpLis, metricsLis, adm, shards...); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -103,7 +127,25 @@ func main() {
 // connection strings of the database, or of each shard when there are
 // several.
 func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...string) error {
+	return runAdmin(ctx, lis, httpLis, metricsLis, nil, dbURLs...)
+}
+
+// adminConfig is where and behind which operator token the admin service
+// is served.
+type adminConfig struct {
+	lis   net.Listener
+	token string
+}
+
+// runAdmin is run, serving the admin service too unless adm is nil.
+func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *adminConfig, dbURLs ...string) error {
 	defer lis.Close()
+	if adm != nil {
+		defer adm.lis.Close()
+		if adm.token == "" {
+			return adminlisten.ErrNoToken
+		}
+	}
 	if httpLis != nil {
 		defer httpLis.Close()
 	}
@@ -139,17 +181,20 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 	}
 	var (
 		srv *grpc.Server
+		st  *postgres.Store
 		err error
 	)
 	if len(pools) == 1 {
 		// Say now, not on the first call, if idem cannot serve.
-		if err := postgres.New(pools[0]).Check(ctx); err != nil {
+		st = postgres.New(pools[0])
+		if err := st.Check(ctx); err != nil {
 			return err
 		}
 		srv, err = paymentsvc.NewServer(pools[0], idem.WithMeterProvider(mp))
 	} else {
 		route := func(tenant string) int { return paymentsvc.ShardOf(tenant, len(pools)) }
-		if err := postgres.NewSharded(pools, route).Check(ctx); err != nil {
+		st = postgres.NewSharded(pools, route)
+		if err := st.Check(ctx); err != nil {
 			return err
 		}
 		srv, err = paymentsvc.NewShardedServer(pools, idem.WithMeterProvider(mp))
@@ -184,6 +229,18 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 			}
 		}()
 		log.Printf("payments gateway serving HTTP/JSON on %s", httpLis.Addr())
+	}
+
+	if adm != nil {
+		// The operators' listener: the admin service over the same store,
+		// its calls in the same metrics as idem's.
+		as, err := adminlisten.NewServer(adminlisten.Config{Store: st, Token: adm.token, MeterProvider: mp})
+		if err != nil {
+			return err
+		}
+		go func() { _ = as.Serve(adm.lis) }()
+		defer as.GracefulStop()
+		log.Printf("payments server: admin service on %s (demo operator token; use mTLS or your identity provider in production)", adm.lis.Addr())
 	}
 
 	served := make(chan struct{})

@@ -5,8 +5,8 @@
 // source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, and settle one
-// that is stuck in progress. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, read one, forget one, settle one
+// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 
 package adminv1
@@ -968,6 +968,116 @@ func (x *SettleKeyResponse) GetKey() *Key {
 	return nil
 }
 
+// FinishKeyRequest names the key to finish.
+type FinishKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the tenant of the key's scope.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the method's full name or scope.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// key is the idempotency key.
+	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeyRequest) Reset() {
+	*x = FinishKeyRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeyRequest) ProtoMessage() {}
+
+func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeyRequest.ProtoReflect.Descriptor instead.
+func (*FinishKeyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *FinishKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *FinishKeyRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *FinishKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// FinishKeyResponse is the key as finished.
+type FinishKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is everything kept of it now, with its recorded outcome.
+	Key           *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeyResponse) Reset() {
+	*x = FinishKeyResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeyResponse) ProtoMessage() {}
+
+func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeyResponse.ProtoReflect.Descriptor instead.
+func (*FinishKeyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *FinishKeyResponse) GetKey() *Key {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
@@ -1039,18 +1149,25 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\x06status\x18\x04 \x01(\v2\x12.google.rpc.StatusR\x06status\x12\x14\n" +
 	"\x05force\x18\x05 \x01(\bR\x05force\"9\n" +
 	"\x11SettleKeyResponse\x12$\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"T\n" +
+	"\x10FinishKeyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"9\n" +
+	"\x11FinishKeyResponse\x12$\n" +
 	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key*\x88\x01\n" +
 	"\bKeyState\x12\x19\n" +
 	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15KEY_STATE_IN_PROGRESS\x10\x01\x12\x17\n" +
 	"\x13KEY_STATE_ABANDONED\x10\x02\x12\x16\n" +
 	"\x12KEY_STATE_RECORDED\x10\x03\x12\x15\n" +
-	"\x11KEY_STATE_EXPIRED\x10\x042\xd6\x02\n" +
+	"\x11KEY_STATE_EXPIRED\x10\x042\xab\x03\n" +
 	"\fAdminService\x12P\n" +
 	"\bListKeys\x12\x1e.idem.admin.v1.ListKeysRequest\x1a\x1f.idem.admin.v1.ListKeysResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\x06GetKey\x12\x1c.idem.admin.v1.GetKeyRequest\x1a\x1d.idem.admin.v1.GetKeyResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\tForgetKey\x12\x1f.idem.admin.v1.ForgetKeyRequest\x1a .idem.admin.v1.ForgetKeyResponse\"\x03\x90\x02\x02\x12S\n" +
-	"\tSettleKey\x12\x1f.idem.admin.v1.SettleKeyRequest\x1a .idem.admin.v1.SettleKeyResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
+	"\tSettleKey\x12\x1f.idem.admin.v1.SettleKeyRequest\x1a .idem.admin.v1.SettleKeyResponse\"\x03\x90\x02\x02\x12S\n" +
+	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_idem_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1065,7 +1182,7 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
 	(*Key)(nil),                   // 1: idem.admin.v1.Key
@@ -1079,40 +1196,45 @@ var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(*ForgetKeyResponse)(nil),     // 9: idem.admin.v1.ForgetKeyResponse
 	(*SettleKeyRequest)(nil),      // 10: idem.admin.v1.SettleKeyRequest
 	(*SettleKeyResponse)(nil),     // 11: idem.admin.v1.SettleKeyResponse
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 13: google.protobuf.Value
-	(*status.Status)(nil),         // 14: google.rpc.Status
+	(*FinishKeyRequest)(nil),      // 12: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 13: idem.admin.v1.FinishKeyResponse
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 15: google.protobuf.Value
+	(*status.Status)(nil),         // 16: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	12, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	12, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	12, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	12, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	14, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	14, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	14, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	14, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
 	2,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
 	3,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	13, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	14, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	15, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	16, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
 	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	12, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	12, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	14, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	14, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
 	1,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
 	1,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	14, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	16, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
 	1,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	4,  // 16: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	6,  // 17: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	8,  // 18: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	10, // 19: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	5,  // 20: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	7,  // 21: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	9,  // 22: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	11, // 23: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	1,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	4,  // 17: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	6,  // 18: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	8,  // 19: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	10, // 20: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	12, // 21: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	5,  // 22: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	7,  // 23: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	9,  // 24: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	11, // 25: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	13, // 26: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -1131,7 +1253,7 @@ func file_idem_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -5,8 +5,8 @@
 // source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, and settle one
-// that is stuck in progress. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, read one, forget one, settle one
+// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 
 package adminv1
@@ -28,6 +28,7 @@ const (
 	AdminService_GetKey_FullMethodName    = "/idem.admin.v1.AdminService/GetKey"
 	AdminService_ForgetKey_FullMethodName = "/idem.admin.v1.AdminService/ForgetKey"
 	AdminService_SettleKey_FullMethodName = "/idem.admin.v1.AdminService/SettleKey"
+	AdminService_FinishKey_FullMethodName = "/idem.admin.v1.AdminService/FinishKey"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -38,12 +39,15 @@ const (
 // Every call is authorized first; an operator scoped to some tenants sees
 // and acts on those tenants' keys only (PERMISSION_DENIED otherwise).
 //
-// ForgetKey and SettleKey change the store but are safe to retry as they
-// are, so they are marked IDEMPOTENT rather than keyed by idem: a retried
-// ForgetKey finds nothing to forget (NOT_FOUND) and a retried SettleKey
-// finds the key recorded (FAILED_PRECONDITION), and neither changes
-// anything the first call did. Keying them by idem would store the
-// operator's calls in the very table they act on.
+// ForgetKey, SettleKey and FinishKey change the store but are safe to retry
+// as they are, so they are marked IDEMPOTENT rather than keyed by idem: a
+// retried ForgetKey finds nothing to forget (NOT_FOUND), a retried
+// SettleKey or FinishKey finds the key recorded (FAILED_PRECONDITION), and
+// none changes anything the first call did; a FinishKey whose first
+// attempt recorded nothing takes the call over again, as a retry of the
+// call itself would, and the call's saved steps are not run twice. Keying
+// them by idem would store the operator's calls in the very table they act
+// on.
 type AdminServiceClient interface {
 	// ListKeys lists the keys that match a filter, oldest first, a page at a
 	// time.
@@ -63,6 +67,18 @@ type AdminServiceClient interface {
 	// (forget it instead), or, naming when the lease runs out, when its lease
 	// is live and force is not set. A forced settle fences the lease's holder.
 	SettleKey(ctx context.Context, in *SettleKeyRequest, opts ...grpc.CallOption) (*SettleKeyResponse, error)
+	// FinishKey finishes an abandoned call now, rather than after the
+	// finisher's grace: it takes the call over as a retry would, runs it
+	// through the server's finisher, and returns the key with the outcome
+	// recorded. The key must be abandoned (its lease ran out) and kept for a
+	// finisher (finishable); otherwise FAILED_PRECONDITION says why: the
+	// lease is live (naming when it runs out), the method does not opt in to
+	// finish, or the outcome is recorded already. NOT_FOUND when the key has
+	// no entry; UNIMPLEMENTED when the server has no finisher. When the
+	// attempt records nothing (the handler failed transiently, or a retry
+	// took the call over first), the answer is that attempt's error and the
+	// call is left to the finisher.
+	FinishKey(ctx context.Context, in *FinishKeyRequest, opts ...grpc.CallOption) (*FinishKeyResponse, error)
 }
 
 type adminServiceClient struct {
@@ -113,6 +129,16 @@ func (c *adminServiceClient) SettleKey(ctx context.Context, in *SettleKeyRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) FinishKey(ctx context.Context, in *FinishKeyRequest, opts ...grpc.CallOption) (*FinishKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishKeyResponse)
+	err := c.cc.Invoke(ctx, AdminService_FinishKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -121,12 +147,15 @@ func (c *adminServiceClient) SettleKey(ctx context.Context, in *SettleKeyRequest
 // Every call is authorized first; an operator scoped to some tenants sees
 // and acts on those tenants' keys only (PERMISSION_DENIED otherwise).
 //
-// ForgetKey and SettleKey change the store but are safe to retry as they
-// are, so they are marked IDEMPOTENT rather than keyed by idem: a retried
-// ForgetKey finds nothing to forget (NOT_FOUND) and a retried SettleKey
-// finds the key recorded (FAILED_PRECONDITION), and neither changes
-// anything the first call did. Keying them by idem would store the
-// operator's calls in the very table they act on.
+// ForgetKey, SettleKey and FinishKey change the store but are safe to retry
+// as they are, so they are marked IDEMPOTENT rather than keyed by idem: a
+// retried ForgetKey finds nothing to forget (NOT_FOUND), a retried
+// SettleKey or FinishKey finds the key recorded (FAILED_PRECONDITION), and
+// none changes anything the first call did; a FinishKey whose first
+// attempt recorded nothing takes the call over again, as a retry of the
+// call itself would, and the call's saved steps are not run twice. Keying
+// them by idem would store the operator's calls in the very table they act
+// on.
 type AdminServiceServer interface {
 	// ListKeys lists the keys that match a filter, oldest first, a page at a
 	// time.
@@ -146,6 +175,18 @@ type AdminServiceServer interface {
 	// (forget it instead), or, naming when the lease runs out, when its lease
 	// is live and force is not set. A forced settle fences the lease's holder.
 	SettleKey(context.Context, *SettleKeyRequest) (*SettleKeyResponse, error)
+	// FinishKey finishes an abandoned call now, rather than after the
+	// finisher's grace: it takes the call over as a retry would, runs it
+	// through the server's finisher, and returns the key with the outcome
+	// recorded. The key must be abandoned (its lease ran out) and kept for a
+	// finisher (finishable); otherwise FAILED_PRECONDITION says why: the
+	// lease is live (naming when it runs out), the method does not opt in to
+	// finish, or the outcome is recorded already. NOT_FOUND when the key has
+	// no entry; UNIMPLEMENTED when the server has no finisher. When the
+	// attempt records nothing (the handler failed transiently, or a retry
+	// took the call over first), the answer is that attempt's error and the
+	// call is left to the finisher.
+	FinishKey(context.Context, *FinishKeyRequest) (*FinishKeyResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -167,6 +208,9 @@ func (UnimplementedAdminServiceServer) ForgetKey(context.Context, *ForgetKeyRequ
 }
 func (UnimplementedAdminServiceServer) SettleKey(context.Context, *SettleKeyRequest) (*SettleKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SettleKey not implemented")
+}
+func (UnimplementedAdminServiceServer) FinishKey(context.Context, *FinishKeyRequest) (*FinishKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishKey not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -261,6 +305,24 @@ func _AdminService_SettleKey_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_FinishKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).FinishKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_FinishKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).FinishKey(ctx, req.(*FinishKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -283,6 +345,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SettleKey",
 			Handler:    _AdminService_SettleKey_Handler,
+		},
+		{
+			MethodName: "FinishKey",
+			Handler:    _AdminService_FinishKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,158 @@
+package admin_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/admin"
+	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/interceptor"
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/memory"
+)
+
+// flaky is a Do whose first run fails transiently, as a call whose
+// provider was down; the runs after it succeed.
+type flaky struct {
+	testv1.UnimplementedTestServiceServer
+	runs atomic.Int64
+}
+
+func (f *flaky) Do(_ context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
+	n := f.runs.Add(1)
+	if n == 1 {
+		return nil, status.Error(codes.Unavailable, "the provider is down")
+	}
+	return &testv1.DoResponse{Value: req.GetValue(), Execution: n}, nil
+}
+
+// TestFinishKey drives FinishKey over store/memory: a leased, finishable
+// call whose handler failed transiently is left abandoned; FinishKey runs
+// it once through the finisher, at once rather than after the finisher's
+// grace, and answers with its recorded response; the caller's retry
+// replays it. A second FinishKey finds nothing to finish; a live lease and
+// a call of a method that does not opt in are refused, saying why; a
+// server without a finisher answers UNIMPLEMENTED.
+func TestFinishKey(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	st := memory.New(memory.WithClock(clock))
+	engine, err := idem.New(st, idem.WithLeased(time.Minute, doMethod), idem.WithFinish(doMethod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The default grace (30 s) has not passed on the store's clock when
+	// FinishKey runs: only FinishKey can finish the call here.
+	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &flaky{}
+	testv1.RegisterTestServiceServer(interceptor.FinisherRegistrar(f), svc)
+
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
+	testv1.RegisterTestServiceServer(s, svc)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	do := testv1.NewTestServiceClient(conn)
+	ctx := t.Context()
+	keyed := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-7")
+
+	_, err = do.Do(keyed, &testv1.DoRequest{Value: "pay 7"})
+	wantCode(t, err, codes.Unavailable)
+
+	client := serve(t, st, allowAll, admin.WithFinisher(f))
+	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7"}
+	got, err := client.GetKey(ctx, &adminv1.GetKeyRequest{Method: doMethod, Key: "order-7"})
+	if err != nil || got.GetKey().GetState() != adminv1.KeyState_KEY_STATE_ABANDONED || !got.GetKey().GetFinishable() {
+		t.Fatalf("GetKey: %v, %v; want it abandoned and finishable", got, err)
+	}
+	if n, err := f.Finish(ctx); n != 0 || err != nil {
+		t.Fatalf("a pass within the grace finished %d calls (%v), want none", n, err)
+	}
+
+	fin, err := client.FinishKey(ctx, k)
+	if err != nil {
+		t.Fatalf("FinishKey: %v", err)
+	}
+	if n := svc.runs.Load(); n != 2 {
+		t.Fatalf("the handler ran %d times, want 2: the failed call and the finish", n)
+	}
+	out := fin.GetKey().GetOutcome()
+	if fin.GetKey().GetState() != adminv1.KeyState_KEY_STATE_RECORDED || out.GetCode() != 0 ||
+		out.GetResponseType() != "idem.test.v1.DoResponse" ||
+		out.GetResponse().GetStructValue().GetFields()["value"].GetStringValue() != "pay 7" {
+		t.Fatalf("FinishKey answered %v; want the key recorded with the finished call's response", fin)
+	}
+
+	var header metadata.MD
+	resp, err := do.Do(keyed, &testv1.DoRequest{Value: "pay 7"}, grpc.Header(&header))
+	if err != nil || resp.GetExecution() != 2 || header.Get(idem.ReplayedHeader)[0] != "true" {
+		t.Fatalf("retry: %v, %v, header %v; want the finished response replayed", resp, err, header)
+	}
+	if n := svc.runs.Load(); n != 2 {
+		t.Fatalf("the handler ran %d times after the retry, want 2", n)
+	}
+
+	_, err = client.FinishKey(ctx, k)
+	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "nothing to finish") {
+		t.Fatalf("FinishKey of a recorded key: %q, want it to say there is nothing to finish", st.Message())
+	}
+
+	// A live lease: its caller may still record an outcome.
+	live := store.Key{Method: doMethod, Key: "order-8"}
+	lc, err := st.ClaimLeased(ctx, live, store.Request{Fingerprint: []byte("fp"), Call: &store.Call{Method: doMethod}}, time.Minute)
+	if err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-8"})
+	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "2026-01-02T03:05:05") {
+		t.Fatalf("FinishKey of a live lease: %q, want the lease's end named", st.Message())
+	}
+
+	// An abandoned call of which nothing was kept for a finisher.
+	kept := store.Key{Method: "/shop.v1.Shop/Checkout", Key: "order-9"}
+	if lc, err := st.ClaimLeased(ctx, kept, store.Request{Fingerprint: []byte("fp")}, time.Minute); err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	advance(2 * time.Minute)
+	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: kept.Method, Key: kept.Key})
+	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "does not opt in to finish") {
+		t.Fatalf("FinishKey of a call not kept: %q, want it to say the method does not opt in", st.Message())
+	}
+
+	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-404"})
+	wantCode(t, err, codes.NotFound)
+
+	_, err = serve(t, st, allowAll).FinishKey(ctx, k)
+	wantCode(t, err, codes.Unimplemented)
+	if n := svc.runs.Load(); n != 2 {
+		t.Fatalf("the handler ran %d times in all, want 2", n)
+	}
+}

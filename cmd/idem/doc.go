@@ -1,0 +1,91 @@
+// Command idem lets an operator list the idempotency keys an idem store
+// holds, read one, forget one so that its next retry runs afresh, and
+// settle one stuck in progress with an error its retries then replay.
+//
+// Usage:
+//
+//	idem keys list   [connection] [-tenant T | -all-tenants] [-method M] [-state S]...
+//	                 [-created-after T] [-created-before T] [-limit N] [-page-token P] [-all]
+//	idem keys get    [connection] -tenant T -method M -key K   (or the key as an argument)
+//	idem keys forget [connection] -tenant T -method M -key K [-force]
+//	idem keys settle [connection] -tenant T -method M -key K -code C [-message M] [-force]
+//	idem keys finish [connection] -tenant T -method M -key K
+//
+// # Connection
+//
+// Exactly one of:
+//
+//	-addr host:port        the admin service (idem.admin.v1.AdminService) of a
+//	                       server; default $IDEM_ADMIN_ADDR
+//	-database-url URL      the database itself (postgres://… or key=value …)
+//
+// With -addr the call goes over TLS, verified against the system's roots
+// or -ca file (PEM), with -server-name to verify another name than the
+// address's host; -cert and -cert-key (PEM) present a client certificate,
+// which is how the admin package's example authorizer names an operator. -H
+// 'name: value' adds a metadata entry to every call, such as an operator's
+// token (-H 'authorization: Bearer …'); repeat it for more. -insecure
+// dials in plaintext, and only a loopback address (an SSH tunnel or
+// kubectl port-forward, say). The server's authorizer decides what the
+// operator may see and do.
+//
+// With -database-url the command runs the admin service in its own process
+// over the PostgreSQL store (postgres.New), with no authorizer: whoever
+// holds the database's credentials may already read and change every key,
+// so those credentials are the authority, over every tenant. Use it when
+// no server runs the admin service. Its page tokens are accepted by later
+// runs with -database-url only.
+//
+// -timeout bounds each call (default 30s); -o json prints the service's
+// answer as protobuf's JSON mapping, one document, instead of a table.
+//
+// # Commands
+//
+// list prints the keys that match its filters, oldest first: one tenant's
+// (-tenant, the empty tenant's if not given) or, with -all-tenants, every
+// tenant's; -method selects one method's full name or scope; -state
+// selects in_progress, abandoned, recorded or expired keys (repeat it or
+// give a comma list); -created-after and -created-before take RFC 3339
+// times. -limit sets the page size (the service's default is 100, its
+// most 1000); without -all one page is printed and the next page's token
+// goes to stderr, for -page-token; -all follows the tokens to the end, and
+// -o json then prints one ListKeysResponse that holds every key.
+//
+// get prints everything kept of one key: its state, times, steps and, once
+// recorded, its outcome (a recorded response as JSON when the server links
+// the method's generated code, else its size and why).
+//
+// forget deletes a key's entry, so that its next retry runs afresh. A key
+// whose lease is live is refused unless -force, which fences the lease's
+// holder: it then records nothing.
+//
+// settle records an error as a key's outcome, so that its retries stop
+// waiting and replay it. -code is a gRPC code, by name (ABORTED, aborted,
+// Aborted) or number, and never OK: a response is the method's own to
+// make. -message is the error's message. A key whose lease is live is
+// refused unless -force, which fences its holder; a recorded key is
+// refused (forget it instead).
+//
+// finish runs an abandoned call to its end now, through the server's
+// finisher, rather than after the finisher's grace: the key must be
+// abandoned (its lease ran out) and kept for a finisher (its method opts in
+// to finish). It prints the key with its recorded outcome. A server without
+// a finisher answers UNIMPLEMENTED; with -database-url there is none, as no
+// handler runs in the command.
+//
+// # Exit status
+//
+// 0 on success; 1 when a call fails, with its gRPC code and message on
+// stderr (NOT_FOUND for an unknown key, FAILED_PRECONDITION for a live
+// lease or a recorded key, PERMISSION_DENIED from the authorizer); 2 for a
+// usage error.
+//
+// # grpcurl
+//
+// The admin service is plain gRPC: when a server registers grpc-go's
+// reflection service next to it (as the admin package's example does),
+// grpcurl calls it too:
+//
+//	grpcurl -cert op.crt -key op.key -d '{"tenant": "acme", "states": ["KEY_STATE_ABANDONED"]}' \
+//	    admin.internal:9091 idem.admin.v1.AdminService/ListKeys
+package main

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+)
+
+const usage = `Usage:
+  idem keys list   [connection] [-tenant T | -all-tenants] [-method M] [-state S]...
+                   [-created-after T] [-created-before T] [-limit N] [-page-token P] [-all]
+  idem keys get    [connection] -tenant T -method M -key K   (or the key as an argument)
+  idem keys forget [connection] -tenant T -method M -key K [-force]
+  idem keys settle [connection] -tenant T -method M -key K -code C [-message M] [-force]
+  idem keys finish [connection] -tenant T -method M -key K
+
+Connection, exactly one of:
+  -addr host:port     a server's admin service (default $IDEM_ADMIN_ADDR), over TLS:
+                      -ca file, -server-name N, -cert file -cert-key file (client certificate),
+                      -H 'name: value' (metadata, e.g. an operator's token; repeatable),
+                      or -insecure (plaintext, loopback addresses only)
+  -database-url URL   the PostgreSQL database itself, in-process and without an
+                      authorizer: the database's credentials are the authority
+Output: -o table (default) or -o json (the service's messages as protobuf JSON).
+-timeout bounds each call (default 30s).
+
+list: -state is in_progress, abandoned, recorded or expired (repeat or comma list);
+times are RFC 3339; -limit is the page size; -all follows page tokens.
+settle: -code is a gRPC code name or number, never OK.
+
+Exit status: 0 done, 1 the call failed (its gRPC code and message on stderr), 2 usage.
+grpcurl works too where the server registers reflection. 'go doc
+github.com/idemkit/idem/cmd/idem' has the details.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a command line the command cannot run. printed reports
+// that the flag package printed it already.
+type usageError struct {
+	msg     string
+	printed bool
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// run runs the command line args, the program's arguments without its
+// name, and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	err := dispatch(ctx, args, stdout, stderr)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		if !ue.printed {
+			fmt.Fprintf(stderr, "idem: %s\nRun 'idem -h' for usage.\n", ue.msg)
+		}
+		return 2
+	}
+	if st, ok := status.FromError(err); ok {
+		fmt.Fprintf(stderr, "idem: %s: %s\n", code.Code(st.Code()), st.Message())
+		return 1
+	}
+	fmt.Fprintf(stderr, "idem: %v\n", err)
+	return 1
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return &usageError{msg: "no command", printed: true}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case "keys":
+	default:
+		return usagef("unknown command %q", args[0])
+	}
+	if len(args) < 2 {
+		return usagef("keys needs a subcommand: list, get, forget, settle or finish")
+	}
+	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"list":   list,
+		"get":    get,
+		"forget": forget,
+		"settle": settle,
+		"finish": finish,
+	}
+	cmd, ok := cmds[args[1]]
+	if !ok {
+		return usagef("unknown command \"keys %s\": want list, get, forget, settle or finish", args[1])
+	}
+	return cmd(ctx, args[2:], stdout, stderr)
+}
+
+// newFlagSet returns the flag set of "idem keys name", with the connection
+// and output flags.
+func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *connection) {
+	fs := flag.NewFlagSet("idem keys "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage of idem keys %s (see 'idem -h'):\n", name)
+		fs.PrintDefaults()
+	}
+	c := &connection{}
+	c.register(fs)
+	return fs, c
+}
+
+// parse parses args with fs, letting flags and arguments come in any
+// order, checks the connection flags, and returns the arguments.
+func parse(fs *flag.FlagSet, c *connection, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &usageError{msg: err.Error(), printed: true}
+		}
+		rest := fs.Args()
+		if consumed := args[:len(args)-len(rest)]; len(consumed) > 0 && consumed[len(consumed)-1] == "--" {
+			return append(pos, rest...), c.check(fs)
+		}
+		if len(rest) == 0 {
+			return pos, c.check(fs)
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// keyFlags are the flags that name one key.
+type keyFlags struct {
+	tenant, method, key string
+}
+
+func (k *keyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.tenant, "tenant", "", "the key's `tenant` (default the empty tenant)")
+	fs.StringVar(&k.method, "method", "", "the method's full name (/pkg.Service/Method) or scope")
+	fs.StringVar(&k.key, "key", "", "the idempotency `key` (or give it as an argument)")
+}
+
+// resolve takes the key from the arguments, if given there, and checks
+// that the key is named.
+func (k *keyFlags) resolve(args []string) error {
+	switch {
+	case len(args) > 1:
+		return usagef("too many arguments: %q", args)
+	case len(args) == 1 && k.key != "" && k.key != args[0]:
+		return usagef("the key is given twice: -key %q and %q", k.key, args[0])
+	case len(args) == 1:
+		k.key = args[0]
+	}
+	if k.method == "" {
+		return usagef("-method is required")
+	}
+	if k.key == "" {
+		return usagef("-key (or the key as an argument) is required")
+	}
+	return nil
+}
+
+func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("list", stderr)
+	var (
+		req           adminv1.ListKeysRequest
+		states        stateFlag
+		after, before timeFlag
+		limit         int
+		all           bool
+	)
+	fs.StringVar(&req.Tenant, "tenant", "", "list this `tenant`'s keys (default the empty tenant's)")
+	fs.BoolVar(&req.AllTenants, "all-tenants", false, "list every tenant's keys")
+	fs.StringVar(&req.Method, "method", "", "list the keys of this method's full name or scope")
+	fs.Var(&states, "state", "list keys in this `state`: in_progress, abandoned, recorded, expired (repeatable, or a comma list)")
+	fs.Var(&after, "created-after", "list keys claimed at or after this RFC 3339 `time`")
+	fs.Var(&before, "created-before", "list keys claimed before this RFC 3339 `time`")
+	fs.IntVar(&limit, "limit", 0, "at most `n` keys a page (default the service's, 100; at most 1000)")
+	fs.StringVar(&req.PageToken, "page-token", "", "list the page this `token` (printed after the previous page) names")
+	fs.BoolVar(&all, "all", false, "follow the page tokens to the last page")
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(rest) > 0:
+		return usagef("list takes no arguments, got %q", rest)
+	case req.AllTenants && req.Tenant != "":
+		return usagef("-tenant and -all-tenants exclude each other")
+	case limit < 0 || limit > 1000:
+		return usagef("-limit must be between 1 and 1000")
+	}
+	req.States, req.PageSize = states, int32(limit)
+	req.CreatedAfter, req.CreatedBefore = after.ts, before.ts
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		var keys []*adminv1.Key
+		for {
+			resp, err := call(ctx, c.timeout, &req, client.ListKeys)
+			if err != nil {
+				return err
+			}
+			if !all {
+				if c.json() {
+					return printJSON(stdout, resp)
+				}
+				printKeys(stdout, resp.GetKeys())
+				if t := resp.GetNextPageToken(); t != "" {
+					fmt.Fprintf(stderr, "More keys: add -page-token %s (or list with -all)\n", t)
+				}
+				return nil
+			}
+			keys = append(keys, resp.GetKeys()...)
+			if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+				break
+			}
+		}
+		if c.json() {
+			return printJSON(stdout, &adminv1.ListKeysResponse{Keys: keys})
+		}
+		printKeys(stdout, keys)
+		return nil
+	})
+}
+
+func get(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("get", stderr)
+	var k keyFlags
+	k.register(fs)
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	if err := k.resolve(rest); err != nil {
+		return err
+	}
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		resp, err := call(ctx, c.timeout, &adminv1.GetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.GetKey)
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			return printJSON(stdout, resp)
+		}
+		return printKey(stdout, resp.GetKey())
+	})
+}
+
+func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("forget", stderr)
+	var (
+		k     keyFlags
+		force bool
+	)
+	k.register(fs)
+	fs.BoolVar(&force, "force", false, "forget a key whose lease is live, fencing its holder")
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	if err := k.resolve(rest); err != nil {
+		return err
+	}
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		resp, err := call(ctx, c.timeout, &adminv1.ForgetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force}, client.ForgetKey)
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			return printJSON(stdout, resp)
+		}
+		fmt.Fprintf(stdout, "Forgot key %q of tenant %q, method %s: its next request runs afresh.\n", k.key, k.tenant, k.method)
+		return nil
+	})
+}
+
+func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("settle", stderr)
+	var (
+		k       keyFlags
+		cd      codeFlag
+		message string
+		force   bool
+	)
+	k.register(fs)
+	fs.Var(&cd, "code", "the error's gRPC `code`, by name (ABORTED) or number; never OK")
+	fs.StringVar(&message, "message", "", "the error's `message`")
+	fs.BoolVar(&force, "force", false, "settle a key whose lease is live, fencing its holder")
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	if err := k.resolve(rest); err != nil {
+		return err
+	}
+	if cd == 0 {
+		return usagef("-code is required: the error that the key's retries are to replay")
+	}
+	req := &adminv1.SettleKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force,
+		Status: &spb.Status{Code: int32(cd), Message: message}}
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		resp, err := call(ctx, c.timeout, req, client.SettleKey)
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			return printJSON(stdout, resp)
+		}
+		return printKey(stdout, resp.GetKey())
+	})
+}
+
+func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, c := newFlagSet("finish", stderr)
+	var k keyFlags
+	k.register(fs)
+	rest, err := parse(fs, c, args)
+	if err != nil {
+		return err
+	}
+	if err := k.resolve(rest); err != nil {
+		return err
+	}
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+		resp, err := call(ctx, c.timeout, &adminv1.FinishKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.FinishKey)
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			return printJSON(stdout, resp)
+		}
+		return printKey(stdout, resp.GetKey())
+	})
+}
+
+// call calls rpc with req, bounded by timeout.
+func call[Req, Resp any](ctx context.Context, timeout time.Duration, req *Req, rpc func(context.Context, *Req, ...grpcCallOption) (*Resp, error)) (*Resp, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return rpc(ctx, req)
+}
+
+// stateFlag is -state: states by their lower-case names, repeated or in a
+// comma list.
+type stateFlag []adminv1.KeyState
+
+func (s *stateFlag) String() string {
+	names := make([]string, len(*s))
+	for i, st := range *s {
+		names[i] = stateName(st)
+	}
+	return strings.Join(names, ",")
+}
+
+func (s *stateFlag) Set(v string) error {
+	for name := range strings.SplitSeq(v, ",") {
+		name = strings.TrimSpace(name)
+		st, ok := adminv1.KeyState_value["KEY_STATE_"+strings.ToUpper(name)]
+		if !ok || st == 0 {
+			return fmt.Errorf("%q is not a state: want in_progress, abandoned, recorded or expired", name)
+		}
+		*s = append(*s, adminv1.KeyState(st))
+	}
+	return nil
+}
+
+// stateName is st's name as -state takes it.
+func stateName(st adminv1.KeyState) string {
+	return strings.ToLower(strings.TrimPrefix(st.String(), "KEY_STATE_"))
+}
+
+// timeFlag is an RFC 3339 time.
+type timeFlag struct{ ts *timestamppb.Timestamp }
+
+func (t *timeFlag) String() string {
+	if t.ts == nil {
+		return ""
+	}
+	return t.ts.AsTime().Format(time.RFC3339Nano)
+}
+
+func (t *timeFlag) Set(v string) error {
+	tm, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return fmt.Errorf("%q is not an RFC 3339 time, such as 2026-01-02T15:04:05Z", v)
+	}
+	t.ts = timestamppb.New(tm)
+	return nil
+}
+
+// codeFlag is -code: a gRPC code other than OK, by name or number.
+type codeFlag codes.Code
+
+func (c *codeFlag) String() string {
+	if *c == 0 {
+		return ""
+	}
+	return code.Code(*c).String()
+}
+
+func (c *codeFlag) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		n = -1
+		if x, ok := code.Code_value[strings.ToUpper(v)]; ok {
+			n = int(x)
+		}
+		for i := range 17 {
+			if strings.EqualFold(codes.Code(i).String(), v) {
+				n = i
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return errors.New("OK is not an error: a response is the method's own to make, so a key is settled with an error")
+	case n < 1 || n > 16:
+		return fmt.Errorf("%q is not a gRPC error code (a name such as ABORTED, or 1 to 16)", v)
+	}
+	*c = codeFlag(n)
+	return nil
+}

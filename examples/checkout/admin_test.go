@@ -1,0 +1,131 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
+	"github.com/idemkit/idem/examples/internal/adminlisten"
+	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+)
+
+// TestAdminFinishKey serves the admin service as -admin-listen does and
+// finishes an abandoned checkout with FinishKey, at once, with no replica
+// running a finisher: without the operator token ListKeys is
+// UNAUTHENTICATED; with it, it lists the checkout; FinishKey is refused
+// while the lease is live, naming its end, and once the lease has run out
+// finishes the checkout after its saved steps, answering with the recorded
+// response; every side effect exists once, and the client's retry gets the
+// answer replayed.
+func TestAdminFinishKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
+	}
+	t.Parallel()
+	s, ctx := newSystem(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := s.serveAdmin(lis, "s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := adminv1.NewAdminServiceClient(conn)
+	operator := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
+
+	// The client's replica dies once the charge step is saved; the client
+	// gives up, and no replica runs a finisher.
+	a, err := s.startReplica(ctx, "A", replicaConfig{crashAt: runnerCall + ":" + checkoutsvc.StepCharge, grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := newKey()
+	if _, _, err := checkout(ctx, a, key); err == nil {
+		t.Fatal("the checkout on the dying replica succeeded")
+	}
+	_ = a.wait(ctx)
+
+	if _, err := client.ListKeys(ctx, &adminv1.ListKeysRequest{}, grpc.WaitForReady(true)); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListKeys without the operator token: %v, want UNAUTHENTICATED", err)
+	}
+	list, err := client.ListKeys(operator, &adminv1.ListKeysRequest{})
+	if err != nil || len(list.GetKeys()) != 1 || list.GetKeys()[0].GetKey() != key || !list.GetKeys()[0].GetFinishable() {
+		t.Fatalf("ListKeys: %v, %v; want the checkout, finishable", list, err)
+	}
+	k := list.GetKeys()[0]
+	req := &adminv1.FinishKeyRequest{Tenant: k.GetTenant(), Method: k.GetMethod(), Key: k.GetKey()}
+
+	// Hold the lease an hour, whatever the proto's lease: FinishKey waits
+	// for it to run out.
+	if _, err := s.checkoutDB.Exec(ctx, `UPDATE idempotency_keys SET locked_until = date_trunc('second', now()) + interval '1 hour' WHERE key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.GetKey(operator, &adminv1.GetKeyRequest{Tenant: k.GetTenant(), Method: k.GetMethod(), Key: k.GetKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := got.GetKey().GetLeaseExpireTime().AsTime().UTC().Format(time.RFC3339Nano)
+	_, err = client.FinishKey(operator, req)
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), until) {
+		t.Fatalf("FinishKey of a live lease: %v, want FAILED_PRECONDITION naming %s", err, until)
+	}
+
+	// The lease runs out: FinishKey finishes the checkout now.
+	if _, err := s.checkoutDB.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	fin, err := client.FinishKey(operator, req)
+	if err != nil {
+		t.Fatalf("FinishKey: %v", err)
+	}
+	r, err := s.rows(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.once(1) {
+		t.Error(f)
+	}
+	out := fin.GetKey().GetOutcome()
+	if fin.GetKey().GetState() != adminv1.KeyState_KEY_STATE_RECORDED || out.GetCode() != 0 ||
+		out.GetResponse().GetStructValue().GetFields()["orderId"].GetStringValue() != r.orderID {
+		t.Errorf("FinishKey answered %v; want the key recorded with a response naming order %s", fin, r.orderID)
+	}
+
+	late, err := s.retryLater(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range late.broken(r) {
+		t.Error(f)
+	}
+}
+
+// TestAdminListenNeedsToken: without an operator token the demo refuses to
+// serve the admin service, before it starts anything.
+func TestAdminListenNeedsToken(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = runAdmin(t.Context(), &out, &out, adminFlags{lis: lis, until: t.Context()})
+	if !errors.Is(err, adminlisten.ErrNoToken) || out.Len() != 0 {
+		t.Fatalf("runAdmin without a token: %v, output %q; want ErrNoToken and nothing run", err, out.String())
+	}
+}
