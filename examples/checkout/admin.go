@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -52,4 +55,45 @@ type adminFlags struct {
 	lis   net.Listener
 	token string
 	until context.Context
+}
+
+// abandonedKey is the key of the checkout the demo leaves abandoned for an
+// operator, after the stories, when it serves the admin service.
+const abandonedKey = "order-1"
+
+// leaveAbandoned sends the checkout abandonedKey to a replica that dies
+// once its charge step is saved, while no replica runs a finisher, and
+// returns once its lease has run out: an abandoned checkout, charged and
+// neither confirmed nor answered, that only an operator's FinishKey
+// finishes.
+func (s *system) leaveAbandoned(ctx context.Context) error {
+	a, err := s.startReplica(ctx, "D", replicaConfig{crashAt: runnerCall + ":" + checkoutsvc.StepCharge, grace: time.Hour})
+	if err != nil {
+		return err
+	}
+	defer a.stop()
+	if _, _, err := checkout(ctx, a, abandonedKey); err == nil {
+		return errors.New("the checkout on the dying replica succeeded")
+	}
+	if err := a.wait(ctx); err == nil {
+		return errors.New("replica D did not die")
+	}
+	// The database's clock decides when the lease has run out.
+	for {
+		var seconds float64
+		err := s.checkoutDB.QueryRow(ctx,
+			`SELECT greatest(extract(epoch FROM locked_until - now()), 0)::float8 FROM idempotency_keys WHERE key = $1 AND status = 'in_progress'`,
+			abandonedKey).Scan(&seconds)
+		if err != nil {
+			return fmt.Errorf("the abandoned checkout's lease: %w", err)
+		}
+		if seconds == 0 {
+			return nil
+		}
+		select {
+		case <-time.After(time.Duration(seconds * float64(time.Second))):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -29,8 +29,9 @@
 // grace. Its demo authorizer admits the callers that send the operator
 // token of -admin-token (default $IDEM_ADMIN_TOKEN) as "authorization:
 // Bearer TOKEN"; the demo refuses to start without one. In production, use
-// mTLS or your identity provider instead. After the stories it keeps
-// serving, for an operator to look at the keys they left, until
+// mTLS or your identity provider instead. After the stories it leaves
+// checkout order-1 abandoned after its charge step, with no finisher
+// running, and keeps serving, for an operator to find and finish it, until
 // interrupted.
 package main
 
@@ -144,7 +145,11 @@ func runAdmin(ctx context.Context, w, logs io.Writer, adm adminFlags) error {
 	if err := play(ctx, w, sys); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nThe admin service stays up on %s until interrupted, for a look at the keys the stories left:\n", adm.lis.Addr())
+	if err := sys.leaveAbandoned(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nCheckout %s was abandoned after its charge step, and no finisher runs now: its lease has run out, it waits for an operator.\n", abandonedKey)
+	fmt.Fprintf(w, "The admin service stays up on %s until interrupted, for a look at the keys the stories left:\n", adm.lis.Addr())
 	fmt.Fprintf(w, "  grpcurl -plaintext -H 'authorization: Bearer TOKEN' -d '{}' %s idem.admin.v1.AdminService/ListKeys\n", adm.lis.Addr())
 	<-adm.until.Done()
 	return nil

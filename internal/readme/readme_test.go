@@ -2,7 +2,8 @@
 // must appear, verbatim but for white space, in a Go file of the repository
 // that CI vets and builds (most are in examples/internal/readme; the handler
 // test of "Testing" is internal/testdata/shop's, which .ci/run builds, vets
-// and tests through its run.sh).
+// and tests through its run.sh), and runs the shell blocks of the
+// "Operations" walkthrough as written (operations_test.go).
 package readme
 
 import (
