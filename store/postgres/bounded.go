@@ -54,16 +54,9 @@ func (s *Store) sendBounded(ctx context.Context, conn *pgx.Conn, mode pgx.QueryE
 	switch {
 	case mode == pgx.QueryExecModeCacheDescribe, mode == pgx.QueryExecModeDescribeExec:
 		return s.beginFirst(ctx, conn, waits, qs, nil)
-	case mode == pgx.QueryExecModeCacheStatement && !preparedOn(conn, qs):
+	case mode == pgx.QueryExecModeCacheStatement && !preparedOn(conn, qs, parseLocksTable):
 		return s.beginFirst(ctx, conn, waits, qs, func() error {
-			for _, q := range qs {
-				if parseLocksTable(q.SQL) {
-					if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
+			return prepare(ctx, conn, qs, parseLocksTable)
 		})
 	}
 	b := &pgx.Batch{}
@@ -127,7 +120,7 @@ func (s *Store) beginFirst(ctx context.Context, conn *pgx.Conn, waits bool, qs [
 func (s *Store) sendInTx(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, qs []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	all := append([]*pgx.QueuedQuery{{SQL: s.setLockTimeout}}, qs...)
 	whole := mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol ||
-		mode == pgx.QueryExecModeCacheStatement && preparedAll(conn, all)
+		mode == pgx.QueryExecModeCacheStatement && preparedOn(conn, all, everyStatement)
 	if whole {
 		br := conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: all})
 		if _, err := br.Exec(); err != nil {
@@ -142,24 +135,11 @@ func (s *Store) sendInTx(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExec
 		return nil, err
 	}
 	if mode == pgx.QueryExecModeCacheStatement {
-		for _, q := range all {
-			if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
-				return nil, err
-			}
+		if err := prepare(ctx, conn, all, everyStatement); err != nil {
+			return nil, err
 		}
 	}
 	return conn.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs}), nil
-}
-
-// preparedAll reports whether conn holds every statement of qs prepared by
-// name (see preparedOn).
-func preparedAll(conn *pgx.Conn, qs []*pgx.QueuedQuery) bool {
-	for _, q := range qs {
-		if _, err := conn.Prepare(endedContext, q.SQL, q.SQL); err != nil {
-			return false
-		}
-	}
-	return true
 }
 
 // restoreLockTimeout puts back the session's lock_timeout, which
@@ -173,22 +153,32 @@ func parseLocksTable(sql string) bool {
 	return strings.Contains(sql, "idempotency_keys") && !strings.HasPrefix(sql, "LOCK TABLE")
 }
 
-// preparedOn reports whether conn holds, prepared by name, every statement
-// of qs whose parsing locks idempotency_keys. It asks pgx: Conn.Prepare of
-// a statement already prepared with the same name and SQL returns it, and
-// one given a context that has ended sends nothing and fails at once. A
-// pgx that answered otherwise would cost a claim a round trip more (the
-// transaction begun first every time), never an unbounded wait;
-// TestClaimRoundTrips would see it.
-func preparedOn(conn *pgx.Conn, qs []*pgx.QueuedQuery) bool {
+// everyStatement selects every statement, for prepare and preparedOn.
+func everyStatement(string) bool { return true }
+
+// prepare prepares on conn, by name (its SQL), every statement of qs that
+// which selects.
+func prepare(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery, which func(sql string) bool) error {
 	for _, q := range qs {
-		if parseLocksTable(q.SQL) {
-			if _, err := conn.Prepare(endedContext, q.SQL, q.SQL); err != nil {
-				return false
+		if which(q.SQL) {
+			if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+				return err
 			}
 		}
 	}
-	return true
+	return nil
+}
+
+// preparedOn reports whether conn holds, prepared by name, every statement
+// of qs that which selects. It asks pgx, through prepare with a context
+// that has ended: Conn.Prepare of a statement already prepared with the
+// same name and SQL returns it, and one given a context that has ended
+// sends nothing and fails at once. A pgx that answered otherwise would
+// cost a claim or a record a round trip more (the lock timeout set first
+// every time), never an unbounded wait; TestClaimRoundTrips and
+// TestOptimisticRoundTrips would see it.
+func preparedOn(conn *pgx.Conn, qs []*pgx.QueuedQuery, which func(sql string) bool) bool {
+	return prepare(endedContext, conn, qs, which) == nil
 }
 
 // endedContext is a context that has ended.
