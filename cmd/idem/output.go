@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -71,7 +73,13 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 			if err != nil {
 				return err
 			}
-			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), b))
+			// protojson varies its spacing from one build to the
+			// next; the compact form reads the same from every idem.
+			var js bytes.Buffer
+			if err := json.Compact(&js, b); err != nil {
+				return err
+			}
+			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), js.Bytes()))
 		case *adminv1.Outcome_RawResponse:
 			row("response", fmt.Sprintf("%d bytes, undecoded (see -o json)", len(r.RawResponse)))
 		}
