@@ -262,10 +262,7 @@ func TestAdminWriteMeetsATakeoverItWaitedFor(t *testing.T) {
 				}
 			}()
 			// Wait until the write is blocked on the takeover's row.
-			for count(t, pool, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitForLockWait(t, pool, action)
 			if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 				t.Fatal(err)
 			}

@@ -278,10 +278,7 @@ func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 		second <- dup
 	}()
 	// Wait until the duplicate is blocked on the first one's row.
-	for count(t, pool, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForLockWait(t, pool, "the duplicate")
 	close(fail)
 	if err := <-first; err == nil {
 		t.Fatal("first delivery succeeded, want its error")

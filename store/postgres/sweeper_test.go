@@ -509,6 +509,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// waitForLockWait waits until a session of pool's database waits for a
+// lock, and fails the test naming who should be waiting if none does
+// within waitLimit.
+func waitForLockWait(t *testing.T, pool *pgxpool.Pool, who string) {
+	t.Helper()
+	waitFor(t, who+" to wait for a lock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
+}
+
 // TestVacuumDoesNotTruncateKeys checks that vacuuming idempotency_keys after
 // the sweeper emptied it keeps the file (migration 0006): truncating it
 // would take an ACCESS EXCLUSIVE lock, and every claim arriving meanwhile
