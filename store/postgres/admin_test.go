@@ -25,13 +25,7 @@ import (
 // session is gone they take effect. In every QueryExecMode.
 func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 	const lockTimeout = 300 * time.Millisecond
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range execModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			dsn := pgtest.NewDatabase(t)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
 
@@ -141,13 +140,7 @@ func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 // query; the previous version's columns are left empty. In every
 // QueryExecMode, since pgx encodes the arrays differently in each.
 func TestStepsAndMetadataLandInArrays(t *testing.T) {
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range execModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			stepsAndMetadataLandInArrays(t, newPool(t, pgtest.NewDatabase(t), mode))

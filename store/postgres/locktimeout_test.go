@@ -65,13 +65,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 		warm bool
 	}
 	var cases []testCase
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range execModes {
 		cases = append(cases,
 			testCase{mode.String() + "/new connection", mode, "SHARE ROW EXCLUSIVE", false},
 			testCase{mode.String() + "/warm connection", mode, "SHARE ROW EXCLUSIVE", true})
@@ -395,13 +389,7 @@ var (
 // In every QueryExecMode.
 func TestRecordBehindLockedKeyRowIsBounded(t *testing.T) {
 	const lockTimeout = 300 * time.Millisecond
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range execModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			dsn := pgtest.NewDatabase(t)

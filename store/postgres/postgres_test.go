@@ -388,6 +388,16 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 	}
 }
 
+// execModes are pgx's ways of sending a query, each of which sends idem's
+// statements in round trips and encodings of its own.
+var execModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement,
+	pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec,
+	pgx.QueryExecModeSimpleProtocol,
+}
+
 // newPool returns a pool on the database dsn that sends queries in mode.
 func newPool(t *testing.T, dsn string, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
