@@ -140,44 +140,13 @@ var scenarios = []*scenario{
 		name:      "sql-atomic",
 		about:     "no gRPC: idem's store (claim batch, the handler's statements, record with COMMIT) on a pgx pool",
 		reference: "sql-baseline",
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1)
-			req := request(i)
-			key := e.freshKey()
-			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint})
-			if err != nil {
-				return "", err
-			}
-			if claim.Txn == nil {
-				return "", fmt.Errorf("fresh key %s was taken", key)
-			}
-			defer func() { _ = claim.Txn.Release(ctx) }()
-			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
-			if err := e.write(ctx, tx, req, key); err != nil {
-				return "", err
-			}
-			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
-		},
+		call:      sqlClaim(false),
 	},
 	{
 		name:      "sql-optimistic",
 		about:     "no gRPC: idem's store with optimistic claims (BEGIN, the handler's statements, record with COMMIT) on a pgx pool",
 		reference: "sql-baseline",
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1)
-			req := request(i)
-			key := e.freshKey()
-			claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: true})
-			if err != nil {
-				return "", err
-			}
-			defer func() { _ = claim.Txn.Release(ctx) }()
-			tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
-			if err := e.write(ctx, tx, req, key); err != nil {
-				return "", err
-			}
-			return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
-		},
+		call:      sqlClaim(true),
 	},
 	{
 		name:      "sql-floor",
@@ -317,6 +286,29 @@ func newEnv(cfg config, h *handler, prefix string) *env {
 func (e *env) freshKey() string { return fmt.Sprintf("%s-%d", e.prefix, e.seq.Add(1)) }
 
 func (e *env) replayKey(i int64) string { return fmt.Sprintf("%s-replay-%d", e.prefix, i) }
+
+// sqlClaim calls idem's store without gRPC: it claims a fresh key, in
+// optimistic mode or atomic, runs the handler's statements in the claim's
+// transaction and records the response.
+func sqlClaim(optimistic bool) func(context.Context, *env) (outcome, error) {
+	return func(ctx context.Context, e *env) (outcome, error) {
+		req := request(e.seq.Add(1))
+		key := e.freshKey()
+		claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: optimistic})
+		if err != nil {
+			return "", err
+		}
+		if claim.Txn == nil {
+			return "", fmt.Errorf("fresh key %s was taken", key)
+		}
+		defer func() { _ = claim.Txn.Release(ctx) }()
+		tx, _ := postgres.TxFromContext(claim.Txn.Context(ctx))
+		if err := e.write(ctx, tx, req, key); err != nil {
+			return "", err
+		}
+		return executed, claim.Txn.Record(ctx, store.Outcome{Body: e.response})
+	}
+}
 
 // request returns the request sent with key number i: the same i, the same
 // request, so that retries of a key match its fingerprint.
