@@ -27,30 +27,8 @@ import (
 // just made, and the admin calls are counted in the metrics.
 func TestAdminListener(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	listen := func() net.Listener {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	lis, metricsLis, adminLis := listen(), listen(), listen()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- runAdmin(ctx, lis, nil, metricsLis, &adminConfig{lis: adminLis, token: "s3cret"}, dsn)
-	}()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop after its context ended")
-		}
-	}()
+	lis, metricsLis, adminLis := listen(t), listen(t), listen(t)
+	serveAdmin(t, lis, nil, metricsLis, &adminConfig{lis: adminLis, token: "s3cret"}, dsn)
 
 	callCtx, callCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer callCancel()

@@ -305,9 +305,15 @@ func TestDialTarget(t *testing.T) {
 // it stopped cleanly.
 func serve(t *testing.T, lis, httpLis, metricsLis net.Listener, dsns ...string) {
 	t.Helper()
+	serveAdmin(t, lis, httpLis, metricsLis, nil, dsns...)
+}
+
+// serveAdmin is serve, serving the admin service too unless adm is nil.
+func serveAdmin(t *testing.T, lis, httpLis, metricsLis net.Listener, adm *adminConfig, dsns ...string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, lis, httpLis, metricsLis, dsns...) }()
+	go func() { done <- runAdmin(ctx, lis, httpLis, metricsLis, adm, dsns...) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -100,20 +100,7 @@ func TestMonitoringNames(t *testing.T) {
 	}
 
 	lis, metricsLis := listen(t), listen(t)
-	serverCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(serverCtx, lis, nil, metricsLis, dsn) }()
-	defer func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop after its context ended")
-		}
-	}()
+	serve(t, lis, nil, metricsLis, dsn)
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor(idem.WithMeterProvider(sideMP))))
