@@ -70,9 +70,16 @@ func serve(t *testing.T, st store.Admin, authz admin.Authorizer, opts ...admin.O
 
 func dial(t *testing.T, srv *admin.Server) *grpc.ClientConn {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
 	s := grpc.NewServer()
 	admin.Register(s, srv)
+	return dialServer(t, s)
+}
+
+// dialServer serves s on an in-memory listener until t ends, and returns
+// a connection to it.
+func dialServer(t *testing.T, s *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
 	go s.Serve(lis)
 	t.Cleanup(s.Stop)
 	conn, err := grpc.NewClient("passthrough:///bufconn",

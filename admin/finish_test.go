@@ -2,7 +2,6 @@ package admin_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,10 +10,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/admin"
@@ -68,19 +65,9 @@ func TestFinishKey(t *testing.T) {
 	svc := &flaky{}
 	testv1.RegisterTestServiceServer(interceptor.FinisherRegistrar(f), svc)
 
-	lis := bufconn.Listen(1 << 20)
 	s := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	testv1.RegisterTestServiceServer(s, svc)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufconn",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	do := testv1.NewTestServiceClient(conn)
+	do := testv1.NewTestServiceClient(dialServer(t, s))
 	ctx := t.Context()
 	keyed := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-7")
 
