@@ -262,7 +262,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	if m.leased {
 		return e.lease(ctx, c, fp, call, h)
 	}
-	return e.atomic(ctx, c, fp, h, m.optimistic)
+	return e.atomic(ctx, c, fp, h, m.optimistic, nil)
 }
 
 // atomic runs a call in atomic mode, or in optimistic mode: the store reads
@@ -270,10 +270,20 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 // by another request (store.ErrConflict) rolls the handler's writes back;
 // the call then claims the key again, as in atomic mode, and answers from
 // what the other request left, most often its recorded outcome.
-func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler, optimistic bool) (Answer, error) {
+//
+// A handler that fails under an optimistic claim may have failed because
+// of the key itself: its own write of a row that the request that
+// recorded the key wrote too (a unique violation), or that a duplicate in
+// flight holds. So its writes are rolled back and the key is claimed
+// again as in atomic mode, with failed holding what the handler answered:
+// the call answers from what another request left under the key, if
+// anything, and otherwise answers the failure as atomic mode does,
+// recording a deterministic error and releasing the key on any other,
+// without running the handler again.
+func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler, optimistic bool, failed *failure) (Answer, error) {
 	cctx, t := e.obs.start(ctx, c, spanClaim)
 	claim, err := e.store.Claim(cctx, c.key, store.Request{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
-	c.claim = t.end(err)
+	c.claim += t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
 		return e.storeError(ctx, c, "claiming the idempotency key", err)
@@ -282,12 +292,31 @@ func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler,
 		return e.replay(ctx, c, h, fp, claim.Entry)
 	}
 	defer func() { _ = claim.Txn.Release(ctx) }()
-	c.optimistic = optimistic
-	a, err := e.execute(claim.Txn.Context(ctx), c, h, claim.Txn)
+	if failed != nil {
+		// The handler ran already, on a transaction rolled back since:
+		// nothing of this one is handed to it.
+		return e.execute(ctx, c, failed.handler, claim.Txn)
+	}
+	run := h
+	if optimistic {
+		c.optimistic = true
+		run = func(ctx context.Context) (Reply, error) {
+			r, err := h(ctx)
+			if err != nil && ctx.Err() == nil {
+				return r, &failure{reply: r, err: err}
+			}
+			return r, err
+		}
+	}
+	a, err := e.execute(claim.Txn.Context(ctx), c, run, claim.Txn)
 	c.optimistic = false
-	if errors.Is(err, errTaken) {
+	switch f := (*failure)(nil); {
+	case errors.Is(err, errTaken):
 		_ = claim.Txn.Release(ctx)
-		return e.atomic(ctx, c, fp, h, false)
+		return e.atomic(ctx, c, fp, h, false, nil)
+	case errors.As(err, &f):
+		_ = claim.Txn.Release(ctx)
+		return e.atomic(ctx, c, fp, h, false, f)
 	}
 	return a, err
 }
@@ -295,6 +324,20 @@ func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler,
 // errTaken reports, from [Engine.record], that an optimistic claim's record
 // found the key taken by another request.
 var errTaken = errors.New("idem: the key was taken by another request")
+
+// failure is what a handler answered when it failed under an optimistic
+// claim, which [Engine.atomic] answers once it knows what the key holds.
+// A handler that fails after its caller has gone is answered at once, as
+// in atomic mode: nobody waits for the answer.
+type failure struct {
+	reply Reply
+	err   error
+}
+
+func (f *failure) Error() string { return f.err.Error() }
+
+// handler answers as the handler that failed did, without running it.
+func (f *failure) handler(context.Context) (Reply, error) { return f.reply, f.err }
 
 // keyFrom returns the call's key and whether it carried one. A key that is
 // present but invalid is an error naming the rule it breaks.
@@ -471,6 +514,9 @@ type recorder interface {
 func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recorder) (Answer, error) {
 	m, key := c.m, c.key
 	r, herr := h(ctx)
+	if f, ok := herr.(*failure); ok {
+		return Answer{}, f // for atomic, which learns what the key holds first
+	}
 	if herr != nil {
 		st := c.handlerStatus(herr)
 		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -83,6 +84,9 @@ func (s *testService) execute(ctx context.Context, value string) (int64, error) 
 
 func (s *testService) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
 	n, err := s.execute(ctx, req.GetValue())
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" && req.GetTraceId() == "mapped" {
+		return nil, status.Error(codes.AlreadyExists, "the effect exists")
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -172,3 +172,167 @@ func TestOptimisticModeFromTheProto(t *testing.T) {
 		t.Fatalf("%d executions, %d effects; want 2, 1", x, n)
 	}
 }
+
+// TestOptimisticHandlerFailingOnTheKeyReplays runs a handler in optimistic
+// mode whose write has a unique id derived from the key (a unique index on
+// effects.key) and which returns the driver's error as it is, UNKNOWN to
+// idem's classifier. A retry's write fails with a unique violation, as does
+// a concurrent duplicate's once the first call commits: each gets the first
+// call's recorded response, marked replayed, and one write stands.
+func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
+	t.Run("retries", func(t *testing.T) {
+		var seen outcomes
+		e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod), idem.WithOutcomeHook(seen.hook)}})
+		uniqueEffects(t, e)
+		codec := newRawCodec()
+		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		firstBytes := codec.last()
+		const retries = 3
+		for i := range retries {
+			var header metadata.MD
+			again, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec), grpc.Header(&header))
+			if err != nil {
+				t.Fatalf("retry %d: %v, want the first response", i+1, err)
+			}
+			if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+				t.Fatalf("retry %d got %v, want the first response %v", i+1, again, first)
+			}
+			if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+				t.Fatalf("retry %d: %s = %v, want [true]", i+1, idem.ReplayedHeader, got)
+			}
+		}
+		if x, n, k := e.svc.count(), e.effects(t), e.keys(t); x != retries+1 || n != 1 || k != 1 {
+			t.Fatalf("%d executions, %d effects, %d keys; want %d, 1, 1", x, n, k, retries+1)
+		}
+		if got := seen.results(idem.ModeOptimistic); got[idem.ResultExecuted] != 1 || got[idem.ResultReplayed] != retries {
+			t.Fatalf("outcomes in optimistic mode %v, want 1 executed, %d replayed", got, retries)
+		}
+	})
+	t.Run("duplicates", func(t *testing.T) {
+		const callers = 8
+		e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+		uniqueEffects(t, e)
+		// Every caller starts its write before the first commits: the
+		// duplicates' writes wait for the first's row, then fail.
+		e.svc.setHook(func(context.Context, string) error {
+			if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
+				return status.Error(codes.Internal, "the duplicates never ran")
+			}
+			return nil
+		})
+		var (
+			wg         sync.WaitGroup
+			mu         sync.Mutex
+			executions = map[int64]int{}
+		)
+		for range callers {
+			wg.Go(func() {
+				resp, err := e.client.Do(withKey("storm"), &testv1.DoRequest{Value: "v"})
+				if err != nil {
+					t.Errorf("duplicate: %v, want the shared response", err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				executions[resp.GetExecution()]++
+			})
+		}
+		wg.Wait()
+		if len(executions) != 1 {
+			t.Fatalf("answers came from executions %v, want one shared by all", executions)
+		}
+		if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
+			t.Fatalf("%d effects, %d keys; want 1, 1", n, k)
+		}
+	})
+	t.Run("mapped to ALREADY_EXISTS", func(t *testing.T) {
+		// A handler that maps the violation to a deterministic error: the
+		// retry answers from the key, having learnt it in one claim, not
+		// by recording its own error first.
+		tracer := &roundTrips{}
+		e := newEnv(t, setup{tracer: tracer, poolSize: 1, opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+		uniqueEffects(t, e)
+		e.svc.setHook(nil)
+		idle := func() bool { return e.pool.Stat().IdleConns() == 1 }
+		var retryTrips, retryCommits int
+		for i, key := range []string{"warm", "k"} { // the first warms the statement cache
+			if _, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}); err != nil {
+				t.Fatal(err)
+			}
+			if !eventually(30*time.Second, idle) {
+				t.Fatal("the pool's connection never came back")
+			}
+			tracer.reset()
+			resp, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v", TraceId: "mapped"})
+			if err != nil {
+				t.Fatalf("retry of %s: %v, want the first response", key, err)
+			}
+			if resp.GetExecution() != int64(2*i+1) {
+				t.Fatalf("retry of %s answered execution %d, want %d", key, resp.GetExecution(), 2*i+1)
+			}
+			if !eventually(30*time.Second, idle) {
+				t.Fatal("the pool's connection never came back")
+			}
+			retryTrips, retryCommits = tracer.get()
+		}
+		// BEGIN, the handler's INSERT, ROLLBACK, the claim, its ROLLBACK.
+		if retryTrips != 5 || retryCommits != 0 {
+			t.Fatalf("a retry: %d round trips, %d commits; want 5 and 0", retryTrips, retryCommits)
+		}
+
+		// A first execution that fails deterministically: BEGIN, the
+		// handler's INSERT, ROLLBACK, the claim, the record with COMMIT.
+		e.svc.setHook(func(context.Context, string) error { return status.Error(codes.InvalidArgument, "bad value") })
+		tracer.reset()
+		_, err := e.client.Do(withKey("bad"), &testv1.DoRequest{Value: "v"})
+		wantCode(t, err, codes.InvalidArgument)
+		if !eventually(30*time.Second, idle) {
+			t.Fatal("the pool's connection never came back")
+		}
+		if trips, commits := tracer.get(); trips != 5 || commits != 1 {
+			t.Fatalf("a first execution that fails deterministically: %d round trips, %d commits; want 5 and 1", trips, commits)
+		}
+		if n, k := e.effects(t), e.keys(t); n != 2 || k != 3 {
+			t.Fatalf("%d effects, %d keys; want 2, 3", n, k)
+		}
+	})
+}
+
+// uniqueEffects makes a second write of a key's effect fail with a unique
+// violation, which Do returns as it is, or, when the request's trace_id is
+// "mapped", as ALREADY_EXISTS.
+func uniqueEffects(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := e.pool.Exec(t.Context(), `CREATE UNIQUE INDEX ON effects (key)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOptimisticTransientFailureReleases: a handler that fails with an
+// error the classifier calls transient, on a key nobody recorded, answers
+// with that error as it is, keeps nothing, and its retry runs afresh.
+func TestOptimisticTransientFailureReleases(t *testing.T) {
+	var seen outcomes
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod), idem.WithOutcomeHook(seen.hook)}})
+	e.svc.setHook(func(context.Context, string) error { return status.Error(codes.Unavailable, "the ledger is down") })
+	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
+	if st := wantCode(t, err, codes.Unavailable); st.Message() != "the ledger is down" {
+		t.Fatalf("message %q, want the handler's", st.Message())
+	}
+	if n, k := e.effects(t), e.keys(t); n != 0 || k != 0 {
+		t.Fatalf("after a transient failure: %d effects, %d keys; want 0, 0", n, k)
+	}
+	e.svc.setHook(nil)
+	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if x, n, k := e.svc.count(), e.effects(t), e.keys(t); x != 2 || n != 1 || k != 1 {
+		t.Fatalf("%d executions, %d effects, %d keys; want 2, 1, 1", x, n, k)
+	}
+	if got := seen.results(idem.ModeOptimistic); got[idem.ResultTransient] != 1 || got[idem.ResultExecuted] != 1 {
+		t.Fatalf("outcomes in optimistic mode %v, want 1 transient, 1 executed", got)
+	}
+}

@@ -338,3 +338,44 @@ func TestOptimisticRoundTrips(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordErrorOfAClaimNeverHandedOut: an error recorded on a claim whose
+// transaction was never handed to a handler (Txn.Context was not called),
+// as the engine records the error of a handler that failed under an
+// optimistic claim, rolled back since, holds no write of a handler's to
+// discard: it is recorded in the claim's own transaction, in one round
+// trip, as a response is. One handed out is recorded in a transaction of
+// its own, without the handler's write: a ROLLBACK and a batch.
+func TestRecordErrorOfAClaimNeverHandedOut(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pool, trips := countingPool(t, dsn, pgx.QueryExecModeExec)
+	newWTable(t, pool)
+	s := postgres.New(pool)
+	for _, handed := range []bool{false, true} {
+		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("handed-", handed)}
+		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		if err != nil || c.Txn == nil {
+			t.Fatalf("claim of a new key: %+v, %v", c, err)
+		}
+		if handed {
+			tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
+			if _, err := tx.Exec(ctx, `INSERT INTO w VALUES ($1)`, k.Key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := trips.Load()
+		if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("bad")}); err != nil {
+			t.Fatalf("handed out %v: %v", handed, err)
+		}
+		want := int64(1)
+		if handed {
+			want = 2
+		}
+		if n := trips.Load() - before; n != want {
+			t.Errorf("handed out %v: recording the error took %d round trips, want %d", handed, n, want)
+		}
+		if writes, completed, body := keyRows(t, pool, k); writes != 0 || completed != 1 || body != "bad" {
+			t.Errorf("handed out %v: %d writes, %d completed rows with body %q; want 0, 1, %q", handed, writes, completed, body, "bad")
+		}
+	}
+}

@@ -462,13 +462,17 @@ type txn struct {
 	// optimistic claims read nothing: a row the record finds is
 	// store.ErrConflict.
 	optimistic bool
-	tx         *guardedTx
-	closed     atomic.Bool // closes tx for the handler once the claim finished
+	// handed: Context handed the transaction out, so that a handler may
+	// have written on it.
+	handed bool
+	tx     *guardedTx
+	closed atomic.Bool // closes tx for the handler once the claim finished
 }
 
 type txKey struct{}
 
 func (t *txn) Context(parent context.Context) context.Context {
+	t.handed = true
 	return context.WithValue(parent, txKey{}, pgx.Tx(t.tx))
 }
 
@@ -493,7 +497,10 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	}
 	defer func() { _ = t.finish(ctx) }()
 	switch {
-	case out.Code != code.Code_OK:
+	case out.Code != code.Code_OK && t.handed:
+		// An error is recorded without the handler's writes. A
+		// transaction never handed out holds none, and records it as
+		// it would a response.
 		return t.taken(interpretError(t.recordError(ctx, out)))
 	case t.optimistic:
 		return t.taken(interpretError(t.recordOptimistic(ctx, out)))
