@@ -46,10 +46,14 @@ const (
 	// response in one transaction, as MODE_ATOMIC does, but reads the key
 	// only when recording: where another request has recorded it (or holds
 	// it), the writes are rolled back and the call answers from that
-	// request's outcome. A first execution saves the claim's read and locks;
-	// a retry or a concurrent duplicate costs a handler run that is rolled
-	// back. For handlers whose every effect is in the database and whose
-	// retries are rare.
+	// request's outcome. A handler that fails is answered the same way once
+	// its writes are rolled back and the key is claimed as in MODE_ATOMIC:
+	// from another request's outcome where there is one, whatever error the
+	// handler raised (a unique violation on a row that request wrote, say).
+	// A first execution saves the claim's read and locks; a retry or a
+	// concurrent duplicate costs a handler run that is rolled back. For
+	// handlers whose every effect is in the database and whose retries are
+	// rare.
 	Mode_MODE_OPTIMISTIC Mode = 3
 )
 
