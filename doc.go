@@ -54,7 +54,8 @@
 // A request may carry it instead, in a string field marked
 // (idem.v1.field).key = true (as Google's APIs carry a request_id); the
 // field is then left out of the fingerprint, and a key in both the metadata
-// and the field must be the same. It is scoped by tenant (see [WithTenant])
+// and the field must be the same; a key in the metadata alone is set in the
+// field before the handler runs, so the handler finds it there. It is scoped by tenant (see [WithTenant])
 // and method, so the same key in two tenants or on two methods names two
 // independent operations. The method's name in the scope is its full name,
 // or the name its option (idem.v1.method).scope gives: set it before

@@ -258,6 +258,13 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 		return refuse(ResultInvalidKey, newError(code.Code_INVALID_ARGUMENT, "idem: "+err.Error()))
 	}
 
+	// The handler reads its key where its request carries one: a key
+	// that came in the metadata alone goes in the request's key field too
+	// (left out of the fingerprint, as the field always is).
+	if msg, fd := keyField(m, call.Request); fd != nil && msg.Get(fd).String() == "" {
+		msg.Set(fd, protoreflect.ValueOfString(key))
+	}
+
 	ctx = withRequestKey(ctx, skey)
 	if m.leased {
 		return e.lease(ctx, c, fp, call, h)
@@ -382,10 +389,11 @@ func (e *Engine) finishing(call Call) (*store.Call, error) {
 // (idem.v1.field).key. A request field and a transport key that differ are
 // refused, with the status the client gets.
 func requestKeys(m *method, call Call) ([]string, error) {
-	if m.keyField == nil || call.Request == nil {
+	msg, fd := keyField(m, call.Request)
+	if fd == nil {
 		return call.Keys, nil
 	}
-	v := call.Request.ProtoReflect().Get(m.keyField).String()
+	v := msg.Get(fd).String()
 	switch {
 	case v == "":
 		return call.Keys, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -788,5 +789,35 @@ func TestLostConnectionBeforeCommitReleasesKey(t *testing.T) {
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestHeaderKeyReachesTheRequestField: a call of a method whose request has
+// a key field (DoRequest.request_id), with the key in its metadata alone,
+// reaches its handler with the key in that field too, so that the handler
+// reads it where its request carries it; a retry that carries the key in
+// the field instead is the same request and replays.
+func TestHeaderKeyReachesTheRequestField(t *testing.T) {
+	e := newEnv(t, setup{})
+	first, err := e.client.Do(withKey("k-header"), &testv1.DoRequest{Value: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var header metadata.MD
+	again, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v", RequestId: "k-header"}, grpc.Header(&header))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(again, first) || len(header.Get(idem.ReplayedHeader)) != 1 {
+		t.Fatalf("the retry with the key in the field: %v (replayed %v), want the first response %v replayed", again, header.Get(idem.ReplayedHeader), first)
+	}
+	e.svc.mu.Lock()
+	ids := slices.Clone(e.svc.requestIDs)
+	e.svc.mu.Unlock()
+	if !slices.Equal(ids, []string{"k-header"}) {
+		t.Fatalf("the handler ran with request_id %q, want the header's key once", ids)
+	}
+	if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
+		t.Fatalf("%d effects, %d keys; want 1, 1", n, k)
 	}
 }

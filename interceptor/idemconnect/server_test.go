@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -351,6 +352,34 @@ func TestMalformedKeyFieldIsRefused(t *testing.T) {
 		}
 		if n := e.paid(t) + e.keys(t); n != 0 {
 			t.Errorf("%d payments and keys, want none", n)
+		}
+	})
+}
+
+// A key that came in the header alone reaches the handler in the request's
+// key field (request_id) too, as on grpc-go; a retry that carries it in the
+// field instead is the same request, and replays.
+func TestHeaderKeyReachesTheRequestField(t *testing.T) {
+	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
+		first, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), p.header("k-header")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := payment(1250)
+		req.RequestId = "k-header"
+		again, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(again.Msg, first.Msg) || again.Header().Get(idem.HTTPReplayedHeader) != "true" {
+			t.Errorf("the retry with the key in the field: %v (%s %q), want the first response %v replayed",
+				again.Msg, idem.HTTPReplayedHeader, again.Header().Get(idem.HTTPReplayedHeader), first.Msg)
+		}
+		if ids := e.svc.requestIDs(); !slices.Equal(ids, []string{"k-header"}) {
+			t.Errorf("the handler ran with request_id %q, want the header's key once", ids)
+		}
+		if n := e.paid(t); n != 1 {
+			t.Errorf("%d payments, want 1", n)
 		}
 	})
 }

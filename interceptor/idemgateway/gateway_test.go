@@ -52,6 +52,8 @@ type service struct {
 	// hook, if set, runs first in CreateTransfer: it may block, or fail
 	// the call.
 	hook func(ctx context.Context) error
+	// requestIDs holds the request_id of each CreateTransfer request.
+	requestIDs []string
 }
 
 func (s *service) setHook(h func(ctx context.Context) error) {
@@ -64,6 +66,7 @@ func (s *service) CreateTransfer(ctx context.Context, req *gatewaytestv1.CreateT
 	s.calls.Add(1)
 	s.mu.Lock()
 	hook := s.hook
+	s.requestIDs = append(s.requestIDs, req.GetRequestId())
 	s.mu.Unlock()
 	if hook != nil {
 		if err := hook(ctx); err != nil {

@@ -242,7 +242,9 @@ type FieldPolicy struct {
 	// when the call's metadata carries none, as Google's APIs carry a
 	// request_id (AIP-155). The field is left out of the fingerprint. A key
 	// in both the metadata and the field must be the same, or the call is
-	// refused with INVALID_ARGUMENT. Mark at most one top-level field.
+	// refused with INVALID_ARGUMENT. A key that came in the metadata alone
+	// is set in the field before the handler runs, so the handler reads the
+	// call's key there on every transport. Mark at most one top-level field.
 	Key           bool `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
