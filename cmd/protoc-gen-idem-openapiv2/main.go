@@ -1,7 +1,8 @@
 // Command protoc-gen-idem-openapiv2 is a protoc plugin that runs
 // grpc-gateway's protoc-gen-openapiv2 and adds to its OpenAPI v2 output
-// what idem does to the operations of keyed methods over HTTP/JSON (package
-// github.com/idemkit/idem/interceptor/idemgateway).
+// what idem does over HTTP/JSON (package
+// github.com/idemkit/idem/interceptor/idemgateway): every answer its
+// ServeMux can give, with the schema of its body.
 //
 // A keyed method is a unary method with the option (idem.v1.method) whose
 // idempotency_level is neither IDEMPOTENT nor NO_SIDE_EFFECTS. Each of its
@@ -10,22 +11,51 @@
 //   - the header parameter Idempotency-Key, with idem's key rules, required
 //     when the method sets key_required and its request has no key field
 //     ((idem.v1.field).key, which can carry the key instead);
-//   - the responses 400 (key missing or malformed), 409 (a request with the
-//     key is still in flight; Retry-After) and 422 (key used with another
-//     request), whose body is idem's problem details (RFC 9457), the
-//     definition idemProblem, and application/problem+json in produces;
-//   - the headers Idempotent-Replayed and Idempotency-Key-Expires on its
-//     success responses, and Idempotent-Replayed on its default (error)
-//     response: recorded errors are replayed too.
+//   - the responses 400 (key missing or malformed, a scope that cannot hold
+//     a key, a response too large to record; a leased call that could not
+//     be finished), 409 (a request with the key is still in flight,
+//     Retry-After; a leased call's lost lease) and 422 (key used with
+//     another request), whose body is idem's problem details (RFC 9457),
+//     and application/problem+json in produces; the default response
+//     names the unreadable steps of a leased call (500);
+//   - the headers Idempotent-Replayed and Idempotency-Key-Expires on every
+//     response but 422: a recorded answer is replayed, errors too.
 //
-// Every other operation and file stays as protoc-gen-openapiv2 wrote it,
-// except that a file that declares no service gets no document (where
+// Every other operation gets the response 400 and the media type: the
+// ServeMux refuses a malformed Idempotency-Key header on every route, with
+// problem details, before the service is called.
+//
+// # Two bodies, one schema
+//
+// A 400 or 409 answer, and a keyed operation's default one, is either
+// idem's problem details, sent as application/problem+json, or an error of
+// the service's own, such as an INVALID_ARGUMENT one, which grpc-gateway's
+// error handler sends as a google.rpc.Status in application/json (and
+// replays, recorded, with Idempotent-Replayed): a client generated from
+// the document must read both. OpenAPI v2 gives a response one schema and has
+// no oneOf, and its produces and examples name media types for the whole
+// operation, not for one of its bodies, so the response's schema admits
+// both: it is a definition named idemProblemOr followed by the name of
+// the definition of the service's errors (idemProblemOrRpcStatus for
+// protoc-gen-openapiv2's rpcStatus) that has the members of both
+// (type, title, status, detail and reason; code, message and details),
+// none required, a member both have with different types left untyped.
+// The Content-Type of the answer says which body came. The service's
+// errors are those the operation's response of that status already
+// describes, else those of its default response; 422, which only idem
+// sends, has the definition idemProblem, which requires its members, and
+// so do 400 and 409 of an operation without a default response
+// (protoc-gen-openapiv2's disable_default_errors), whose other errors the
+// document does not describe. A schema that is not a reference to an object
+// definition cannot be united with idem's and is an error.
+//
+// A file that declares no service gets no document (where
 // protoc-gen-openapiv2 writes one without paths, such as one for idem's own
 // options.proto when it is in the buf workspace, and merges its info into
-// the document of allow_merge). A
-// parameter or header the method's own openapiv2_operation option declares
-// is kept, not replaced; so is a response, whose description gets idem's
-// added to it (its schema says what the service's own errors carry).
+// the document of allow_merge). A parameter or header the method's own
+// openapiv2_operation option declares is kept, not replaced; so is a
+// response, whose description gets idem's added to it, and whose schema
+// is united with idem's as above.
 //
 // # Use
 //
@@ -46,8 +76,8 @@
 // The plugin marks the options of each keyed method with a vendor
 // extension (x-idem-key), which protoc-gen-openapiv2 copies onto each
 // operation of the method, wherever its naming and merging options put it;
-// the plugin then patches the marked operations of the output and removes
-// the marks. It reads idem's options by name from the descriptors it is
+// the plugin then patches the operations of the output, the marked ones as
+// keyed, and removes the marks. It reads idem's options by name from the descriptors it is
 // given, as protoc and buf give them, so it depends on no version of idem.
 package main
 

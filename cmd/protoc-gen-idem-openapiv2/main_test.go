@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,10 +88,10 @@ plugins:
 	}
 }
 
-// TestPatchFileUnmarked: a document without marked operations is returned
+// TestPatchFileNoOperations: a document without operations is returned
 // byte for byte, as protoc-gen-openapiv2 wrote it.
-func TestPatchFileUnmarked(t *testing.T) {
-	doc := "{\n  \"swagger\": \"2.0\",\n  \"paths\": {\"/v1/x\": {\"get\": {\"operationId\": \"S_X\"}}}\n}\n"
+func TestPatchFileNoOperations(t *testing.T) {
+	doc := "{\n  \"swagger\": \"2.0\",\n  \"paths\": {}\n}\n"
 	got, err := patchFile([]byte(doc))
 	if err != nil || got != doc {
 		t.Fatalf("patchFile = %q, %v; want the document unchanged", got, err)
@@ -97,12 +99,83 @@ func TestPatchFileUnmarked(t *testing.T) {
 }
 
 // TestPatchFileDefinitionClash: a definition of the service's own with
-// idem's name is not overwritten.
+// the name of one of idem's is not overwritten.
 func TestPatchFileDefinitionClash(t *testing.T) {
-	doc := `{"paths": {"/v1/x": {"post": {"x-idem-key": {"required": true}}}}, "definitions": {"idemProblem": {}}}`
-	if _, err := patchFile([]byte(doc)); err == nil || !strings.Contains(err.Error(), problemDefinition) {
-		t.Fatalf("patchFile: %v; want an error naming %s", err, problemDefinition)
+	for _, name := range []string{problemDefinition, unionPrefix + "RpcStatus"} {
+		doc := `{"paths": {"/v1/x": {"post": {"x-idem-key": {"required": true}, "responses": {"default": {"schema": {"$ref": "#/definitions/rpcStatus"}}}}}},
+			"definitions": {"rpcStatus": {"type": "object"}, "` + name + `": {}}}`
+		if _, err := patchFile([]byte(doc)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: patchFile: %v; want an error naming it", name, err)
+		}
 	}
+}
+
+// TestPatchFileErrorSchemas: the schema of a response that idem's problem
+// details share with the service's own errors unites both, members
+// typed differently left untyped; with no error schema of the service's
+// own, it is idem's problem details; one the patch cannot unite with
+// them is an error that names the response.
+func TestPatchFileErrorSchemas(t *testing.T) {
+	// patch patches a document whose one operation has responses, and
+	// returns the $ref of its 400 response's schema and the definitions.
+	patch := func(t *testing.T, responses string) (string, map[string]any, error) {
+		t.Helper()
+		doc := `{"paths": {"/v1/x": {"get": {"responses": ` + responses + `}}},
+			"definitions": {"apiError": {"type": "object", "properties": {"status": {"type": "string"}, "title": {"type": "string"}, "code": {"type": "integer"}}}}}`
+		out, err := patchFile([]byte(doc))
+		if err != nil {
+			return "", nil, err
+		}
+		var root struct {
+			Paths map[string]map[string]struct {
+				Responses map[string]struct {
+					Schema struct {
+						Ref string `json:"$ref"`
+					} `json:"schema"`
+				} `json:"responses"`
+			} `json:"paths"`
+			Definitions map[string]any `json:"definitions"`
+		}
+		if err := json.Unmarshal([]byte(out), &root); err != nil {
+			t.Fatal(err)
+		}
+		return root.Paths["/v1/x"]["get"].Responses["400"].Schema.Ref, root.Definitions, nil
+	}
+	t.Run("united", func(t *testing.T) {
+		ref, defs, err := patch(t, `{"default": {"schema": {"$ref": "#/definitions/apiError"}}}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref != "#/definitions/"+unionPrefix+"ApiError" {
+			t.Fatalf("400's schema is %q; want the union %sApiError", ref, unionPrefix)
+		}
+		union := defs[unionPrefix+"ApiError"].(map[string]any)
+		props := union["properties"].(map[string]any)
+		if got := slices.Sorted(maps.Keys(props)); !slices.Equal(got, []string{"code", "detail", "reason", "status", "title", "type"}) {
+			t.Errorf("members %q; want apiError's and the problem's", got)
+		}
+		if _, typed := props["status"].(map[string]any)["type"]; typed || props["title"].(map[string]any)["type"] != "string" {
+			t.Errorf("status %v, title %v; want status untyped (string and integer), title a string", props["status"], props["title"])
+		}
+		if _, ok := union["required"]; ok {
+			t.Errorf("the union requires %v; want nothing required", union["required"])
+		}
+	})
+	t.Run("no error schema", func(t *testing.T) {
+		ref, _, err := patch(t, `{"200": {}}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref != "#/definitions/"+problemDefinition {
+			t.Fatalf("400's schema is %q; want %s", ref, problemDefinition)
+		}
+	})
+	t.Run("inline schema", func(t *testing.T) {
+		_, _, err := patch(t, `{"default": {"schema": {"type": "string"}}}`)
+		if err == nil || !strings.Contains(err.Error(), "response 400") {
+			t.Fatalf("patchFile: %v; want an error naming response 400", err)
+		}
+	})
 }
 
 // TestYAMLRefused: YAML output cannot be patched, and the plugin says so
