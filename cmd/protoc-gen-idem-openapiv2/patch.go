@@ -152,6 +152,13 @@ func (p *patcher) patchOperation(op map[string]any) error {
 		own["schema"] = schemas[code]
 		addHeaders(own, r["headers"])
 	}
+	// The adapter turns the RetryInfo of any error, idem's or the
+	// service's, into Retry-After.
+	for code, r := range responses {
+		if r, ok := r.(map[string]any); ok && !strings.HasPrefix(code, "2") {
+			addHeaders(r, map[string]any{retryAfterHeader: retryAfterHeaderObject()})
+		}
+	}
 	if k == nil {
 		return nil
 	}
@@ -284,6 +291,16 @@ func keyDescription(k keyed) string {
 
 // answerHeaders are idem's headers on the answers of the service: its
 // responses, and its errors, which are recorded and replayed too.
+// retryAfterHeaderObject is the header object of Retry-After.
+func retryAfterHeaderObject() map[string]any {
+	return map[string]any{
+		"type":   "integer",
+		"format": "int32",
+		"description": "Seconds to wait before retrying, rounded up: sent when the error carries a google.rpc.RetryInfo, " +
+			"as idem's do when the request's key is in use or its store failed.",
+	}
+}
+
 func answerHeaders() map[string]any {
 	return map[string]any{
 		replayedHeader: map[string]any{
@@ -332,25 +349,16 @@ func keyedResponses(k keyed) map[string]map[string]any {
 	}
 	conflict += " Problem details, as " + problemMediaType + ". " +
 		"Or an error of the service's own (ABORTED, ALREADY_EXISTS), or a conflict in idem's store with another request (ABORTED: retry), " +
-		"as application/json, without " + retryAfterHeader + "; a recorded error is replayed to retries."
-	other := "The service's other errors, and idem's when its store fails (UNAVAILABLE: retry), as application/json; " +
-		"a recorded error is replayed to retries."
+		"as application/json; a recorded error is replayed to retries."
+	other := "The service's other errors, and idem's when its store fails (UNAVAILABLE: retry after the " + retryAfterHeader +
+		" delay), as application/json; a recorded error is replayed to retries."
 	if k.Leased {
 		other += " A request whose saved steps cannot be read is answered with 500 (reason IDEMPOTENCY_STEPS_UNREADABLE): " +
 			"problem details, as " + problemMediaType + "."
 	}
 	return map[string]map[string]any{
 		"400": {"description": bad},
-		"409": {
-			"description": conflict,
-			"headers": map[string]any{
-				retryAfterHeader: map[string]any{
-					"type":        "integer",
-					"format":      "int32",
-					"description": "Seconds to wait before retrying, rounded up.",
-				},
-			},
-		},
+		"409": {"description": conflict},
 		"422": {
 			"description": "This " + keyHeader + " was used with a different request to this operation " +
 				"(reason IDEMPOTENCY_KEY_REUSED): send a new key with a new request. Problem details, as " + problemMediaType + ".",

@@ -143,6 +143,15 @@ func TestErrorHandler(t *testing.T) {
 		{"another field", "", statusErr(codes.InvalidArgument, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "amount"}}}),
 			http.StatusBadRequest, "", ""},
 		{"not a status", "k", errors.New("boom"), http.StatusInternalServerError, "", ""},
+		// Errors without an idem reason keep their RetryInfo as
+		// Retry-After: idem's store failures and conflicts, and the
+		// service's own.
+		{"the store failed", "k", statusErr(codes.Unavailable, retryInfo(time.Second)),
+			http.StatusServiceUnavailable, "", "1"},
+		{"a conflict in the store", "k", statusErr(codes.Aborted, retryInfo(0)),
+			http.StatusConflict, "", "0"},
+		{"the service's own", "k", statusErr(codes.ResourceExhausted, retryInfo(2500*time.Millisecond)),
+			http.StatusTooManyRequests, "", "3"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			req := httptest.NewRequest(http.MethodPost, "/v1/things", nil)

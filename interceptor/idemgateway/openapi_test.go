@@ -212,6 +212,15 @@ func checkServiceAnswers(t *testing.T, mux *runtime.ServeMux, doc *openAPI, op o
 		w := httptest.NewRecorder()
 		runtime.HTTPError(ctx, mux, &runtime.JSONPb{}, w, req, statusErr(c))
 		checkAnswer(t, doc, op, "the service's "+c.String(), w)
+		// With a RetryInfo, as the service may send, and as idem sends
+		// a failure of its store (UNAVAILABLE) or a conflict in it
+		// (ABORTED): with Retry-After.
+		w = httptest.NewRecorder()
+		runtime.HTTPError(ctx, mux, &runtime.JSONPb{}, w, req, statusErr(c, retryInfo(time.Second)))
+		if w.Header().Get("Retry-After") != "1" {
+			t.Errorf("the service's %s with a RetryInfo of 1s is sent with Retry-After %q, want 1", c, w.Header().Get("Retry-After"))
+		}
+		checkAnswer(t, doc, op, "the service's "+c.String()+" with a RetryInfo", w)
 	}
 }
 

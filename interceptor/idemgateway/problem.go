@@ -63,7 +63,10 @@ type problem struct {
 //
 // For idem's errors next runs too, with the status and body taken over: it
 // forwards the response metadata as the ServeMux's header and trailer
-// matchers say, as it would for any error.
+// matchers say, as it would for any error. Every error that carries a
+// google.rpc.RetryInfo gets a Retry-After header from it, idem's own
+// (an UNAVAILABLE store failure, an ABORTED conflict in the store) and the
+// service's alike.
 func ErrorHandler(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 	if next == nil {
 		next = runtime.DefaultHTTPErrorHandler
@@ -71,6 +74,9 @@ func ErrorHandler(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 		p := problemFor(err)
 		if p == nil {
+			if d, ok := retryDelay(err); ok {
+				w.Header().Set("Retry-After", retryAfter(d))
+			}
 			next(ctx, mux, m, w, r, err)
 			return
 		}
@@ -156,6 +162,20 @@ func problemFor(err error) *problem {
 		p.retryAfter = retryAfter(retry.GetRetryDelay().AsDuration())
 	}
 	return p
+}
+
+// retryDelay returns the delay of the RetryInfo that err's status carries.
+func retryDelay(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if r, ok := d.(*errdetails.RetryInfo); ok {
+			return r.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
 }
 
 // reasonProblem returns the problem of st, one of idem's errors with
