@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemkit/idem/internal/retryhint"
 	"github.com/idemkit/idem/store"
 )
 
@@ -73,13 +74,7 @@ func (e *Error) Status() *spb.Status { return e.status }
 // retry, and whether it has one: idem puts one on the answers a retry
 // should wait for (the key in use, a lost lease, a store failure).
 func (e *Error) RetryDelay() (time.Duration, bool) {
-	for _, a := range e.status.GetDetails() {
-		var ri errdetails.RetryInfo
-		if a.MessageIs(&ri) && a.UnmarshalTo(&ri) == nil && ri.GetRetryDelay() != nil {
-			return max(ri.GetRetryDelay().AsDuration(), 0), true
-		}
-	}
-	return 0, false
+	return retryhint.Delay(e.status)
 }
 
 // RetryAfter returns the delay of RetryDelay as the value of an HTTP

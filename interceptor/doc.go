@@ -77,6 +77,11 @@
 // ABORTED and UNAVAILABLE) run below every interceptor and resend the same
 // metadata and message. [BackoffRetryInfo] makes the retry interceptor wait as long as
 // the server's RetryInfo asks; [RetryDelay] reads it for hand-written
-// loops. Streaming calls are not intercepted by the client interceptor and
-// pass through untouched.
+// loops. Neither retrier sees the response metadata idempotent-replayed,
+// so a recorded error of a code they retry (only a classifier that records
+// ABORTED or UNAVAILABLE makes one) is sent again up to their limit, and
+// replayed each time. connect-go clients have the same recipe in one
+// interceptor, idemconnect.NewRetryInterceptor, which returns such a
+// replay at once. Streaming calls are not intercepted by the client
+// interceptor and pass through untouched.
 package interceptor

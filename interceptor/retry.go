@@ -5,9 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/internal/retryhint"
 )
 
 // RetryDelay returns the delay a server suggested in the
@@ -20,12 +21,7 @@ func RetryDelay(err error) (time.Duration, bool) {
 	if !ok || err == nil {
 		return 0, false
 	}
-	for _, d := range st.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
-			return max(ri.GetRetryDelay().AsDuration(), 0), true
-		}
-	}
-	return 0, false
+	return retryhint.Delay(st.Proto())
 }
 
 // BackoffRetryInfo returns a backoff function for go-grpc-middleware's

@@ -25,8 +25,9 @@ import (
 // client libraries fill a request_id): the interceptor sends a copy of the
 // message with the field set, in the request's Msg for the duration of the
 // call, and puts the caller's message back when the call returns.
-// Interceptors placed after it (a retrying one) send every attempt with the
-// same key, in the header and in the field.
+// Interceptors placed after it ([NewRetryInterceptor]) send every attempt
+// with the same key, in the header and in the field; placed after a
+// NewRetryInterceptor, it attaches to each attempt the key of the first.
 //
 // The key goes in the request header Idempotency-Key: on Connect and
 // gRPC-Web as a Structured Field String, as the IETF draft writes it
@@ -66,7 +67,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 				sent[n] = k
 			}
 		}
-		send, keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
+		send, keys, err := c.keysFor(ctx, req, sent)
 		if err != nil {
 			var ie *idem.Error
 			if errors.As(err, &ie) {
@@ -88,6 +89,22 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 		defer setValues(h, values)
 		return next(ctx, req)
 	}
+}
+
+// keysFor returns the message to send for req and its keys, given the keys
+// sent, as [idem.OutgoingKeys.For] decides them once per logical call: an
+// attempt of a [NewRetryInterceptor] placed before this interceptor sends
+// what the call's first attempt sent.
+func (c *clientInterceptor) keysFor(ctx context.Context, req connect.AnyRequest, sent []string) (any, []string, error) {
+	p, _ := ctx.Value(pinCtxKey{}).(*pin)
+	if p != nil && p.req == req && p.set {
+		return p.send, p.keys, nil
+	}
+	send, keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
+	if err == nil && p != nil && p.req == req {
+		p.set, p.send, p.keys = true, send, keys
+	}
+	return send, keys, err
 }
 
 // setMessage makes msg the message that req sends, and returns a function

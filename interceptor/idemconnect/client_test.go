@@ -20,19 +20,10 @@ import (
 	"github.com/idemkit/idem/store/memory"
 )
 
-// retrying retries a call up to attempts times while it fails with
-// UNAVAILABLE, as a retry interceptor placed after idem's would.
-func retrying(attempts int) connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			for n := 1; ; n++ {
-				resp, err := next(ctx, req)
-				if connect.CodeOf(err) != connect.CodeUnavailable || n == attempts {
-					return resp, err
-				}
-			}
-		}
-	}
+// retrying is idem's retry interceptor, sending a call up to attempts
+// times, without waiting between them.
+func retrying(attempts int) connect.Interceptor {
+	return idemconnect.NewRetryInterceptor(idemconnect.WithMaxAttempts(attempts), idemconnect.WithSleep((&waits{}).sleep))
 }
 
 func TestClientKeyIsOnePerLogicalCall(t *testing.T) {

@@ -102,11 +102,18 @@
 // inside a keyed handler, so that a retried handler's calls are
 // deduplicated too. A request whose field marked (idem.v1.field).key (a
 // request_id) is empty carries the key there as well, on a copy of the
-// message, as AIP-4235 has client libraries fill it:
+// message, as AIP-4235 has client libraries fill it.
+//
+// [NewRetryInterceptor] retries, with that key, a call answered ABORTED or
+// UNAVAILABLE (a key still in flight, a store that failed), waiting as long
+// as the answer's RetryInfo asks ([RetryDelay] reads it), at most 5
+// attempts within the call's deadline; it returns any other answer, and a
+// replayed one, at once. connect-go has no retry interceptor of its own;
+// this one follows the rules of the gRPC recipe in package interceptor:
 //
 //	client := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, baseURL,
 //		connect.WithInterceptors(
 //			idemconnect.NewClientInterceptor(), // first: one key per logical call
-//			retrying,                           // then the retries, each with that key
+//			idemconnect.NewRetryInterceptor(),  // then the retries, each with that key
 //		))
 package idemconnect

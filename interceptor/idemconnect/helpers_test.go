@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,6 +232,9 @@ type env struct {
 	store store.Store
 	svc   *service
 	url   string
+	// arrivals records the unary requests that reach the server, before
+	// idem's interceptor: the refused ones too.
+	arrivals *arrivals
 	// client speaks HTTP/2 without TLS (as gRPC needs) and records the
 	// body of each response.
 	client *http.Client
@@ -263,10 +267,42 @@ func newEnv(t *testing.T, s setup) *env {
 		e.store = postgres.New(e.pool, s.storeOpts...)
 	}
 	e.svc = &service{pool: e.pool}
-	e.url = serve(t, e.svc, idemconnect.NewInterceptor(newEngine(t, e.store, s.opts...)))
+	e.arrivals = &arrivals{}
+	e.url = serve(t, e.svc, e.arrivals, idemconnect.NewInterceptor(newEngine(t, e.store, s.opts...)))
 	e.bodies = &bodies{}
 	e.client = &http.Client{Transport: &recordingTransport{next: h2cTransport(), bodies: e.bodies}}
 	return e
+}
+
+// arrivals is a handler interceptor that records the key header of each
+// unary request, as it came.
+type arrivals struct {
+	mu      sync.Mutex
+	headers []string
+}
+
+func (a *arrivals) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (a *arrivals) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+func (a *arrivals) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		a.mu.Lock()
+		a.headers = append(a.headers, strings.Join(req.Header().Values(idem.HTTPKeyHeader), ","))
+		a.mu.Unlock()
+		return next(ctx, req)
+	}
+}
+
+// keys returns the key header of each request that arrived, in order.
+func (a *arrivals) keys() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.headers)
 }
 
 // serve serves the procedures of svc with the handler interceptors ics and

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/retryhint"
 )
 
 // NewInterceptor returns a handler interceptor that runs each keyed unary
@@ -282,14 +282,11 @@ func idemsAnswer(err, herr error) (*idem.Error, bool) {
 // retryAfterOf returns the delay of the RetryInfo in st as the value of a
 // Retry-After header: whole seconds, rounded up; "" when st has none.
 func retryAfterOf(st *spb.Status) string {
-	for _, a := range st.GetDetails() {
-		var ri errdetails.RetryInfo
-		if a.MessageIs(&ri) && a.UnmarshalTo(&ri) == nil && ri.GetRetryDelay() != nil {
-			d := max(ri.GetRetryDelay().AsDuration(), 0)
-			return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
-		}
+	d, ok := retryhint.Delay(st)
+	if !ok {
+		return ""
 	}
-	return ""
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // connectError returns st as a *connect.Error with the same code, message

@@ -1,9 +1,9 @@
 // Command connectonly is a Connect-only program with idem: a connect-go
 // server on PostgreSQL whose keyed calls run once, whose abandoned calls a
-// Finisher finishes, and a client that keys its calls. It exists for its
-// dependencies: idemconnect's tests check that it builds no package of
-// grpc-go, so that a Connect user does not pay for a transport they do
-// not use.
+// Finisher finishes, and a client that keys its calls and retries them. It
+// exists for its dependencies: idemconnect's tests check that it builds no
+// package of grpc-go, so that a Connect user does not pay for a transport
+// they do not use.
 package main
 
 import (
@@ -55,6 +55,6 @@ func main() {
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure, echo,
 		connect.WithInterceptors(idemconnect.NewInterceptor(engine))))
 	_ = connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](http.DefaultClient, "http://127.0.0.1:8080"+procedure,
-		connect.WithInterceptors(idemconnect.NewClientInterceptor()))
+		connect.WithInterceptors(idemconnect.NewClientInterceptor(), idemconnect.NewRetryInterceptor()))
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
 }
