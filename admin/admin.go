@@ -237,6 +237,11 @@ func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
 	if f.AllTenants && f.Tenant != "" {
 		return f, invalid("tenant must be empty with all_tenants")
 	}
+	if err := f.Validate(); err != nil {
+		// A filter no key can hold (a NUL byte, say): refused as GetKey
+		// refuses such a key, before the store is asked.
+		return f, invalid("%v", err)
+	}
 	for _, st := range req.GetStates() {
 		ks, ok := keyStates[st]
 		if !ok {

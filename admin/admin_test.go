@@ -248,6 +248,37 @@ func TestNotFoundAndInvalid(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument)
 }
 
+// TestListKeysRefusesAnInvalidFilter: a tenant or method filter that no
+// key can hold (a NUL byte, past its bound) is the caller's mistake,
+// answered INVALID_ARGUMENT naming the rule before the store is asked, as
+// GetKey answers such a key; never a store failure logged at ERROR.
+func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
+	st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+	var logs lockedBuffer
+	c := serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	for _, tc := range []struct {
+		req  *adminv1.ListKeysRequest
+		rule string
+	}{
+		{&adminv1.ListKeysRequest{Tenant: "a\x00b"}, "tenant filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{Tenant: strings.Repeat("t", store.MaxTenantLength+1)}, "tenant filter is 256 bytes, longer than the 255 allowed"},
+		{&adminv1.ListKeysRequest{Tenant: "acme", Method: "/a\x00b"}, "method filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)}, "method filter is 1025 bytes"},
+	} {
+		_, err := c.ListKeys(t.Context(), tc.req)
+		if s := wantCode(t, err, codes.InvalidArgument); !strings.Contains(s.Message(), tc.rule) {
+			t.Errorf("ListKeys(%q, %q): %q, want the rule (%q) named", tc.req.GetTenant(), tc.req.GetMethod(), s.Message(), tc.rule)
+		}
+	}
+	if n := st.storeCalls(); n != 0 {
+		t.Errorf("invalid filters reached the store %d times", n)
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Errorf("an invalid filter was logged as a failure:\n%s", logs.String())
+	}
+}
+
 func TestLeaseLive(t *testing.T) {
 	until := epoch.Add(90*time.Second + 250*time.Millisecond)
 	held := info("acme", doMethod, "held", store.KeyInProgress, epoch)

@@ -34,8 +34,9 @@ var ErrLeaseLost = errors.New("store: lease lost to another request")
 var ErrNotReady = errors.New("store: not set up")
 
 // ErrInvalidKey reports that a [Key] breaks the rules of [Key.Validate], so
-// no store can hold it. Nothing was written; the same key fails the same way
-// again, so retrying does not help.
+// no store can hold it, or a [KeyFilter] those of [KeyFilter.Validate].
+// Nothing was written or read; the same key fails the same way again, so
+// retrying does not help.
 var ErrInvalidKey = errors.New("store: invalid key")
 
 // The longest fields of a [Key], in bytes. Together they stay well within

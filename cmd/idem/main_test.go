@@ -439,6 +439,11 @@ func TestDatabaseURL(t *testing.T) {
 		t.Fatalf("second page: %q, want one key", got)
 	}
 
+	// A filter no key can hold is the operator's mistake, not the
+	// database's failure.
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
+
 	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until", settle...)
 	settled := unmarshal(t, ok(t, append(settle, "-force", "-o", "json")...), &adminv1.SettleKeyResponse{})

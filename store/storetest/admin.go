@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,6 +256,29 @@ var adminCases = []testCase{
 				t.Errorf("Settle(%q): %v, want ErrInvalidKey", k, err)
 			}
 		}
+	}},
+
+	{name: "InvalidFiltersAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
+		a := admin(t, s)
+		recordKey(t, s, key, okOutcome("r"))
+		for name, f := range map[string]store.KeyFilter{
+			"a tenant with a NUL byte":     {Tenant: "nul\x00"},
+			"a tenant not UTF-8":           {Tenant: "bad-\xff"},
+			"a tenant past its bound":      {Tenant: strings.Repeat("t", store.MaxTenantLength+1)},
+			"a method with a NUL byte":     {Tenant: key.Tenant, Method: "/nul\x00"},
+			"every tenant's, a NUL method": {AllTenants: true, Method: "/nul\x00"},
+			"a method not UTF-8":           {AllTenants: true, Method: "/bad-\xc3"},
+			"a method past its bound":      {AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)},
+			"a state that is none of them": {AllTenants: true, States: []store.KeyState{store.KeyRecorded, "done"}},
+			"a state with a NUL byte":      {AllTenants: true, States: []store.KeyState{"recorded\x00"}},
+		} {
+			page, next, err := a.Keys(t.Context(), f, "")
+			if !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidKey", name, len(page), next, err)
+			}
+		}
+		// A tenant that AllTenants ignores is not looked at.
+		wantKeys(t, "every tenant's keys, with an ignored tenant", listAll(t, a, store.KeyFilter{AllTenants: true, Tenant: "nul\x00"}, 10), key)
 	}},
 
 	{name: "KeysFilterAndPage", run: func(t *testing.T, s store.Store, cfg Config) {
