@@ -15,7 +15,8 @@ import (
 // transaction, with the fencing of the rest of the store: a key whose lease
 // is live is refused with a [*LeaseLiveError] unless the action is forced,
 // and a forced action fences the lease's holder, whose later writes
-// (extend, save a step, record) fail with ErrLeaseLost.
+// (extend, save a step, record), every one of them, fail with
+// ErrLeaseLost.
 type Admin interface {
 	// Keys returns the entries that match f, oldest first (by their
 	// creation, then by key), at most f.Limit of them, starting after the
