@@ -850,9 +850,13 @@ type SettleKeyRequest struct {
 	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// key is the idempotency key.
 	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	// status is the error to record: its code must not be 0 (OK), since a
-	// response is the method's own to make. Retries of the key get it, with
-	// its message and details.
+	// status is the error to record. Retries of the key get it, with its
+	// message and details and without RetryInfo, until the key expires. Its
+	// code must not be 0 (OK), since a response is the method's own to make,
+	// nor one clients retry: ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED or
+	// DEADLINE_EXCEEDED, on which a client would spend every attempt. A code
+	// such as FAILED_PRECONDITION tells clients not to retry until the state
+	// is fixed.
 	Status *status.Status `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
 	// force settles a key whose lease is live, fencing its holder.
 	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
