@@ -237,6 +237,11 @@ func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
 	if f.AllTenants && f.Tenant != "" {
 		return f, invalid("tenant must be empty with all_tenants")
 	}
+	if err := f.Validate(); err != nil {
+		// A filter no key can hold (a NUL byte, say): refused as GetKey
+		// refuses such a key, before the store is asked.
+		return f, invalid("%v", err)
+	}
 	for _, st := range req.GetStates() {
 		ks, ok := keyStates[st]
 		if !ok {
@@ -315,7 +320,8 @@ func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (
 	return &adminv1.ForgetKeyResponse{}, c.end(ctx, nil, nil)
 }
 
-// SettleKey records an error as the outcome of one key in progress.
+// SettleKey records an error as the outcome of one key in progress. The
+// error's code is not OK, nor one clients retry (see the package doc).
 func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (*adminv1.SettleKeyResponse, error) {
 	r := keyRequest(adminv1.AdminService_SettleKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
 	ctx, c, err := s.begin(ctx, r)
@@ -327,8 +333,8 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 	}
 	st := req.GetStatus()
 	cd := code.Code(st.GetCode())
-	if cd <= code.Code_OK || cd > code.Code_UNAUTHENTICATED {
-		return nil, c.end(ctx, invalid("status.code must be an error's gRPC code (1 to 16); a response is the method's own to make"), nil)
+	if err := settleable(cd); err != nil {
+		return nil, c.end(ctx, err, nil)
 	}
 	body, _, err := record.Encode(cd, st, nil, nil)
 	if err != nil {
@@ -346,6 +352,35 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 		ki = store.KeyInfo{Key: r.Key, State: store.KeyRecorded, Outcome: &store.Outcome{Code: cd, Body: body}}
 	}
 	return &adminv1.SettleKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// retried are the codes clients are told to retry: ABORTED and
+// UNAVAILABLE, which idem's own client recipes retry, RESOURCE_EXHAUSTED,
+// which go-grpc-middleware's retry interceptor retries by default, and
+// DEADLINE_EXCEEDED, which clients of a method made safe to retry by a key
+// retry by design.
+var retried = map[code.Code]bool{
+	code.Code_ABORTED:            true,
+	code.Code_UNAVAILABLE:        true,
+	code.Code_RESOURCE_EXHAUSTED: true,
+	code.Code_DEADLINE_EXCEEDED:  true,
+}
+
+// settleable returns nil when a key may be settled with cd, else the
+// INVALID_ARGUMENT answer naming the rule: cd is an error's gRPC code (a
+// response is the method's own to make), and not one clients retry. A
+// settled key answers every retry with its status, without RetryInfo, until
+// it expires: a client that retries the code would spend all its attempts
+// on an answer that never changes.
+func settleable(cd code.Code) error {
+	switch {
+	case cd <= code.Code_OK || cd > code.Code_UNAUTHENTICATED:
+		return invalid("status.code must be an error's gRPC code (1 to 16); a response is the method's own to make")
+	case retried[cd]:
+		return invalid("status.code %s is a code clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), "+
+			"and a settled key answers every retry the same until it expires; settle with a code they do not retry, such as FAILED_PRECONDITION", cd)
+	}
+	return nil
 }
 
 // FinishKey finishes one abandoned call now, through the server's

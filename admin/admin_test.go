@@ -201,7 +201,7 @@ func TestTenantScope(t *testing.T) {
 	_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true})
 	wantCode(t, err, codes.PermissionDenied)
 	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2",
-		Status: &spb.Status{Code: int32(codes.Aborted)}})
+		Status: &spb.Status{Code: int32(codes.FailedPrecondition)}})
 	wantCode(t, err, codes.PermissionDenied)
 	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{AllTenants: true})
 	wantCode(t, err, codes.PermissionDenied)
@@ -233,7 +233,7 @@ func TestNotFoundAndInvalid(t *testing.T) {
 	wantCode(t, err, codes.NotFound)
 	_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope"})
 	wantCode(t, err, codes.NotFound)
-	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope", Status: &spb.Status{Code: 10}})
+	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope", Status: &spb.Status{Code: 9}})
 	wantCode(t, err, codes.NotFound)
 
 	_, err = c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod})
@@ -246,6 +246,80 @@ func TestNotFoundAndInvalid(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument)
 	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_UNSPECIFIED}})
 	wantCode(t, err, codes.InvalidArgument)
+}
+
+// TestListKeysRefusesAnInvalidFilter: a tenant or method filter that no
+// key can hold (a NUL byte, past its bound) is the caller's mistake,
+// answered INVALID_ARGUMENT naming the rule before the store is asked, as
+// GetKey answers such a key; never a store failure logged at ERROR.
+func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
+	st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+	var logs lockedBuffer
+	c := serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	for _, tc := range []struct {
+		req  *adminv1.ListKeysRequest
+		rule string
+	}{
+		{&adminv1.ListKeysRequest{Tenant: "a\x00b"}, "tenant filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{Tenant: strings.Repeat("t", store.MaxTenantLength+1)}, "tenant filter is 256 bytes, longer than the 255 allowed"},
+		{&adminv1.ListKeysRequest{Tenant: "acme", Method: "/a\x00b"}, "method filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
+		{&adminv1.ListKeysRequest{AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)}, "method filter is 1025 bytes"},
+	} {
+		_, err := c.ListKeys(t.Context(), tc.req)
+		if s := wantCode(t, err, codes.InvalidArgument); !strings.Contains(s.Message(), tc.rule) {
+			t.Errorf("ListKeys(%q, %q): %q, want the rule (%q) named", tc.req.GetTenant(), tc.req.GetMethod(), s.Message(), tc.rule)
+		}
+	}
+	if n := st.storeCalls(); n != 0 {
+		t.Errorf("invalid filters reached the store %d times", n)
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Errorf("an invalid filter was logged as a failure:\n%s", logs.String())
+	}
+}
+
+// TestSettleRefusesCodesClientsRetry: a settled key answers every retry
+// with its status, without RetryInfo, until it expires, so a code that
+// clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED,
+// DEADLINE_EXCEEDED) would have them spend every attempt on an answer
+// that never changes. It is refused with INVALID_ARGUMENT naming the rule,
+// as OK and codes outside gRPC's are, before the store is asked.
+func TestSettleRefusesCodesClientsRetry(t *testing.T) {
+	held := info("acme", doMethod, "held", store.KeyAbandoned, epoch)
+	st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
+	c := serve(t, st, allowAll)
+	for _, tc := range []struct {
+		code codes.Code
+		rule string
+	}{
+		{codes.Aborted, "ABORTED is a code clients retry"},
+		{codes.Unavailable, "UNAVAILABLE is a code clients retry"},
+		{codes.ResourceExhausted, "RESOURCE_EXHAUSTED is a code clients retry"},
+		{codes.DeadlineExceeded, "DEADLINE_EXCEEDED is a code clients retry"},
+		{codes.OK, "must be an error's gRPC code"},
+		{17, "must be an error's gRPC code"},
+	} {
+		_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true,
+			Status: &spb.Status{Code: int32(tc.code), Message: "settled by an operator"}})
+		if s := wantCode(t, err, codes.InvalidArgument); !strings.Contains(s.Message(), tc.rule) {
+			t.Errorf("settle with %v: %q, want the rule (%q) named", tc.code, s.Message(), tc.rule)
+		}
+	}
+	if n := st.storeCalls(); n != 0 {
+		t.Errorf("refused settles reached the store %d times", n)
+	}
+	st.mu.Lock()
+	if ki := st.keys[0]; ki.State != store.KeyAbandoned || ki.Outcome != nil {
+		t.Errorf("the key after the refused settles: %+v, want it abandoned as it was", ki)
+	}
+	st.mu.Unlock()
+
+	resp, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held",
+		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}})
+	if err != nil || resp.GetKey().GetOutcome().GetCode() != int32(codes.FailedPrecondition) {
+		t.Fatalf("settle with FAILED_PRECONDITION: %v, %v", resp, err)
+	}
 }
 
 func TestLeaseLive(t *testing.T) {
@@ -266,7 +340,7 @@ func TestLeaseLive(t *testing.T) {
 		t.Errorf("forget: %q does not name the lease's expiry %s", s.Message(), wantUntil)
 	}
 	settle := &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held2",
-		Status: &spb.Status{Code: int32(codes.Aborted), Message: "settled by an operator"}}
+		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "settled by an operator"}}
 	_, err = c.SettleKey(ctx, settle)
 	if s := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(s.Message(), wantUntil) {
 		t.Errorf("settle: %q does not name the lease's expiry %s", s.Message(), wantUntil)
@@ -281,7 +355,7 @@ func TestLeaseLive(t *testing.T) {
 		t.Fatalf("forced settle: %v", err)
 	}
 	k := resp.GetKey()
-	if k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetCode() != int32(codes.Aborted) ||
+	if k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetCode() != int32(codes.FailedPrecondition) ||
 		k.GetOutcome().GetError().GetMessage() != "settled by an operator" {
 		t.Errorf("settled key: %v", k)
 	}
@@ -289,12 +363,12 @@ func TestLeaseLive(t *testing.T) {
 	st.mu.Lock()
 	r, err := record.Decode(st.keys[0].Outcome.Body)
 	st.mu.Unlock()
-	if err != nil || r.Code != code.Code_ABORTED {
+	if err != nil || r.Code != code.Code_FAILED_PRECONDITION {
 		t.Errorf("settled body: %v, %v", r, err)
 	}
 
 	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "done",
-		Status: &spb.Status{Code: int32(codes.Aborted)}, Force: true})
+		Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true})
 	wantCode(t, err, codes.FailedPrecondition)
 }
 
@@ -460,7 +534,7 @@ func TestStoreErrorHidden(t *testing.T) {
 			return err
 		},
 		"settle": func() error {
-			_, err := c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{Code: 10}})
+			_, err := c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{Code: 9}})
 			return err
 		},
 	} {

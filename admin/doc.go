@@ -31,9 +31,11 @@ PERMISSION_DENIED.
 An unknown key is NOT_FOUND; a forget or settle of a key whose lease is live
 is FAILED_PRECONDITION naming when the lease runs out, unless forced (which
 fences the lease's holder); a settle of a recorded key is
-FAILED_PRECONDITION; a malformed key, filter or page token is
-INVALID_ARGUMENT. A store that fails is answered UNAVAILABLE with a generic
-message: the store's own error, which may hold SQL, goes to the log only.
+FAILED_PRECONDITION; a malformed key (see [store.Key.Validate]), filter
+(a tenant or method no key can hold: [store.KeyFilter.Validate]) or page
+token is INVALID_ARGUMENT, before the store is asked. A store that fails is
+answered UNAVAILABLE with a generic message: the store's own error, which
+may hold SQL, goes to the log only.
 
 A recorded response is decoded with the method's output type, found in the
 protobuf registry (by the method's full name, or by its
@@ -41,6 +43,22 @@ protobuf registry (by the method's full name, or by its
 server does not link the method's generated package, the response is
 returned as the bytes recorded, with a note saying why. A recorded error is
 returned as its google.rpc.Status.
+
+# Settling a key
+
+SettleKey records an error as the outcome of a key in progress, and every
+retry of the key then gets that error, as it was settled and without
+RetryInfo, until the key expires. So it takes an error's code that clients
+do not retry, such as FAILED_PRECONDITION ("don't retry until the state is
+fixed"): OK is refused (a response is the method's own to make), and so
+are ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED, which
+clients are told to retry (idem's own client recipes retry ABORTED and
+UNAVAILABLE, go-grpc-middleware's retry interceptor RESOURCE_EXHAUSTED and
+UNAVAILABLE by default, and a keyed call is safe to retry after its
+deadline): a client retrying them would spend every attempt on an answer
+that never changes. Both are INVALID_ARGUMENT naming the rule, before the
+store is asked; the idem command's settle, over a server or a database,
+goes through the same check.
 
 # Finishing a call
 

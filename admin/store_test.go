@@ -46,7 +46,7 @@ func TestOnMemoryStore(t *testing.T) {
 		t.Fatalf("ListKeys: %v, %v; want the one key, in progress", list, err)
 	}
 	settle := &adminv1.SettleKeyRequest{Tenant: k.Tenant, Method: k.Method, Key: k.Key,
-		Status: &spb.Status{Code: int32(codes.Aborted), Message: "cancelled by an operator"}}
+		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}}
 	_, err = client.SettleKey(ctx, settle)
 	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "2026-01-02T03:05:05") {
 		t.Fatalf("settle of a live lease: %q, want the lease's end named", st.Message())
@@ -61,8 +61,8 @@ func TestOnMemoryStore(t *testing.T) {
 		t.Fatalf("settle of the abandoned key: %v", err)
 	}
 	c, err := st.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
-	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != 10 {
-		t.Fatalf("retry after the settle: %+v, %v; want the settled ABORTED replayed", c, err)
+	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != 9 {
+		t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
 	}
 	// The settled call's holder is fenced.
 	if err := lc.Lease.Extend(ctx, time.Minute); err == nil {

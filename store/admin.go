@@ -15,13 +15,16 @@ import (
 // transaction, with the fencing of the rest of the store: a key whose lease
 // is live is refused with a [*LeaseLiveError] unless the action is forced,
 // and a forced action fences the lease's holder, whose later writes
-// (extend, save a step, record) fail with ErrLeaseLost.
+// (extend, save a step, record), every one of them, fail with
+// ErrLeaseLost.
 type Admin interface {
 	// Keys returns the entries that match f, oldest first (by their
 	// creation, then by key), at most f.Limit of them, starting after the
 	// cursor after ("" for the first page). It also returns the cursor of
 	// the next page, "" when there is none. A cursor is the store's own,
 	// opaque text; one the store did not make fails with ErrInvalidCursor.
+	// A filter that fails [KeyFilter.Validate] fails with its error, which
+	// wraps ErrInvalidKey.
 	Keys(ctx context.Context, f KeyFilter, after string) ([]KeyInfo, string, error)
 
 	// Key returns everything kept of k. It fails with ErrNotFound when the
@@ -79,6 +82,33 @@ type KeyFilter struct {
 	CreatedAfter, CreatedBefore time.Time
 	// Limit caps the entries of a page; 0 means 100, and at most 1000.
 	Limit int
+}
+
+// Validate reports whether every store can select by f: Tenant, unless
+// AllTenants is set, and Method, unless it is empty, keep the rules of
+// [Key.Validate] for their fields (at most [MaxTenantLength] and
+// [MaxMethodLength] bytes of valid UTF-8 without a NUL byte), and States
+// holds only the KeyState constants. A filter that breaks them selects no
+// key a store can hold. The error wraps [ErrInvalidKey] and names the
+// field and the rule it breaks, never the field's value. Stores check it
+// in [Admin.Keys] before they touch their storage.
+func (f KeyFilter) Validate() error {
+	if !f.AllTenants {
+		if err := validateField("tenant filter", f.Tenant, 0, MaxTenantLength); err != nil {
+			return err
+		}
+	}
+	if err := validateField("method filter", f.Method, 0, MaxMethodLength); err != nil {
+		return err
+	}
+	for i, st := range f.States {
+		switch st {
+		case KeyInProgress, KeyAbandoned, KeyRecorded, KeyExpired:
+		default:
+			return fmt.Errorf("%w: states filter [%d] is not a key state", ErrInvalidKey, i)
+		}
+	}
+	return nil
 }
 
 // KeyInfo is everything a store keeps of a key's entry.

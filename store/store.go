@@ -20,11 +20,14 @@ var ErrInUse = errors.New("store: idempotency key in use by a request in flight"
 // call can be retried.
 var ErrConflict = errors.New("store: transaction conflict")
 
-// ErrLeaseLost reports that a leased claim is no longer this request's: its
-// lease ran out and a retry took the key over (or the key expired), or the
-// key's row is gone, as after a failover to a standby that had not
-// received it. The request's outcome was not recorded and must not be; the
-// new owner's stands.
+// ErrLeaseLost reports a write under a leased claim that is no longer this
+// request's: its lease ran out and a retry took the key over (or the key
+// expired), an operator forgot or settled the key by force ([Admin]), or
+// the key's row is gone, as after a failover to a standby that had not
+// received it. The write changed nothing: the request's outcome was not
+// recorded and must not be; the new owner's (or the operator's) stands. A
+// write after the lease's own Record or Release fails with it too: the
+// lease has ended.
 var ErrLeaseLost = errors.New("store: lease lost to another request")
 
 // ErrNotReady reports a store that cannot claim keys until an operator
@@ -34,8 +37,9 @@ var ErrLeaseLost = errors.New("store: lease lost to another request")
 var ErrNotReady = errors.New("store: not set up")
 
 // ErrInvalidKey reports that a [Key] breaks the rules of [Key.Validate], so
-// no store can hold it. Nothing was written; the same key fails the same way
-// again, so retrying does not help.
+// no store can hold it, or a [KeyFilter] those of [KeyFilter.Validate].
+// Nothing was written or read; the same key fails the same way again, so
+// retrying does not help.
 var ErrInvalidKey = errors.New("store: invalid key")
 
 // The longest fields of a [Key], in bytes. Together they stay well within
@@ -372,7 +376,12 @@ func MergeStep(steps []Step, p Step) ([]Step, error) {
 // nothing. A Lease is safe for concurrent use, so a
 // heartbeat may Extend it while the handler saves recovery points.
 //
-// Exactly one of Record and Release takes effect; Release after Record
+// Exactly one of Record and Release takes effect, and either ends the
+// lease. Once it has ended, or once it is lost (taken over, expired, or
+// fenced by a forced [Admin] Forget or Settle), SaveStep, Extend and
+// Record fail with ErrLeaseLost and change nothing, however often and in
+// whatever order they are called: a second Record is refused so too,
+// whether the first recorded or found the lease lost. Release after Record
 // does nothing, so it can be deferred.
 //
 // SaveStep, Extend and Record honour ctx: with a context that has
@@ -395,7 +404,7 @@ type Lease interface {
 	// SaveStep makes p durable at once, as the key's last
 	// recovery point and among its steps, so that a request that takes the
 	// key over resumes from it. A point that fails [Step.Validate],
-	// or that [SaveStep] refuses, is refused with its error, which wraps
+	// or that [MergeStep] refuses, is refused with its error, which wraps
 	// ErrInvalidStep, and nothing is saved.
 	SaveStep(ctx context.Context, p Step) error
 
@@ -408,10 +417,10 @@ type Lease interface {
 	// Release gives the key up so that a retry runs: a claim without a
 	// recovery point is deleted, and one with a recovery point keeps it and
 	// its lease ends at once, so that a retry of the same request takes the
-	// key over and resumes. A claim that keeps its request for completion
-	// ([Request].Completion, here or at an earlier claim of the key) is
-	// kept too, with or without a recovery point, so that a completer
-	// finishes it if no retry comes.
+	// key over and resumes. A claim that keeps its request for a finisher
+	// ([Request].Call, here or at an earlier claim of the key) is kept
+	// too, with or without a recovery point, so that a finisher finishes
+	// it if no retry comes.
 	Release(ctx context.Context) error
 }
 

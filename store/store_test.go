@@ -102,3 +102,40 @@ func TestKeyValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestKeyFilterValidate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		f    store.KeyFilter
+		// rule is what the error must say; "" for a valid filter.
+		rule string
+	}{
+		{"zero", store.KeyFilter{}, ""},
+		{"every field", store.KeyFilter{Tenant: "Zürich", Method: "/pkg.Service/Method", Limit: 5000,
+			States: []store.KeyState{store.KeyInProgress, store.KeyAbandoned, store.KeyRecorded, store.KeyExpired}}, ""},
+		{"tenant and method at their bounds", store.KeyFilter{Tenant: strings.Repeat("t", store.MaxTenantLength), Method: strings.Repeat("m", store.MaxMethodLength)}, ""},
+		{"a tenant AllTenants ignores", store.KeyFilter{AllTenants: true, Tenant: "a\x00b"}, ""},
+
+		{"tenant with NUL", store.KeyFilter{Tenant: "a\x00b"}, "tenant filter contains a NUL byte"},
+		{"tenant not UTF-8", store.KeyFilter{Tenant: "bad-\xff"}, "tenant filter is not valid UTF-8"},
+		{"tenant past its bound", store.KeyFilter{Tenant: strings.Repeat("t", store.MaxTenantLength+1)}, "tenant filter is 256 bytes, longer than the 255 allowed"},
+		{"method with NUL", store.KeyFilter{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
+		{"method not UTF-8", store.KeyFilter{Method: "/pkg.S/\xc3"}, "method filter is not valid UTF-8"},
+		{"method past its bound", store.KeyFilter{Method: strings.Repeat("m", 10<<10)}, "method filter is 10240 bytes, longer than the 1024 allowed"},
+		{"unknown state", store.KeyFilter{States: []store.KeyState{store.KeyRecorded, "done"}}, "states filter [1] is not a key state"},
+		{"empty state", store.KeyFilter{States: []store.KeyState{""}}, "states filter [0] is not a key state"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.f.Validate()
+			switch {
+			case c.rule == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case c.rule == "":
+			case !errors.Is(err, store.ErrInvalidKey):
+				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidKey", err)
+			case !strings.Contains(err.Error(), c.rule):
+				t.Errorf("Validate() = %q, want it to name the rule (%q)", err, c.rule)
+			}
+		})
+	}
+}

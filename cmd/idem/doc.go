@@ -60,11 +60,18 @@
 // holder: it then records nothing.
 //
 // settle records an error as a key's outcome, so that its retries stop
-// waiting and replay it. -code is a gRPC code, by name (ABORTED, aborted,
-// Aborted) or number, and never OK: a response is the method's own to
-// make. -message is the error's message. A key whose lease is live is
-// refused unless -force, which fences its holder; a recorded key is
-// refused (forget it instead).
+// waiting and replay it. -code is a gRPC code, by name
+// (FAILED_PRECONDITION, failed_precondition, FailedPrecondition) or
+// number, and never OK: a response is the method's own to make. Nor is it
+// a code clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED,
+// DEADLINE_EXCEEDED): every retry of the key gets the settled error,
+// without a retry delay, until the key expires, so a client that retries
+// its code would spend all its attempts on it. The admin service refuses
+// such a code with INVALID_ARGUMENT, with -addr and -database-url alike;
+// FAILED_PRECONDITION ("don't retry until the state is fixed") is the
+// usual choice. -message is the error's message. A key whose lease is
+// live is refused unless -force, which fences its holder; a recorded key
+// is refused (forget it instead).
 //
 // finish runs an abandoned call to its end now, through the server's
 // finisher, rather than after the finisher's grace: the key must be
@@ -77,8 +84,8 @@
 //
 // 0 on success; 1 when a call fails, with its gRPC code and message on
 // stderr (NOT_FOUND for an unknown key, FAILED_PRECONDITION for a live
-// lease or a recorded key, PERMISSION_DENIED from the authorizer); 2 for a
-// usage error.
+// lease or a recorded key, INVALID_ARGUMENT for a settle code clients
+// retry, PERMISSION_DENIED from the authorizer); 2 for a usage error.
 //
 // # grpcurl
 //

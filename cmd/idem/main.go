@@ -41,7 +41,8 @@ Output: -o table (default) or -o json (the service's messages as protobuf JSON).
 
 list: -state is in_progress, abandoned, recorded or expired (repeat or comma list);
 times are RFC 3339; -limit is the page size; -all follows page tokens.
-settle: -code is a gRPC code name or number, never OK.
+settle: -code is a gRPC code name or number, never OK nor a code clients retry
+(ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED); e.g. FAILED_PRECONDITION.
 
 Exit status: 0 done, 1 the call failed (its gRPC code and message on stderr), 2 usage.
 grpcurl works too where the server registers reflection. 'go doc
@@ -310,7 +311,7 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		force   bool
 	)
 	k.register(fs)
-	fs.Var(&cd, "code", "the error's gRPC `code`, by name (ABORTED) or number; never OK")
+	fs.Var(&cd, "code", "the error's gRPC `code`, by name (FAILED_PRECONDITION) or number; never OK nor a code clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)")
 	fs.StringVar(&message, "message", "", "the error's `message`")
 	fs.BoolVar(&force, "force", false, "settle a key whose lease is live, fencing its holder")
 	rest, err := parse(fs, c, args)
@@ -442,7 +443,7 @@ func (c *codeFlag) Set(v string) error {
 	case n == 0:
 		return errors.New("OK is not an error: a response is the method's own to make, so a key is settled with an error")
 	case n < 1 || n > 16:
-		return fmt.Errorf("%q is not a gRPC error code (a name such as ABORTED, or 1 to 16)", v)
+		return fmt.Errorf("%q is not a gRPC error code (a name such as FAILED_PRECONDITION, or 1 to 16)", v)
 	}
 	*c = codeFlag(n)
 	return nil

@@ -279,7 +279,7 @@ func TestForget(t *testing.T) {
 
 func TestSettle(t *testing.T) {
 	f := newFixture(t)
-	settle := f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "aborted", "-message", "cancelled by an operator")
+	settle := f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "failed_precondition", "-message", "cancelled by an operator")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z; set force", settle...)
 
 	f.advance(2 * time.Minute) // the lease runs out: its caller is gone
@@ -287,14 +287,14 @@ func TestSettle(t *testing.T) {
 		t.Fatalf("get order-7 after its lease ran out:\n%s\nwant it abandoned", out)
 	}
 	out := ok(t, settle...)
-	for _, want := range []string{`(?m)^state: +recorded$`, `(?m)^outcome: +ABORTED$`, `(?m)^message: +cancelled by an operator$`} {
+	for _, want := range []string{`(?m)^state: +recorded$`, `(?m)^outcome: +FAILED_PRECONDITION$`, `(?m)^message: +cancelled by an operator$`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("settle printed\n%s\nwant a line matching %s", out, want)
 		}
 	}
 	c, err := f.st.Claim(t.Context(), leased, store.Request{Fingerprint: []byte("fp-7")})
-	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_ABORTED {
-		t.Fatalf("retry after the settle: %+v, %v; want the settled ABORTED replayed", c, err)
+	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_FAILED_PRECONDITION {
+		t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
 	}
 
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's outcome is recorded already", settle...)
@@ -439,7 +439,19 @@ func TestDatabaseURL(t *testing.T) {
 		t.Fatalf("second page: %q, want one key", got)
 	}
 
-	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck")
+	// A filter no key can hold is the operator's mistake, not the
+	// database's failure.
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
+
+	// A code clients retry is refused on this path too, and leaves the key
+	// as it was.
+	fails(t, "INVALID_ARGUMENT: idem admin: status.code ABORTED is a code clients retry",
+		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
+	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
+		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)
+	}
+	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "FAILED_PRECONDITION", "-message", "stuck")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until", settle...)
 	settled := unmarshal(t, ok(t, append(settle, "-force", "-o", "json")...), &adminv1.SettleKeyResponse{})
 	if k := settled.GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetError().GetMessage() != "stuck" {

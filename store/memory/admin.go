@@ -128,8 +128,12 @@ func decodeCursor(s string) (cursor, error) {
 }
 
 // Keys implements [store.Admin]: it orders the entries by their creation
-// (by [WithClock]), then by tenant, method and key.
+// (by [WithClock]), then by tenant, method and key. Like the PostgreSQL
+// store, it refuses a filter that fails [store.KeyFilter.Validate].
 func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+	if err := f.Validate(); err != nil {
+		return nil, "", err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
 	}

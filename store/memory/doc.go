@@ -32,7 +32,8 @@
 //   - Leased claims get a fencing token that is never reused in the Store,
 //     and the writes of a lease fail with store.ErrLeaseLost once another
 //     request has taken the key over, the key was released and claimed
-//     again, or the key has expired.
+//     again, forgotten or settled by force, or has expired, and once the
+//     lease's own Record or Release took effect.
 //   - A recovery point that store.Step.Validate refuses is not
 //     saved, as the PostgreSQL store refuses it.
 //   - The writes of a lease (SaveStep, Extend, Record) fail with

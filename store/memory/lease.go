@@ -87,15 +87,22 @@ type leased struct {
 	mu       sync.Mutex
 	point    *store.Step
 	steps    []store.Step
-	finished bool
+	finished bool // Record or Release was called; guarded by mu
+
+	// ended is set once Record or Release took effect: the lease is no
+	// longer its holder's to write under, even where its entry is still
+	// there with its token (released with a recovery point). Guarded by
+	// store.mu.
+	ended bool
 }
 
-// heldLocked returns the key's entry while it is still this lease's: same
-// token, not completed and not expired. The caller holds store.mu.
+// heldLocked returns the key's entry while it is still this lease's: not
+// ended, same token, not completed and not expired. The caller holds
+// store.mu.
 func (l *leased) heldLocked() (*entry, time.Time, error) {
 	now := l.store.now()
 	e := l.store.entries[l.key]
-	if e == nil || e.token != l.token || e.completed || e.expired(now) {
+	if l.ended || e == nil || e.token != l.token || e.completed || e.expired(now) {
 		return nil, now, store.ErrLeaseLost
 	}
 	return e, now, nil
@@ -162,17 +169,15 @@ func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.finished {
-		return errFinished
-	}
 	l.finished = true
 	s := l.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, now, err := l.heldLocked()
 	if err != nil {
-		return err
+		return err // a second Record too: the first ended the lease
 	}
+	l.ended = true
 	e.updatedAt = now
 	e.completed = true
 	e.out = cloneOutcome(out)
@@ -226,6 +231,7 @@ func (l *leased) Release(context.Context) error {
 	if err != nil {
 		return err
 	}
+	l.ended = true
 	if e.point != nil || e.completion != nil {
 		// Keep the progress, or the request kept for a completer: end the
 		// lease, so a retry or a completer takes over (and resumes from

@@ -138,8 +138,16 @@ func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
 // across shards. A shard that fails fails the page, with an error naming
 // it. A row whose steps or kept request cannot be read fails the page with
 // an error wrapping [store.ErrCorrupt] that names its key; narrow the
-// filter's creation times to page around it.
+// filter's creation times to page around it. A filter that fails
+// [store.KeyFilter.Validate] (a NUL byte, which no text column holds, say)
+// is refused with its error before any query.
 func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+	if err := f.Validate(); err != nil {
+		return nil, "", err
+	}
+	if f.AllTenants {
+		f.Tenant = "" // ignored, and not checked: it must not reach a query
+	}
 	limit := f.Limit
 	switch {
 	case limit <= 0:

@@ -236,15 +236,17 @@ type lease struct {
 	tookOver bool // the claim took the key over from an earlier owner
 	kept     bool // the row keeps the request for a completer
 
-	// lost is set once a write found the lease lost: no later write
-	// can match the row again (tokens are never reused), so they fail
-	// without a round trip.
-	lost atomic.Bool
+	// ended is set once the lease is no longer its holder's to write
+	// under: a write found it lost (no later write can match the row
+	// again, as tokens are never reused), or its Record or Release took
+	// effect (a released row may still hold the token). Later writes fail
+	// with store.ErrLeaseLost without a round trip.
+	ended atomic.Bool
 
 	mu       sync.Mutex
 	point    *store.Step
 	steps    []store.Step
-	finished bool
+	finished bool // Record took effect or found the lease lost, or Release was called
 }
 
 func (l *lease) LastStep() (store.Step, bool) {
@@ -405,20 +407,20 @@ func (l *lease) Extend(ctx context.Context, d time.Duration) error {
 	return l.exec(ctx, leaseExtend, d.Seconds())
 }
 
+// Record fails with store.ErrLeaseLost once the lease ended, a second
+// Record included: see exec.
 func (l *lease) Record(ctx context.Context, out store.Outcome) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.finished {
-		return errFinished
-	}
 	if err := l.exec(ctx, leaseRecord, int32(out.Code), out.Body, out.NotCached); err != nil {
 		// Unless the lease was lost, the claim is still ours: a deferred
 		// Release deletes it (or finds it completed, if the record was
 		// committed and only its answer lost).
-		l.finished = errors.Is(err, store.ErrLeaseLost)
+		l.finished = l.finished || errors.Is(err, store.ErrLeaseLost)
 		return err
 	}
 	l.finished = true
+	l.ended.Store(true)
 	return nil
 }
 
@@ -432,6 +434,10 @@ func (l *lease) Release(ctx context.Context) error {
 	// The request may have ended with its context; the claim must still go.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	// The lease is given up, whatever the statement's fate: no later
+	// write may extend it or save a step (a row kept for a retry holds
+	// the token still).
+	defer l.ended.Store(true)
 	if l.point != nil || l.kept {
 		return l.exec(ctx, leaseEnd)
 	}
@@ -439,7 +445,8 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // exec runs a statement guarded by the lease's token and reports
-// store.ErrLeaseLost when it matched no row, then and from then on.
+// store.ErrLeaseLost when it matched no row, then and from then on, and
+// at once, without a round trip, once the lease ended.
 //
 // The statement runs in a transaction of its own under the lock timeout,
 // as a claim does (see [Store.sendBounded]): BEGIN, the lock timeout, the
@@ -450,7 +457,7 @@ func (l *lease) Release(ctx context.Context) error {
 // then, its caller gone, take effect whenever the lock ends. It waits at
 // most the lock timeout for a connection of the pool, too.
 func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
-	if l.lost.Load() {
+	if l.ended.Load() {
 		return store.ErrLeaseLost
 	}
 	conn, err := l.store.acquire(ctx, l.pool)
@@ -479,7 +486,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		return interpretError(err)
 	}
 	if tag.RowsAffected() == 0 {
-		l.lost.Store(true)
+		l.ended.Store(true)
 		return store.ErrLeaseLost
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -257,6 +258,29 @@ var adminCases = []testCase{
 		}
 	}},
 
+	{name: "InvalidFiltersAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
+		a := admin(t, s)
+		recordKey(t, s, key, okOutcome("r"))
+		for name, f := range map[string]store.KeyFilter{
+			"a tenant with a NUL byte":     {Tenant: "nul\x00"},
+			"a tenant not UTF-8":           {Tenant: "bad-\xff"},
+			"a tenant past its bound":      {Tenant: strings.Repeat("t", store.MaxTenantLength+1)},
+			"a method with a NUL byte":     {Tenant: key.Tenant, Method: "/nul\x00"},
+			"every tenant's, a NUL method": {AllTenants: true, Method: "/nul\x00"},
+			"a method not UTF-8":           {AllTenants: true, Method: "/bad-\xc3"},
+			"a method past its bound":      {AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)},
+			"a state that is none of them": {AllTenants: true, States: []store.KeyState{store.KeyRecorded, "done"}},
+			"a state with a NUL byte":      {AllTenants: true, States: []store.KeyState{"recorded\x00"}},
+		} {
+			page, next, err := a.Keys(t.Context(), f, "")
+			if !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidKey", name, len(page), next, err)
+			}
+		}
+		// A tenant that AllTenants ignores is not looked at.
+		wantKeys(t, "every tenant's keys, with an ignored tenant", listAll(t, a, store.KeyFilter{AllTenants: true, Tenant: "nul\x00"}, 10), key)
+	}},
+
 	{name: "KeysFilterAndPage", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		const lease = "/idem.test.v1.Test/Lease"
@@ -446,6 +470,68 @@ var adminCases = []testCase{
 			t.Errorf("Record after a forced Settle: %v, want ErrLeaseLost", err)
 		}
 		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("settled"))
+	}},
+
+	{name: "FencedHolderLosesEveryWrite", run: func(t *testing.T, s store.Store, _ Config) {
+		// A holder fenced by a forced Forget or Settle gets ErrLeaseLost
+		// from every write, however many and in whatever order, and none
+		// changes the key: not a second Record, not after a new claim.
+		a := admin(t, s)
+		writes := map[string]func(l store.Lease) error{
+			"Record":   func(l store.Lease) error { return l.Record(t.Context(), okOutcome("fenced")) },
+			"SaveStep": func(l store.Lease) error { return l.SaveStep(t.Context(), store.Step{Name: "fenced"}) },
+			"Extend":   func(l store.Lease) error { return l.Extend(t.Context(), 10*longLease) },
+		}
+		orders := [][]string{
+			{"Record", "Record", "SaveStep", "Extend", "Record"},
+			{"SaveStep", "SaveStep", "Record", "Extend", "Record"},
+			{"Extend", "Extend", "Record", "SaveStep", "Record"},
+		}
+		writeAll := func(t *testing.T, l store.Lease, what string, order []string) {
+			t.Helper()
+			for i, w := range order {
+				if err := writes[w](l); !errors.Is(err, store.ErrLeaseLost) {
+					t.Errorf("%s, write %d of %v (%s): %v, want ErrLeaseLost", what, i+1, order, w, err)
+				}
+			}
+		}
+		for i, order := range orders {
+			// A forced Forget, and the key claimed again by another request.
+			k := keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("forgotten-", i))
+			l := takeLease(t, s, k, fp, longLease)
+			if err := a.Forget(t.Context(), k, true); err != nil {
+				t.Fatalf("forced Forget: %v", err)
+			}
+			writeAll(t, l, "after a forced Forget", order)
+			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Key of the forgotten key after the fenced writes: %v, want ErrNotFound", err)
+			}
+			next := takeLease(t, s, k, other, longLease)
+			writeAll(t, l, "after a forced Forget and a new claim", order)
+			if ki := keyInfo(t, a, k); ki.State != store.KeyInProgress || len(ki.Steps) != 0 || !bytes.Equal(ki.Fingerprint, other) {
+				t.Errorf("the new claim after the fenced writes: %+v", ki)
+			}
+			if err := next.Record(t.Context(), okOutcome("next")); err != nil {
+				t.Fatalf("the new claim's Record: %v", err)
+			}
+			wantRecorded(t, claimEntry(t, s, k, other), other, okOutcome("next"))
+
+			// A forced Settle.
+			k = keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("settled-", i))
+			l = takeLease(t, s, k, fp, longLease)
+			if err := a.Settle(t.Context(), k, errorOutcome(), true); err != nil {
+				t.Fatalf("forced Settle: %v", err)
+			}
+			writeAll(t, l, "after a forced Settle", order)
+			if ki := keyInfo(t, a, k); ki.State != store.KeyRecorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
+				t.Errorf("the settled key after the fenced writes: %+v", ki)
+			}
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+			if err := l.Release(t.Context()); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("Release of the fenced lease: %v, want nil or ErrLeaseLost", err)
+			}
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+		}
 	}},
 
 	{name: "SettleOfAnExpiredKeyIsNotFound", run: func(t *testing.T, s store.Store, cfg Config) {

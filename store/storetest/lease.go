@@ -285,12 +285,71 @@ var leaseCases = []testCase{
 		if err := l.Release(t.Context()); err != nil {
 			t.Errorf("Release after Complete: %v, want nil", err)
 		}
-		if err := l.Record(t.Context(), okOutcome("again")); err == nil {
-			t.Error("second Complete succeeded, want an error")
+		if err := l.Record(t.Context(), okOutcome("again")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("second Record: %v, want ErrLeaseLost", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, out)
 		wantRecorded(t, leaseEntry(t, s, key, fp, longLease), fp, out)
 		wantRecorded(t, leaseEntry(t, s, key, other, longLease), fp, out)
+	}},
+
+	{name: "WritesAfterTheLeaseEndedAreLost", run: func(t *testing.T, s store.Store, _ Config) {
+		// Once its Record or Release took effect, a lease is no longer its
+		// holder's to write under: SaveStep, Extend and Record fail with
+		// ErrLeaseLost and change nothing, every time; Release does nothing.
+		ended := func(t *testing.T, l store.Lease, what string) {
+			t.Helper()
+			for i, w := range []struct {
+				name  string
+				write func() error
+			}{
+				{"Record", func() error { return l.Record(t.Context(), okOutcome("late")) }},
+				{"SaveStep", func() error { return l.SaveStep(t.Context(), store.Step{Name: "late"}) }},
+				{"Extend", func() error { return l.Extend(t.Context(), 10*longLease) }},
+				{"Record", func() error { return l.Record(t.Context(), okOutcome("later")) }},
+				{"Extend", func() error { return l.Extend(t.Context(), 10*longLease) }},
+			} {
+				if err := w.write(); !errors.Is(err, store.ErrLeaseLost) {
+					t.Errorf("%s after %s (write %d): %v, want ErrLeaseLost", w.name, what, i+1, err)
+				}
+			}
+			if err := l.Release(t.Context()); err != nil {
+				t.Errorf("Release after %s: %v, want nil", what, err)
+			}
+		}
+
+		recorded := keyOf(key.Tenant, key.Method, "recorded")
+		l := takeLease(t, s, recorded, fp, longLease)
+		if err := l.Record(t.Context(), errorOutcome()); err != nil {
+			t.Fatalf("Record: %v", err)
+		}
+		ended(t, l, "its Record")
+		wantRecorded(t, claimEntry(t, s, recorded, fp), fp, errorOutcome())
+
+		// Released with a step: the key stays, its lease ended, for a retry
+		// to take over at once, with the step the holder saved.
+		released := keyOf(key.Tenant, key.Method, "released")
+		l = takeLease(t, s, released, fp, longLease)
+		point := store.Step{Name: "charge", Result: []byte("ch_1")}
+		if err := l.SaveStep(t.Context(), point); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		ended(t, l, "its Release")
+		retry := takeLeasedClaim(t, s, released, fp, longLease)
+		if !retry.TookOver {
+			t.Errorf("the retry after a Release did not take the key over: the released lease was extended")
+		}
+		wantPoint(t, retry.Lease, point)
+		if steps := retry.Lease.Steps(); len(steps) != 1 {
+			t.Errorf("the retry's steps: %v, want only the one saved before the Release", steps)
+		}
+		if err := retry.Lease.Record(t.Context(), okOutcome("retry")); err != nil {
+			t.Fatal(err)
+		}
+		wantRecorded(t, claimEntry(t, s, released, fp), fp, okOutcome("retry"))
 	}},
 
 	{name: "ReleaseFreesKey", run: func(t *testing.T, s store.Store, _ Config) {
@@ -298,8 +357,8 @@ var leaseCases = []testCase{
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		if err := l.Record(t.Context(), okOutcome("late")); err == nil {
-			t.Error("Complete after Release succeeded, want an error")
+		if err := l.Record(t.Context(), okOutcome("late")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
 		again := takeLease(t, s, key, other, longLease)
 		wantNoPoint(t, again)
@@ -326,8 +385,8 @@ var leaseCases = []testCase{
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), fp)
 		again := takeLease(t, s, key, fp, longLease)
 		wantPoint(t, again, point)
-		if err := l.Record(t.Context(), okOutcome("stale")); err == nil {
-			t.Error("Complete after Release succeeded, want an error")
+		if err := l.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
 		if err := again.Record(t.Context(), okOutcome("resumed")); err != nil {
 			t.Fatal(err)

@@ -454,12 +454,15 @@ func (*Outcome_Error) isOutcome_Result() {}
 type ListKeysRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// tenant selects one tenant's keys (the empty tenant's, when empty and
-	// all_tenants is not set).
+	// all_tenants is not set). Like a key's tenant, it is at most 255 bytes
+	// without a NUL byte: INVALID_ARGUMENT otherwise.
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// all_tenants selects every tenant's keys; tenant must then be empty.
 	// Only an operator allowed every tenant may set it.
 	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
-	// method selects the keys of one method's full name or scope.
+	// method selects the keys of one method's full name or scope. Like a
+	// key's method, it is at most 1024 bytes without a NUL byte:
+	// INVALID_ARGUMENT otherwise.
 	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
 	// states selects the keys in any of these states; empty selects all.
 	States []KeyState `protobuf:"varint,4,rep,packed,name=states,proto3,enum=idem.admin.v1.KeyState" json:"states,omitempty"`
@@ -847,9 +850,13 @@ type SettleKeyRequest struct {
 	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// key is the idempotency key.
 	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	// status is the error to record: its code must not be 0 (OK), since a
-	// response is the method's own to make. Retries of the key get it, with
-	// its message and details.
+	// status is the error to record. Retries of the key get it, with its
+	// message and details and without RetryInfo, until the key expires. Its
+	// code must not be 0 (OK), since a response is the method's own to make,
+	// nor one clients retry: ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED or
+	// DEADLINE_EXCEEDED, on which a client would spend every attempt. A code
+	// such as FAILED_PRECONDITION tells clients not to retry until the state
+	// is fixed.
 	Status *status.Status `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
 	// force settles a key whose lease is live, fencing its holder.
 	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`

@@ -65,7 +65,9 @@ type AdminServiceClient interface {
 	// its retries stop waiting and replay that error. NOT_FOUND when the key
 	// has no entry; FAILED_PRECONDITION when its outcome is recorded already
 	// (forget it instead), or, naming when the lease runs out, when its lease
-	// is live and force is not set. A forced settle fences the lease's holder.
+	// is live and force is not set; INVALID_ARGUMENT for a status code it
+	// does not take (see SettleKeyRequest.status). A forced settle fences the
+	// lease's holder.
 	SettleKey(ctx context.Context, in *SettleKeyRequest, opts ...grpc.CallOption) (*SettleKeyResponse, error)
 	// FinishKey finishes an abandoned call now, rather than after the
 	// finisher's grace: it takes the call over as a retry would, runs it
@@ -173,7 +175,9 @@ type AdminServiceServer interface {
 	// its retries stop waiting and replay that error. NOT_FOUND when the key
 	// has no entry; FAILED_PRECONDITION when its outcome is recorded already
 	// (forget it instead), or, naming when the lease runs out, when its lease
-	// is live and force is not set. A forced settle fences the lease's holder.
+	// is live and force is not set; INVALID_ARGUMENT for a status code it
+	// does not take (see SettleKeyRequest.status). A forced settle fences the
+	// lease's holder.
 	SettleKey(context.Context, *SettleKeyRequest) (*SettleKeyResponse, error)
 	// FinishKey finishes an abandoned call now, rather than after the
 	// finisher's grace: it takes the call over as a retry would, runs it
