@@ -17,7 +17,7 @@ var keyCases = []testCase{
 			t.Run(k.name, func(t *testing.T) {
 				txn := claimTxn(t, s, k.key, fp)
 				if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
-					t.Fatalf("Complete: %v", err)
+					t.Fatalf("Record: %v", err)
 				}
 				wantRecorded(t, claimEntry(t, s, k.key, fp), fp, okOutcome("atomic"))
 
@@ -25,7 +25,7 @@ var keyCases = []testCase{
 				leased.Key = k.key.Key[:len(k.key.Key)-1] + "L"
 				l := takeLease(t, s, leased, fp, time.Minute)
 				if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
-					t.Fatalf("Complete: %v", err)
+					t.Fatalf("Record: %v", err)
 				}
 				wantRecorded(t, leaseEntry(t, s, leased, fp, time.Minute), fp, okOutcome("leased"))
 			})
@@ -34,7 +34,7 @@ var keyCases = []testCase{
 		ascii := store.Key{Tenant: "Zurich", Method: key.Method, Key: key.Key}
 		txn := claimTxn(t, s, ascii, other)
 		if err := txn.Record(t.Context(), okOutcome("ascii")); err != nil {
-			t.Fatalf("Complete: %v", err)
+			t.Fatalf("Record: %v", err)
 		}
 		wantRecorded(t, claimEntry(t, s, store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
 	}},
