@@ -1,7 +1,7 @@
-// Command doccheck checks the comments of idem's Go code, as README.md's
-// blocks are checked by internal/readme: every doc link names a declaration
-// that exists, and every Go block of a doc comment compiles. .ci/run runs
-// it; it prints one line per problem and exits 1 when there is one.
+// Command doccheck checks the comments of idem's Go code and the Go blocks
+// of its Markdown files: every doc link names a declaration that exists,
+// and every Go block of a doc comment or a Markdown file compiles. .ci/run
+// runs it; it prints one line per problem and exits 1 when there is one.
 //
 // Run it from the repository root (the tools module is outside go.work):
 //
@@ -38,18 +38,24 @@
 //
 // # Go blocks
 //
-// An indented block of a doc comment is Go when it parses as Go
-// declarations or, in a function returning error, as Go statements; other
-// blocks (shell commands, protobuf, tables) are left alone. A line that is
-// only "..." and a body that is only "{ ... }" stand for elided code. A Go
-// block is type-checked in a scratch package that imports what it names:
-// the documented package by its name, then the packages its files import
-// (by the names they import them with), then any package that the loaded
-// modules import under a name no other package uses. Names that the block
-// uses without declaring and that name no package (ctx, pool, engine) are
-// the block's surroundings: they are not reported, nor is what follows
-// from them (an operand of unknown type). Unused variables and imports, values not
-// used and a missing return are not reported either; every other error is.
+// An indented block of a doc comment, and a fenced go block of a Markdown
+// file of the module (README.md included: internal/readme checks that its
+// blocks are in files that compile, doccheck that they compile as they
+// are), is Go when it parses as a Go file, as Go declarations or, in a
+// function returning error, as Go statements; other blocks (shell
+// commands, protobuf, tables) are left alone. A line that is only "..." and
+// a body that is only "{ ... }" stand for elided code. A file is
+// type-checked as it is. Declarations and statements are type-checked in a
+// scratch package that imports what they name and do not import: the
+// documented package by its name (for Markdown, the package in the file's
+// directory, if any), then the packages its files import (by the names
+// they import them with), then any package that the loaded modules import
+// under a name no other package uses. Names that the block uses without
+// declaring and that name no package (ctx, pool, engine) are the block's
+// surroundings: they are not reported, nor is what follows from them (an
+// operand of unknown type), nor a return whose count of values is the
+// surrounding function's. Unused variables and imports, values not used
+// and a missing return are not reported either; every other error is.
 package main
 
 import (
@@ -113,27 +119,57 @@ func run(root string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	markdown, err := gitFiles(root, "*.md")
+	if err != nil {
+		return nil, err
+	}
 	var problems []string
 	// The workspace's modules load together, as go.work joins them; the
 	// tools module runs with GOWORK=off, so the variable is reset.
-	groups := []struct {
-		dir  string
-		env  []string
-		pats []string
-	}{{root, append(os.Environ(), "GOWORK="), workspace}}
-	for _, m := range others {
-		groups = append(groups, struct {
-			dir  string
-			env  []string
-			pats []string
-		}{m, append(os.Environ(), "GOWORK=off"), []string{"./..."}})
+	type group struct {
+		dir     string
+		env     []string
+		modules []string // their directories
 	}
-	for _, g := range groups {
-		c, err := load(g.dir, g.env, g.pats)
+	groups := []group{{root, append(os.Environ(), "GOWORK="), workspace}}
+	for _, m := range others {
+		groups = append(groups, group{m, append(os.Environ(), "GOWORK=off"), []string{m}})
+	}
+	// Each Markdown file is checked with the module it is in.
+	owner := make(map[string]int)
+	for _, md := range markdown {
+		best := ""
+		for i, g := range groups {
+			for _, m := range g.modules {
+				if within(md, m) && len(m) > len(best) {
+					best, owner[md] = m, i
+				}
+			}
+		}
+	}
+	for i, g := range groups {
+		var pats []string
+		for _, m := range g.modules {
+			rel, err := filepath.Rel(g.dir, m)
+			if err != nil {
+				return nil, err
+			}
+			pats = append(pats, "./"+path.Join(filepath.ToSlash(rel), "..."))
+		}
+		c, err := load(g.dir, g.env, pats)
 		if err != nil {
 			return nil, err
 		}
 		problems = append(problems, c.check()...)
+		for _, md := range markdown {
+			if j, ok := owner[md]; ok && j == i {
+				p, err := c.checkMarkdown(md)
+				if err != nil {
+					return nil, err
+				}
+				problems = append(problems, p...)
+			}
+		}
 	}
 	for i, p := range problems {
 		if rel, err := filepath.Rel(root, p); err == nil {
@@ -144,8 +180,37 @@ func run(root string) ([]string, error) {
 	return slices.Compact(problems), nil
 }
 
-// modules returns the package patterns of the workspace's modules, relative
-// to root, and the directories of the other modules git tracks.
+// within reports whether file is in directory dir or below it.
+func within(file, dir string) bool {
+	rel, err := filepath.Rel(dir, file)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+// gitFiles returns the files under root that git tracks (or would: not
+// ignored) whose names match pattern, except those under a testdata
+// directory.
+func gitFiles(root, pattern string) ([]string, error) {
+	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", pattern, "**/"+pattern)
+	cmd.Dir, cmd.Stderr = root, os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("git ls-files: %v", err)
+	}
+	var files []string
+	for _, f := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		if f == "" || slices.Contains(strings.Split(f, "/"), "testdata") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, f)); err == nil { // not deleted
+			files = append(files, filepath.Join(root, filepath.FromSlash(f)))
+		}
+	}
+	slices.Sort(files)
+	return slices.Compact(files), nil
+}
+
+// modules returns the directories of the workspace's modules and those of
+// the other modules git tracks.
 func modules(root string) (workspace []string, others []string, err error) {
 	cmd := exec.Command("go", "list", "-m", "-json")
 	cmd.Dir, cmd.Env, cmd.Stderr = root, append(os.Environ(), "GOWORK="), os.Stderr
@@ -162,24 +227,16 @@ func modules(root string) (workspace []string, others []string, err error) {
 			return nil, nil, fmt.Errorf("go list -m: %v", err)
 		}
 		inWorkspace[m.Dir] = true
-		rel, err := filepath.Rel(root, m.Dir)
-		if err != nil {
-			return nil, nil, err
-		}
-		workspace = append(workspace, "./"+filepath.ToSlash(rel)+"/...")
+		workspace = append(workspace, m.Dir)
 	}
-	cmd = exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "go.mod", "**/go.mod")
-	cmd.Dir, cmd.Stderr = root, os.Stderr
-	out, err = cmd.Output()
+	mods, err := gitFiles(root, "go.mod")
 	if err != nil {
-		return nil, nil, fmt.Errorf("git ls-files: %v", err)
+		return nil, nil, err
 	}
-	for _, f := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
-		dir := filepath.Join(root, filepath.Dir(f))
-		if f == "" || inWorkspace[dir] || slices.Contains(strings.Split(filepath.ToSlash(f), "/"), "testdata") {
-			continue
+	for _, f := range mods {
+		if dir := filepath.Dir(f); !inWorkspace[dir] {
+			others = append(others, dir)
 		}
-		others = append(others, dir)
 	}
 	return workspace, others, nil
 }
@@ -520,48 +577,108 @@ var (
 	elidedBody = regexp.MustCompile(`\{\s*\.\.\.\s*\}`)
 )
 
-// checkCode type-checks the code block text of a comment of p if it is Go.
+// fence opens a Go block of Markdown, indented or not.
+var fence = regexp.MustCompile("^( *)```go\\s*$")
+
+// checkMarkdown type-checks the Go blocks of the Markdown file name, as
+// those of a doc comment of the package in its directory, if there is one.
+func (c *checker) checkMarkdown(name string) ([]string, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	var p *packages.Package
+	for _, q := range c.pkgs {
+		if q.ID == q.PkgPath && len(q.GoFiles) > 0 && filepath.Dir(q.GoFiles[0]) == filepath.Dir(name) {
+			p = q
+		}
+	}
+	var imports map[string]string
+	if p != nil {
+		imports = c.imports(p)
+	}
+	var (
+		problems []string
+		block    []line
+		indent   string
+		in       bool
+	)
+	for i, l := range strings.Split(string(b), "\n") {
+		pos := token.Position{Filename: name, Line: i + 1}
+		switch {
+		case !in && fence.MatchString(l):
+			in, indent, block = true, fence.FindStringSubmatch(l)[1], nil
+		case in && strings.TrimSpace(l) == "```":
+			in = false
+			if len(block) == 0 {
+				continue
+			}
+			var text strings.Builder
+			for _, l := range block {
+				text.WriteString(l.text)
+				text.WriteByte('\n')
+			}
+			problems = append(problems, c.checkCode(p, imports, block, text.String())...)
+		case in:
+			block = append(block, line{strings.TrimPrefix(l, indent), pos})
+		}
+	}
+	return problems, nil
+}
+
+// checkCode type-checks the code block text of a comment of p (nil for a
+// Markdown file outside any package) if it is Go; lines are the comment's.
 func (c *checker) checkCode(p *packages.Package, imports map[string]string, lines []line, text string) []string {
 	// The block's first line in the comment.
 	_, start := find(lines, strings.TrimSpace(strings.SplitN(text, "\n", 2)[0]), 0)
 	text = elidedLine.ReplaceAllString(text, "$1// ...")
 	text = elidedBody.ReplaceAllString(text, "{ /* ... */ }")
 	fset := token.NewFileSet()
-	// The block's first line is the scratch file's line 3 in both forms.
-	decls := "package scratch\n\n" + text + "\n"
-	stmts := "package scratch\n\nfunc _() error {\n" + text + "\nreturn nil\n}\n"
-	const first = 3
-	src := decls
+	// A whole file, with its package clause and imports, is checked as it
+	// is; declarations and statements get a package clause and imports on
+	// one line before them, so that the block's first line is line 3 in
+	// both forms.
+	first := 1
+	src := text
 	f, err := parser.ParseFile(fset, "scratch.go", src, parser.SkipObjectResolution)
 	if err != nil {
-		src = strings.Replace(stmts, "{\n", "{ ", 1) // the block's first line stays line 3
+		first = 3
+		src = "package scratch\n\n" + text + "\n"
 		if f, err = parser.ParseFile(fset, "scratch.go", src, parser.SkipObjectResolution); err != nil {
-			return nil // not Go
-		}
-	}
-	// Import the packages the block names.
-	var used []string
-	ast.Inspect(f, func(n ast.Node) bool {
-		if sel, ok := n.(*ast.SelectorExpr); ok {
-			if id, ok := sel.X.(*ast.Ident); ok && !slices.Contains(used, id.Name) {
-				used = append(used, id.Name)
+			src = "package scratch\n\nfunc _() error { " + text + "\nreturn nil\n}\n"
+			if f, err = parser.ParseFile(fset, "scratch.go", src, parser.SkipObjectResolution); err != nil {
+				return nil // not Go
 			}
 		}
-		return true
-	})
-	var specs []string
-	for _, name := range used {
-		ipath := c.lookupName(p, imports, name)
-		if ipath == "" || c.byPath[ipath] == nil {
-			continue
+		// Import the packages the block names and does not import itself.
+		imported := make(map[string]bool)
+		for _, s := range f.Imports {
+			if s.Name != nil {
+				imported[s.Name.Name] = true
+			} else if ipath, err := strconv.Unquote(s.Path.Value); err == nil {
+				imported[path.Base(ipath)] = true
+			}
 		}
-		specs = append(specs, fmt.Sprintf("%s %q", name, ipath))
-	}
-	// The imports go on the package clause's line, so that lines stay put.
-	src = strings.Replace(src, "package scratch\n", "package scratch; import ("+strings.Join(specs, "; ")+")\n", 1)
-	f, err = parser.ParseFile(fset, "scratch.go", src, parser.SkipObjectResolution)
-	if err != nil {
-		return []string{fmt.Sprintf("%s: doccheck: %v", lines[0].pos, err)}
+		var specs []string
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			id, ok := sel.X.(*ast.Ident)
+			if !ok || imported[id.Name] {
+				return true
+			}
+			imported[id.Name] = true
+			if ipath := c.lookupName(p, imports, id.Name); ipath != "" && c.byPath[ipath] != nil {
+				specs = append(specs, fmt.Sprintf("%s %q", id.Name, ipath))
+			}
+			return true
+		})
+		src = strings.Replace(src, "package scratch\n", "package scratch; import ("+strings.Join(specs, "; ")+")\n", 1)
+		if f, err = parser.ParseFile(fset, "scratch.go", src, parser.SkipObjectResolution); err != nil {
+			return []string{fmt.Sprintf("%s: doccheck: %v", lines[0].pos, err)}
+		}
 	}
 	var errs []types.Error
 	conf := types.Config{
@@ -597,7 +714,7 @@ func (c *checker) checkCode(p *packages.Package, imports map[string]string, line
 // lookupName returns the import path of the package that a Go block of a
 // comment of p means by name, or "" if it names none.
 func (c *checker) lookupName(p *packages.Package, imports map[string]string, name string) string {
-	if p.Types.Name() == name && p.Types.Name() != "main" {
+	if p != nil && p.Types.Name() == name && p.Types.Name() != "main" {
 		return p.PkgPath
 	}
 	if ipath, ok := imports[name]; ok {
@@ -611,9 +728,11 @@ var undefined = regexp.MustCompile(`^undefined: [\pL_][\pL\pN_]*$`)
 
 // ignored reports whether e is an error a Go block of a doc comment may
 // have: a name of its surroundings, an unused variable, import or value, a
-// missing return.
+// missing return or one with another count of values than error alone.
 func ignored(e types.Error) bool {
 	return e.Soft || undefined.MatchString(e.Msg) || e.Msg == "missing return" || strings.HasSuffix(e.Msg, " is not used") ||
+		// A return of the function around the block.
+		strings.HasPrefix(e.Msg, "too many return values") || strings.HasPrefix(e.Msg, "not enough return values") ||
 		// What follows from a name of the surroundings, which go/types
 		// does not always leave out.
 		strings.Contains(e.Msg, "unknown type") || strings.Contains(e.Msg, "invalid type")
