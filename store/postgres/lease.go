@@ -153,9 +153,9 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 	return store.LeasedClaim{}, store.ErrInUse
 }
 
-// lease runs one round of Lease. When the key's steps cannot be decoded it
-// returns an error wrapping store.ErrCorrupt together with the lease its
-// committed takeover holds.
+// lease runs one round of ClaimLeased. When the key's steps cannot be
+// decoded it returns an error wrapping store.ErrCorrupt together with the
+// lease its committed takeover holds.
 func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)

@@ -398,7 +398,7 @@ var claimCases = []testCase{
 	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
 		cfg.advance(400 * time.Millisecond)
-		// Only Lease takes a run-out lease over; an atomic claim does not.
+		// Only ClaimLeased takes a run-out lease over; an atomic claim does not.
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		switch {
 		case isInUse(err):

@@ -10,7 +10,8 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// keyCases exercise the rules of store.Key.Validate, in Claim and in Lease.
+// keyCases exercise the rules of store.Key.Validate, in Claim and in
+// ClaimLeased.
 var keyCases = []testCase{
 	{name: "KeysWithinTheRulesAreHeld", run: func(t *testing.T, s store.Store, _ Config) {
 		for _, k := range validKeys() {
