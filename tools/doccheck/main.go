@@ -98,7 +98,7 @@ func main() {
 		fmt.Println(p)
 	}
 	if len(problems) > 0 {
-		fmt.Fprintf(os.Stderr, "doccheck: %d problems in doc comments: fix each doc link to name what exists, and each Go block to compile\n", len(problems))
+		fmt.Fprintf(os.Stderr, "doccheck: %d problems in the docs: fix each doc link to name what exists, and each Go block to compile\n", len(problems))
 		os.Exit(1)
 	}
 }
