@@ -305,7 +305,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 		t.Fatalf("Abandoned with limit 2 = %+v, %v; want one call of each shard", got, err)
 	}
 
-	// Completing each as a completer does (a takeover with the same
+	// Finishing each as a finisher does (a takeover with the same
 	// request) records it on its own shard.
 	got, _ = s.Abandoned(ctx, 0, 10)
 	for _, c := range got {
