@@ -25,7 +25,7 @@ import (
 // [ChildKey] derives them for other transports (HTTP, a provider's SDK).
 //
 // A call that names no step is keyed by its method and ordinal instead
-// (see [UnaryClientInterceptor]), from a tuple of six parts, the fourth the
+// (see [OutgoingKeys]), from a tuple of six parts, the fourth the
 // word "call", which never hashes like DeriveKey's four: a step may be
 // named anything, a method name and "#1" included, and still never share a
 // key with a call.
@@ -60,9 +60,11 @@ func deriveKey(parts ...string) string {
 // ChildKey returns the idempotency key of the named step of the keyed
 // request handled in ctx: [DeriveKey] of the request's tenant, method and
 // key, and step. It reports false outside a keyed request. It is the key
-// that calls through [UnaryClientInterceptor] made with [ContextWithStep](ctx,
-// step) carry; use it for calls over other transports (HTTP, a provider's
-// SDK), giving each distinct operation its own step.
+// that calls made with [ContextWithStep](ctx, step) carry through a client
+// adapter ([github.com/idemkit/idem/interceptor.UnaryClientInterceptor],
+// [github.com/idemkit/idem/interceptor/idemconnect.NewClientInterceptor]);
+// use it for calls over other transports (HTTP, a provider's SDK), giving
+// each distinct operation its own step.
 func ChildKey(ctx context.Context, step string) (string, bool) {
 	k, ok := requestKey(ctx)
 	if !ok {

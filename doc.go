@@ -80,7 +80,7 @@
 //
 //	situation                                  answer
 //	new key                                    run the handler, record, reply
-//	same key, same request, completed          replay the recorded response or error,
+//	same key, same request, recorded           replay the recorded response or error,
 //	                                           with header idempotent-replayed: true
 //	same key, other request                    FAILED_PRECONDITION, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
 //	same key, still running after the wait     ABORTED, RetryInfo and ErrorInfo reason IDEMPOTENCY_KEY_IN_USE

@@ -627,8 +627,8 @@ func TestFinisherSurvivesAPanickingRoute(t *testing.T) {
 	wantCode(t, err, codes.Unavailable)
 }
 
-// panickyStore is store/memory, whose Lease panics for tenant boom once
-// armed: a driver's bug.
+// panickyStore is store/memory, whose ClaimLeased panics for tenant boom
+// once armed: a driver's bug.
 type panickyStore struct {
 	*memory.Store
 	armed atomic.Bool

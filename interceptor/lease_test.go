@@ -202,7 +202,8 @@ func callErr(e *env, key string) error {
 
 // abandonedClaim writes the row a crashed leased worker leaves behind: in
 // progress, its lease run out, with the step charge_sent saved (result
-// ch_42) as the last recovery point and among its steps.
+// ch_42) as the last step (recovery_point, recovery_data) and among its
+// steps.
 func abandonedClaim(t *testing.T, e *env, key, value string) {
 	t.Helper()
 	fp, err := fingerprint.Sum(&testv1.DoRequest{Value: value})
@@ -258,7 +259,7 @@ func TestLeasedTakeoverResumes(t *testing.T) {
 		t.Fatalf("resumed with charge_sent = %q (run again: %v), want the saved ch_42", data, charged)
 	}
 	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND fencing_token <> 7 AND recovery_point = 'charge_confirmed'`); got != 1 {
-		t.Fatal("the takeover did not complete the key under a new fencing token")
+		t.Fatal("the takeover did not record the key under a new fencing token")
 	}
 }
 
@@ -399,10 +400,10 @@ func TestLeasedTransientErrorKeepsSteps(t *testing.T) {
 	}
 }
 
-// TestLeasedHeartbeatAfterComplete: a heartbeat that fires as the outcome is
-// recorded must not turn a completed call into a lost lease. The lease is so
+// TestLeasedHeartbeatAfterRecord: a heartbeat that fires as the outcome is
+// recorded must not turn a recorded call into a lost lease. The lease is so
 // short that the heartbeat beats every millisecond.
-func TestLeasedHeartbeatAfterComplete(t *testing.T) {
+func TestLeasedHeartbeatAfterRecord(t *testing.T) {
 	st, beats := beating(func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) })
 	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithLeased(3*time.Millisecond, doMethod)}})
 	e.svc.setHook(func(context.Context, string) error {
@@ -563,14 +564,14 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 	}
 }
 
-// failingComplete is a store whose first leased Complete fails without
+// failingRecord is a store whose first leased Record fails without
 // recording anything, as a lost connection would.
-type failingComplete struct {
+type failingRecord struct {
 	store.Store
 	failed atomic.Bool
 }
 
-func (s *failingComplete) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
@@ -580,7 +581,7 @@ func (s *failingComplete) ClaimLeased(ctx context.Context, key store.Key, r stor
 
 type failingLease struct {
 	store.Lease
-	s *failingComplete
+	s *failingRecord
 }
 
 func (l *failingLease) Record(ctx context.Context, out store.Outcome) error {
@@ -609,7 +610,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 					newStore = func(*pgxpool.Pool) store.Store { return memory.New(memory.WithClock(clock.now)) }
 				}
 				e := newEnv(t, setup{
-					store: func(pool *pgxpool.Pool) store.Store { return &failingComplete{Store: newStore(pool)} },
+					store: func(pool *pgxpool.Pool) store.Store { return &failingRecord{Store: newStore(pool)} },
 					opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
@@ -706,7 +707,7 @@ func TestStepRefusesInvalidPoint(t *testing.T) {
 			}
 			if st.name == "postgres" {
 				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND recovery_point IS NULL AND recovery_data IS NULL`); got != 1 {
-					t.Errorf("completed key rows without a recovery point = %d, want 1", got)
+					t.Errorf("recorded key rows without a last step (recovery_point) = %d, want 1", got)
 				}
 			}
 		})

@@ -64,7 +64,7 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 	}
 }
 
-// failingLeaseStore fails every Lease as a lost connection would.
+// failingLeaseStore fails every ClaimLeased as a lost connection would.
 type failingLeaseStore struct{ store.Store }
 
 func (failingLeaseStore) ClaimLeased(context.Context, store.Key, store.Request, time.Duration) (store.LeasedClaim, error) {

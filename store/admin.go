@@ -124,7 +124,7 @@ type KeyInfo struct {
 	LeaseUntil time.Time
 	// Takeovers counts how often the key was taken over.
 	Takeovers int
-	// Steps are the recovery points saved under the key, in order.
+	// Steps are the steps saved under the key, in order.
 	Steps []Step
 	// Outcome is the recorded outcome; nil unless State is KeyRecorded
 	// (or KeyExpired after it was recorded).

@@ -1,4 +1,4 @@
-// Package store defines what the idem interceptor needs from the storage
+// Package store defines what idem's engine needs from the storage
 // that holds idempotency keys, and the errors every implementation reports.
 //
 // # Contract
@@ -6,17 +6,17 @@
 // A key is scoped by tenant, full gRPC method and the client's key string
 // ([Key]). Every store holds the keys that [Key.Validate] accepts (bounded
 // lengths, valid UTF-8, no NUL byte) and refuses the others in Claim and
-// Lease with [ErrInvalidKey] before it touches its storage, so that a key
-// works on every store or on none.
+// ClaimLeased with [ErrInvalidKey] before it touches its storage, so that a
+// key works on every store or on none.
 //
 // [Store.Claim] is the only way to learn whether a key is free, and it must
 // decide atomically: of any number of concurrent claims for one key,
 // exactly one gets a [Txn]; the others get the key's [Entry] once the owner
-// has finished, or [ErrInUse] when a bounded wait runs out. "Check, then
+// is done, or [ErrInUse] when a bounded wait runs out. "Check, then
 // insert" is not an implementation of Claim.
 //
-// The owner finishes its Txn with [Txn.Record], which records the outcome
-// so that later claims see a completed [Entry], or with [Txn.Release], which
+// The owner ends its Txn with [Txn.Record], which records the outcome so
+// that later claims see a recorded [Entry], or with [Txn.Release], which
 // leaves no trace so that a retry runs afresh. A key whose entry has expired
 // counts as absent and can be claimed again.
 //
@@ -25,7 +25,7 @@
 // a fencing token that changes with every owner. While the lease runs, other
 // claims see an in-progress [Entry] with its remaining time; once it has run
 // out, a claim with the same fingerprint takes the key over, keeping the
-// last [Step], and every later write of the earlier owner's
+// steps saved under it ([Step]), and every later write of the earlier owner's
 // [Lease] fails with [ErrLeaseLost] and changes nothing.
 //
 // [Admin] is implemented by stores that let an operator list their keys

@@ -23,7 +23,7 @@ func ExampleKey_Validate() {
 	// true
 }
 
-// A leased handler's recovery points are validated the same way by every
+// A leased handler's steps are validated the same way by every
 // store.
 func ExampleStep_Validate() {
 	fmt.Println(store.Step{Name: "charge_sent", Result: []byte("ch_1")}.Validate())

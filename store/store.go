@@ -66,8 +66,8 @@ type Key struct {
 // [MaxTenantLength] bytes, Method 1 to [MaxMethodLength] bytes and Key 1 to
 // [MaxKeyLength] bytes, each valid UTF-8 without a NUL byte. The error wraps
 // [ErrInvalidKey] and names the field and the rule it breaks, never the
-// field's value. Stores check it in Claim and Lease before they touch their
-// storage.
+// field's value. Stores check it in Claim and ClaimLeased before they touch
+// their storage.
 func (k Key) Validate() error {
 	if err := validateField("tenant", k.Tenant, 0, MaxTenantLength); err != nil {
 		return err
@@ -152,15 +152,15 @@ type Request struct {
 	// ignore it and claim as it always does. ClaimLeased ignores it.
 	Optimistic bool
 
-	// Call is, for a leased claim of a method that opted in to
-	// completion, what a completer needs to run the call again when its
+	// Call is, for a leased claim of a method that opted in to being
+	// finished, what a finisher needs to run the call again when its
 	// caller is gone; nil keeps nothing. Stores that implement [Finishing]
 	// keep it with the claim until the outcome is recorded, and drop it
 	// then. Claim ignores it.
 	Call *Call
 }
 
-// Call is what a completer needs to run a leased call again: the
+// Call is what a finisher needs to run a leased call again: the
 // request and the metadata its handler reads.
 type Call struct {
 	// Method is the call's full method name ("/pkg.Service/Method"): the
@@ -189,21 +189,22 @@ type Abandoned struct {
 	Takeovers int
 	// Unreadable, when not nil, says why the store could not read what it
 	// kept of the call (a damaged row, say): Key, Fingerprint and
-	// Takeovers are set, Completion may be incomplete. The call cannot be
-	// run again; a completer takes it over and records it as failed, so
-	// that it stops being listed and its retries get an answer.
+	// Takeovers are set, Call may be partial. The call cannot be run
+	// again; a finisher takes it over and records it as failed, so that it
+	// stops being listed and its retries get an answer.
 	Unreadable error
 }
 
 // Finishing is implemented by stores that keep, for leased calls that
-// opted in, what a completer needs to finish them when their callers are
+// opted in, what a finisher needs to finish them when their callers are
 // gone (see idem.Finisher).
 type Finishing interface {
-	// Abandoned returns up to limit leased calls, kept with a Completion,
+	// Abandoned returns up to limit leased calls, kept with a [Call],
 	// whose lease ran out more than grace × 2^Takeovers ago (so that each
 	// failed attempt waits twice as long as the one before), and which
-	// have not expired. A completer takes one over with Lease, with the
-	// same fingerprint and completion, as a retry would. A call whose
+	// have not expired. A finisher takes one over with
+	// [Store.ClaimLeased], with the same fingerprint and Call, as a retry
+	// would. A call whose
 	// kept request the store cannot read is listed too, with Unreadable
 	// set, rather than failing the whole list. A store of several
 	// databases may return, with an error, the calls of those that
@@ -228,8 +229,8 @@ type Claim struct {
 type Store interface {
 	// Claim takes key for the request r, or reports who has it. It returns
 	// a Claim with Txn set when the key was free (or its entry had
-	// expired), a Claim with Entry set when another request completed it or
-	// is running it, and ErrInUse when the wait for a concurrent owner ran
+	// expired), a Claim with Entry set when another request recorded its
+	// outcome or is running it, and ErrInUse when the wait for a concurrent owner ran
 	// out. The key is kept for r.TTL, or the store's default.
 	Claim(ctx context.Context, key Key, r Request) (Claim, error)
 
@@ -237,10 +238,10 @@ type Store interface {
 	// durable at once and held for lease, and the handler's side effects
 	// are its own. It returns a LeasedClaim with Lease set when the key was free,
 	// had expired, or was held by a request with the same fingerprint whose
-	// lease ran out (a takeover, reported by TookOver, which keeps the last
-	// recovery point and invalidates the earlier owner's ClaimLeased). Otherwise it returns a
-	// LeasedClaim with Entry set: completed, or in progress with its
-	// LeaseRemaining (zero when an atomic claim holds it). It returns
+	// lease ran out (a takeover, reported by TookOver, which keeps the
+	// saved steps and invalidates the earlier owner's Lease). Otherwise it
+	// returns a LeasedClaim with Entry set: recorded, or in progress with
+	// its LeaseRemaining (zero when an atomic claim holds it). It returns
 	// ErrInUse when the wait for a concurrent atomic claim ran out, and
 	// ErrCorrupt when the key's saved steps cannot be read.
 	ClaimLeased(ctx context.Context, key Key, r Request, lease time.Duration) (LeasedClaim, error)
@@ -279,39 +280,39 @@ type LeasedClaim struct {
 	Entry *Entry
 	// TookOver reports, with Lease set, that the claim took the key over
 	// from an earlier request with the same fingerprint whose lease had
-	// run out (or ended at its Release, keeping a recovery point). It is
+	// run out (or ended at its Release, keeping its steps). It is
 	// false for a key that was free or had expired.
 	TookOver bool
 }
 
-// ErrInvalidStep reports a recovery point that breaks the rule of
-// [Step.Validate]. Nothing was saved; saving the same point again
-// fails again.
-var ErrInvalidStep = errors.New("store: invalid recovery point")
+// ErrInvalidStep reports a step that breaks the rules of [Step.Validate] or
+// [MergeStep]. Nothing was saved; saving the same step again fails again.
+var ErrInvalidStep = errors.New("store: invalid step")
 
 // Bounds of a [Step].
 const (
 	// MaxStepLength is the longest step name, in bytes.
 	MaxStepLength = 255
-	// MaxStepResultBytes is the largest payload of a recovery point.
+	// MaxStepResultBytes is the largest result of a step.
 	MaxStepResultBytes = 64 << 10
 )
 
-// Step is a named step a leased request reached, with a small
+// Step is a named step a leased request ran, with its result, a small
 // payload to resume from (a provider's charge id, say).
 type Step struct {
 	// Name names the step: 1 to MaxStepLength bytes of valid UTF-8 with no
 	// control characters.
 	Name string
-	// Result is the payload, at most MaxStepResultBytes; it may be empty.
+	// Result is the step's result, at most MaxStepResultBytes; it may be
+	// empty.
 	Result []byte
 }
 
-// Validate reports whether every store can keep p: Step must be 1 to
+// Validate reports whether every store can keep p: Name must be 1 to
 // [MaxStepLength] bytes of valid UTF-8 without control characters (U+0000
-// to U+001F and U+007F, NUL among them), and Data at most
-// [MaxStepResultBytes] bytes. The error, if any, wraps
-// [ErrInvalidStep] and names the rule p breaks.
+// to U+001F and U+007F, NUL among them), and Result at most
+// [MaxStepResultBytes] bytes. The error, if any, wraps [ErrInvalidStep] and
+// names the rule p breaks.
 func (p Step) Validate() error {
 	switch {
 	case p.Name == "":
@@ -321,7 +322,7 @@ func (p Step) Validate() error {
 	case !utf8.ValidString(p.Name):
 		return fmt.Errorf("%w: the step name is not valid UTF-8", ErrInvalidStep)
 	case len(p.Result) > MaxStepResultBytes:
-		return fmt.Errorf("%w: the data is %d bytes, more than %d", ErrInvalidStep, len(p.Result), MaxStepResultBytes)
+		return fmt.Errorf("%w: the step result is %d bytes, more than %d", ErrInvalidStep, len(p.Result), MaxStepResultBytes)
 	}
 	for i, r := range p.Name {
 		if r < 0x20 || r == 0x7f {
@@ -335,14 +336,15 @@ func (p Step) Validate() error {
 const (
 	// MaxSteps is the most steps a key keeps.
 	MaxSteps = 64
-	// MaxStepsBytes bounds the names and data of a key's steps, together.
+	// MaxStepsBytes bounds the names and results of a key's steps,
+	// together.
 	MaxStepsBytes = 256 << 10
 )
 
 // MergeStep returns steps with p saved among them, for stores that implement
 // [Lease]: in place of the step of the same name, or else appended. It
-// refuses, with an error wrapping ErrInvalidStep, a point that
-// fails Validate and one that would make the steps more than [MaxSteps] or
+// refuses, with an error wrapping ErrInvalidStep, a step that fails
+// Validate and one that would make the steps more than [MaxSteps] or
 // [MaxStepsBytes]. steps is not modified.
 func MergeStep(steps []Step, p Step) ([]Step, error) {
 	if err := p.Validate(); err != nil {
@@ -373,8 +375,8 @@ func MergeStep(steps []Step, p Step) ([]Step, error) {
 // Lease is a leased claim, guarded by a fencing token: each takeover of the
 // key issues a new token, and every write below succeeds only while the
 // token is still the key's; otherwise it returns ErrLeaseLost and changes
-// nothing. A Lease is safe for concurrent use, so a
-// heartbeat may Extend it while the handler saves recovery points.
+// nothing. A Lease is safe for concurrent use, so a heartbeat may Extend it
+// while the handler saves steps.
 //
 // Exactly one of Record and Release takes effect, and either ends the
 // lease. Once it has ended, or once it is lost (taken over, expired, or
@@ -392,20 +394,19 @@ func MergeStep(steps []Step, p Step) ([]Step, error) {
 // request's. Release works whatever the state of ctx, so that it can be
 // deferred from a request whose caller has gone.
 type Lease interface {
-	// LastStep returns the last recovery point saved under the key:
-	// by an earlier owner when the key was taken over, or by this one.
+	// LastStep returns the step saved last under the key: by an earlier
+	// owner when the key was taken over, or by this one.
 	LastStep() (Step, bool)
 
-	// Steps returns every recovery point saved under the key, in the order
-	// their steps were first saved: a step saved again keeps its place
-	// with its new data.
+	// Steps returns every step saved under the key, in the order they
+	// were first saved: a step saved again keeps its place with its new
+	// result.
 	Steps() []Step
 
-	// SaveStep makes p durable at once, as the key's last
-	// recovery point and among its steps, so that a request that takes the
-	// key over resumes from it. A point that fails [Step.Validate],
-	// or that [MergeStep] refuses, is refused with its error, which wraps
-	// ErrInvalidStep, and nothing is saved.
+	// SaveStep makes p durable at once, among the key's steps and as its
+	// last one, so that a request that takes the key over skips it. A step
+	// that fails [Step.Validate], or that [MergeStep] refuses, is refused
+	// with its error, which wraps ErrInvalidStep, and nothing is saved.
 	SaveStep(ctx context.Context, p Step) error
 
 	// Extend moves the end of the lease to d from now.
@@ -415,12 +416,12 @@ type Lease interface {
 	Record(ctx context.Context, out Outcome) error
 
 	// Release gives the key up so that a retry runs: a claim without a
-	// recovery point is deleted, and one with a recovery point keeps it and
-	// its lease ends at once, so that a retry of the same request takes the
-	// key over and resumes. A claim that keeps its request for a finisher
+	// saved step is deleted, and one with steps keeps them and its lease
+	// ends at once, so that a retry of the same request takes the key over
+	// and resumes. A claim that keeps its request for a finisher
 	// ([Request].Call, here or at an earlier claim of the key) is kept
-	// too, with or without a recovery point, so that a finisher finishes
-	// it if no retry comes.
+	// too, with or without steps, so that a finisher finishes it if no
+	// retry comes.
 	Release(ctx context.Context) error
 }
 

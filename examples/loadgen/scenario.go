@@ -37,7 +37,7 @@ type scenario struct {
 	server func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error)
 	// remote scenarios can run against -target.
 	remote bool
-	// prepare runs once before the warm-up, e.g. to complete the keys that
+	// prepare runs once before the warm-up, e.g. to record the keys that
 	// replay asks for.
 	prepare func(ctx context.Context, e *env) error
 	// call is what each client repeats.
@@ -74,7 +74,7 @@ var scenarios = []*scenario{
 		reference: "baseline",
 		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
-		prepare:   completeReplayKeys,
+		prepare:   recordReplayKeys,
 		call:      replay,
 	},
 	{
@@ -104,7 +104,7 @@ var scenarios = []*scenario{
 		about:     "optimistic mode, keys already completed: the handler runs and rolls back, then the stored response comes back",
 		reference: "baseline",
 		server:    newOptimisticServer,
-		prepare:   completeReplayKeys,
+		prepare:   recordReplayKeys,
 		call:      replay,
 	},
 	{
@@ -190,17 +190,17 @@ var scenarios = []*scenario{
 	},
 }
 
-// completeReplayKeys completes the keys that replay asks for.
-func completeReplayKeys(ctx context.Context, e *env) error {
+// recordReplayKeys records the keys that replay asks for.
+func recordReplayKeys(ctx context.Context, e *env) error {
 	for i := range replayKeys {
 		if _, err := e.create(ctx, e.replayKey(int64(i)), int64(i)); err != nil {
-			return fmt.Errorf("completing replay key %d: %w", i, err)
+			return fmt.Errorf("recording replay key %d: %w", i, err)
 		}
 	}
 	return nil
 }
 
-// replay sends a key completeReplayKeys completed.
+// replay sends a key recordReplayKeys recorded.
 func replay(ctx context.Context, e *env) (outcome, error) {
 	i := e.seq.Add(1) % replayKeys
 	return e.create(ctx, e.replayKey(i), i)

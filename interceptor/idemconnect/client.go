@@ -14,11 +14,11 @@ import (
 
 // NewClientInterceptor returns a client interceptor that attaches an
 // idempotency key to each call of a keyed method, once per logical call,
-// as [idem.UnaryClientInterceptor] does for grpc-go, with the same
-// options and rules: a new UUIDv7 outside a handler, a key derived from
-// the request's inside a keyed handler ([idem.DeriveKey]), the key
-// set with [idem.ContextWithKey], or the caller's own header; never
-// the key of the request being handled. A request that carries its key in
+// as [github.com/idemkit/idem/interceptor.UnaryClientInterceptor] does for
+// grpc-go, with the same options and rules ([idem.OutgoingKeys]): a new
+// UUIDv7 outside a handler, a key derived from the request's inside a keyed
+// handler ([idem.DeriveKey]), the key set with [idem.ContextWithKey], or
+// the caller's own header; never the key of the request being handled. A request that carries its key in
 // its field marked (idem.v1.field).key (a request_id) gets no key of idem's:
 // the field's is the call's key, on every attempt. When that field is empty
 // and the key is idem's, the key also goes in the field (as AIP-4235 has

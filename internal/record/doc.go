@@ -1,6 +1,6 @@
 /*
 Package record encodes and decodes the body of a recorded outcome: what a
-store keeps under a completed key (store.Outcome.Body, opaque to the
+store keeps under a recorded key (store.Outcome.Body, opaque to the
 stores) and what a replay answers from. It knows no transport: codes are
 google.rpc.Code, which gRPC and Connect share, and metadata is a plain
 map[string][]string with lowercase names, to which gRPC's metadata.MD,

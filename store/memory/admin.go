@@ -27,7 +27,7 @@ func (e *entry) state(now time.Time) store.KeyState {
 	switch {
 	case e.expired(now):
 		return store.KeyExpired
-	case e.completed:
+	case e.recorded:
 		return store.KeyRecorded
 	case now.Before(e.lockedUntil):
 		return store.KeyInProgress
@@ -45,12 +45,12 @@ func (e *entry) info(k store.Key, now time.Time) store.KeyInfo {
 		UpdatedAt:   e.updatedAt,
 		ExpiresAt:   e.expiresAt,
 		Takeovers:   e.takeovers,
-		Call:        cloneCompletion(e.completion),
+		Call:        cloneCall(e.call),
 	}
 	if len(e.steps) > 0 {
 		ki.Steps = cloneSteps(e.steps)
 	}
-	if e.completed {
+	if e.recorded {
 		out := cloneOutcome(e.out)
 		ki.Outcome = &out
 	} else {
@@ -212,7 +212,7 @@ func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
 
 // Settle implements [store.Admin]. It ends the lease, so that its holder
 // is fenced (its later writes fail with store.ErrLeaseLost), and drops the
-// steps and the request kept for a completer; it keeps the expiry. An
+// steps and the request kept for a finisher; it keeps the expiry. An
 // expired entry counts as none: Settle fails with store.ErrNotFound.
 func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, force bool) error {
 	if err := k.Validate(); err != nil {
@@ -238,11 +238,11 @@ func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, forc
 			return &store.LeaseLiveError{Until: e.lockedUntil}
 		}
 	}
-	e.completed = true
+	e.recorded = true
 	e.out = cloneOutcome(out)
 	e.token = 0 // no lease has it
 	e.lockedUntil = time.Time{}
-	e.point, e.steps, e.completion = nil, nil, nil
+	e.last, e.steps, e.call = nil, nil, nil
 	e.updatedAt = now
 	return nil
 }

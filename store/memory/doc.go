@@ -9,7 +9,7 @@
 // When a handler's writes succeed and the process dies before the outcome is
 // recorded, or the handler fails after writing, the writes stay and the key
 // does not: a retry runs the handler again. Atomic mode therefore gives no
-// more than "at most one request with a key runs at a time, and a completed
+// more than "at most one request with a key runs at a time, and a recorded
 // one is replayed"; it does not make business writes and the key commit
 // together, as [github.com/idemkit/idem/store/postgres] does.
 //
@@ -25,7 +25,7 @@
 //
 //   - A claim of a key whose atomic claim is still running waits, as a
 //     PostgreSQL claim waits on the uncommitted row, for at most
-//     [WithLockTimeout]: it then returns the completed entry, takes the key
+//     [WithLockTimeout]: it then returns the recorded entry, takes the key
 //     if the owner released it, or fails with store.ErrInUse.
 //   - [store.Txn.Context] returns its parent unchanged: there is nothing to
 //     join.
@@ -34,7 +34,7 @@
 //     request has taken the key over, the key was released and claimed
 //     again, forgotten or settled by force, or has expired, and once the
 //     lease's own Record or Release took effect.
-//   - A recovery point that store.Step.Validate refuses is not
+//   - A step that store.Step.Validate or store.MergeStep refuses is not
 //     saved, as the PostgreSQL store refuses it.
 //   - The writes of a lease (SaveStep, Extend, Record) fail with
 //     the context's error and change nothing when their context has ended;
@@ -44,15 +44,15 @@
 //     atomic claim still running, like an uncommitted row, is neither
 //     listed nor found.
 //
-// Outcomes, fingerprints and recovery points are copied in and out, so
+// Outcomes, fingerprints and steps are copied in and out, so
 // callers may reuse their buffers.
 //
 // # Expiry and memory use
 //
 // Keys expire [WithTTL] after their claim (24 h by default) and then count
 // as absent. There is no background goroutine and nothing to close: an
-// expired key is replaced when it is next claimed, and each Claim or Lease
-// call that comes at least one TTL after the previous sweep deletes every
-// expired key. A Store therefore holds about the keys of the last two TTLs
+// expired key is replaced when it is next claimed, and each Claim or
+// ClaimLeased call that comes at least one TTL after the previous sweep
+// deletes every expired key. A Store therefore holds about the keys of the last two TTLs
 // of traffic. [WithClock] lets a test move time forward instead of sleeping.
 package memory

@@ -12,8 +12,8 @@ import (
 // ClaimLeased implements [store.Store]. Like [Store.Claim], it refuses a key that
 // breaks the rules of [store.Key.Validate], and it waits for a
 // running atomic claim of the key to finish, for at most the lock timeout.
-// A takeover keeps the key's expiry and its last recovery point; a key that
-// expired is leased afresh, without one.
+// A takeover keeps the key's expiry and its steps; a key that expired is
+// leased afresh, without them.
 func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
@@ -33,20 +33,20 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 			updatedAt:   now,
 			token:       s.tokens,
 			lockedUntil: now.Add(lease),
-			completion:  cloneCompletion(r.Call),
+			call:        cloneCall(r.Call),
 		}
 		s.entries[key] = e
 		return store.LeasedClaim{Lease: &leased{store: s, key: key, token: s.tokens}, ExpiresAt: e.expiresAt}, nil
-	case !e.completed && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, r.Fingerprint):
+	case !e.recorded && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, r.Fingerprint):
 		s.tokens++
 		e.token = s.tokens
 		e.lockedUntil = now.Add(lease)
 		e.takeovers++
 		e.updatedAt = now
 		if r.Call != nil {
-			e.completion = cloneCompletion(r.Call)
+			e.call = cloneCall(r.Call)
 		}
-		l := &leased{store: s, key: key, token: s.tokens, point: clonePoint(e.point), steps: cloneSteps(e.steps)}
+		l := &leased{store: s, key: key, token: s.tokens, last: cloneStep(e.last), steps: cloneSteps(e.steps)}
 		return store.LeasedClaim{Lease: l, ExpiresAt: e.expiresAt, TookOver: true}, nil
 	}
 	return store.LeasedClaim{Entry: e.snapshot(now)}, nil
@@ -60,7 +60,7 @@ func cloneSteps(steps []store.Step) []store.Step {
 	return out
 }
 
-func cloneCompletion(c *store.Call) *store.Call {
+func cloneCall(c *store.Call) *store.Call {
 	if c == nil {
 		return nil
 	}
@@ -71,7 +71,7 @@ func cloneCompletion(c *store.Call) *store.Call {
 	return &store.Call{Method: c.Method, Request: bytes.Clone(c.Request), Metadata: md}
 }
 
-func clonePoint(p *store.Step) *store.Step {
+func cloneStep(p *store.Step) *store.Step {
 	if p == nil {
 		return nil
 	}
@@ -85,7 +85,7 @@ type leased struct {
 	token uint64
 
 	mu       sync.Mutex
-	point    *store.Step
+	last     *store.Step
 	steps    []store.Step
 	finished bool // Record or Release was called; guarded by mu
 
@@ -97,12 +97,12 @@ type leased struct {
 }
 
 // heldLocked returns the key's entry while it is still this lease's: not
-// ended, same token, not completed and not expired. The caller holds
+// ended, same token, not recorded and not expired. The caller holds
 // store.mu.
 func (l *leased) heldLocked() (*entry, time.Time, error) {
 	now := l.store.now()
 	e := l.store.entries[l.key]
-	if l.ended || e == nil || e.token != l.token || e.completed || e.expired(now) {
+	if l.ended || e == nil || e.token != l.token || e.recorded || e.expired(now) {
 		return nil, now, store.ErrLeaseLost
 	}
 	return e, now, nil
@@ -111,10 +111,10 @@ func (l *leased) heldLocked() (*entry, time.Time, error) {
 func (l *leased) LastStep() (store.Step, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.point == nil {
+	if l.last == nil {
 		return store.Step{}, false
 	}
-	return *clonePoint(l.point), true
+	return *cloneStep(l.last), true
 }
 
 func (l *leased) Steps() []store.Step {
@@ -139,12 +139,12 @@ func (l *leased) SaveStep(ctx context.Context, p store.Step) error {
 	if err != nil {
 		return err
 	}
-	steps, err := store.MergeStep(e.steps, *clonePoint(&p))
+	steps, err := store.MergeStep(e.steps, *cloneStep(&p))
 	if err != nil {
 		return err
 	}
-	e.point, e.steps, e.updatedAt = clonePoint(&p), steps, now
-	l.point, l.steps = clonePoint(&p), cloneSteps(steps)
+	e.last, e.steps, e.updatedAt = cloneStep(&p), steps, now
+	l.last, l.steps = cloneStep(&p), cloneSteps(steps)
 	return nil
 }
 
@@ -179,10 +179,10 @@ func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 	}
 	l.ended = true
 	e.updatedAt = now
-	e.completed = true
+	e.recorded = true
 	e.out = cloneOutcome(out)
 	e.lockedUntil = time.Time{}
-	e.completion = nil // the request is not kept past its outcome
+	e.call = nil // the request is not kept past its outcome
 	return nil
 }
 
@@ -199,7 +199,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		if len(out) >= limit {
 			break
 		}
-		if e.completion == nil || e.completed || e.pending || e.expired(now) {
+		if e.call == nil || e.recorded || e.pending || e.expired(now) {
 			continue
 		}
 		wait := grace << min(e.takeovers, 16)
@@ -209,7 +209,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		out = append(out, store.Abandoned{
 			Key:         k,
 			Fingerprint: bytes.Clone(e.fp),
-			Call:        *cloneCompletion(e.completion),
+			Call:        *cloneCall(e.call),
 			Takeovers:   e.takeovers,
 		})
 	}
@@ -232,10 +232,10 @@ func (l *leased) Release(context.Context) error {
 		return err
 	}
 	l.ended = true
-	if e.point != nil || e.completion != nil {
-		// Keep the progress, or the request kept for a completer: end the
-		// lease, so a retry or a completer takes over (and resumes from
-		// the recovery point).
+	if e.last != nil || e.call != nil {
+		// Keep the steps, or the request kept for a finisher: end the
+		// lease, so a retry or a finisher takes over (and skips the steps
+		// saved).
 		e.lockedUntil = now
 		e.updatedAt = now
 		return nil

@@ -51,25 +51,25 @@ type entry struct {
 	createdAt, updatedAt time.Time
 
 	// pending is set while an atomic claim owns the key and has neither
-	// completed nor released it; done is closed when it does.
+	// recorded nor released it; done is closed when it does.
 	pending bool
 	done    chan struct{}
 
-	completed bool
-	out       store.Outcome
+	recorded bool
+	out      store.Outcome
 
 	// Leased claims only: the fencing token of the current holder (unique
-	// in the Store, never reused), the end of its lease and the last
-	// recovery point saved under the key.
+	// in the Store, never reused), the end of its lease and the step saved
+	// last under the key.
 	token       uint64
 	lockedUntil time.Time
-	point       *store.Step
-	// steps are every recovery point saved under the key; completion is
-	// what a completer needs, kept while the call is in progress; takeovers
-	// counts the lease's takeovers.
-	steps      []store.Step
-	completion *store.Call
-	takeovers  int
+	last        *store.Step
+	// steps are every step saved under the key; call is what a finisher
+	// needs, kept while the call is in progress; takeovers counts the
+	// lease's takeovers.
+	steps     []store.Step
+	call      *store.Call
+	takeovers int
 }
 
 // expired reports whether e counts as absent at now. An entry whose atomic
@@ -86,7 +86,7 @@ func (e *entry) snapshot(now time.Time) *store.Entry {
 		Fingerprint: bytes.Clone(e.fp),
 		ExpiresAt:   e.expiresAt,
 	}
-	if e.completed {
+	if e.recorded {
 		se.State = store.Recorded
 		se.Outcome = cloneOutcome(e.out)
 	} else if now.Before(e.lockedUntil) {
@@ -227,7 +227,7 @@ func (t *txn) Record(_ context.Context, out store.Outcome) error {
 	}
 	t.finished = true
 	t.e.pending = false
-	t.e.completed = true
+	t.e.recorded = true
 	t.e.out = cloneOutcome(out)
 	t.e.updatedAt = s.now()
 	close(t.e.done)

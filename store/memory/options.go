@@ -26,7 +26,7 @@ type Option func(*options)
 
 // WithLockTimeout bounds how long a claim waits for a concurrent request
 // that holds the same key in atomic mode and has not finished yet. When the
-// owner completes within the bound, the claim returns its completed entry;
+// owner records its outcome within the bound, the claim returns its entry;
 // when the owner releases the key, the claim takes it; when the bound runs
 // out, the claim fails with store.ErrInUse. The bound covers the whole wait
 // of one call and is measured in real time, whatever [WithClock] says.

@@ -85,7 +85,7 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
 	// its lease with $5 (force). As a record that takes a key over, it
 	// ends the lease, clears the fencing token (so that the holder's later
 	// writes match nothing), and drops the steps and the request kept for
-	// a completer; it keeps the expiry and the count of takeovers.
+	// a finisher; it keeps the expiry and the count of takeovers.
 	adminSettle = `UPDATE idempotency_keys
 SET status = 'completed', response_code = $7, response = $8, response_not_cached = $9,
     locked_until = NULL, fencing_token = NULL, updated_at = now(),
@@ -313,7 +313,7 @@ func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, ar
 }
 
 // scanKeyInfo reads a row of adminColumns, with the decoders of the
-// lease's steps and of a completer's kept request. A row they cannot read
+// lease's steps and of the request kept for a finisher. A row they cannot read
 // is store.ErrCorrupt; the error names the key, never what was kept.
 func scanKeyInfo(row pgx.Row) (keyRow, error) {
 	var (

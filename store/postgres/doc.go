@@ -6,10 +6,12 @@
 //
 // Apply the schema with [Migrate] (or run the SQL files of package
 // github.com/idemkit/idem/migrations with your own tool), then hand
-// [New] to the interceptor:
+// [New] to idem's engine, which the interceptor takes:
 //
 //	if err := postgres.Migrate(ctx, pool); err != nil { ... }
-//	interceptor.UnaryServerInterceptor(postgres.New(pool))
+//	engine, err := idem.New(postgres.New(pool), idem.WithTenant(tenantOf))
+//	if err != nil { ... }
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 //
 // # The transaction
 //
@@ -20,15 +22,15 @@
 // A claim sends BEGIN, a lock of the table for writing (NOWAIT), a try of
 // a transaction-scoped advisory lock on the key's scope and a SELECT of the
 // key's row as one pipelined batch: one round trip. The advisory lock
-// serializes the claims of one key; a key already completed needs none, so
+// serializes the claims of one key; a key already recorded needs none, so
 // its replays run side by side. The handler gets the open transaction from
 // [TxFromContext] as a pgx.Tx (the one pgx began, with Commit and Rollback
-// refused). When it returns, the lock timeout, one INSERT of the completed
-// row, which raises when it writes nothing, and COMMIT travel together in
-// one more round trip. A recorded error rolls the transaction back, so the
+// refused). When it returns, the lock timeout, one INSERT of the key's row
+// with its outcome, which raises when it writes nothing, and COMMIT travel
+// together in one more round trip. A recorded error rolls the transaction back, so the
 // handler's writes are discarded, and records the error in a transaction of
 // its own under the key's lock taken again. A crash or a lost connection before
-// COMMIT leaves nothing behind. A claim that finds the key completed
+// COMMIT leaves nothing behind. A claim that finds the key recorded
 // answers after its one round trip and rolls back in the background.
 //
 // A second request with the same key waits on the first one's advisory lock
@@ -72,7 +74,7 @@
 // A claim with store.Request.Optimistic set sends BEGIN alone (one round
 // trip, as the handler's own transaction would) and reads nothing. Its
 // record is an atomic claim's (the lock timeout, the INSERT of the
-// completed row, COMMIT, in one round trip), the first statements on
+// key's row with its outcome, COMMIT, in one round trip), the first statements on
 // idempotency_keys in the transaction, so the lock timeout bounds their
 // waits, behind a table lock or a row of the key that another transaction
 // has not committed (a duplicate's record, which it waits for). A row of
@@ -91,13 +93,12 @@
 // transaction: one round trip takes the key's advisory lock, inserts the
 // row (or takes over one whose lease ran out under the same request, or
 // that expired) with locked_until and a random fencing token, and commits.
-// Extending the lease, saving a recovery point, recording the outcome and
+// Extending the lease, saving a step, recording the outcome and
 // releasing are then one statement each, in a transaction of its own under
 // the lock timeout (BEGIN, the lock timeout, the statement and COMMIT: one
 // round trip, more in some QueryExecModes, as for a claim), every
-// one matching the row only while its token is current. A recovery
-// point that store.Step.Validate refuses is refused before any
-// round trip.
+// one matching the row only while its token is current. A step that
+// store.Step.Validate refuses is refused before any round trip.
 //
 // # Poolers and distributed engines
 //

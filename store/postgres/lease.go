@@ -32,7 +32,7 @@ const (
 	// Its last columns tell a takeover from a fresh claim (an insert, and
 	// the takeover of an expired row, leave takeovers at 0; a takeover of a
 	// run-out lease counts one more) and whether the row keeps a request
-	// for a completer. $13 is the time (see [Store.now]).
+	// for a finisher. $13 is the time (see [Store.now]).
 	leaseClaim = `INSERT INTO idempotency_keys AS k
     (id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token,
      request_method, request_payload, request_header_names, request_header_values)
@@ -74,13 +74,14 @@ RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_result
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > coalesce($4::timestamptz, now())`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()) + $5 * interval '1 second'` + leaseWhere
-	// leaseSave writes the last recovery point and every step; the
+	// leaseSave writes the step saved last (in recovery_point and
+	// recovery_data, as the previous version did) and every step; the
 	// previous version's list of the steps (recovery_steps) is cleared, so
 	// that only the arrays hold them from then on.
 	leaseSave = `UPDATE idempotency_keys
 SET recovery_point = $5, recovery_data = $6, step_names = $7, step_results = $8, recovery_steps = NULL,
     updated_at = now()` + leaseWhere
-	// leaseRecord also drops what was kept for a completer: the request
+	// leaseRecord also drops what was kept for a finisher: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
 SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
@@ -88,9 +89,9 @@ SET status = 'completed', response_code = $5, response = $6, response_not_cached
     request_method = NULL, request_payload = NULL, request_metadata = NULL,
     request_header_names = NULL, request_header_values = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
-	// leaseEnd ends the lease of a claim that has a recovery point or
-	// keeps its request for a completer, instead of deleting it, so that a
-	// retry or a completer takes over (and resumes).
+	// leaseEnd ends the lease of a claim that has saved steps or keeps its
+	// request for a finisher, instead of deleting it, so that a retry or a
+	// finisher takes over (and resumes).
 	leaseEnd = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()), updated_at = now()` + leaseWhere
 )
 
@@ -152,9 +153,9 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 	return store.LeasedClaim{}, store.ErrInUse
 }
 
-// lease runs one round of Lease. When the key's steps cannot be decoded it
-// returns an error wrapping store.ErrCorrupt together with the lease its
-// committed takeover holds.
+// lease runs one round of ClaimLeased. When the key's steps cannot be
+// decoded it returns an error wrapping store.ErrCorrupt together with the
+// lease its committed takeover holds.
 func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)
@@ -168,7 +169,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
 		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
-			completionArgs(r.Call)...), now)},
+			callArgs(r.Call)...), now)},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
 	})
@@ -234,7 +235,7 @@ type lease struct {
 	tenant   string
 	token    int64
 	tookOver bool // the claim took the key over from an earlier owner
-	kept     bool // the row keeps the request for a completer
+	kept     bool // the row keeps the request for a finisher
 
 	// ended is set once the lease is no longer its holder's to write
 	// under: a write found it lost (no later write can match the row
@@ -289,9 +290,9 @@ func (l *lease) Steps() []store.Step {
 	return out
 }
 
-// completionArgs are the arguments of leaseClaim that keep c: NULLs for
+// callArgs are the arguments of leaseClaim that keep c: NULLs for
 // none, which a takeover leaves as they are.
-func completionArgs(c *store.Call) []any {
+func callArgs(c *store.Call) []any {
 	if c == nil {
 		return []any{nil, nil, nil, nil}
 	}
@@ -299,7 +300,7 @@ func completionArgs(c *store.Call) []any {
 	return []any{c.Method, c.Request, names, values}
 }
 
-// abandoned finds leased calls kept with a completion whose lease ran out
+// abandoned finds leased calls kept for a finisher whose lease ran out
 // more than $1 × 2^takeovers seconds ago (at most 2^16) by the time $3
 // (see [Store.now]), and which have not expired; those another
 // transaction holds are skipped.
@@ -318,7 +319,7 @@ LIMIT $2`
 // no shard starves the others. When some shards fail, or have not answered
 // when ctx ends, it returns the calls the others found together with an
 // error that names those shards by index: one shard that cannot be reached
-// does not keep the calls of the others from being completed. Each shard's
+// does not keep the calls of the others from being finished. Each shard's
 // listing waits at most the lock timeout ([WithLockTimeout]) for a
 // connection of its pool, as a claim does; the query itself runs under
 // ctx, so bound ctx (idem's Finisher does, per pass) to bound
@@ -414,7 +415,7 @@ func (l *lease) Record(ctx context.Context, out store.Outcome) error {
 	defer l.mu.Unlock()
 	if err := l.exec(ctx, leaseRecord, int32(out.Code), out.Body, out.NotCached); err != nil {
 		// Unless the lease was lost, the claim is still ours: a deferred
-		// Release deletes it (or finds it completed, if the record was
+		// Release deletes it (or finds it recorded, if the record was
 		// committed and only its answer lost).
 		l.finished = l.finished || errors.Is(err, store.ErrLeaseLost)
 		return err

@@ -48,7 +48,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	}
 	p, ok := second.Lease.LastStep()
 	if !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
-		t.Fatalf("recovery point after takeover = %+v, %v", p, ok)
+		t.Fatalf("last step after takeover = %+v, %v", p, ok)
 	}
 
 	for name, err := range map[string]error{

@@ -157,7 +157,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	var n, recorded int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND recovery_point IS NULL)
 		FROM idempotency_keys WHERE status = 'completed'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
-		t.Fatalf("%d completed rows for the key and %d for the lease without a recovery point (%v), want 1 each", n, recorded, err)
+		t.Fatalf("%d recorded rows for the key and %d for the lease without a last step (%v), want 1 each", n, recorded, err)
 	}
 }
 
@@ -541,7 +541,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		}
 	}
 	if _, ok := leases[0].LastStep(); ok {
-		t.Fatal("a save that gave up set the lease's recovery point")
+		t.Fatal("a save that gave up set the lease's last step")
 	}
 
 	release()

@@ -177,7 +177,7 @@ const (
     set_config('lock_timeout', current_setting('idem.lock_timeout'), true)`
 
 	// lockKey takes the key's advisory lock, under the transaction's lock
-	// timeout, unless the key is completed and unexpired: for the claims
+	// timeout, unless the key is recorded and unexpired: for the claims
 	// that write at once, a leased claim and an error recorded afresh. $7 is
 	// the time (see [Store.now]).
 	lockKey = `SELECT pg_advisory_xact_lock($2, $3)
@@ -199,7 +199,7 @@ WHERE NOT EXISTS (
 FROM idempotency_keys
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 
-	// The records write the key's one row, completed, just before COMMIT:
+	// The records write the key's one row, recorded, just before COMMIT:
 	// an INSERT where the claim found no row, the takeover of a row that
 	// expired, or, for an error recorded afresh, either. The primary key is
 	// the guarantee: if the key's row exists and has not expired (a claim
@@ -239,7 +239,7 @@ FROM recorded`
 // Claim implements [store.Store]. A claim costs one round trip: BEGIN, the
 // table's lock, a try of the key's lock and the read of the key's row
 // travel together, and the transaction stays open for the handler. A claim
-// that finds the key completed answers after that round trip, and rolls
+// that finds the key recorded answers after that round trip, and rolls
 // its transaction back in the background before the connection returns to
 // the pool. One that finds the key's lock taken by a claim still running
 // waits for it in a second round trip. The first claim on a connection
@@ -374,7 +374,7 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMod
 	}
 	settled := entry != nil && entry.State == store.Recorded && !entry.expired
 	if err != nil || locked || settled {
-		// A completed key needs no lock: its replays run side by side.
+		// A recorded key needs no lock: its replays run side by side.
 		return tx, entry, now, err
 	}
 	// Another claim of the key holds its lock: wait, and read what it left.
@@ -522,7 +522,7 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	}})
 	_, err := br.Exec() // setLockTimeout
 	if err == nil {
-		err = readComplete(br)
+		err = readRecord(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -547,7 +547,7 @@ func (t *txn) recordOptimistic(ctx context.Context, out store.Outcome) error {
 	if err != nil {
 		return err
 	}
-	err = readComplete(br)
+	err = readRecord(br)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -594,7 +594,7 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 		return err
 	}
 	if _, err = br.Exec(); err == nil { // lockKey
-		err = readComplete(br)
+		err = readRecord(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -602,8 +602,8 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 	return err
 }
 
-// readComplete reads the results of a record and the COMMIT behind it.
-func readComplete(br pgx.BatchResults) error {
+// readRecord reads the results of a record and the COMMIT behind it.
+func readRecord(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
 		if pgErrorCode(err) == invalidTextRepresentation {
 			return fmt.Errorf("%w: %w", errNotRecorded, err)

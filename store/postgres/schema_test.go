@@ -263,7 +263,7 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 // 0007 (built by its down migration) with rows as the previous version
 // wrote them: a leased call's steps in recovery_steps, a call saved before
 // steps were kept with its recovery point alone, and a call kept for a
-// completer with its metadata in request_metadata. After Migrate each reads
+// finisher with its metadata in request_metadata. After Migrate each reads
 // as before: the same steps, the same last recovery point, the same
 // metadata; the lone recovery point is the call's one step, in the arrays.
 func TestMigration0007(t *testing.T) {

@@ -195,19 +195,19 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
 WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
-		t.Fatalf("shard 1 holds %d rows of beta's lease with its recovery point and extended lease, want 1", n)
+		t.Fatalf("shard 1 holds %d rows of beta's lease with its last step and extended lease, want 1", n)
 	}
 	if err := l.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
-		t.Fatalf("shard 1 holds %d completed rows of beta's lease, want 1", n)
+		t.Fatalf("shard 1 holds %d recorded rows of beta's lease, want 1", n)
 	}
 	if n := count(t, a, `SELECT count(*) FROM idempotency_keys`); n != 0 {
 		t.Fatalf("shard 0 holds %d rows, want none", n)
 	}
 
-	// Release, on the other shard: a claim with a recovery point keeps it
+	// Release, on the other shard: a claim with a saved step keeps it
 	// and ends its lease; one without is deleted.
 	ka := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
 	kept, err := s.ClaimLeased(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
@@ -232,7 +232,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 		t.Fatal(err)
 	}
 	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'k' AND locked_until <= $2`, alpha, clock.Now()); n != 1 || keysOf(t, a, alpha) != 1 {
-		t.Fatalf("shard 0: %d released rows with a recovery point, %d keys of alpha; want 1 and 1", n, keysOf(t, a, alpha))
+		t.Fatalf("shard 0: %d released rows with a saved step, %d keys of alpha; want 1 and 1", n, keysOf(t, a, alpha))
 	}
 	if keysOf(t, b, alpha) != 0 {
 		t.Fatalf("shard 1 holds %d keys of alpha, want none", keysOf(t, b, alpha))
@@ -305,7 +305,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 		t.Fatalf("Abandoned with limit 2 = %+v, %v; want one call of each shard", got, err)
 	}
 
-	// Completing each as a completer does (a takeover with the same
+	// Finishing each as a finisher does (a takeover with the same
 	// request) records it on its own shard.
 	got, _ = s.Abandoned(ctx, 0, 10)
 	for _, c := range got {

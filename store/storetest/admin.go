@@ -146,7 +146,7 @@ var adminCases = []testCase{
 		start := cfg.Now()
 
 		recordKey(t, s, recorded, errorOutcome())
-		lc, err := s.ClaimLeased(t.Context(), live, store.Request{Fingerprint: fp, Call: completion}, time.Hour)
+		lc, err := s.ClaimLeased(t.Context(), live, store.Request{Fingerprint: fp, Call: keptCall}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -184,9 +184,9 @@ var adminCases = []testCase{
 		if len(ki.Steps) != 2 || ki.Steps[0].Name != "reserve" || ki.Steps[1].Name != "charge" || string(ki.Steps[1].Result) != "ch_1" {
 			t.Errorf("the leased key's steps: %+v", ki.Steps)
 		}
-		if c := ki.Call; c == nil || c.Method != completion.Method || !bytes.Equal(c.Request, completion.Request) ||
-			!slices.Equal(c.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(c.Metadata["x-trace-bin"], completion.Metadata["x-trace-bin"]) {
-			t.Errorf("the leased key's kept call: %+v, want %+v", ki.Call, completion)
+		if c := ki.Call; c == nil || c.Method != keptCall.Method || !bytes.Equal(c.Request, keptCall.Request) ||
+			!slices.Equal(c.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(c.Metadata["x-trace-bin"], keptCall.Metadata["x-trace-bin"]) {
+			t.Errorf("the leased key's kept call: %+v, want %+v", ki.Call, keptCall)
 		}
 
 		cfg.advance(runOut)
@@ -405,7 +405,7 @@ var adminCases = []testCase{
 
 	{name: "SettleAnAbandonedKey", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
-		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, Call: completion}, shortLease)
+		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, Call: keptCall}, shortLease)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}

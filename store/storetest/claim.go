@@ -28,11 +28,11 @@ var claimCases = []testCase{
 			t.Error("Txn.Context is not derived from its parent: cancelling the parent left it live")
 		}
 		if err := txn.Record(t.Context(), okOutcome("r")); err != nil {
-			t.Fatalf("Complete: %v", err)
+			t.Fatalf("Record: %v", err)
 		}
 	}},
 
-	{name: "CompleteThenReplay", run: func(t *testing.T, s store.Store, cfg Config) {
+	{name: "RecordThenReplay", run: func(t *testing.T, s store.Store, cfg Config) {
 		for _, tc := range []struct {
 			name string
 			out  store.Outcome
@@ -49,7 +49,7 @@ var claimCases = []testCase{
 				claimed := cfg.Now()
 				txn := claimTxn(t, s, k, fp)
 				if err := txn.Record(t.Context(), tc.out); err != nil {
-					t.Fatalf("Complete: %v", err)
+					t.Fatalf("Record: %v", err)
 				}
 				e := claimEntry(t, s, k, fp)
 				wantRecorded(t, e, fp, tc.out)
@@ -81,35 +81,35 @@ var claimCases = []testCase{
 		wantRecorded(t, claimEntry(t, s, key, fp), other, okOutcome("second"))
 	}},
 
-	{name: "ReleaseAfterCompleteIsNoOp", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "ReleaseAfterRecordIsNoOp", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Record(t.Context(), okOutcome("kept")); err != nil {
 			t.Fatal(err)
 		}
 		if err := txn.Release(t.Context()); err != nil {
-			t.Errorf("Release after Complete: %v, want nil", err)
+			t.Errorf("Release after Record: %v, want nil", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("kept"))
 	}},
 
-	{name: "CompleteTwiceFails", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordTwiceFails", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
 		if err := txn.Record(t.Context(), okOutcome("second")); err == nil {
-			t.Error("second Complete succeeded, want an error")
+			t.Error("second Record succeeded, want an error")
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
 
-	{name: "CompleteAfterReleaseFails", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordAfterReleaseFails", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		if err := txn.Record(t.Context(), okOutcome("late")); err == nil {
-			t.Error("Complete after Release succeeded, want an error")
+			t.Error("Record after Release succeeded, want an error")
 		}
 		_ = claimTxn(t, s, key, fp) // still free
 	}},
@@ -144,7 +144,7 @@ var claimCases = []testCase{
 			case c.Txn != nil:
 				r.owner()
 				// The others have all called Claim while the key is held:
-				// they wait for it, or find it completed.
+				// they wait for it, or find it recorded.
 				called.Wait()
 				if err := c.Txn.Record(t.Context(), okOutcome("owner")); err != nil {
 					r.err(err)
@@ -351,7 +351,7 @@ var claimCases = []testCase{
 			{Tenant: "a", Method: "b:c", Key: "d"},
 			{Tenant: "a", Method: "b", Key: "c:d"},
 		}
-		// Each key is free although all before it are completed: a
+		// Each key is free although all before it are recorded: a
 		// collision shows as an Entry.
 		for _, k := range keys {
 			txn := claimTxn(t, s, k, fp)
@@ -398,7 +398,7 @@ var claimCases = []testCase{
 	{name: "RunOutLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, cfg Config) {
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
 		cfg.advance(400 * time.Millisecond)
-		// Only Lease takes a run-out lease over; an atomic claim does not.
+		// Only ClaimLeased takes a run-out lease over; an atomic claim does not.
 		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
 		switch {
 		case isInUse(err):

@@ -1,6 +1,6 @@
 // Package storetest is the conformance suite of idem's stores: one set of
 // cases that every implementation of [store.Store] must pass, so that the
-// interceptor behaves the same on each of them.
+// idem behaves the same on each of them.
 //
 // # Running it
 //
@@ -23,18 +23,18 @@
 //
 // Atomic claims ([store.Store.Claim] and [store.Txn]): a free key, replay of
 // every kind of outcome (OK, a deterministic error, a response not cached),
-// a different fingerprint, Release and what it leaves, Complete twice or
+// a different fingerprint, Release and what it leaves, Record twice or
 // after Release, copies of caller buffers, scoping by tenant, method and
 // key, expiry, and concurrency: many claims of one key, a wait that runs
 // out, a wait that ends with its context, an owner that releases while
 // others wait, many claims of an expired key, and claims of a leased key.
 //
 // Leased claims ([store.Store.ClaimLeased] and [store.Lease]): a free key, a live
-// lease, a run-out lease taken over with its recovery point (or not, for
+// lease, a run-out lease taken over with its steps (or not, for
 // another fingerprint), which takeovers report (and which claims do not),
 // Extend, fencing of a stale owner's every write
-// (also after the key was released and leased afresh), Complete and
-// Release, many takeovers at once, expiry, a completed key, and a lease that
+// (also after the key was released and leased afresh), Record and
+// Release, many takeovers at once, expiry, a recorded key, and a lease that
 // waits for an atomic claim.
 //
 // Operators ([store.Admin], for stores that implement it; the cases fail
@@ -45,8 +45,8 @@
 // forced, and a forced action fencing the lease's holder; invalid keys.
 //
 // Keys ([store.Key.Validate]): keys at the length bounds and of non-ASCII
-// text are held, in Claim and in Lease; keys past a bound, not valid UTF-8
-// or with a NUL byte are refused with [store.ErrInvalidKey].
+// text are held, in Claim and in ClaimLeased; keys past a bound, not valid
+// UTF-8 or with a NUL byte are refused with [store.ErrInvalidKey].
 //
 // # Time
 //
@@ -57,6 +57,6 @@
 // expire or a lease to run out, and none depends on how fast the machine
 // is. The lock timeout is real time: the cases that test it wait for it,
 // a few hundred milliseconds. Cases that make claims wait for one another
-// on what they can observe (every claim called, the owner finished), never
+// on what they can observe (every claim called, the owner done), never
 // for a fixed time.
 package storetest

@@ -10,14 +10,15 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// keyCases exercise the rules of store.Key.Validate, in Claim and in Lease.
+// keyCases exercise the rules of store.Key.Validate, in Claim and in
+// ClaimLeased.
 var keyCases = []testCase{
 	{name: "KeysWithinTheRulesAreHeld", run: func(t *testing.T, s store.Store, _ Config) {
 		for _, k := range validKeys() {
 			t.Run(k.name, func(t *testing.T) {
 				txn := claimTxn(t, s, k.key, fp)
 				if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
-					t.Fatalf("Complete: %v", err)
+					t.Fatalf("Record: %v", err)
 				}
 				wantRecorded(t, claimEntry(t, s, k.key, fp), fp, okOutcome("atomic"))
 
@@ -25,7 +26,7 @@ var keyCases = []testCase{
 				leased.Key = k.key.Key[:len(k.key.Key)-1] + "L"
 				l := takeLease(t, s, leased, fp, time.Minute)
 				if err := l.Record(t.Context(), okOutcome("leased")); err != nil {
-					t.Fatalf("Complete: %v", err)
+					t.Fatalf("Record: %v", err)
 				}
 				wantRecorded(t, leaseEntry(t, s, leased, fp, time.Minute), fp, okOutcome("leased"))
 			})
@@ -34,7 +35,7 @@ var keyCases = []testCase{
 		ascii := store.Key{Tenant: "Zurich", Method: key.Method, Key: key.Key}
 		txn := claimTxn(t, s, ascii, other)
 		if err := txn.Record(t.Context(), okOutcome("ascii")); err != nil {
-			t.Fatalf("Complete: %v", err)
+			t.Fatalf("Record: %v", err)
 		}
 		wantRecorded(t, claimEntry(t, s, store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
 	}},

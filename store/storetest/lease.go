@@ -26,9 +26,9 @@ const (
 var leaseCases = []testCase{
 	{name: "FreeKeyGivesLease", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
-		wantNoPoint(t, l)
+		wantNoLastStep(t, l)
 		if err := l.Record(t.Context(), okOutcome("r")); err != nil {
-			t.Fatalf("Complete: %v", err)
+			t.Fatalf("Record: %v", err)
 		}
 	}},
 
@@ -82,10 +82,10 @@ var leaseCases = []testCase{
 			}
 		}
 		copy(data, "XXXX") // the store kept its own copy
-		wantPoint(t, first, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
+		wantLastStep(t, first, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
 		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
-		wantPoint(t, second, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
+		wantLastStep(t, second, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
 		// The takeover holds the new lease length.
 		e := leaseEntry(t, s, key, fp, longLease)
 		wantInProgress(t, e, fp)
@@ -108,7 +108,7 @@ var leaseCases = []testCase{
 		if !second.TookOver {
 			t.Errorf("the lease of a key whose lease ran out reports no takeover")
 		}
-		// A lease released with a recovery point ends at once: the next
+		// A lease released with a saved step ends at once: the next
 		// claim takes it over too.
 		if err := second.Lease.SaveStep(t.Context(), store.Step{Name: "sent"}); err != nil {
 			t.Fatal(err)
@@ -118,15 +118,15 @@ var leaseCases = []testCase{
 		}
 		third := takeLeasedClaim(t, s, key, fp, longLease)
 		if !third.TookOver {
-			t.Errorf("the lease of a key released with a recovery point reports no takeover")
+			t.Errorf("the lease of a key released with a saved step reports no takeover")
 		}
 		if err := third.Lease.Record(t.Context(), okOutcome("third")); err != nil {
 			t.Fatal(err)
 		}
 		if c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease); err != nil || c.TookOver {
-			t.Errorf("Lease of a completed key = %s, %v; want its entry and no takeover", describeLeasedClaim(c), err)
+			t.Errorf("ClaimLeased of a recorded key = %s, %v; want its entry and no takeover", describeLeasedClaim(c), err)
 		}
-		// A key released without a recovery point is free again.
+		// A key released without a saved step is free again.
 		released := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
 		fresh := takeLeasedClaim(t, s, released, fp, longLease)
 		if err := fresh.Lease.Release(t.Context()); err != nil {
@@ -147,7 +147,7 @@ var leaseCases = []testCase{
 		}
 		// The holder was not fenced off: nobody took the key.
 		if err := l.Record(t.Context(), okOutcome("first")); err != nil {
-			t.Fatalf("Complete of the run-out lease: %v", err)
+			t.Fatalf("Record of the run-out lease: %v", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("first"))
 	}},
@@ -165,7 +165,7 @@ var leaseCases = []testCase{
 			t.Errorf("LeaseRemaining %v after Extend(%v)", e.LeaseRemaining, longLease)
 		}
 		if err := l.Record(t.Context(), okOutcome("first")); err != nil {
-			t.Fatalf("Complete of the extended lease: %v", err)
+			t.Fatalf("Record of the extended lease: %v", err)
 		}
 	}},
 
@@ -174,7 +174,7 @@ var leaseCases = []testCase{
 			name  string
 			write func(ctx context.Context, l store.Lease) error
 			// check runs after the stale write, before the new owner
-			// completes, and sees that the write changed nothing.
+			// records, and sees that the write changed nothing.
 			check func(t *testing.T, k store.Key, owner store.Lease)
 		}{
 			{
@@ -200,14 +200,14 @@ var leaseCases = []testCase{
 						t.Fatalf("Extend: %v", err)
 					}
 					third := takeLease(t, s, k, fp, longLease)
-					wantPoint(t, third, store.Step{Name: "second"})
+					wantLastStep(t, third, store.Step{Name: "second"})
 					if err := third.Release(t.Context()); err != nil {
 						t.Fatal(err)
 					}
 				},
 			},
 			{
-				name:  "Complete",
+				name:  "Record",
 				write: func(ctx context.Context, l store.Lease) error { return l.Record(ctx, okOutcome("stale")) },
 				check: func(t *testing.T, k store.Key, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
@@ -241,7 +241,7 @@ var leaseCases = []testCase{
 					return // the owner was taken over in turn
 				}
 				if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
-					t.Fatalf("the new owner's Complete: %v", err)
+					t.Fatalf("the new owner's Record: %v", err)
 				}
 				wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome("owner"))
 			})
@@ -264,26 +264,26 @@ var leaseCases = []testCase{
 			t.Errorf("stale Extend: %v, want ErrLeaseLost", err)
 		}
 		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
+			t.Errorf("stale Record: %v, want ErrLeaseLost", err)
 		}
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), other)
 		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
-			t.Fatalf("the new owner's Complete: %v", err)
+			t.Fatalf("the new owner's Record: %v", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, other), other, okOutcome("owner"))
 	}},
 
-	{name: "CompleteIsReplayed", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordIsReplayed", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
 		if err := l.SaveStep(t.Context(), store.Step{Name: "charge_confirmed"}); err != nil {
 			t.Fatal(err)
 		}
 		out := errorOutcome()
 		if err := l.Record(t.Context(), out); err != nil {
-			t.Fatalf("Complete: %v", err)
+			t.Fatalf("Record: %v", err)
 		}
 		if err := l.Release(t.Context()); err != nil {
-			t.Errorf("Release after Complete: %v, want nil", err)
+			t.Errorf("Release after Record: %v, want nil", err)
 		}
 		if err := l.Record(t.Context(), okOutcome("again")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("second Record: %v, want ErrLeaseLost", err)
@@ -342,7 +342,7 @@ var leaseCases = []testCase{
 		if !retry.TookOver {
 			t.Errorf("the retry after a Release did not take the key over: the released lease was extended")
 		}
-		wantPoint(t, retry.Lease, point)
+		wantLastStep(t, retry.Lease, point)
 		if steps := retry.Lease.Steps(); len(steps) != 1 {
 			t.Errorf("the retry's steps: %v, want only the one saved before the Release", steps)
 		}
@@ -361,7 +361,7 @@ var leaseCases = []testCase{
 			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
 		again := takeLease(t, s, key, other, longLease)
-		wantNoPoint(t, again)
+		wantNoLastStep(t, again)
 		if err := again.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -384,7 +384,7 @@ var leaseCases = []testCase{
 		// retry of this one takes over at once and resumes.
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), fp)
 		again := takeLease(t, s, key, fp, longLease)
-		wantPoint(t, again, point)
+		wantLastStep(t, again, point)
 		if err := l.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
@@ -394,7 +394,7 @@ var leaseCases = []testCase{
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("resumed"))
 	}},
 
-	{name: "CompletedKeyIsNotLeased", run: func(t *testing.T, s store.Store, _ Config) {
+	{name: "RecordedKeyIsNotLeased", run: func(t *testing.T, s store.Store, _ Config) {
 		txn := claimTxn(t, s, key, fp)
 		if err := txn.Record(t.Context(), okOutcome("atomic")); err != nil {
 			t.Fatal(err)
@@ -421,7 +421,7 @@ var leaseCases = []testCase{
 				r.owner()
 				t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
 				if p, ok := c.Lease.LastStep(); !ok || p.Name != "charge_sent" {
-					r.err(errors.New("the takeover lost the recovery point"))
+					r.err(errors.New("the takeover lost the saved step"))
 				}
 			default:
 				r.entry(c.Entry)
@@ -437,7 +437,7 @@ var leaseCases = []testCase{
 			}
 		}
 		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("stale Complete: %v, want ErrLeaseLost", err)
+			t.Errorf("stale Record: %v, want ErrLeaseLost", err)
 		}
 	}},
 
@@ -453,9 +453,9 @@ var leaseCases = []testCase{
 			t.Errorf("the lease of an expired key reports a takeover")
 		}
 		l := c.Lease
-		wantNoPoint(t, l)
+		wantNoLastStep(t, l)
 		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Complete of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)
+			t.Errorf("Record of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)
 		}
 		if err := l.Record(t.Context(), okOutcome("fresh")); err != nil {
 			t.Fatal(err)
@@ -471,14 +471,14 @@ var leaseCases = []testCase{
 		for name, err := range map[string]error{
 			"Extend":   l.Extend(t.Context(), longLease),
 			"SaveStep": l.SaveStep(t.Context(), store.Step{Name: "late"}),
-			"Complete": l.Record(t.Context(), okOutcome("late")),
+			"Record":   l.Record(t.Context(), okOutcome("late")),
 		} {
 			if !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("%s of an expired lease: %v, want ErrLeaseLost", name, err)
 			}
 		}
 		fresh := takeLease(t, s, key, fp, longLease)
-		wantNoPoint(t, fresh)
+		wantNoLastStep(t, fresh)
 	}},
 
 	{name: "LeaseWaitsForAtomicOwner", cfg: Config{TTL: time.Hour, LockTimeout: 5 * time.Second}, run: func(t *testing.T, s store.Store, _ Config) {
@@ -488,11 +488,11 @@ var leaseCases = []testCase{
 			check  func(t *testing.T, c store.LeasedClaim)
 		}{
 			{
-				name:   "Complete",
+				name:   "Record",
 				finish: func(txn store.Txn) error { return txn.Record(context.Background(), okOutcome("atomic")) },
 				check: func(t *testing.T, c store.LeasedClaim) {
 					if c.Entry == nil {
-						t.Fatalf("Lease = %s, want the completed entry", describeLeasedClaim(c))
+						t.Fatalf("ClaimLeased = %s, want the recorded entry", describeLeasedClaim(c))
 					}
 					wantRecorded(t, c.Entry, fp, okOutcome("atomic"))
 				},
@@ -504,7 +504,7 @@ var leaseCases = []testCase{
 					if c.Lease == nil {
 						t.Fatalf("Lease = %s, want a Lease", describeLeasedClaim(c))
 					}
-					wantNoPoint(t, c.Lease)
+					wantNoLastStep(t, c.Lease)
 				},
 			},
 		} {
@@ -566,12 +566,12 @@ var leaseCases = []testCase{
 	{name: "EndedContextWritesNothingButRelease", run: func(t *testing.T, s store.Store, _ Config) {
 		ended, cancel := context.WithCancel(t.Context())
 		cancel()
-		for _, withPoint := range []bool{false, true} {
+		for _, withStep := range []bool{false, true} {
 			k := key
-			k.Key = fmt.Sprintf("with-point-%v", withPoint)
+			k.Key = fmt.Sprintf("with-step-%v", withStep)
 			l := takeLease(t, s, k, fp, shortLease)
 			var want *store.Step
-			if withPoint {
+			if withStep {
 				want = &store.Step{Name: "first"}
 				if err := l.SaveStep(t.Context(), *want); err != nil {
 					t.Fatal(err)
@@ -580,38 +580,38 @@ var leaseCases = []testCase{
 			for name, err := range map[string]error{
 				"Extend":   l.Extend(ended, longLease),
 				"SaveStep": l.SaveStep(ended, store.Step{Name: "ended"}),
-				"Complete": l.Record(ended, okOutcome("ended")),
+				"Record":   l.Record(ended, okOutcome("ended")),
 			} {
 				if !errors.Is(err, context.Canceled) {
 					t.Errorf("%s with an ended context: %v, want context.Canceled", name, err)
 				}
 			}
 			// Nothing changed: the lease was not extended, and the claim is
-			// neither completed nor released.
+			// neither recorded nor released.
 			e := leaseEntry(t, s, k, other, longLease)
 			wantInProgress(t, e, fp)
 			if e.LeaseRemaining > shortLease {
 				t.Errorf("LeaseRemaining %v: Extend with an ended context extended the lease", e.LeaseRemaining)
 			}
 			if want != nil {
-				wantPoint(t, l, *want)
+				wantLastStep(t, l, *want)
 			} else {
-				wantNoPoint(t, l)
+				wantNoLastStep(t, l)
 			}
 			// Release works regardless, so that it can be deferred from a
 			// request whose caller has gone.
 			if err := l.Release(ended); err != nil {
 				t.Fatalf("Release with an ended context: %v", err)
 			}
-			if withPoint {
+			if withStep {
 				again := takeLease(t, s, k, fp, longLease) // the lease ended at once
-				wantPoint(t, again, *want)
+				wantLastStep(t, again, *want)
 				if err := again.Release(t.Context()); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				again := takeLease(t, s, k, other, longLease) // the claim was deleted
-				wantNoPoint(t, again)
+				wantNoLastStep(t, again)
 			}
 		}
 	}},
@@ -644,13 +644,13 @@ var leaseCases = []testCase{
 				t.Errorf("SaveStep with %s: %v, want ErrInvalidStep", name, err)
 			}
 		}
-		wantPoint(t, l, last)
+		wantLastStep(t, l, last)
 		// The stored point is the last valid one: a retry resumes from it.
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		again := takeLease(t, s, key, fp, longLease)
-		wantPoint(t, again, last)
+		wantLastStep(t, again, last)
 	}},
 
 	{name: "LeaseIsSafeForConcurrentUse", run: func(t *testing.T, s store.Store, _ Config) {

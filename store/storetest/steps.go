@@ -37,7 +37,7 @@ var stepCases = []testCase{
 		}
 		// Saving a step again keeps its place, with its new data.
 		wantSteps(t, l, point("reserve", "r2"), point("charge", "ch_1"))
-		wantPoint(t, l, point("reserve", "r2"))
+		wantLastStep(t, l, point("reserve", "r2"))
 	}},
 
 	{name: "StepsSurviveATakeover", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -50,7 +50,7 @@ var stepCases = []testCase{
 		cfg.advance(300 * time.Millisecond)
 		second := takeLease(t, s, key, fp, time.Minute)
 		wantSteps(t, second, point("reserve", "r1"), point("charge", "ch_1"))
-		wantPoint(t, second, point("charge", "ch_1"))
+		wantLastStep(t, second, point("charge", "ch_1"))
 	}},
 
 	{name: "FencedOwnerSavesNoStep", run: func(t *testing.T, s store.Store, cfg Config) {
@@ -76,7 +76,7 @@ var stepCases = []testCase{
 			t.Errorf("the stale owner's SaveStep: %v, want ErrLeaseLost", err)
 		}
 		if err := owner.Record(t.Context(), okOutcome("owner")); err != nil {
-			t.Fatalf("the new owner's Complete: %v", err)
+			t.Fatalf("the new owner's Record: %v", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("owner"))
 		wantSteps(t, owner, point("s1", "r1"), point("s2", "c1"))
@@ -113,10 +113,10 @@ var stepCases = []testCase{
 	}},
 }
 
-// completions returns s as store.Finishing, or skips the case when s does
+// finishing returns s as store.Finishing, or skips the case when s does
 // not keep calls for a finisher: Finishing is optional, unlike the rest of
 // the suite.
-func completions(t *testing.T, s store.Store) store.Finishing {
+func finishing(t *testing.T, s store.Store) store.Finishing {
 	t.Helper()
 	c, ok := s.(store.Finishing)
 	if !ok {
@@ -125,7 +125,8 @@ func completions(t *testing.T, s store.Store) store.Finishing {
 	return c
 }
 
-var completion = &store.Call{
+// keptCall is the call the Finishing cases' leased claims keep.
+var keptCall = &store.Call{
 	Method:   "/idem.test.v1.Test/Do",
 	Request:  []byte("request bytes"),
 	Metadata: map[string][]string{"x-user": {"u1"}, "x-roles": {"a", "b"}, "x-trace-bin": {"\x00\xff\x80 binary"}},
@@ -141,14 +142,14 @@ func abandonedKeys(t *testing.T, c store.Finishing, grace time.Duration) []store
 	return list
 }
 
-var completionCases = []testCase{
+var finishingCases = []testCase{
 	{name: "AbandonedLeaseIsListedWithItsRequest", run: func(t *testing.T, s store.Store, cfg Config) {
-		c := completions(t, s)
-		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
+		c := finishing(t, s)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: keptCall}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
-		// Without a completion, or still leased: not listed.
+		// Without a kept call, or still leased: not listed.
 		_ = takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "plain"}, fp, 100*time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned during the lease: %v", got)
@@ -163,7 +164,7 @@ var completionCases = []testCase{
 		}
 		a := got[0]
 		if a.Key != key || !bytes.Equal(a.Fingerprint, fp) || a.Takeovers != 0 ||
-			a.Call.Method != completion.Method || !bytes.Equal(a.Call.Request, completion.Request) ||
+			a.Call.Method != keptCall.Method || !bytes.Equal(a.Call.Request, keptCall.Request) ||
 			!slices.Equal(a.Call.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(a.Call.Metadata["x-user"], []string{"u1"}) {
 			t.Fatalf("Abandoned = %+v", a)
 		}
@@ -180,23 +181,23 @@ var completionCases = []testCase{
 		_ = taker
 	}},
 
-	{name: "ReleaseKeepsACompletableClaim", run: func(t *testing.T, s store.Store, _ Config) {
-		c := completions(t, s)
-		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, time.Hour)
+	{name: "ReleaseKeepsAFinishableClaim", run: func(t *testing.T, s store.Store, _ Config) {
+		c := finishing(t, s)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: keptCall}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
 		// A transient failure before any step: the claim and its request
-		// stay, for a retry or a completer, and the lease ends at once.
+		// stay, for a retry or a finisher, and the lease ends at once.
 		if err := lc.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		got := abandonedKeys(t, c, 0)
-		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Call.Request, completion.Request) {
+		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Call.Request, keptCall.Request) {
 			t.Fatalf("Abandoned after Release = %v, want the key with its request", got)
 		}
 		// Another request under the key is refused; the same one takes over.
-		other, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: other, Call: completion}, time.Hour)
+		other, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: other, Call: keptCall}, time.Hour)
 		if err != nil || other.Lease != nil || other.Entry == nil {
 			t.Fatalf("lease with another fingerprint: %s, %v; want the entry in progress", describeLeasedClaim(other), err)
 		}
@@ -204,7 +205,7 @@ var completionCases = []testCase{
 		if err != nil || taker.Lease == nil || !taker.TookOver {
 			t.Fatalf("lease after Release: %s (took over: %v), %v; want a takeover", describeLeasedClaim(taker), taker.TookOver, err)
 		}
-		// The takeover without a completion of its own keeps the request.
+		// The takeover without a call of its own to keep keeps the request.
 		if err := taker.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -214,8 +215,8 @@ var completionCases = []testCase{
 	}},
 
 	{name: "RecordedOutcomeDropsTheRequest", run: func(t *testing.T, s store.Store, cfg Config) {
-		c := completions(t, s)
-		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
+		c := finishing(t, s)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: keptCall}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -224,13 +225,13 @@ var completionCases = []testCase{
 		}
 		cfg.advance(150 * time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
-			t.Fatalf("Abandoned lists a completed call: %v", got)
+			t.Fatalf("Abandoned lists a recorded call: %v", got)
 		}
 	}},
 
 	{name: "ExpiredCallIsNotListed", cfg: Config{TTL: time.Second, LockTimeout: 10 * time.Second}, run: func(t *testing.T, s store.Store, cfg Config) {
-		c := completions(t, s)
-		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: completion}, 100*time.Millisecond)
+		c := finishing(t, s)
+		lc, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp, Call: keptCall}, 100*time.Millisecond)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}

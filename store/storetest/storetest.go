@@ -78,7 +78,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Lease", leaseCases},
 		{"Key", keyCases},
 		{"Steps", stepCases},
-		{"Finishing", completionCases},
+		{"Finishing", finishingCases},
 		{"Admin", adminCases},
 	} {
 		t.Run(group.name, func(t *testing.T) {
@@ -242,12 +242,12 @@ func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d 
 	return c.Entry
 }
 
-// wantCompleted fails the test unless e is a completed entry of a request
+// wantRecorded fails the test unless e is a recorded entry of a request
 // with fingerprint whose outcome is out.
 func wantRecorded(t *testing.T, e *store.Entry, fingerprint []byte, out store.Outcome) {
 	t.Helper()
 	if e.State != store.Recorded {
-		t.Fatalf("entry %s, want completed", describeEntry(e))
+		t.Fatalf("entry %s, want recorded", describeEntry(e))
 	}
 	if !bytes.Equal(e.Fingerprint, fingerprint) {
 		t.Errorf("entry fingerprint %q, want %q", e.Fingerprint, fingerprint)
@@ -256,7 +256,7 @@ func wantRecorded(t *testing.T, e *store.Entry, fingerprint []byte, out store.Ou
 		t.Errorf("entry outcome %+v, want %+v", e.Outcome, out)
 	}
 	if e.LeaseRemaining != 0 {
-		t.Errorf("completed entry has LeaseRemaining %v, want 0", e.LeaseRemaining)
+		t.Errorf("recorded entry has LeaseRemaining %v, want 0", e.LeaseRemaining)
 	}
 }
 
@@ -272,26 +272,26 @@ func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
 	}
 }
 
-// wantNoPoint fails the test if l holds a recovery point.
-func wantNoPoint(t *testing.T, l store.Lease) {
+// wantNoLastStep fails the test if l holds a saved step.
+func wantNoLastStep(t *testing.T, l store.Lease) {
 	t.Helper()
 	if p, ok := l.LastStep(); ok {
-		t.Errorf("LastStep() = %s, want none", describePoint(p))
+		t.Errorf("LastStep() = %s, want none", describeStep(p))
 	}
 }
 
-// wantPoint fails the test unless l's recovery point is p.
-func wantPoint(t *testing.T, l store.Lease, p store.Step) {
+// wantLastStep fails the test unless the step l saved last is p.
+func wantLastStep(t *testing.T, l store.Lease, p store.Step) {
 	t.Helper()
 	got, ok := l.LastStep()
 	if !ok || got.Name != p.Name || !bytes.Equal(got.Result, p.Result) {
-		t.Errorf("LastStep() = %s, %v; want %s", describePoint(got), ok, describePoint(p))
+		t.Errorf("LastStep() = %s, %v; want %s", describeStep(got), ok, describeStep(p))
 	}
 }
 
-// describePoint shows p with at most the first 32 bytes of its step and
-// data.
-func describePoint(p store.Step) string {
+// describeStep shows p with at most the first 32 bytes of its name and
+// result.
+func describeStep(p store.Step) string {
 	step, data := p.Name, p.Result
 	if len(step) > 32 {
 		step = step[:32] + "..."
@@ -309,7 +309,7 @@ func describeEntry(e *store.Entry) string {
 	state := fmt.Sprintf("state %d", e.State)
 	switch e.State {
 	case store.Recorded:
-		state = "completed"
+		state = "recorded"
 	case store.InProgress:
 		state = "in progress"
 	}

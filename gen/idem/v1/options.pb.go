@@ -40,7 +40,8 @@ const (
 	// MODE_LEASED commits the claim at once with a lease and a fencing token,
 	// runs the handler, and records the response only if the token is still
 	// the key's. For handlers whose side effects leave the database (payment
-	// providers, email), which may save recovery points to resume from.
+	// providers, email), which run their side effects as steps whose
+	// results are saved, so that a retry resumes after them.
 	Mode_MODE_LEASED Mode = 2
 	// MODE_OPTIMISTIC runs the handler's database writes and records the
 	// response in one transaction, as MODE_ATOMIC does, but reads the key

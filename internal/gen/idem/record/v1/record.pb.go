@@ -5,7 +5,7 @@
 // source: idem/record/v1/record.proto
 
 // Package idem.record.v1 is the stored form of a recorded outcome: the body
-// a store keeps for a completed key, written and read only by idem's
+// a store keeps for a recorded key, written and read only by idem's
 // internal/record package. It is not API: no client or server sees it, and
 // stores treat it as opaque bytes.
 

@@ -1,0 +1,3 @@
+module example.com/links
+
+go 1.26
