@@ -232,17 +232,17 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 		return e.passThrough(ctx, h)
 	}
 	if m.output == nil {
-		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: "+call.Method+" is not in the protobuf registry, so its responses cannot be replayed"))
+		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: "+call.Method+" is not in the protobuf registry, so its responses cannot be replayed"))
 	}
 	if call.Request == nil {
-		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: "+call.Method+" has no request message"))
+		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: "+call.Method+" has no request message"))
 	}
 	tenant, err := e.tenant(ctx, call, run)
 	if err != nil {
 		if _, ok := c.status(err); ok {
 			return refuse(ResultInvalidKey, err)
 		}
-		return refuse(ResultInvalidKey, newError(code.Code_UNAUTHENTICATED, err.Error()))
+		return refuse(ResultInvalidKey, NewError(code.Code_UNAUTHENTICATED, err.Error()))
 	}
 	scope := call.Method
 	if m.scope != "" {
@@ -255,7 +255,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	}
 	fp, err := e.hasher.Sum(call.Request)
 	if err != nil {
-		return refuse(ResultInvalidKey, newError(code.Code_INVALID_ARGUMENT, "idem: "+err.Error()))
+		return refuse(ResultInvalidKey, NewError(code.Code_INVALID_ARGUMENT, "idem: "+err.Error()))
 	}
 
 	// The handler reads its key where its request carries one: a key
@@ -540,7 +540,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 		return Answer{Header: expiresHeader(c.expires), Result: ResultExecuted}, herr
 	}
 	if r.Message == nil {
-		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: the handler returned no response message"))
+		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the handler returned no response message"))
 	}
 	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer)
 	if err != nil {
@@ -665,7 +665,7 @@ func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte,
 	rec, err := decode(m, en.Outcome)
 	if err != nil {
 		e.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
-		return refuse(ResultStoreError, newError(code.Code_INTERNAL, "idem: the recorded outcome of this request is unreadable"))
+		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the recorded outcome of this request is unreadable"))
 	}
 	ans := Answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer, Result: ResultReplayed}
 	if en.Outcome.Code != 0 {

@@ -264,7 +264,7 @@ func (f *Finisher) FinishKey(ctx context.Context, k store.Key) error {
 func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = newError(code.Code_INTERNAL, fmt.Sprintf("idem: finishing the call panicked: %v", p))
+			err = NewError(code.Code_INTERNAL, fmt.Sprintf("idem: finishing the call panicked: %v", p))
 			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
 		}
 	}()
@@ -288,7 +288,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	f.mu.Unlock()
 	if !ok {
 		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Key, nil)
-		return newError(code.Code_FAILED_PRECONDITION, "idem: the call's method is not registered with the finisher: "+method)
+		return NewError(code.Code_FAILED_PRECONDITION, "idem: the call's method is not registered with the finisher: "+method)
 	}
 	req, err := requestOf(method, a.Call.Request)
 	if err != nil {
@@ -309,7 +309,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	}
 	if err == nil {
 		// The handler answered without the Engine recording anything.
-		return newError(code.Code_INTERNAL, "idem: the finisher's run of "+method+" recorded no outcome")
+		return NewError(code.Code_INTERNAL, "idem: the finisher's run of "+method+" recorded no outcome")
 	}
 	f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Key, err)
 	return err
@@ -319,7 +319,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 func (f *Finisher) call(ctx context.Context, run FinishFunc, req proto.Message, header map[string][]string) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = newError(code.Code_INTERNAL, fmt.Sprintf("idem: the handler panicked: %v", p))
+			err = NewError(code.Code_INTERNAL, fmt.Sprintf("idem: the handler panicked: %v", p))
 		}
 	}()
 	return run(ctx, req, header)
@@ -380,9 +380,9 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 	}
 	if lc.Lease == nil {
 		// A retry or another finisher holds it, or recorded it.
-		return newError(code.Code_ABORTED, "idem: a retry or another finisher took the call over first")
+		return NewError(code.Code_ABORTED, "idem: a retry or another finisher took the call over first")
 	}
-	st := newError(code.Code_FAILED_PRECONDITION, msg,
+	st := NewError(code.Code_FAILED_PRECONDITION, msg,
 		&errdetails.ErrorInfo{Reason: ReasonNotFinished, Domain: Domain}).status
 	body, _, err := encodeOutcome(code.Code_FAILED_PRECONDITION, st, nil, nil)
 	if err == nil {

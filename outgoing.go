@@ -160,7 +160,7 @@ func (k *OutgoingKeys) keyFor(ctx context.Context, m *method, method, own string
 	}
 	if key, ok := ctx.Value(outgoingKeyCtxKey{}).(string); ok {
 		if err := ValidateKey(key); err != nil {
-			return "", "", newError(code.Code_INVALID_ARGUMENT, "idem: key set with ContextWithKey: "+err.Error())
+			return "", "", NewError(code.Code_INVALID_ARGUMENT, "idem: key set with ContextWithKey: "+err.Error())
 		}
 		return key, sourceCaller, nil
 	}
@@ -177,7 +177,7 @@ func (k *OutgoingKeys) keyFor(ctx context.Context, m *method, method, own string
 	}
 	u, err := uuid.NewV7()
 	if err != nil {
-		return "", "", newError(code.Code_INTERNAL, "idem: generating a key: "+err.Error())
+		return "", "", NewError(code.Code_INTERNAL, "idem: generating a key: "+err.Error())
 	}
 	return u.String(), sourceGenerated, nil
 }
@@ -210,7 +210,7 @@ func derive(ctx context.Context, parent store.Key, method string) (string, error
 	}
 	calls, ok := ctx.Value(callsCtxKey{}).(*callCounter)
 	if !ok {
-		return "", newError(code.Code_INTERNAL, "idem: the context holds a request key but no call counter; "+
+		return "", NewError(code.Code_INTERNAL, "idem: the context holds a request key but no call counter; "+
 			"keyed requests must be set up by the server interceptor")
 	}
 	return callKey(parent, method, calls.next(method)), nil

@@ -56,7 +56,8 @@ const (
 // Error is idem's answer to a call it refused or could not run, and a
 // recorded error it replays: a google.rpc.Status, which each transport
 // sends in its own way (a gRPC status, a Connect error, an HTTP problem).
-// [Engine.Handle] returns it; programs see it through their transport.
+// [Engine.Handle] returns it, package admin answers with it, and [NewError]
+// makes one; programs see it through their transport.
 type Error struct {
 	status *spb.Status
 }
@@ -88,8 +89,15 @@ func (e *Error) RetryAfter() (string, bool) {
 	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10), true
 }
 
-// newError returns an Error of c with msg and details.
-func newError(c code.Code, msg string, details ...proto.Message) *Error {
+// NewError returns an Error with code c, message msg and details (the
+// google.rpc error details of package errdetails, say; one that cannot be
+// marshaled is left out), for code that answers in idem's
+// transport-neutral form and leaves the wire to idem's adapters: the
+// admin service's answers (package admin) are Errors, and an
+// admin.Authorizer that refuses a call with one is answered alike over
+// gRPC and Connect. A handler answers with its own transport's error (a
+// gRPC status, a *connect.Error), as it does without idem.
+func NewError(c code.Code, msg string, details ...proto.Message) *Error {
 	st := &spb.Status{Code: int32(c), Message: msg}
 	for _, d := range details {
 		a, err := anypb.New(d)
@@ -101,9 +109,9 @@ func newError(c code.Code, msg string, details ...proto.Message) *Error {
 	return &Error{status: st}
 }
 
-// withDetails is newError as an error.
+// withDetails is NewError as an error.
 func withDetails(c code.Code, msg string, details ...proto.Message) error {
-	return newError(c, msg, details...)
+	return NewError(c, msg, details...)
 }
 
 // invalidKey is the error of a call whose key is malformed; reason says
@@ -183,9 +191,9 @@ func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err
 	case errors.Is(err, store.ErrNotReady):
 		return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "the idempotency store is not set up", err))
 	case errors.Is(err, context.Canceled):
-		return refuse(ResultStoreError, newError(code.Code_CANCELLED, err.Error()))
+		return refuse(ResultStoreError, NewError(code.Code_CANCELLED, err.Error()))
 	case errors.Is(err, context.DeadlineExceeded):
-		return refuse(ResultStoreError, newError(code.Code_DEADLINE_EXCEEDED, err.Error()))
+		return refuse(ResultStoreError, NewError(code.Code_DEADLINE_EXCEEDED, err.Error()))
 	}
 	return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_UNAVAILABLE, "storage failed while "+doing, err))
 }
@@ -198,7 +206,7 @@ func (e *Engine) internalError(ctx context.Context, key store.Key, c code.Code, 
 	e.log(ctx, slog.LevelError, "idem: "+what, key, err)
 	msg := "idem: " + what + e.detail(err)
 	if c != code.Code_UNAVAILABLE {
-		return newError(c, msg)
+		return NewError(c, msg)
 	}
 	return withDetails(c, msg+"; retry",
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(e.opts.retryDelay)})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -13,13 +14,11 @@ import (
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/code"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkit/idem"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/internal/adminwire"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store"
 )
@@ -27,10 +26,23 @@ import (
 // instrumentationScope names the service's tracer.
 const instrumentationScope = "github.com/idemkit/idem/admin"
 
-// Server implements adminv1.AdminServiceServer over a [store.Admin].
-type Server struct {
-	adminv1.UnimplementedAdminServiceServer
+// The full names of the service's RPCs, as [Request.Method] holds them.
+const (
+	service   = "/idem.admin.v1.AdminService/"
+	listKeys  = service + "ListKeys"
+	getKey    = service + "GetKey"
+	forgetKey = service + "ForgetKey"
+	settleKey = service + "SettleKey"
+	finishKey = service + "FinishKey"
+)
 
+// Server is idem.admin.v1.AdminService over a [store.Admin], with no
+// transport: its methods are the service's RPCs, which
+// interceptor.RegisterAdmin serves over gRPC and idemconnect.NewAdminHandler
+// over Connect (it implements adminv1connect.AdminServiceHandler). They
+// return nil or an [*idem.Error], the service's answer, or an Authorizer's
+// own error.
+type Server struct {
 	st        store.Admin
 	authorize Authorizer
 	tokens    tokens
@@ -39,8 +51,6 @@ type Server struct {
 	methods   methods
 	finisher  *idem.Finisher
 }
-
-var _ adminv1.AdminServiceServer = (*Server)(nil)
 
 // NewServer returns the admin service over st, which authorize guards. It
 // panics when st or authorize is nil, or when [WithPageTokenKey] gives a
@@ -77,12 +87,6 @@ func NewServer(st store.Admin, authorize Authorizer, opts ...Option) *Server {
 	}
 }
 
-// Register registers srv on s, as grpc-go's health and reflection services
-// are registered.
-func Register(s grpc.ServiceRegistrar, srv *Server) {
-	adminv1.RegisterAdminServiceServer(s, srv)
-}
-
 func (s *Server) log() *slog.Logger {
 	if s.logger != nil {
 		return s.logger
@@ -103,25 +107,27 @@ type call struct {
 // returns the context to run the call in; the caller ends the call with
 // c.end. On refusal, it ends the call itself and returns the answer.
 func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, error) {
-	name := r.Method[len("/"+adminv1.AdminService_ServiceDesc.ServiceName+"/"):]
-	ctx, span := s.tracer.Start(ctx, "idem.admin."+name,
+	caller := adminwire.FromContext(ctx)
+	r.Header, r.TLS = caller.Header, caller.TLS
+	ctx, span := s.tracer.Start(ctx, "idem.admin."+strings.TrimPrefix(r.Method, service),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attribute.String("rpc.method", r.Method[1:])))
 	c := &call{s: s, req: r, span: span}
 	scope, err := s.authorize.Authorize(ctx, r)
 	if err != nil {
-		if st, ok := status.FromError(err); ok && st.Code() != codes.OK && st.Code() != codes.Unknown {
-			return ctx, nil, c.end(ctx, st.Err(), err)
+		if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_OK) && st.GetCode() != int32(code.Code_UNKNOWN) {
+			// The authorizer's own answer, which its wire sends as it is.
+			return ctx, nil, c.end(ctx, err, err)
 		}
-		return ctx, nil, c.end(ctx, status.Error(codes.PermissionDenied, "idem admin: permission denied"), err)
+		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "permission denied"), err)
 	}
 	c.scope = scope
 	span.SetAttributes(attribute.String("idem.admin.subject", scope.Subject))
 	switch {
 	case r.AllTenants && !scope.AllTenants:
-		return ctx, nil, c.end(ctx, status.Error(codes.PermissionDenied, "idem admin: listing every tenant's keys is not allowed; name a tenant"), nil)
+		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant"), nil)
 	case !r.AllTenants && !scope.Allows(r.Tenant):
-		return ctx, nil, c.end(ctx, status.Errorf(codes.PermissionDenied, "idem admin: tenant %q is not allowed", r.Tenant), nil)
+		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant), nil)
 	}
 	return ctx, c, nil
 }
@@ -129,19 +135,24 @@ func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, 
 // end ends the call with answer (nil for success), logs it, and returns
 // answer. cause is the error behind it, logged and never sent.
 func (c *call) end(ctx context.Context, answer, cause error) error {
-	st := status.Convert(answer)
-	c.span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(st.Code())))
+	cd := code.Code_OK
 	if answer != nil {
-		c.span.SetStatus(otelcodes.Error, st.Message())
+		cd = code.Code_UNKNOWN
+		msg := answer.Error()
+		if st, ok := adminwire.Status(answer); ok {
+			cd, msg = code.Code(st.GetCode()), st.GetMessage()
+		}
+		c.span.SetStatus(otelcodes.Error, msg)
 	}
+	c.span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(cd)))
 	c.span.End()
 	level := slog.LevelInfo
 	switch {
-	case st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated:
+	case cd == code.Code_PERMISSION_DENIED || cd == code.Code_UNAUTHENTICATED:
 		level = slog.LevelWarn
-	case st.Code() == codes.Unavailable || st.Code() == codes.Internal:
+	case cd == code.Code_UNAVAILABLE || cd == code.Code_INTERNAL:
 		level = slog.LevelError
-	case c.req.Method == adminv1.AdminService_ListKeys_FullMethodName || c.req.Method == adminv1.AdminService_GetKey_FullMethodName:
+	case c.req.Method == listKeys || c.req.Method == getKey:
 		level = slog.LevelDebug
 	}
 	attrs := []slog.Attr{
@@ -158,7 +169,7 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 	if c.req.Force {
 		attrs = append(attrs, slog.Bool("force", true))
 	}
-	attrs = append(attrs, slog.String("code", st.Code().String()))
+	attrs = append(attrs, slog.String("code", cd.String()))
 	if cause != nil {
 		attrs = append(attrs, slog.String("error", cause.Error()))
 	}
@@ -171,25 +182,32 @@ func (c *call) fail(ctx context.Context, err error) error {
 	var live *store.LeaseLiveError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return c.end(ctx, status.Error(codes.NotFound, "idem admin: the store holds no entry for the key"), nil)
+		return c.end(ctx, answerf(code.Code_NOT_FOUND, "the store holds no entry for the key"), nil)
 	case errors.Is(err, store.ErrNotInProgress):
-		return c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: the key's outcome is recorded already; forget the key instead"), nil)
+		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already; forget the key instead"), nil)
 	case errors.As(err, &live):
-		return c.end(ctx, status.Errorf(codes.FailedPrecondition, "idem admin: the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
 	case errors.Is(err, store.ErrInvalidCursor):
-		return c.end(ctx, status.Error(codes.InvalidArgument, "idem admin: "+errBadToken.Error()), err)
+		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err)
 	case errors.Is(err, store.ErrInvalidKey):
-		return c.end(ctx, status.Error(codes.InvalidArgument, "idem admin: invalid key"), err)
+		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err)
 	case errors.Is(err, context.Canceled):
-		return c.end(ctx, status.Error(codes.Canceled, "idem admin: canceled"), err)
+		return c.end(ctx, answerf(code.Code_CANCELLED, "canceled"), err)
 	case errors.Is(err, context.DeadlineExceeded):
-		return c.end(ctx, status.Error(codes.DeadlineExceeded, "idem admin: deadline exceeded"), err)
+		return c.end(ctx, answerf(code.Code_DEADLINE_EXCEEDED, "deadline exceeded"), err)
 	}
-	return c.end(ctx, status.Error(codes.Unavailable, "idem admin: the store failed; the server's log has the detail"), err)
+	return c.end(ctx, answerf(code.Code_UNAVAILABLE, "the store failed; the server's log has the detail"), err)
+}
+
+// answerf returns the service's answer with code c and the message
+// "idem admin: " and format's text: an [*idem.Error], which each wire's
+// adapter sends as its status.
+func answerf(c code.Code, format string, args ...any) error {
+	return idem.NewError(c, "idem admin: "+fmt.Sprintf(format, args...))
 }
 
 func invalid(format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, "idem admin: "+format, args...)
+	return answerf(code.Code_INVALID_ARGUMENT, format, args...)
 }
 
 // keyRequest returns the Request of an RPC on one key.
@@ -200,7 +218,7 @@ func keyRequest(method, tenant, scope, key string, force bool) Request {
 // ListKeys lists the keys that match the request's filter, a page at a
 // time.
 func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*adminv1.ListKeysResponse, error) {
-	r := Request{Method: adminv1.AdminService_ListKeys_FullMethodName, Tenant: req.GetTenant(), AllTenants: req.GetAllTenants()}
+	r := Request{Method: listKeys, Tenant: req.GetTenant(), AllTenants: req.GetAllTenants()}
 	if r.AllTenants {
 		r.Tenant = ""
 	}
@@ -289,7 +307,7 @@ var protoStates = map[store.KeyState]adminv1.KeyState{
 
 // GetKey returns everything kept of one key.
 func (s *Server) GetKey(ctx context.Context, req *adminv1.GetKeyRequest) (*adminv1.GetKeyResponse, error) {
-	r := keyRequest(adminv1.AdminService_GetKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	r := keyRequest(getKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
@@ -306,7 +324,7 @@ func (s *Server) GetKey(ctx context.Context, req *adminv1.GetKeyRequest) (*admin
 
 // ForgetKey deletes one key's entry.
 func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (*adminv1.ForgetKeyResponse, error) {
-	r := keyRequest(adminv1.AdminService_ForgetKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	r := keyRequest(forgetKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
@@ -323,7 +341,7 @@ func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (
 // SettleKey records an error as the outcome of one key in progress. The
 // error's code is not OK, nor one clients retry (see the package doc).
 func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (*adminv1.SettleKeyResponse, error) {
-	r := keyRequest(adminv1.AdminService_SettleKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	r := keyRequest(settleKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
@@ -386,13 +404,13 @@ func settleable(cd code.Code) error {
 // FinishKey finishes one abandoned call now, through the server's
 // finisher.
 func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (*adminv1.FinishKeyResponse, error) {
-	r := keyRequest(adminv1.AdminService_FinishKey_FullMethodName, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	r := keyRequest(finishKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
 	}
 	if s.finisher == nil {
-		return nil, c.end(ctx, status.Error(codes.Unimplemented, "idem admin: this server has no finisher to finish calls with (admin.WithFinisher)"), nil)
+		return nil, c.end(ctx, answerf(code.Code_UNIMPLEMENTED, "this server has no finisher to finish calls with (admin.WithFinisher)"), nil)
 	}
 	if err := r.Key.Validate(); err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
@@ -405,22 +423,22 @@ func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (
 	switch {
 	case err == nil:
 	case errors.Is(err, idem.ErrNotFinishable):
-		return nil, c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil)
+		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil)
 	case errors.Is(err, store.ErrNotInProgress):
-		return nil, c.end(ctx, status.Error(codes.FailedPrecondition, "idem admin: the key's outcome is recorded already: there is nothing to finish"), nil)
+		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already: there is nothing to finish"), nil)
 	case errors.As(err, &live):
-		return nil, c.end(ctx, status.Errorf(codes.FailedPrecondition, "idem admin: the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil)
 	case errors.As(err, &ie):
 		// The attempt's answer (the call taken over first, its method not
 		// registered, or the handler's transient error): the call is left
 		// to the finisher.
 		st := ie.Status()
-		return nil, c.end(ctx, status.Errorf(codes.Code(st.GetCode()), "idem admin: the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
+		return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
 	default:
-		if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
-			// The handler's own gRPC status, as the call's client would
-			// have got it.
-			return nil, c.end(ctx, status.Errorf(st.Code(), "idem admin: the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.Message()), err)
+		if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_UNKNOWN) {
+			// The handler's own status (a gRPC status, a *connect.Error),
+			// as the call's client would have got it.
+			return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
 		}
 		return nil, c.fail(ctx, err)
 	}

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -20,15 +26,22 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/admin"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/gen/idem/admin/v1/adminv1connect"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemconnect"
+	"github.com/idemkit/idem/internal/admingrpc"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store"
@@ -61,18 +74,85 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// serve serves an admin server over st on a bufconn and returns its
-// client.
-func serve(t *testing.T, st store.Admin, authz admin.Authorizer, opts ...admin.Option) adminv1.AdminServiceClient {
-	t.Helper()
-	return adminv1.NewAdminServiceClient(dial(t, admin.NewServer(st, authz, opts...)))
+// A wire is a transport the tests serve the admin service on: each test
+// of the service's behaviour runs on every wire.
+type wire struct {
+	name string
+	// start serves srv on the wire until t ends, and returns a client.
+	start func(t *testing.T, srv *admin.Server) client
+	// unauthenticated is the wire's own error with code UNAUTHENTICATED.
+	unauthenticated func(msg string) error
 }
 
-func dial(t *testing.T, srv *admin.Server) *grpc.ClientConn {
+// client is a client of the admin service on one wire.
+type client struct {
+	adminv1connect.AdminServiceClient
+	// invoke calls the RPC fullMethod with in, discarding the response.
+	invoke func(ctx context.Context, fullMethod string, in *dynamicpb.Message) error
+	// withHeader returns ctx with the request headers kv, name and value
+	// pairs.
+	withHeader func(ctx context.Context, kv ...string) context.Context
+}
+
+var wires = []wire{
+	{
+		name: "grpc",
+		start: func(t *testing.T, srv *admin.Server) client {
+			s := grpc.NewServer()
+			interceptor.RegisterAdmin(s, srv)
+			conn := dialServer(t, s)
+			return client{
+				AdminServiceClient: admingrpc.NewClient(conn),
+				invoke: func(ctx context.Context, fullMethod string, in *dynamicpb.Message) error {
+					return conn.Invoke(ctx, fullMethod, in, &emptypb.Empty{})
+				},
+				withHeader: metadata.AppendToOutgoingContext,
+			}
+		},
+		unauthenticated: func(msg string) error { return status.Error(codes.Unauthenticated, msg) },
+	},
+	{
+		name: "connect",
+		start: func(t *testing.T, srv *admin.Server) client {
+			mux := http.NewServeMux()
+			mux.Handle(idemconnect.NewAdminHandler(srv))
+			hs := httptest.NewServer(mux)
+			t.Cleanup(hs.Close)
+			return client{
+				AdminServiceClient: adminv1connect.NewAdminServiceClient(hs.Client(), hs.URL),
+				invoke: func(ctx context.Context, fullMethod string, in *dynamicpb.Message) error {
+					_, err := connect.NewClient[dynamicpb.Message, emptypb.Empty](hs.Client(), hs.URL+fullMethod).
+						CallUnary(ctx, connect.NewRequest(in))
+					return err
+				},
+				withHeader: func(ctx context.Context, kv ...string) context.Context {
+					ctx, info := connect.NewClientContext(ctx)
+					for i := 0; i+1 < len(kv); i += 2 {
+						name, value := kv[i], kv[i+1]
+						if strings.HasSuffix(strings.ToLower(name), "-bin") {
+							value = connect.EncodeBinaryHeader([]byte(value)) // as grpc-go sends it
+						}
+						info.RequestHeader().Add(name, value)
+					}
+					return ctx
+				},
+			}
+		},
+		unauthenticated: func(msg string) error { return connect.NewError(connect.CodeUnauthenticated, errors.New(msg)) },
+	},
+}
+
+// onEachWire runs test on every wire, as a subtest.
+func onEachWire(t *testing.T, test func(t *testing.T, w wire)) {
+	for _, w := range wires {
+		t.Run(w.name, func(t *testing.T) { test(t, w) })
+	}
+}
+
+// serve serves an admin server over st on w and returns its client.
+func (w wire) serve(t *testing.T, st store.Admin, authz admin.Authorizer, opts ...admin.Option) client {
 	t.Helper()
-	s := grpc.NewServer()
-	admin.Register(s, srv)
-	return dialServer(t, s)
+	return w.start(t, admin.NewServer(st, authz, opts...))
 }
 
 // dialServer serves s on an in-memory listener until t ends, and returns
@@ -106,57 +186,77 @@ func info(tenant, method, key string, state store.KeyState, created time.Time) s
 		Fingerprint: []byte{0xfe, 0xed}, CreatedAt: created, UpdatedAt: created, ExpiresAt: created.Add(24 * time.Hour)}
 }
 
-func wantCode(t *testing.T, err error, want codes.Code) *status.Status {
+// wantCode fails t unless err, from a client of either wire, has code
+// want, and returns its message.
+func wantCode(t *testing.T, err error, want codes.Code) string {
 	t.Helper()
-	st := status.Convert(err)
-	if st.Code() != want {
-		t.Fatalf("got %v (%q), want %v", st.Code(), st.Message(), want)
+	got, msg := codeOf(err)
+	if got != want {
+		t.Fatalf("got %v (%q), want %v", got, msg, want)
 	}
-	return st
+	return msg
+}
+
+// codeOf returns the code and message of err, a gRPC status or a
+// *connect.Error; OK for nil.
+func codeOf(err error) (codes.Code, string) {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return codes.Code(ce.Code()), ce.Message()
+	}
+	st := status.Convert(err)
+	return st.Code(), st.Message()
 }
 
 // TestRefusedEveryRPC calls every method of the service, as its descriptor
-// lists them, with an authorizer that refuses: each is refused, and the
-// store is never reached. A new RPC that skips authorization fails here.
+// lists them, on every wire, with an authorizer that refuses: each is
+// refused, the authorizer is asked with the method's full name, and the
+// store is never reached. A new RPC that skips authorization, on either
+// wire, fails here.
 func TestRefusedEveryRPC(t *testing.T) {
-	st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
-	var asked []string
-	var mu sync.Mutex
-	refuse := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
-		mu.Lock()
-		asked = append(asked, r.Method)
-		mu.Unlock()
-		return admin.Scope{}, errors.New("no certificate: dial with the operators' one")
-	})
-	conn := dial(t, admin.NewServer(st, refuse))
-	sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
-	methods := sd.Methods()
-	if methods.Len() == 0 {
-		t.Fatal("the service declares no method")
-	}
-	for i := range methods.Len() {
-		md := methods.Get(i)
-		full := "/" + string(sd.FullName()) + "/" + string(md.Name())
-		for _, in := range []proto.Message{dynamicpb.NewMessage(md.Input()), filled(md.Input())} {
-			err := conn.Invoke(t.Context(), full, in, dynamicpb.NewMessage(md.Output()))
-			st := wantCode(t, err, codes.PermissionDenied)
-			if strings.Contains(st.Message(), "certificate") {
-				t.Errorf("%s: the authorizer's error reached the client: %q", full, st.Message())
+	onEachWire(t, func(t *testing.T, w wire) {
+		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+		var asked []string
+		var mu sync.Mutex
+		refuse := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+			mu.Lock()
+			asked = append(asked, r.Method)
+			mu.Unlock()
+			return admin.Scope{}, errors.New("no certificate: dial with the operators' one")
+		})
+		c := w.serve(t, st, refuse)
+		sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
+		methods := sd.Methods()
+		if methods.Len() == 0 {
+			t.Fatal("the service declares no method")
+		}
+		var want []string
+		for i := range methods.Len() {
+			md := methods.Get(i)
+			full := "/" + string(sd.FullName()) + "/" + string(md.Name())
+			for _, in := range []*dynamicpb.Message{dynamicpb.NewMessage(md.Input()), filled(md.Input())} {
+				msg := wantCode(t, c.invoke(t.Context(), full, in), codes.PermissionDenied)
+				if strings.Contains(msg, "certificate") {
+					t.Errorf("%s: the authorizer's error reached the client: %q", full, msg)
+				}
+				want = append(want, full)
 			}
 		}
-	}
-	if n := st.storeCalls(); n != 0 {
-		t.Errorf("refused calls reached the store %d times", n)
-	}
-	if len(asked) != 2*methods.Len() {
-		t.Errorf("the authorizer was asked %d times, want %d", len(asked), 2*methods.Len())
-	}
+		if n := st.storeCalls(); n != 0 {
+			t.Errorf("refused calls reached the store %d times", n)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(asked, want) {
+			t.Errorf("the authorizer was asked for\n%q\nwant\n%q", asked, want)
+		}
+	})
 }
 
 // filled returns a request of d naming tenant "acme", method Do, key k1
 // and every tenant where it can, so that refusals are not down to an empty
 // request.
-func filled(d protoreflect.MessageDescriptor) proto.Message {
+func filled(d protoreflect.MessageDescriptor) *dynamicpb.Message {
 	m := dynamicpb.NewMessage(d)
 	for name, v := range map[protoreflect.Name]protoreflect.Value{
 		"tenant": protoreflect.ValueOfString("acme"), "method": protoreflect.ValueOfString(doMethod),
@@ -169,83 +269,151 @@ func filled(d protoreflect.MessageDescriptor) proto.Message {
 	return m
 }
 
+// TestAuthorizerStatus: an authorizer's refusal with a status is answered
+// with its code and message on every wire, whether it is an *idem.Error
+// or a wire's own error, that of the call's wire or of the other.
 func TestAuthorizerStatus(t *testing.T) {
-	st := &fakeStore{}
-	c := serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-		return admin.Scope{}, status.Error(codes.Unauthenticated, "no credentials")
-	}))
-	_, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1"})
-	wantCode(t, err, codes.Unauthenticated)
+	refusals := map[string]error{"idem.NewError": idem.NewError(code.Code_UNAUTHENTICATED, "no credentials")}
+	for _, w := range wires {
+		refusals[w.name] = w.unauthenticated("no credentials")
+	}
+	onEachWire(t, func(t *testing.T, w wire) {
+		for name, refusal := range refusals {
+			st := &fakeStore{}
+			c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
+				return admin.Scope{}, fmt.Errorf("checking the token: %w", refusal)
+			}))
+			_, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1"})
+			if got, msg := codeOf(err); got != codes.Unauthenticated || !strings.Contains(msg, "no credentials") {
+				t.Errorf("an authorizer's %s error: got %v (%q), want Unauthenticated saying no credentials", name, got, msg)
+			}
+			if n := st.storeCalls(); n != 0 {
+				t.Errorf("an authorizer's %s error: the refused call reached the store %d times", name, n)
+			}
+		}
+	})
+}
+
+// TestAuthorizerSeesCaller: the authorizer gets the request headers as
+// gRPC metadata carries them, whichever the wire, and the TLS state only
+// over TLS (cmd/idem's TestTLS has a call over TLS); a Server's method
+// called directly has no header.
+func TestAuthorizerSeesCaller(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		got []admin.Request
+	)
+	record := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, r)
+		return admin.Scope{Subject: "root", AllTenants: true}, nil
+	})
+	last := func() admin.Request {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[len(got)-1]
+	}
+	onEachWire(t, func(t *testing.T, w wire) {
+		c := w.serve(t, &fakeStore{}, record)
+		ctx := c.withHeader(t.Context(), "Authorization", "Bearer s3cret", "X-Operator-Bin", string([]byte{0, 1, 0xff}))
+		if _, err := c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "acme"}); err != nil {
+			t.Fatal(err)
+		}
+		r := last()
+		if v := r.Header["authorization"]; !slices.Equal(v, []string{"Bearer s3cret"}) {
+			t.Errorf("the authorizer saw authorization %q, want [Bearer s3cret]; header %v", v, r.Header)
+		}
+		if v := r.Header["x-operator-bin"]; !slices.Equal(v, []string{"\x00\x01\xff"}) {
+			t.Errorf("the authorizer saw x-operator-bin %q, want the bytes sent; header %v", v, r.Header)
+		}
+		if r.TLS != nil || r.Method != "/idem.admin.v1.AdminService/ListKeys" || r.Tenant != "acme" {
+			t.Errorf("the authorizer was asked %+v", r)
+		}
+	})
+	srv := admin.NewServer(&fakeStore{}, record)
+	if _, err := srv.ListKeys(t.Context(), &adminv1.ListKeysRequest{Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(); r.Header != nil || r.TLS != nil {
+		t.Errorf("a direct call's authorizer saw header %v and TLS %v, want none", r.Header, r.TLS)
+	}
 }
 
 func TestTenantScope(t *testing.T) {
-	st := &fakeStore{keys: []store.KeyInfo{
-		info("acme", doMethod, "k1", store.KeyRecorded, epoch),
-		info("globex", doMethod, "k2", store.KeyRecorded, epoch),
-	}}
-	var got []admin.Request
-	var mu sync.Mutex
-	c := serve(t, st, admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
-		mu.Lock()
-		got = append(got, r)
-		mu.Unlock()
-		return admin.Scope{Subject: "alice", Tenants: []string{"acme"}}, nil
-	}))
-	ctx := t.Context()
+	onEachWire(t, func(t *testing.T, w wire) {
+		st := &fakeStore{keys: []store.KeyInfo{
+			info("acme", doMethod, "k1", store.KeyRecorded, epoch),
+			info("globex", doMethod, "k2", store.KeyRecorded, epoch),
+		}}
+		var got []admin.Request
+		var mu sync.Mutex
+		c := w.serve(t, st, admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+			mu.Lock()
+			got = append(got, r)
+			mu.Unlock()
+			return admin.Scope{Subject: "alice", Tenants: []string{"acme"}}, nil
+		}))
+		ctx := t.Context()
 
-	if _, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1"}); err != nil {
-		t.Fatalf("own tenant: %v", err)
-	}
-	_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2"})
-	wantCode(t, err, codes.PermissionDenied)
-	_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true})
-	wantCode(t, err, codes.PermissionDenied)
-	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2",
-		Status: &spb.Status{Code: int32(codes.FailedPrecondition)}})
-	wantCode(t, err, codes.PermissionDenied)
-	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{AllTenants: true})
-	wantCode(t, err, codes.PermissionDenied)
-	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "globex"})
-	wantCode(t, err, codes.PermissionDenied)
-	resp, err := c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "acme"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.GetKeys()) != 1 || resp.GetKeys()[0].GetKey() != "k1" {
-		t.Errorf("acme's keys: %v", resp.GetKeys())
-	}
-	if len(st.keys) != 2 {
-		t.Errorf("a refused forget deleted a key: %d left", len(st.keys))
-	}
-	want := admin.Request{Method: adminv1.AdminService_ForgetKey_FullMethodName, Tenant: "globex",
-		Key: store.Key{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
-	mu.Lock()
-	defer mu.Unlock()
-	if got[2] != want {
-		t.Errorf("the authorizer was asked %+v, want %+v", got[2], want)
-	}
+		if _, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1"}); err != nil {
+			t.Fatalf("own tenant: %v", err)
+		}
+		_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2"})
+		wantCode(t, err, codes.PermissionDenied)
+		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true})
+		wantCode(t, err, codes.PermissionDenied)
+		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}})
+		wantCode(t, err, codes.PermissionDenied)
+		_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{AllTenants: true})
+		wantCode(t, err, codes.PermissionDenied)
+		_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "globex"})
+		wantCode(t, err, codes.PermissionDenied)
+		resp, err := c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "acme"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetKeys()) != 1 || resp.GetKeys()[0].GetKey() != "k1" {
+			t.Errorf("acme's keys: %v", resp.GetKeys())
+		}
+		if len(st.keys) != 2 {
+			t.Errorf("a refused forget deleted a key: %d left", len(st.keys))
+		}
+		want := admin.Request{Method: adminv1connect.AdminServiceForgetKeyProcedure, Tenant: "globex",
+			Key: store.Key{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
+		mu.Lock()
+		defer mu.Unlock()
+		asked := got[2]
+		asked.Header = nil // the wire's (TestAuthorizerSeesCaller)
+		if !reflect.DeepEqual(asked, want) {
+			t.Errorf("the authorizer was asked %+v, want %+v", asked, want)
+		}
+	})
 }
 
 func TestNotFoundAndInvalid(t *testing.T) {
-	c := serve(t, &fakeStore{}, allowAll)
-	ctx := t.Context()
-	_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope"})
-	wantCode(t, err, codes.NotFound)
-	_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope"})
-	wantCode(t, err, codes.NotFound)
-	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope", Status: &spb.Status{Code: 9}})
-	wantCode(t, err, codes.NotFound)
+	onEachWire(t, func(t *testing.T, w wire) {
+		c := w.serve(t, &fakeStore{}, allowAll)
+		ctx := t.Context()
+		_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope"})
+		wantCode(t, err, codes.NotFound)
+		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope"})
+		wantCode(t, err, codes.NotFound)
+		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "nope", Status: &spb.Status{Code: 9}})
+		wantCode(t, err, codes.NotFound)
 
-	_, err = c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod})
-	wantCode(t, err, codes.InvalidArgument)
-	_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: strings.Repeat("k", 256)})
-	wantCode(t, err, codes.InvalidArgument)
-	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{}})
-	wantCode(t, err, codes.InvalidArgument)
-	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "acme", AllTenants: true})
-	wantCode(t, err, codes.InvalidArgument)
-	_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_UNSPECIFIED}})
-	wantCode(t, err, codes.InvalidArgument)
+		_, err = c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod})
+		wantCode(t, err, codes.InvalidArgument)
+		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: strings.Repeat("k", 256)})
+		wantCode(t, err, codes.InvalidArgument)
+		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{}})
+		wantCode(t, err, codes.InvalidArgument)
+		_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{Tenant: "acme", AllTenants: true})
+		wantCode(t, err, codes.InvalidArgument)
+		_, err = c.ListKeys(ctx, &adminv1.ListKeysRequest{States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_UNSPECIFIED}})
+		wantCode(t, err, codes.InvalidArgument)
+	})
 }
 
 // TestListKeysRefusesAnInvalidFilter: a tenant or method filter that no
@@ -253,30 +421,32 @@ func TestNotFoundAndInvalid(t *testing.T) {
 // answered INVALID_ARGUMENT naming the rule before the store is asked, as
 // GetKey answers such a key; never a store failure logged at ERROR.
 func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
-	st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
-	var logs lockedBuffer
-	c := serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
-	for _, tc := range []struct {
-		req  *adminv1.ListKeysRequest
-		rule string
-	}{
-		{&adminv1.ListKeysRequest{Tenant: "a\x00b"}, "tenant filter contains a NUL byte"},
-		{&adminv1.ListKeysRequest{Tenant: strings.Repeat("t", store.MaxTenantLength+1)}, "tenant filter is 256 bytes, longer than the 255 allowed"},
-		{&adminv1.ListKeysRequest{Tenant: "acme", Method: "/a\x00b"}, "method filter contains a NUL byte"},
-		{&adminv1.ListKeysRequest{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
-		{&adminv1.ListKeysRequest{AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)}, "method filter is 1025 bytes"},
-	} {
-		_, err := c.ListKeys(t.Context(), tc.req)
-		if s := wantCode(t, err, codes.InvalidArgument); !strings.Contains(s.Message(), tc.rule) {
-			t.Errorf("ListKeys(%q, %q): %q, want the rule (%q) named", tc.req.GetTenant(), tc.req.GetMethod(), s.Message(), tc.rule)
+	onEachWire(t, func(t *testing.T, w wire) {
+		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+		var logs lockedBuffer
+		c := w.serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+		for _, tc := range []struct {
+			req  *adminv1.ListKeysRequest
+			rule string
+		}{
+			{&adminv1.ListKeysRequest{Tenant: "a\x00b"}, "tenant filter contains a NUL byte"},
+			{&adminv1.ListKeysRequest{Tenant: strings.Repeat("t", store.MaxTenantLength+1)}, "tenant filter is 256 bytes, longer than the 255 allowed"},
+			{&adminv1.ListKeysRequest{Tenant: "acme", Method: "/a\x00b"}, "method filter contains a NUL byte"},
+			{&adminv1.ListKeysRequest{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
+			{&adminv1.ListKeysRequest{AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)}, "method filter is 1025 bytes"},
+		} {
+			_, err := c.ListKeys(t.Context(), tc.req)
+			if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, tc.rule) {
+				t.Errorf("ListKeys(%q, %q): %q, want the rule (%q) named", tc.req.GetTenant(), tc.req.GetMethod(), msg, tc.rule)
+			}
 		}
-	}
-	if n := st.storeCalls(); n != 0 {
-		t.Errorf("invalid filters reached the store %d times", n)
-	}
-	if strings.Contains(logs.String(), `"level":"ERROR"`) {
-		t.Errorf("an invalid filter was logged as a failure:\n%s", logs.String())
-	}
+		if n := st.storeCalls(); n != 0 {
+			t.Errorf("invalid filters reached the store %d times", n)
+		}
+		if strings.Contains(logs.String(), `"level":"ERROR"`) {
+			t.Errorf("an invalid filter was logged as a failure:\n%s", logs.String())
+		}
+	})
 }
 
 // TestSettleRefusesCodesClientsRetry: a settled key answers every retry
@@ -286,268 +456,278 @@ func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
 // that never changes. It is refused with INVALID_ARGUMENT naming the rule,
 // as OK and codes outside gRPC's are, before the store is asked.
 func TestSettleRefusesCodesClientsRetry(t *testing.T) {
-	held := info("acme", doMethod, "held", store.KeyAbandoned, epoch)
-	st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
-	c := serve(t, st, allowAll)
-	for _, tc := range []struct {
-		code codes.Code
-		rule string
-	}{
-		{codes.Aborted, "ABORTED is a code clients retry"},
-		{codes.Unavailable, "UNAVAILABLE is a code clients retry"},
-		{codes.ResourceExhausted, "RESOURCE_EXHAUSTED is a code clients retry"},
-		{codes.DeadlineExceeded, "DEADLINE_EXCEEDED is a code clients retry"},
-		{codes.OK, "must be an error's gRPC code"},
-		{17, "must be an error's gRPC code"},
-	} {
-		_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true,
-			Status: &spb.Status{Code: int32(tc.code), Message: "settled by an operator"}})
-		if s := wantCode(t, err, codes.InvalidArgument); !strings.Contains(s.Message(), tc.rule) {
-			t.Errorf("settle with %v: %q, want the rule (%q) named", tc.code, s.Message(), tc.rule)
+	onEachWire(t, func(t *testing.T, w wire) {
+		held := info("acme", doMethod, "held", store.KeyAbandoned, epoch)
+		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
+		c := w.serve(t, st, allowAll)
+		for _, tc := range []struct {
+			code codes.Code
+			rule string
+		}{
+			{codes.Aborted, "ABORTED is a code clients retry"},
+			{codes.Unavailable, "UNAVAILABLE is a code clients retry"},
+			{codes.ResourceExhausted, "RESOURCE_EXHAUSTED is a code clients retry"},
+			{codes.DeadlineExceeded, "DEADLINE_EXCEEDED is a code clients retry"},
+			{codes.OK, "must be an error's gRPC code"},
+			{17, "must be an error's gRPC code"},
+		} {
+			_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true,
+				Status: &spb.Status{Code: int32(tc.code), Message: "settled by an operator"}})
+			if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, tc.rule) {
+				t.Errorf("settle with %v: %q, want the rule (%q) named", tc.code, msg, tc.rule)
+			}
 		}
-	}
-	if n := st.storeCalls(); n != 0 {
-		t.Errorf("refused settles reached the store %d times", n)
-	}
-	st.mu.Lock()
-	if ki := st.keys[0]; ki.State != store.KeyAbandoned || ki.Outcome != nil {
-		t.Errorf("the key after the refused settles: %+v, want it abandoned as it was", ki)
-	}
-	st.mu.Unlock()
+		if n := st.storeCalls(); n != 0 {
+			t.Errorf("refused settles reached the store %d times", n)
+		}
+		st.mu.Lock()
+		if ki := st.keys[0]; ki.State != store.KeyAbandoned || ki.Outcome != nil {
+			t.Errorf("the key after the refused settles: %+v, want it abandoned as it was", ki)
+		}
+		st.mu.Unlock()
 
-	resp, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held",
-		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}})
-	if err != nil || resp.GetKey().GetOutcome().GetCode() != int32(codes.FailedPrecondition) {
-		t.Fatalf("settle with FAILED_PRECONDITION: %v, %v", resp, err)
-	}
+		resp, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}})
+		if err != nil || resp.GetKey().GetOutcome().GetCode() != int32(codes.FailedPrecondition) {
+			t.Fatalf("settle with FAILED_PRECONDITION: %v, %v", resp, err)
+		}
+	})
 }
 
 func TestLeaseLive(t *testing.T) {
-	until := epoch.Add(90*time.Second + 250*time.Millisecond)
-	held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
-	held.LeaseUntil = until
-	held2 := held
-	held2.Key.Key = "held2"
-	done := info("acme", doMethod, "done", store.KeyRecorded, epoch)
-	done.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "x"})
-	st := &fakeStore{now: epoch, keys: []store.KeyInfo{held, held2, done}}
-	c := serve(t, st, allowAll)
-	ctx := t.Context()
+	onEachWire(t, func(t *testing.T, w wire) {
+		until := epoch.Add(90*time.Second + 250*time.Millisecond)
+		held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
+		held.LeaseUntil = until
+		held2 := held
+		held2.Key.Key = "held2"
+		done := info("acme", doMethod, "done", store.KeyRecorded, epoch)
+		done.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "x"})
+		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held, held2, done}}
+		c := w.serve(t, st, allowAll)
+		ctx := t.Context()
 
-	wantUntil := "2026-12-01T10:01:30.25Z"
-	_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
-	if s := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(s.Message(), wantUntil) {
-		t.Errorf("forget: %q does not name the lease's expiry %s", s.Message(), wantUntil)
-	}
-	settle := &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held2",
-		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "settled by an operator"}}
-	_, err = c.SettleKey(ctx, settle)
-	if s := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(s.Message(), wantUntil) {
-		t.Errorf("settle: %q does not name the lease's expiry %s", s.Message(), wantUntil)
-	}
+		wantUntil := "2026-12-01T10:01:30.25Z"
+		_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
+		if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, wantUntil) {
+			t.Errorf("forget: %q does not name the lease's expiry %s", msg, wantUntil)
+		}
+		settle := &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held2",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "settled by an operator"}}
+		_, err = c.SettleKey(ctx, settle)
+		if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, wantUntil) {
+			t.Errorf("settle: %q does not name the lease's expiry %s", msg, wantUntil)
+		}
 
-	if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
-		t.Fatalf("forced forget: %v", err)
-	}
-	settle.Force = true
-	resp, err := c.SettleKey(ctx, settle)
-	if err != nil {
-		t.Fatalf("forced settle: %v", err)
-	}
-	k := resp.GetKey()
-	if k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetCode() != int32(codes.FailedPrecondition) ||
-		k.GetOutcome().GetError().GetMessage() != "settled by an operator" {
-		t.Errorf("settled key: %v", k)
-	}
-	// The settled body is one a replay reads.
-	st.mu.Lock()
-	r, err := record.Decode(st.keys[0].Outcome.Body)
-	st.mu.Unlock()
-	if err != nil || r.Code != code.Code_FAILED_PRECONDITION {
-		t.Errorf("settled body: %v, %v", r, err)
-	}
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+			t.Fatalf("forced forget: %v", err)
+		}
+		settle.Force = true
+		resp, err := c.SettleKey(ctx, settle)
+		if err != nil {
+			t.Fatalf("forced settle: %v", err)
+		}
+		k := resp.GetKey()
+		if k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetCode() != int32(codes.FailedPrecondition) ||
+			k.GetOutcome().GetError().GetMessage() != "settled by an operator" {
+			t.Errorf("settled key: %v", k)
+		}
+		// The settled body is one a replay reads.
+		st.mu.Lock()
+		r, err := record.Decode(st.keys[0].Outcome.Body)
+		st.mu.Unlock()
+		if err != nil || r.Code != code.Code_FAILED_PRECONDITION {
+			t.Errorf("settled body: %v, %v", r, err)
+		}
 
-	_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "done",
-		Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true})
-	wantCode(t, err, codes.FailedPrecondition)
+		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "done",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true})
+		wantCode(t, err, codes.FailedPrecondition)
+	})
 }
 
 func TestPaging(t *testing.T) {
-	st := &fakeStore{}
-	for i, k := range []string{"a", "b", "c", "d", "e"} {
-		st.keys = append(st.keys, info("acme", doMethod, k, store.KeyRecorded, epoch.Add(time.Duration(i)*time.Second)))
-	}
-	st.keys = append(st.keys, info("acme", "/other.v1.S/M", "z", store.KeyRecorded, epoch))
-	key := bytes.Repeat([]byte{7}, 32)
-	c := serve(t, st, allowAll, admin.WithPageTokenKey(key))
-	ctx := t.Context()
+	onEachWire(t, func(t *testing.T, w wire) {
+		st := &fakeStore{}
+		for i, k := range []string{"a", "b", "c", "d", "e"} {
+			st.keys = append(st.keys, info("acme", doMethod, k, store.KeyRecorded, epoch.Add(time.Duration(i)*time.Second)))
+		}
+		st.keys = append(st.keys, info("acme", "/other.v1.S/M", "z", store.KeyRecorded, epoch))
+		key := bytes.Repeat([]byte{7}, 32)
+		c := w.serve(t, st, allowAll, admin.WithPageTokenKey(key))
+		ctx := t.Context()
 
-	req := &adminv1.ListKeysRequest{Tenant: "acme", Method: doMethod, PageSize: 2,
-		States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_RECORDED, adminv1.KeyState_KEY_STATE_ABANDONED}}
-	var got []string
-	var tokens []string
-	for page := 0; ; page++ {
-		if page > 5 {
-			t.Fatal("paging does not end")
+		req := &adminv1.ListKeysRequest{Tenant: "acme", Method: doMethod, PageSize: 2,
+			States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_RECORDED, adminv1.KeyState_KEY_STATE_ABANDONED}}
+		var got []string
+		var tokens []string
+		for page := 0; ; page++ {
+			if page > 5 {
+				t.Fatal("paging does not end")
+			}
+			resp, err := c.ListKeys(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range resp.GetKeys() {
+				got = append(got, k.GetKey())
+			}
+			if resp.GetNextPageToken() == "" {
+				break
+			}
+			tokens = append(tokens, resp.GetNextPageToken())
+			req.PageToken = resp.GetNextPageToken()
+			// The states' order selects nothing: the token still holds.
+			req.States[0], req.States[1] = req.States[1], req.States[0]
 		}
-		resp, err := c.ListKeys(ctx, req)
-		if err != nil {
-			t.Fatal(err)
+		st.mu.Lock()
+		last := st.last
+		st.mu.Unlock()
+		if last.Tenant != "acme" || last.AllTenants || last.Method != doMethod || len(last.States) != 2 || last.Limit != 2 {
+			t.Errorf("the store was asked %+v", last)
 		}
-		for _, k := range resp.GetKeys() {
-			got = append(got, k.GetKey())
+		if strings.Join(got, ",") != "a,b,c,d,e" {
+			t.Errorf("pages gave %v, want a to e", got)
 		}
-		if resp.GetNextPageToken() == "" {
-			break
+		if len(tokens) != 2 {
+			t.Fatalf("got %d page tokens, want 2", len(tokens))
 		}
-		tokens = append(tokens, resp.GetNextPageToken())
-		req.PageToken = resp.GetNextPageToken()
-		// The states' order selects nothing: the token still holds.
-		req.States[0], req.States[1] = req.States[1], req.States[0]
-	}
-	st.mu.Lock()
-	last := st.last
-	st.mu.Unlock()
-	if last.Tenant != "acme" || last.AllTenants || last.Method != doMethod || len(last.States) != 2 || last.Limit != 2 {
-		t.Errorf("the store was asked %+v", last)
-	}
-	if strings.Join(got, ",") != "a,b,c,d,e" {
-		t.Errorf("pages gave %v, want a to e", got)
-	}
-	if len(tokens) != 2 {
-		t.Fatalf("got %d page tokens, want 2", len(tokens))
-	}
-	tok := tokens[0]
+		tok := tokens[0]
 
-	// Another server with the same key accepts the token (another
-	// replica); one with its own random key does not.
-	other := serve(t, st, allowAll, admin.WithPageTokenKey(key))
-	base := &adminv1.ListKeysRequest{Tenant: "acme", Method: doMethod, PageSize: 2, PageToken: tok,
-		States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_RECORDED, adminv1.KeyState_KEY_STATE_ABANDONED}}
-	if resp, err := other.ListKeys(ctx, base); err != nil || resp.GetKeys()[0].GetKey() != "c" {
-		t.Errorf("a replica with the same key: %v, %v", resp, err)
-	}
-	_, err := serve(t, st, allowAll).ListKeys(ctx, base)
-	wantCode(t, err, codes.InvalidArgument)
+		// Another server with the same key accepts the token (another
+		// replica); one with its own random key does not.
+		other := w.serve(t, st, allowAll, admin.WithPageTokenKey(key))
+		base := &adminv1.ListKeysRequest{Tenant: "acme", Method: doMethod, PageSize: 2, PageToken: tok,
+			States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_RECORDED, adminv1.KeyState_KEY_STATE_ABANDONED}}
+		if resp, err := other.ListKeys(ctx, base); err != nil || resp.GetKeys()[0].GetKey() != "c" {
+			t.Errorf("a replica with the same key: %v, %v", resp, err)
+		}
+		_, err := w.serve(t, st, allowAll).ListKeys(ctx, base)
+		wantCode(t, err, codes.InvalidArgument)
 
-	calls := st.storeCalls()
-	for name, mutate := range map[string]func(r *adminv1.ListKeysRequest){
-		"other method":  func(r *adminv1.ListKeysRequest) { r.Method = "/other.v1.S/M" },
-		"other tenant":  func(r *adminv1.ListKeysRequest) { r.Tenant = "acme2" },
-		"every tenant":  func(r *adminv1.ListKeysRequest) { r.Tenant, r.AllTenants = "", true },
-		"other states":  func(r *adminv1.ListKeysRequest) { r.States = r.States[:1] },
-		"created after": func(r *adminv1.ListKeysRequest) { r.CreatedAfter = timestamp(epoch) },
-		"flipped byte": func(r *adminv1.ListKeysRequest) {
-			b := []byte(r.PageToken)
-			b[len(b)/2] ^= 1
-			r.PageToken = string(b)
-		},
-		"longer cursor": func(r *adminv1.ListKeysRequest) { r.PageToken += "AA" },
-		"not base64":    func(r *adminv1.ListKeysRequest) { r.PageToken = "!!" },
-	} {
+		calls := st.storeCalls()
+		for name, mutate := range map[string]func(r *adminv1.ListKeysRequest){
+			"other method":  func(r *adminv1.ListKeysRequest) { r.Method = "/other.v1.S/M" },
+			"other tenant":  func(r *adminv1.ListKeysRequest) { r.Tenant = "acme2" },
+			"every tenant":  func(r *adminv1.ListKeysRequest) { r.Tenant, r.AllTenants = "", true },
+			"other states":  func(r *adminv1.ListKeysRequest) { r.States = r.States[:1] },
+			"created after": func(r *adminv1.ListKeysRequest) { r.CreatedAfter = timestamp(epoch) },
+			"flipped byte": func(r *adminv1.ListKeysRequest) {
+				b := []byte(r.PageToken)
+				b[len(b)/2] ^= 1
+				r.PageToken = string(b)
+			},
+			"longer cursor": func(r *adminv1.ListKeysRequest) { r.PageToken += "AA" },
+			"not base64":    func(r *adminv1.ListKeysRequest) { r.PageToken = "!!" },
+		} {
+			r := proto.CloneOf(base)
+			mutate(r)
+			_, err := c.ListKeys(ctx, r)
+			if got, msg := codeOf(err); got != codes.InvalidArgument {
+				t.Errorf("%s: got %v (%q), want InvalidArgument", name, got, msg)
+			}
+		}
+		if n := st.storeCalls(); n != calls {
+			t.Errorf("refused page tokens reached the store %d times", n-calls)
+		}
+		// A page's size may change from page to page.
 		r := proto.CloneOf(base)
-		mutate(r)
-		_, err := c.ListKeys(ctx, r)
-		if s := status.Convert(err); s.Code() != codes.InvalidArgument {
-			t.Errorf("%s: got %v (%q), want InvalidArgument", name, s.Code(), s.Message())
+		r.PageSize = 10
+		if resp, err := c.ListKeys(ctx, r); err != nil || len(resp.GetKeys()) != 3 {
+			t.Errorf("another page size: %v, %v", resp, err)
 		}
-	}
-	if n := st.storeCalls(); n != calls {
-		t.Errorf("refused page tokens reached the store %d times", n-calls)
-	}
-	// A page's size may change from page to page.
-	r := proto.CloneOf(base)
-	r.PageSize = 10
-	if resp, err := c.ListKeys(ctx, r); err != nil || len(resp.GetKeys()) != 3 {
-		t.Errorf("another page size: %v, %v", resp, err)
-	}
+	})
 }
 
 func TestOutcomeDecoded(t *testing.T) {
-	ok := info("acme", doMethod, "ok", store.KeyRecorded, epoch)
-	ok.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid", Execution: 3, Labels: map[string]string{"a": "b"}})
-	scoped := info("acme", "idem.test.Do", "scoped", store.KeyRecorded, epoch)
-	scoped.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "renamed"})
-	unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.KeyRecorded, epoch)
-	unknown.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "raw"})
-	failed := info("acme", doMethod, "failed", store.KeyRecorded, epoch)
-	failed.Outcome = recorded(t, code.Code_NOT_FOUND, &spb.Status{Code: int32(codes.NotFound), Message: "no such payment"})
-	leased := info("acme", doMethod, "leased", store.KeyAbandoned, epoch)
-	leased.LeaseUntil = epoch.Add(time.Minute)
-	leased.Takeovers = 2
-	leased.Steps = []store.Step{{Name: "charge", Result: []byte("ch_1")}}
-	leased.Call = &store.Call{}
-	st := &fakeStore{keys: []store.KeyInfo{ok, scoped, unknown, failed, leased}}
-	c := serve(t, st, allowAll)
-	get := func(ki store.KeyInfo) *adminv1.Key {
-		t.Helper()
-		resp, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: ki.Key.Tenant, Method: ki.Key.Method, Key: ki.Key.Key})
-		if err != nil {
-			t.Fatal(err)
+	onEachWire(t, func(t *testing.T, w wire) {
+		ok := info("acme", doMethod, "ok", store.KeyRecorded, epoch)
+		ok.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid", Execution: 3, Labels: map[string]string{"a": "b"}})
+		scoped := info("acme", "idem.test.Do", "scoped", store.KeyRecorded, epoch)
+		scoped.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "renamed"})
+		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.KeyRecorded, epoch)
+		unknown.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "raw"})
+		failed := info("acme", doMethod, "failed", store.KeyRecorded, epoch)
+		failed.Outcome = recorded(t, code.Code_NOT_FOUND, &spb.Status{Code: int32(codes.NotFound), Message: "no such payment"})
+		leased := info("acme", doMethod, "leased", store.KeyAbandoned, epoch)
+		leased.LeaseUntil = epoch.Add(time.Minute)
+		leased.Takeovers = 2
+		leased.Steps = []store.Step{{Name: "charge", Result: []byte("ch_1")}}
+		leased.Call = &store.Call{}
+		st := &fakeStore{keys: []store.KeyInfo{ok, scoped, unknown, failed, leased}}
+		c := w.serve(t, st, allowAll)
+		get := func(ki store.KeyInfo) *adminv1.Key {
+			t.Helper()
+			resp, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: ki.Key.Tenant, Method: ki.Key.Method, Key: ki.Key.Key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.GetKey()
 		}
-		return resp.GetKey()
-	}
 
-	k := get(ok)
-	fields := k.GetOutcome().GetResponse().GetStructValue().GetFields()
-	if fields["value"].GetStringValue() != "paid" || fields["execution"].GetStringValue() != "3" ||
-		fields["labels"].GetStructValue().GetFields()["a"].GetStringValue() != "b" {
-		t.Errorf("decoded response: %v", k.GetOutcome())
-	}
-	if k.GetOutcome().GetResponseType() != "idem.test.v1.DoResponse" || k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED ||
-		!bytes.Equal(k.GetFingerprint(), []byte{0xfe, 0xed}) || !k.GetCreateTime().AsTime().Equal(epoch) {
-		t.Errorf("key: %v", k)
-	}
-	if v := get(scoped).GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue(); v != "renamed" {
-		t.Errorf("a key under a scope name: value %q", v)
-	}
-	out := get(unknown).GetOutcome()
-	want, _ := proto.Marshal(&testv1.DoResponse{Value: "raw"})
-	if !bytes.Equal(out.GetRawResponse(), want) || !strings.Contains(out.GetNote(), "does not know") {
-		t.Errorf("unknown method's outcome: %v", out)
-	}
-	if e := get(failed).GetOutcome().GetError(); e.GetCode() != int32(codes.NotFound) || e.GetMessage() != "no such payment" {
-		t.Errorf("recorded error: %v", e)
-	}
-	k = get(leased)
-	if k.GetTakeovers() != 2 || k.GetSteps()[0].GetName() != "charge" || string(k.GetSteps()[0].GetResult()) != "ch_1" ||
-		!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil {
-		t.Errorf("leased key: %v", k)
-	}
+		k := get(ok)
+		fields := k.GetOutcome().GetResponse().GetStructValue().GetFields()
+		if fields["value"].GetStringValue() != "paid" || fields["execution"].GetStringValue() != "3" ||
+			fields["labels"].GetStructValue().GetFields()["a"].GetStringValue() != "b" {
+			t.Errorf("decoded response: %v", k.GetOutcome())
+		}
+		if k.GetOutcome().GetResponseType() != "idem.test.v1.DoResponse" || k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED ||
+			!bytes.Equal(k.GetFingerprint(), []byte{0xfe, 0xed}) || !k.GetCreateTime().AsTime().Equal(epoch) {
+			t.Errorf("key: %v", k)
+		}
+		if v := get(scoped).GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue(); v != "renamed" {
+			t.Errorf("a key under a scope name: value %q", v)
+		}
+		out := get(unknown).GetOutcome()
+		want, _ := proto.Marshal(&testv1.DoResponse{Value: "raw"})
+		if !bytes.Equal(out.GetRawResponse(), want) || !strings.Contains(out.GetNote(), "does not know") {
+			t.Errorf("unknown method's outcome: %v", out)
+		}
+		if e := get(failed).GetOutcome().GetError(); e.GetCode() != int32(codes.NotFound) || e.GetMessage() != "no such payment" {
+			t.Errorf("recorded error: %v", e)
+		}
+		k = get(leased)
+		if k.GetTakeovers() != 2 || k.GetSteps()[0].GetName() != "charge" || string(k.GetSteps()[0].GetResult()) != "ch_1" ||
+			!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil {
+			t.Errorf("leased key: %v", k)
+		}
+	})
 }
 
 // TestStoreErrorHidden: a store's error, which may hold SQL, reaches the
 // log, never the client.
 func TestStoreErrorHidden(t *testing.T) {
-	st := &fakeStore{err: errors.New(`ERROR: canceling statement (SQLSTATE 57014) in SELECT state FROM idempotency_keys WHERE tenant = $1`)}
-	var logs lockedBuffer
-	c := serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
-	ctx := t.Context()
-	for name, call := range map[string]func() error{
-		"get": func() error {
-			_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k"})
-			return err
-		},
-		"list": func() error { _, err := c.ListKeys(ctx, &adminv1.ListKeysRequest{AllTenants: true}); return err },
-		"forget": func() error {
-			_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k"})
-			return err
-		},
-		"settle": func() error {
-			_, err := c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{Code: 9}})
-			return err
-		},
-	} {
-		s := wantCode(t, call(), codes.Unavailable)
-		for _, leak := range []string{"SELECT", "SQLSTATE", "idempotency_keys"} {
-			if strings.Contains(s.Message(), leak) {
-				t.Errorf("%s: the client saw %q", name, s.Message())
+	onEachWire(t, func(t *testing.T, w wire) {
+		st := &fakeStore{err: errors.New(`ERROR: canceling statement (SQLSTATE 57014) in SELECT state FROM idempotency_keys WHERE tenant = $1`)}
+		var logs lockedBuffer
+		c := w.serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+		ctx := t.Context()
+		for name, call := range map[string]func() error{
+			"get": func() error {
+				_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k"})
+				return err
+			},
+			"list": func() error { _, err := c.ListKeys(ctx, &adminv1.ListKeysRequest{AllTenants: true}); return err },
+			"forget": func() error {
+				_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k"})
+				return err
+			},
+			"settle": func() error {
+				_, err := c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "k", Status: &spb.Status{Code: 9}})
+				return err
+			},
+		} {
+			msg := wantCode(t, call(), codes.Unavailable)
+			for _, leak := range []string{"SELECT", "SQLSTATE", "idempotency_keys"} {
+				if strings.Contains(msg, leak) {
+					t.Errorf("%s: the client saw %q", name, msg)
+				}
 			}
 		}
-	}
-	if !strings.Contains(logs.String(), "SELECT state FROM idempotency_keys") {
-		t.Errorf("the store's error was not logged: %s", logs.String())
-	}
+		if !strings.Contains(logs.String(), "SELECT state FROM idempotency_keys") {
+			t.Errorf("the store's error was not logged: %s", logs.String())
+		}
+	})
 }
 
 func TestNewServerNeedsAuthorizer(t *testing.T) {
@@ -614,48 +794,50 @@ func (s *span) attr(k string) attribute.Value {
 }
 
 func TestSpansAndLogs(t *testing.T) {
-	held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
-	held.LeaseUntil = epoch.Add(time.Hour)
-	st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
-	tp := &spans{}
-	var logs lockedBuffer
-	c := serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-		return admin.Scope{Subject: "alice@ops", Tenants: []string{"acme"}}, nil
-	}), admin.WithTracerProvider(tp), admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
-	ctx := t.Context()
+	onEachWire(t, func(t *testing.T, w wire) {
+		held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
+		held.LeaseUntil = epoch.Add(time.Hour)
+		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
+		tp := &spans{}
+		var logs lockedBuffer
+		c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
+			return admin.Scope{Subject: "alice@ops", Tenants: []string{"acme"}}, nil
+		}), admin.WithTracerProvider(tp), admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+		ctx := t.Context()
 
-	_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
-	wantCode(t, err, codes.FailedPrecondition)
-	if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
-		t.Fatal(err)
-	}
-
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	if len(tp.ended) != 2 {
-		t.Fatalf("ended %d spans, want 2", len(tp.ended))
-	}
-	for i, s := range tp.ended {
-		if s.name != "idem.admin.ForgetKey" || s.attr("idem.admin.subject").AsString() != "alice@ops" ||
-			s.attr("rpc.method").AsString() != "idem.admin.v1.AdminService/ForgetKey" {
-			t.Errorf("span %d: %s %v", i, s.name, s.attrs)
+		_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
+		wantCode(t, err, codes.FailedPrecondition)
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !tp.ended[0].err || tp.ended[0].attr("rpc.grpc.status_code").AsInt64() != int64(codes.FailedPrecondition) || tp.ended[1].err {
-		t.Errorf("spans' status: %v, %v", tp.ended[0].attrs, tp.ended[1].attrs)
-	}
-	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("logged %d lines, want 2:\n%s", len(lines), logs.String())
-	}
-	for i, want := range []string{`"code":"FailedPrecondition"`, `"force":true`} {
-		for _, w := range []string{`"level":"INFO"`, `"subject":"alice@ops"`, `"rpc":"/idem.admin.v1.AdminService/ForgetKey"`,
-			`"tenant":"acme"`, `"key":"held"`, want} {
-			if !strings.Contains(lines[i], w) {
-				t.Errorf("line %d lacks %s: %s", i, w, lines[i])
+
+		tp.mu.Lock()
+		defer tp.mu.Unlock()
+		if len(tp.ended) != 2 {
+			t.Fatalf("ended %d spans, want 2", len(tp.ended))
+		}
+		for i, s := range tp.ended {
+			if s.name != "idem.admin.ForgetKey" || s.attr("idem.admin.subject").AsString() != "alice@ops" ||
+				s.attr("rpc.method").AsString() != "idem.admin.v1.AdminService/ForgetKey" {
+				t.Errorf("span %d: %s %v", i, s.name, s.attrs)
 			}
 		}
-	}
+		if !tp.ended[0].err || tp.ended[0].attr("rpc.grpc.status_code").AsInt64() != int64(codes.FailedPrecondition) || tp.ended[1].err {
+			t.Errorf("spans' status: %v, %v", tp.ended[0].attrs, tp.ended[1].attrs)
+		}
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("logged %d lines, want 2:\n%s", len(lines), logs.String())
+		}
+		for i, want := range []string{`"code":"FAILED_PRECONDITION"`, `"force":true`} {
+			for _, w := range []string{`"level":"INFO"`, `"subject":"alice@ops"`, `"rpc":"/idem.admin.v1.AdminService/ForgetKey"`,
+				`"tenant":"acme"`, `"key":"held"`, want} {
+				if !strings.Contains(lines[i], w) {
+					t.Errorf("line %d lacks %s: %s", i, w, lines[i])
+				}
+			}
+		}
+	})
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

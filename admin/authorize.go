@@ -2,17 +2,18 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"slices"
 
 	"github.com/idemkit/idem/store"
 )
 
-// Request is what an operator asks of the service, as an [Authorizer] sees
-// it.
+// Request is what an operator asks of the service, and who asks, as an
+// [Authorizer] sees it, whichever wire the call came on.
 type Request struct {
 	// Method is the RPC's full name, such as
 	// "/idem.admin.v1.AdminService/ForgetKey" (the generated
-	// adminv1.AdminService_ForgetKey_FullMethodName).
+	// adminv1connect.AdminServiceForgetKeyProcedure).
 	Method string
 	// Tenant is the tenant asked for: the key's, or the one ListKeys
 	// lists. It is empty when AllTenants is set.
@@ -24,6 +25,17 @@ type Request struct {
 	// Force reports a forced ForgetKey or SettleKey, which fences a live
 	// lease.
 	Force bool
+	// Header is the call's request headers as gRPC metadata carries them,
+	// whichever the wire: lower-case names, the values of -bin names
+	// decoded; an operator's token, say, is Header["authorization"]. It is
+	// the gRPC metadata, or the headers of the Connect, gRPC-Web or HTTP
+	// request, as idem.WithTenant's function gets them. Do not change it.
+	// It is nil when a Server's method is called directly, with no wire.
+	Header map[string][]string
+	// TLS is the state of the TLS connection the call came on, nil for a
+	// call without TLS: the client certificate the handshake verified, when
+	// the server asks for one, is TLS.VerifiedChains[0][0].
+	TLS *tls.ConnectionState
 }
 
 // Scope is what an operator may do, as an [Authorizer] grants it.
@@ -45,12 +57,14 @@ func (s Scope) Allows(tenant string) bool {
 }
 
 // An Authorizer decides who may call the service. Authorize is called
-// first on every call, typically with the caller's identity read from ctx
-// (a client certificate through grpc's peer package, or a token from the
-// metadata); it returns the caller's [Scope], or an error to refuse the
-// call outright. An error that carries a gRPC status (status.Error) is
-// answered with it; any other with PERMISSION_DENIED, its text logged, not
-// sent.
+// first on every call, with the caller's identity in r: a token in
+// r.Header, a client certificate in r.TLS, which serve gRPC and Connect
+// alike (on gRPC, ctx also carries grpc's peer and metadata). It returns
+// the caller's [Scope], or an error to refuse the call outright. An
+// [*idem.Error] (from idem.NewError, answered alike on every wire) or an
+// error of the call's wire that carries a status (status.Error on gRPC, a
+// *connect.Error on Connect) is answered with its code and message; any
+// other with PERMISSION_DENIED, its text logged, not sent.
 type Authorizer interface {
 	Authorize(ctx context.Context, r Request) (Scope, error)
 }

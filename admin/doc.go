@@ -10,21 +10,46 @@ on any store that implements [store.Admin].
 		admin.WithPageTokenKey(pageTokenKey),
 		admin.WithFinisher(finisher),
 		admin.WithLogger(logger))
-	admin.Register(grpcServer, srv)
 
-Serve it on a listener only operators reach, next to grpc-go's health and
-reflection services, not on the public one.
+Serve it on a listener only operators reach, not on the public one: over
+gRPC, next to grpc-go's health and reflection services, or over Connect
+(and gRPC and gRPC-Web) with connect-go:
+
+	interceptor.RegisterAdmin(grpcServer, srv)    // grpc-go
+	mux.Handle(idemconnect.NewAdminHandler(srv)) // connect-go
+
+# Wires
+
+The package imports no transport. A [Server]'s methods are the service's
+RPCs, with the request and response messages of gen/idem/admin/v1 (whose
+package imports no grpc-go either), and answer with an [*idem.Error], a
+google.rpc.Status; each wire's adapter maps a call to them and the answer
+back, in one place: package interceptor for grpc-go, package idemconnect
+for connect-go, as they do for idem's engine. So a Connect program serves
+the service without building any of grpc-go, and a gRPC program without
+any of connect-go, and every call goes through one implementation of each
+RPC, its authorization included, whichever the wire. The service has no
+generated grpc-go code for that reason (protoc-gen-go-grpc writes into the
+messages' package): interceptor.RegisterAdmin describes it to grpc-go
+from its protobuf descriptor, and idemconnect.NewAdminHandler serves it
+with the generated adminv1connect handler, which [Server] implements.
+Called directly, a [Server]'s method runs as over a wire with no header:
+idem's command does so with -database-url.
 
 # Authorization
 
 An [Authorizer] is required: [NewServer] panics without one, as there is no
-safe default. It is called first on every call, with the RPC and the tenant
-and key asked for, and returns the operator's [Scope]: who the operator is
-(for the log) and which tenants it may see and act on. A call on a tenant
+safe default. It is called first on every call, with the RPC, the tenant
+and key asked for and the caller as the wire saw it (the request headers,
+as gRPC metadata carries them, and the TLS connection's state: see
+[Request]), and returns the operator's [Scope]: who the operator is (for
+the log) and which tenants it may see and act on. A call on a tenant
 outside the scope, or a ListKeys of every tenant by an operator scoped to
 some, is answered PERMISSION_DENIED. An authorizer's error is answered with
-its gRPC status when it carries one (UNAUTHENTICATED, say), else
-PERMISSION_DENIED.
+its status when it carries one (UNAUTHENTICATED, say): an [*idem.Error]
+(idem.NewError), answered alike on every wire, or the wire's own status
+error (status.Error on gRPC, a *connect.Error on Connect); else
+PERMISSION_DENIED, its text logged, not sent.
 
 # Answers
 
@@ -96,7 +121,7 @@ Each call runs in a span of the [WithTracerProvider] tracer provider
 (default: the global one), named after the RPC, and is logged through
 [WithLogger]'s logger (default: [slog.Default]) with who did what: the
 scope's subject, the RPC, the tenant, method and key, and the answer's
-code. Calls that change a key are logged at INFO, reads at DEBUG, refusals
+code, by its google.rpc.Code name (FAILED_PRECONDITION). Calls that change a key are logged at INFO, reads at DEBUG, refusals
 at WARN and store failures at ERROR with the store's error.
 */
 package admin

@@ -2,50 +2,57 @@ package admin_test
 
 import (
 	"context"
+	"crypto/tls"
 	"log"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/admin"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemconnect"
 	"github.com/idemkit/idem/store"
 )
 
-// Serve the admin service on the operators' listener, next to grpc-go's
-// health and reflection services, with an authorizer that reads the
-// operator from the client certificate the TLS handshake verified.
+// operators are the operators' certificates' common names, and what each
+// may do.
+var operators = map[string]admin.Scope{
+	"oncall":    {Subject: "oncall", AllTenants: true},
+	"acme-help": {Subject: "acme-help", Tenants: []string{"acme"}},
+}
+
+// operatorCertificate names the operator from the client certificate the
+// TLS handshake verified: it reads the admin.Request, not the wire, so it
+// serves gRPC and Connect alike.
+var operatorCertificate = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "dial with an operator's certificate")
+	}
+	scope, ok := operators[r.TLS.VerifiedChains[0][0].Subject.CommonName]
+	if !ok {
+		return admin.Scope{}, idem.NewError(code.Code_PERMISSION_DENIED, "not an operator")
+	}
+	return scope, nil
+})
+
+// Serve the admin service over gRPC on the operators' listener, next to
+// grpc-go's health and reflection services, behind the operators'
+// certificates.
 func Example() {
 	var st store.Admin = openStore() // postgres.New(pool), say
-	operators := map[string]admin.Scope{
-		"oncall":    {Subject: "oncall", AllTenants: true},
-		"acme-help": {Subject: "acme-help", Tenants: []string{"acme"}},
-	}
-	authorize := admin.AuthorizerFunc(func(ctx context.Context, r admin.Request) (admin.Scope, error) {
-		p, ok := peer.FromContext(ctx)
-		tlsInfo, isTLS := p.AuthInfo.(credentials.TLSInfo)
-		if !ok || !isTLS || len(tlsInfo.State.VerifiedChains) == 0 {
-			return admin.Scope{}, status.Error(codes.Unauthenticated, "dial with an operator's certificate")
-		}
-		scope, ok := operators[tlsInfo.State.VerifiedChains[0][0].Subject.CommonName]
-		if !ok {
-			return admin.Scope{}, status.Error(codes.PermissionDenied, "not an operator")
-		}
-		return scope, nil
-	})
-
-	s := grpc.NewServer(grpc.Creds(operatorsTLS()))
+	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(operatorsTLS())))
 	healthgrpc.RegisterHealthServer(s, health.NewServer())
 	reflection.Register(s)
-	admin.Register(s, admin.NewServer(st, authorize,
+	interceptor.RegisterAdmin(s, admin.NewServer(st, operatorCertificate,
 		admin.WithPageTokenKey([]byte(os.Getenv("ADMIN_PAGE_TOKEN_KEY"))), // the same 32 bytes or more on every replica
 		admin.WithLogger(slog.Default())))
 
@@ -56,5 +63,27 @@ func Example() {
 	log.Fatal(s.Serve(lis))
 }
 
-func openStore() store.Admin                         { return nil }
-func operatorsTLS() credentials.TransportCredentials { return nil }
+// Serve the admin service over Connect (and gRPC and gRPC-Web) on the
+// operators' listener, with the same authorizer: a Connect program so
+// builds no package of grpc-go. idem's command calls it with -protocol
+// connect; curl, with JSON:
+//
+//	curl --cert op.crt --key op.key -H 'Content-Type: application/json' -d '{"tenant": "acme"}' \
+//	    https://admin.internal:9091/idem.admin.v1.AdminService/ListKeys
+func Example_connect() {
+	var st store.Admin = openStore() // postgres.New(pool), say
+	mux := http.NewServeMux()
+	mux.Handle(idemconnect.NewAdminHandler(admin.NewServer(st, operatorCertificate,
+		admin.WithPageTokenKey([]byte(os.Getenv("ADMIN_PAGE_TOKEN_KEY"))),
+		admin.WithLogger(slog.Default()))))
+
+	hs := &http.Server{Addr: "127.0.0.1:9091", Handler: mux, TLSConfig: operatorsTLS()}
+	log.Fatal(hs.ListenAndServeTLS("", ""))
+}
+
+func openStore() store.Admin { return nil }
+
+// operatorsTLS is the server's certificate, and the operators' CA, which
+// verifies the client certificates it asks for (ClientAuth:
+// tls.VerifyClientCertIfGiven, ClientCAs).
+func operatorsTLS() *tls.Config { return nil }

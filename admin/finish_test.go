@@ -22,8 +22,8 @@ import (
 	"github.com/idemkit/idem/store/memory"
 )
 
-// flaky is a Do whose first run fails transiently, as a call whose
-// provider was down; the runs after it succeed.
+// flaky is a Do whose first two runs fail transiently, as a call whose
+// provider's quota was spent; the runs after them succeed.
 type flaky struct {
 	testv1.UnimplementedTestServiceServer
 	runs atomic.Int64
@@ -31,20 +31,27 @@ type flaky struct {
 
 func (f *flaky) Do(_ context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
 	n := f.runs.Add(1)
-	if n == 1 {
-		return nil, status.Error(codes.Unavailable, "the provider is down")
+	if n <= 2 {
+		return nil, status.Error(codes.ResourceExhausted, "the provider's quota is spent")
 	}
 	return &testv1.DoResponse{Value: req.GetValue(), Execution: n}, nil
 }
 
-// TestFinishKey drives FinishKey over store/memory: a leased, finishable
-// call whose handler failed transiently is left abandoned; FinishKey runs
-// it once through the finisher, at once rather than after the finisher's
-// grace, and answers with its recorded response; the caller's retry
-// replays it. A second FinishKey finds nothing to finish; a live lease and
-// a call of a method that does not opt in are refused, saying why; a
-// server without a finisher answers UNIMPLEMENTED.
+// TestFinishKey drives FinishKey over store/memory, on each wire, with a
+// grpc-go handler: a leased, finishable call whose handler failed
+// transiently is left abandoned; FinishKey runs it through the finisher,
+// at once rather than after the finisher's grace: the first attempt fails
+// again and is answered with the handler's code and message (read from
+// the handler's gRPC status, whichever the admin service's wire), the
+// second answers with its recorded response; the caller's retry replays
+// it. A third FinishKey finds nothing to finish; a live lease and a call
+// of a method that does not opt in are refused, saying why; a server
+// without a finisher answers UNIMPLEMENTED.
 func TestFinishKey(t *testing.T) {
+	onEachWire(t, testFinishKey)
+}
+
+func testFinishKey(t *testing.T, w wire) {
 	var (
 		mu  sync.Mutex
 		now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -72,9 +79,9 @@ func TestFinishKey(t *testing.T) {
 	keyed := metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, "order-7")
 
 	_, err = do.Do(keyed, &testv1.DoRequest{Value: "pay 7"})
-	wantCode(t, err, codes.Unavailable)
+	wantCode(t, err, codes.ResourceExhausted)
 
-	client := serve(t, st, allowAll, admin.WithFinisher(f))
+	client := w.serve(t, st, allowAll, admin.WithFinisher(f))
 	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7"}
 	got, err := client.GetKey(ctx, &adminv1.GetKeyRequest{Method: doMethod, Key: "order-7"})
 	if err != nil || got.GetKey().GetState() != adminv1.KeyState_KEY_STATE_ABANDONED || !got.GetKey().GetFinishable() {
@@ -84,12 +91,20 @@ func TestFinishKey(t *testing.T) {
 		t.Fatalf("a pass within the grace finished %d calls (%v), want none", n, err)
 	}
 
+	_, err = client.FinishKey(ctx, k)
+	if msg := wantCode(t, err, codes.ResourceExhausted); !strings.Contains(msg, "recorded no outcome") || !strings.Contains(msg, "the provider's quota is spent") {
+		t.Fatalf("FinishKey of a call that fails again: %q, want it to say the attempt recorded nothing, and why", msg)
+	}
+	got, err = client.GetKey(ctx, &adminv1.GetKeyRequest{Method: doMethod, Key: "order-7"})
+	if err != nil || got.GetKey().GetState() != adminv1.KeyState_KEY_STATE_ABANDONED || !got.GetKey().GetFinishable() {
+		t.Fatalf("GetKey after a failed finish: %v, %v; want it abandoned and finishable", got, err)
+	}
 	fin, err := client.FinishKey(ctx, k)
 	if err != nil {
 		t.Fatalf("FinishKey: %v", err)
 	}
-	if n := svc.runs.Load(); n != 2 {
-		t.Fatalf("the handler ran %d times, want 2: the failed call and the finish", n)
+	if n := svc.runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times, want 3: the failed call and two finishes", n)
 	}
 	out := fin.GetKey().GetOutcome()
 	if fin.GetKey().GetState() != adminv1.KeyState_KEY_STATE_RECORDED || out.GetCode() != 0 ||
@@ -100,16 +115,16 @@ func TestFinishKey(t *testing.T) {
 
 	var header metadata.MD
 	resp, err := do.Do(keyed, &testv1.DoRequest{Value: "pay 7"}, grpc.Header(&header))
-	if err != nil || resp.GetExecution() != 2 || header.Get(idem.ReplayedHeader)[0] != "true" {
+	if err != nil || resp.GetExecution() != 3 || header.Get(idem.ReplayedHeader)[0] != "true" {
 		t.Fatalf("retry: %v, %v, header %v; want the finished response replayed", resp, err, header)
 	}
-	if n := svc.runs.Load(); n != 2 {
-		t.Fatalf("the handler ran %d times after the retry, want 2", n)
+	if n := svc.runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times after the retry, want 3", n)
 	}
 
 	_, err = client.FinishKey(ctx, k)
-	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "nothing to finish") {
-		t.Fatalf("FinishKey of a recorded key: %q, want it to say there is nothing to finish", st.Message())
+	if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, "nothing to finish") {
+		t.Fatalf("FinishKey of a recorded key: %q, want it to say there is nothing to finish", msg)
 	}
 
 	// A live lease: its caller may still record an outcome.
@@ -119,8 +134,8 @@ func TestFinishKey(t *testing.T) {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
 	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-8"})
-	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "2026-01-02T03:05:05") {
-		t.Fatalf("FinishKey of a live lease: %q, want the lease's end named", st.Message())
+	if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, "2026-01-02T03:05:05") {
+		t.Fatalf("FinishKey of a live lease: %q, want the lease's end named", msg)
 	}
 
 	// An abandoned call of which nothing was kept for a finisher.
@@ -130,16 +145,16 @@ func TestFinishKey(t *testing.T) {
 	}
 	advance(2 * time.Minute)
 	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: kept.Method, Key: kept.Key})
-	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "does not opt in to finish") {
-		t.Fatalf("FinishKey of a call not kept: %q, want it to say the method does not opt in", st.Message())
+	if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, "does not opt in to finish") {
+		t.Fatalf("FinishKey of a call not kept: %q, want it to say the method does not opt in", msg)
 	}
 
 	_, err = client.FinishKey(ctx, &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-404"})
 	wantCode(t, err, codes.NotFound)
 
-	_, err = serve(t, st, allowAll).FinishKey(ctx, k)
+	_, err = w.serve(t, st, allowAll).FinishKey(ctx, k)
 	wantCode(t, err, codes.Unimplemented)
-	if n := svc.runs.Load(); n != 2 {
-		t.Fatalf("the handler ran %d times in all, want 2", n)
+	if n := svc.runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times in all, want 3", n)
 	}
 }

@@ -22,6 +22,10 @@ import (
 // the lease has run out, and its retry replays the settled error; a
 // forgotten key runs afresh.
 func TestOnMemoryStore(t *testing.T) {
+	onEachWire(t, testOnMemoryStore)
+}
+
+func testOnMemoryStore(t *testing.T, w wire) {
 	var (
 		mu  sync.Mutex
 		now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -32,7 +36,7 @@ func TestOnMemoryStore(t *testing.T) {
 	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
 		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
 	})
-	client := serve(t, st, all)
+	client := w.serve(t, st, all)
 	ctx := t.Context()
 
 	k := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7"}
@@ -48,8 +52,8 @@ func TestOnMemoryStore(t *testing.T) {
 	settle := &adminv1.SettleKeyRequest{Tenant: k.Tenant, Method: k.Method, Key: k.Key,
 		Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}}
 	_, err = client.SettleKey(ctx, settle)
-	if st := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(st.Message(), "2026-01-02T03:05:05") {
-		t.Fatalf("settle of a live lease: %q, want the lease's end named", st.Message())
+	if msg := wantCode(t, err, codes.FailedPrecondition); !strings.Contains(msg, "2026-01-02T03:05:05") {
+		t.Fatalf("settle of a live lease: %q, want the lease's end named", msg)
 	}
 
 	advance(2 * time.Minute) // the caller is gone: the lease runs out

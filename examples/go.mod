@@ -3,6 +3,7 @@ module github.com/idemkit/idem/examples
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/google/uuid v1.6.0
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0

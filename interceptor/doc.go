@@ -55,6 +55,18 @@
 //	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
 //	go f.Run(ctx)
 //
+// # Admin service
+//
+// [RegisterAdmin] serves idem's admin service (package admin) on a grpc-go
+// server, for operators, on a listener of its own:
+//
+//	s := grpc.NewServer(grpc.Creds(operatorsTLS))
+//	interceptor.RegisterAdmin(s, admin.NewServer(st, authorize, opts...))
+//
+// The service's authorizer gets the call's metadata and TLS state, and its
+// answers go as gRPC statuses; package idemconnect serves the same service
+// over Connect.
+//
 // # Client
 //
 // [UnaryClientInterceptor] attaches keys to the calls of keyed methods, as

@@ -11,28 +11,29 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkit/idem/admin"
-	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/gen/idem/admin/v1/adminv1connect"
+	"github.com/idemkit/idem/internal/admingrpc"
 	"github.com/idemkit/idem/store/postgres"
 )
-
-type grpcCallOption = grpc.CallOption
 
 // connection is where the command's calls go, and how its answers are
 // printed: the flags every subcommand takes.
 type connection struct {
 	addr          string
+	protocol      string
 	databaseURL   string
 	insecure      bool
 	ca            string
@@ -45,6 +46,7 @@ type connection struct {
 
 func (c *connection) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", os.Getenv("IDEM_ADMIN_ADDR"), "the admin service's `host:port` (default $IDEM_ADMIN_ADDR)")
+	fs.StringVar(&c.protocol, "protocol", "grpc", "the `protocol` of -addr: grpc, or connect (a Connect handler, such as idemconnect.NewAdminHandler's, over HTTP)")
 	fs.StringVar(&c.databaseURL, "database-url", "", "act on the PostgreSQL database at this `url` directly, without a server or an authorizer: its credentials are the authority")
 	fs.BoolVar(&c.insecure, "insecure", false, "dial -addr in plaintext; loopback addresses only")
 	fs.StringVar(&c.ca, "ca", "", "verify the server against the CA certificates in this PEM `file` (default the system's roots)")
@@ -70,12 +72,14 @@ func (c *connection) check(fs *flag.FlagSet) error {
 		return usagef("-o is table or json, not %q", c.output)
 	case c.timeout <= 0:
 		return usagef("-timeout must be positive")
+	case c.protocol != "grpc" && c.protocol != "connect":
+		return usagef("-protocol is grpc or connect, not %q", c.protocol)
 	case c.addr == "" && c.databaseURL == "":
 		return usagef("give -addr (or $IDEM_ADMIN_ADDR) or -database-url")
 	case c.addr != "" && c.databaseURL != "":
 		return usagef("give -addr or -database-url, not both")
 	case c.databaseURL != "":
-		for _, name := range []string{"insecure", "ca", "server-name", "cert", "cert-key", "H"} {
+		for _, name := range []string{"protocol", "insecure", "ca", "server-name", "cert", "cert-key", "H"} {
 			if set[name] {
 				return usagef("-%s applies to -addr, not to -database-url", name)
 			}
@@ -105,58 +109,88 @@ func loopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// do connects, and calls f
-// with a client of the admin service and the context to call it with.
-func (c *connection) do(ctx context.Context, stderr io.Writer, f func(context.Context, adminv1.AdminServiceClient) error) error {
-	var (
-		conn *grpc.ClientConn
-		err  error
-	)
+// do connects, and calls f with a client of the admin service and the
+// context to call it with.
+func (c *connection) do(ctx context.Context, stderr io.Writer, f func(context.Context, adminv1connect.AdminServiceClient) error) error {
 	if c.databaseURL != "" {
-		var stop func()
-		conn, stop, err = direct(ctx, c.databaseURL, stderr)
+		srv, stop, err := direct(ctx, c.databaseURL, stderr)
 		if err != nil {
 			return err
 		}
 		defer stop()
-	} else {
-		conn, err = c.dial()
-		if err != nil {
-			return err
-		}
-		if len(c.headers) > 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, c.headers...)
-		}
+		return f(ctx, srv)
 	}
-	defer conn.Close()
-	return f(ctx, adminv1.NewAdminServiceClient(conn))
-}
-
-// dial returns a connection to the server at -addr.
-func (c *connection) dial() (*grpc.ClientConn, error) {
+	cfg, err := c.tlsConfig()
+	if err != nil {
+		return err
+	}
+	if c.protocol == "connect" {
+		return f(ctx, c.connectClient(cfg))
+	}
 	creds := insecure.NewCredentials()
-	if !c.insecure {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.serverName}
-		if c.ca != "" {
-			pem, err := os.ReadFile(c.ca)
-			if err != nil {
-				return nil, fmt.Errorf("-ca: %w", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("-ca: %s holds no PEM certificate", c.ca)
-			}
-		}
-		if c.cert != "" {
-			cert, err := tls.LoadX509KeyPair(c.cert, c.certKey)
-			if err != nil {
-				return nil, fmt.Errorf("-cert and -cert-key: %w", err)
-			}
-			cfg.Certificates = []tls.Certificate{cert}
-		}
+	if cfg != nil {
 		creds = credentials.NewTLS(cfg)
 	}
-	return grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if len(c.headers) > 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, c.headers...)
+	}
+	return f(ctx, admingrpc.NewClient(conn))
+}
+
+// tlsConfig returns the TLS configuration of -addr; nil with -insecure.
+func (c *connection) tlsConfig() (*tls.Config, error) {
+	if c.insecure {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.serverName}
+	if c.ca != "" {
+		pem, err := os.ReadFile(c.ca)
+		if err != nil {
+			return nil, fmt.Errorf("-ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-ca: %s holds no PEM certificate", c.ca)
+		}
+	}
+	if c.cert != "" {
+		cert, err := tls.LoadX509KeyPair(c.cert, c.certKey)
+		if err != nil {
+			return nil, fmt.Errorf("-cert and -cert-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// connectClient returns a client of the Connect handler at -addr: HTTPS
+// with cfg, HTTP without, each call with the -H headers.
+func (c *connection) connectClient(cfg *tls.Config) adminv1connect.AdminServiceClient {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	scheme := "http"
+	if cfg != nil {
+		tr.TLSClientConfig, scheme = cfg, "https"
+	}
+	headers := c.headers
+	addHeaders := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			for i := 0; i+1 < len(headers); i += 2 {
+				name, value := headers[i], headers[i+1]
+				if strings.HasSuffix(name, "-bin") {
+					value = connect.EncodeBinaryHeader([]byte(value)) // as grpc-go sends it
+				}
+				req.Header().Add(name, value)
+			}
+			return next(ctx, req)
+		}
+	})
+	return adminv1connect.NewAdminServiceClient(&http.Client{Transport: tr}, scheme+"://"+c.addr,
+		connect.WithInterceptors(addHeaders))
 }
 
 // directTokenKey signs the page tokens of -database-url. It is fixed, not
@@ -172,12 +206,12 @@ var allowDatabaseUser = admin.AuthorizerFunc(func(context.Context, admin.Request
 	return admin.Scope{Subject: "database user", AllTenants: true}, nil
 })
 
-// direct serves the admin service over the PostgreSQL store at url in this
-// process, on an in-memory listener, and returns a connection to it, so
-// that both modes make the same calls and print the same answers. Its log
-// lines of WARN and above (a store's failure, with the database's error)
-// go to stderr. stop stops the server and closes the pool.
-func direct(ctx context.Context, url string, stderr io.Writer) (conn *grpc.ClientConn, stop func(), err error) {
+// direct returns the admin service over the PostgreSQL store at url, run
+// in this process: the command calls its methods as a server's adapter
+// does, so that both modes make the same calls and print the same answers.
+// Its log lines of WARN and above (a store's failure, with the database's
+// error) go to stderr. stop closes the pool.
+func direct(ctx context.Context, url string, stderr io.Writer) (srv *admin.Server, stop func(), err error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, nil, usagef("-database-url: %v", err)
@@ -188,23 +222,9 @@ func direct(ctx context.Context, url string, stderr io.Writer) (conn *grpc.Clien
 		return nil, nil, fmt.Errorf("-database-url: %w", err)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv := grpc.NewServer()
-	admin.Register(srv, admin.NewServer(postgres.New(pool), allowDatabaseUser,
-		admin.WithPageTokenKey(directTokenKey[:]), admin.WithLogger(logger)))
-	lis := bufconn.Listen(1 << 20)
-	go srv.Serve(lis)
-	stop = func() {
-		srv.Stop()
-		pool.Close()
-	}
-	conn, err = grpc.NewClient("passthrough:///idem-database",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	return conn, stop, nil
+	srv = admin.NewServer(postgres.New(pool), allowDatabaseUser,
+		admin.WithPageTokenKey(directTokenKey[:]), admin.WithLogger(logger))
+	return srv, pool.Close, nil
 }
 
 // headerFlag is -H: metadata entries, as pairs for

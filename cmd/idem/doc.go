@@ -23,11 +23,17 @@
 // or -ca file (PEM), with -server-name to verify another name than the
 // address's host; -cert and -cert-key (PEM) present a client certificate,
 // which is how the admin package's example authorizer names an operator. -H
-// 'name: value' adds a metadata entry to every call, such as an operator's
-// token (-H 'authorization: Bearer …'); repeat it for more. -insecure
-// dials in plaintext, and only a loopback address (an SSH tunnel or
-// kubectl port-forward, say). The server's authorizer decides what the
-// operator may see and do.
+// 'name: value' adds a metadata entry (a request header) to every call,
+// such as an operator's token (-H 'authorization: Bearer …'); repeat it for
+// more. -insecure dials in plaintext, and only a loopback address (an SSH
+// tunnel or kubectl port-forward, say). The server's authorizer decides
+// what the operator may see and do.
+//
+// -protocol says what the server at -addr speaks: grpc (the default), for
+// a grpc-go server (interceptor.RegisterAdmin) or any gRPC server; connect,
+// for a Connect handler (idemconnect.NewAdminHandler) over HTTP/1.1 or, with
+// TLS, HTTP/2, such as one in a program without grpc-go. The calls and the
+// answers are the same.
 //
 // With -database-url the command runs the admin service in its own process
 // over the PostgreSQL store (postgres.New), with no authorizer: whoever
@@ -82,12 +88,13 @@
 //
 // # Exit status
 //
-// 0 on success; 1 when a call fails, with its gRPC code and message on
-// stderr (NOT_FOUND for an unknown key, FAILED_PRECONDITION for a live
-// lease or a recorded key, INVALID_ARGUMENT for a settle code clients
-// retry, PERMISSION_DENIED from the authorizer); 2 for a usage error.
+// 0 on success; 1 when a call fails, with its code (gRPC's, which Connect
+// shares) and message on stderr (NOT_FOUND for an unknown key,
+// FAILED_PRECONDITION for a live lease or a recorded key, INVALID_ARGUMENT
+// for a settle code clients retry, PERMISSION_DENIED from the authorizer);
+// 2 for a usage error.
 //
-// # grpcurl
+// # grpcurl and curl
 //
 // The admin service is plain gRPC: when a server registers grpc-go's
 // reflection service next to it (as the admin package's example does),
@@ -95,4 +102,10 @@
 //
 //	grpcurl -cert op.crt -key op.key -d '{"tenant": "acme", "states": ["KEY_STATE_ABANDONED"]}' \
 //	    admin.internal:9091 idem.admin.v1.AdminService/ListKeys
+//
+// A Connect handler of it takes a POST of JSON:
+//
+//	curl --cert op.crt --key op.key -H 'Content-Type: application/json' \
+//	    -d '{"tenant": "acme", "states": ["KEY_STATE_ABANDONED"]}' \
+//	    https://admin.internal:9091/idem.admin.v1.AdminService/ListKeys
 package main

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/gen/idem/admin/v1/adminv1connect"
 )
 
 const usage = `Usage:
@@ -33,7 +35,8 @@ Connection, exactly one of:
   -addr host:port     a server's admin service (default $IDEM_ADMIN_ADDR), over TLS:
                       -ca file, -server-name N, -cert file -cert-key file (client certificate),
                       -H 'name: value' (metadata, e.g. an operator's token; repeatable),
-                      or -insecure (plaintext, loopback addresses only)
+                      or -insecure (plaintext, loopback addresses only);
+                      -protocol grpc (default) or connect (a Connect handler, over HTTP)
   -database-url URL   the PostgreSQL database itself, in-process and without an
                       authorizer: the database's credentials are the authority
 Output: -o table (default) or -o json (the service's messages as protobuf JSON).
@@ -44,13 +47,32 @@ times are RFC 3339; -limit is the page size; -all follows page tokens.
 settle: -code is a gRPC code name or number, never OK nor a code clients retry
 (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED); e.g. FAILED_PRECONDITION.
 
-Exit status: 0 done, 1 the call failed (its gRPC code and message on stderr), 2 usage.
+Exit status: 0 done, 1 the call failed (its code and message on stderr), 2 usage.
 grpcurl works too where the server registers reflection. 'go doc
 github.com/idemkit/idem/cmd/idem' has the details.
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// statusOf returns the code and message of err, a call's error, and
+// whether it has them: a gRPC status (-protocol grpc), a *connect.Error
+// (-protocol connect) or the service's own answer, an *idem.Error, which
+// has a Status method (-database-url).
+func statusOf(err error) (code.Code, string, bool) {
+	var ie interface{ Status() *spb.Status }
+	if errors.As(err, &ie) {
+		return code.Code(ie.Status().GetCode()), ie.Status().GetMessage(), true
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return code.Code(ce.Code()), ce.Message(), true
+	}
+	if st, ok := status.FromError(err); ok {
+		return code.Code(st.Code()), st.Message(), true
+	}
+	return 0, "", false
 }
 
 // usageError is a command line the command cannot run. printed reports
@@ -84,8 +106,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if st, ok := status.FromError(err); ok {
-		fmt.Fprintf(stderr, "idem: %s: %s\n", code.Code(st.Code()), st.Message())
+	if c, msg, ok := statusOf(err); ok {
+		fmt.Fprintf(stderr, "idem: %s: %s\n", c, msg)
 		return 1
 	}
 	fmt.Fprintf(stderr, "idem: %v\n", err)
@@ -221,7 +243,7 @@ func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	req.States, req.PageSize = states, int32(limit)
 	req.CreatedAfter, req.CreatedBefore = after.ts, before.ts
-	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		var keys []*adminv1.Key
 		for {
 			resp, err := call(ctx, c.timeout, &req, client.ListKeys)
@@ -262,7 +284,7 @@ func get(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := k.resolve(rest); err != nil {
 		return err
 	}
-	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, &adminv1.GetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.GetKey)
 		if err != nil {
 			return err
@@ -289,7 +311,7 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := k.resolve(rest); err != nil {
 		return err
 	}
-	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, &adminv1.ForgetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force}, client.ForgetKey)
 		if err != nil {
 			return err
@@ -326,7 +348,7 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	req := &adminv1.SettleKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force,
 		Status: &spb.Status{Code: int32(cd), Message: message}}
-	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, req, client.SettleKey)
 		if err != nil {
 			return err
@@ -349,7 +371,7 @@ func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := k.resolve(rest); err != nil {
 		return err
 	}
-	return c.do(ctx, stderr, func(ctx context.Context, client adminv1.AdminServiceClient) error {
+	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, &adminv1.FinishKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.FinishKey)
 		if err != nil {
 			return err
@@ -362,7 +384,7 @@ func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // call calls rpc with req, bounded by timeout.
-func call[Req, Resp any](ctx context.Context, timeout time.Duration, req *Req, rpc func(context.Context, *Req, ...grpcCallOption) (*Resp, error)) (*Resp, error) {
+func call[Req, Resp any](ctx context.Context, timeout time.Duration, req *Req, rpc func(context.Context, *Req) (*Resp, error)) (*Resp, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return rpc(ctx, req)

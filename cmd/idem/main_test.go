@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,14 +27,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/admin"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/record"
@@ -56,25 +57,38 @@ var (
 	recorded = store.Key{Tenant: "acme", Method: doMethod, Key: "pay-1"}
 )
 
-// fixture is an admin server over store/memory on 127.0.0.1, holding a
-// key leased for a minute (order-7, claimed first) and a recorded one
-// (pay-1, a second later).
-type fixture struct {
-	st      *memory.Store
-	addr    string
-	mu      sync.Mutex
-	now     time.Time
-	pending store.Lease
+// protocols are the values of -protocol: the command's tests run against
+// a server of each.
+var protocols = []string{"grpc", "connect"}
+
+// onEachProtocol runs test, as a subtest, against a fixture served with
+// each protocol.
+func onEachProtocol(t *testing.T, test func(t *testing.T, f *fixture)) {
+	for _, protocol := range protocols {
+		t.Run(protocol, func(t *testing.T) { test(t, newFixture(t, protocol)) })
+	}
 }
 
-func newFixture(t *testing.T) *fixture {
+// fixture is an admin server over store/memory on 127.0.0.1, served with
+// protocol, holding a key leased for a minute (order-7, claimed first) and
+// a recorded one (pay-1, a second later).
+type fixture struct {
+	st       *memory.Store
+	addr     string
+	protocol string
+	mu       sync.Mutex
+	now      time.Time
+	pending  store.Lease
+}
+
+func newFixture(t *testing.T, protocol string) *fixture {
 	t.Helper()
-	f := &fixture{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	f := &fixture{protocol: protocol, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	f.st = memory.New(memory.WithClock(f.clock))
 	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
 		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
 	})
-	f.addr = serve(t, admin.NewServer(f.st, all, admin.WithLogger(slog.New(slog.DiscardHandler))))
+	f.addr = serve(t, protocol, nil, admin.NewServer(f.st, all, admin.WithLogger(slog.New(slog.DiscardHandler))))
 	f.pending = seed(t, f.st, func() { f.advance(time.Second) })
 	return f
 }
@@ -115,17 +129,38 @@ func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	return lc.Lease
 }
 
-// serve serves srv on a loopback port and returns its address.
-func serve(t *testing.T, srv *admin.Server) string {
+// serve serves srv with protocol (grpc-go's interceptor.RegisterAdmin, or
+// connect-go's idemconnect.NewAdminHandler) on a loopback port, over TLS
+// with cfg unless it is nil, and returns its address.
+func serve(t *testing.T, protocol string, cfg *tls.Config, srv *admin.Server) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer()
-	admin.Register(s, srv)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
+	switch protocol {
+	case "grpc":
+		var opts []grpc.ServerOption
+		if cfg != nil {
+			opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
+		}
+		s := grpc.NewServer(opts...)
+		interceptor.RegisterAdmin(s, srv)
+		go s.Serve(lis)
+		t.Cleanup(s.Stop)
+	case "connect":
+		mux := http.NewServeMux()
+		mux.Handle(idemconnect.NewAdminHandler(srv))
+		hs := &http.Server{Handler: mux, TLSConfig: cfg}
+		if cfg != nil {
+			go hs.ServeTLS(lis, "", "")
+		} else {
+			go hs.Serve(lis)
+		}
+		t.Cleanup(func() { hs.Close() })
+	default:
+		t.Fatalf("no protocol %q", protocol)
+	}
 	return lis.Addr().String()
 }
 
@@ -160,7 +195,7 @@ func fails(t *testing.T, want string, args ...string) {
 }
 
 func (f *fixture) cmd(args ...string) []string {
-	return append(args, "-addr", f.addr, "-insecure")
+	return append(args, "-addr", f.addr, "-insecure", "-protocol", f.protocol)
 }
 
 // rows returns the table's rows, split into fields, without its header.
@@ -186,31 +221,32 @@ func unmarshal[M proto.Message](t *testing.T, s string, m M) M {
 }
 
 func TestListTable(t *testing.T) {
-	f := newFixture(t)
-	got := rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme")...))
-	want := [][]string{
-		{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0"},
-		{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0"},
-	}
-	if strings.Join(flat(got), " ") != strings.Join(flat(want), " ") {
-		t.Fatalf("list:\n%q\nwant\n%q", got, want)
-	}
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		got := rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme")...))
+		want := [][]string{
+			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0"},
+			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0"},
+		}
+		if strings.Join(flat(got), " ") != strings.Join(flat(want), " ") {
+			t.Fatalf("list:\n%q\nwant\n%q", got, want)
+		}
 
-	got = rows(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-state", "recorded,expired", "-method", doMethod)...))
-	if len(got) != 1 || got[0][0] != "pay-1" {
-		t.Fatalf("list of recorded keys of %s: %q, want pay-1 alone", doMethod, got)
-	}
-	got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme", "-state", "abandoned", "-state", "in_progress")...))
-	if len(got) != 1 || got[0][0] != "order-7" {
-		t.Fatalf("list of keys in progress or abandoned: %q, want order-7 alone", got)
-	}
-	got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme", "-created-after", "2026-01-02T03:04:06Z")...))
-	if len(got) != 1 || got[0][0] != "pay-1" {
-		t.Fatalf("list of keys created from 03:04:06: %q, want pay-1 alone", got)
-	}
-	if got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "other")...)); len(got) != 0 {
-		t.Fatalf("list of another tenant: %q, want no rows", got)
-	}
+		got = rows(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-state", "recorded,expired", "-method", doMethod)...))
+		if len(got) != 1 || got[0][0] != "pay-1" {
+			t.Fatalf("list of recorded keys of %s: %q, want pay-1 alone", doMethod, got)
+		}
+		got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme", "-state", "abandoned", "-state", "in_progress")...))
+		if len(got) != 1 || got[0][0] != "order-7" {
+			t.Fatalf("list of keys in progress or abandoned: %q, want order-7 alone", got)
+		}
+		got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme", "-created-after", "2026-01-02T03:04:06Z")...))
+		if len(got) != 1 || got[0][0] != "pay-1" {
+			t.Fatalf("list of keys created from 03:04:06: %q, want pay-1 alone", got)
+		}
+		if got = rows(t, ok(t, f.cmd("keys", "list", "-tenant", "other")...)); len(got) != 0 {
+			t.Fatalf("list of another tenant: %q, want no rows", got)
+		}
+	})
 }
 
 func flat(rs [][]string) []string {
@@ -222,83 +258,87 @@ func flat(rs [][]string) []string {
 }
 
 func TestListJSON(t *testing.T) {
-	f := newFixture(t)
-	t.Setenv("IDEM_ADMIN_ADDR", f.addr) // instead of -addr
-	resp := unmarshal(t, ok(t, "keys", "list", "-insecure", "-tenant", "acme", "-o", "json"), &adminv1.ListKeysResponse{})
-	if len(resp.GetKeys()) != 2 || resp.GetNextPageToken() != "" {
-		t.Fatalf("list: %v, want two keys and no next page", resp)
-	}
-	k := resp.GetKeys()[1]
-	if k.GetKey() != "pay-1" || k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED ||
-		k.GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue() != "paid" {
-		t.Fatalf("list's second key: %v, want pay-1 recorded with its response", k)
-	}
-	if k := resp.GetKeys()[0]; k.GetKey() != "order-7" || k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetLeaseExpireTime() == nil {
-		t.Fatalf("list's first key: %v, want order-7 in progress under its lease", k)
-	}
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		t.Setenv("IDEM_ADMIN_ADDR", f.addr) // instead of -addr
+		resp := unmarshal(t, ok(t, "keys", "list", "-insecure", "-protocol", f.protocol, "-tenant", "acme", "-o", "json"), &adminv1.ListKeysResponse{})
+		if len(resp.GetKeys()) != 2 || resp.GetNextPageToken() != "" {
+			t.Fatalf("list: %v, want two keys and no next page", resp)
+		}
+		k := resp.GetKeys()[1]
+		if k.GetKey() != "pay-1" || k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED ||
+			k.GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue() != "paid" {
+			t.Fatalf("list's second key: %v, want pay-1 recorded with its response", k)
+		}
+		if k := resp.GetKeys()[0]; k.GetKey() != "order-7" || k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetLeaseExpireTime() == nil {
+			t.Fatalf("list's first key: %v, want order-7 in progress under its lease", k)
+		}
+	})
 }
 
 func TestGet(t *testing.T) {
-	f := newFixture(t)
-	out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
-	for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
-		`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`} {
-		if !regexp.MustCompile(want).MatchString(out) {
-			t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
+		for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
+			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`} {
+			if !regexp.MustCompile(want).MatchString(out) {
+				t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
+			}
 		}
-	}
-	resp := unmarshal(t, ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "-key", "order-7", "-o", "json")...), &adminv1.GetKeyResponse{})
-	if k := resp.GetKey(); k.GetKey() != "order-7" || k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
-		t.Fatalf("get order-7: %v, want it in progress, with no outcome", k)
-	}
-	fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "order-8")...)
+		resp := unmarshal(t, ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "-key", "order-7", "-o", "json")...), &adminv1.GetKeyResponse{})
+		if k := resp.GetKey(); k.GetKey() != "order-7" || k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
+			t.Fatalf("get order-7: %v, want it in progress, with no outcome", k)
+		}
+		fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "order-8")...)
+	})
 }
 
 func TestForget(t *testing.T) {
-	f := newFixture(t)
-	if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...); !strings.Contains(out, `Forgot key "pay-1"`) {
-		t.Fatalf("forget printed %q", out)
-	}
-	fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
-	fails(t, "NOT_FOUND: ", f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...)
-	c, err := f.st.Claim(t.Context(), recorded, store.Request{Fingerprint: []byte("fp-1")})
-	if err != nil || c.Txn == nil {
-		t.Fatalf("retry of the forgotten key: %+v, %v; want it to run afresh", c, err)
-	}
-	_ = c.Txn.Release(t.Context())
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...); !strings.Contains(out, `Forgot key "pay-1"`) {
+			t.Fatalf("forget printed %q", out)
+		}
+		fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
+		fails(t, "NOT_FOUND: ", f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...)
+		c, err := f.st.Claim(t.Context(), recorded, store.Request{Fingerprint: []byte("fp-1")})
+		if err != nil || c.Txn == nil {
+			t.Fatalf("retry of the forgotten key: %+v, %v; want it to run afresh", c, err)
+		}
+		_ = c.Txn.Release(t.Context())
 
-	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z",
-		f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7")...)
-	if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-o", "json")...); strings.TrimSpace(out) != "{}" {
-		t.Fatalf("forget -o json printed %q, want {}", out)
-	}
-	if err := f.pending.Extend(t.Context(), time.Minute); err == nil {
-		t.Fatal("the holder of the force-forgotten lease extended it")
-	}
+		fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z",
+			f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7")...)
+		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-o", "json")...); strings.TrimSpace(out) != "{}" {
+			t.Fatalf("forget -o json printed %q, want {}", out)
+		}
+		if err := f.pending.Extend(t.Context(), time.Minute); err == nil {
+			t.Fatal("the holder of the force-forgotten lease extended it")
+		}
+	})
 }
 
 func TestSettle(t *testing.T) {
-	f := newFixture(t)
-	settle := f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "failed_precondition", "-message", "cancelled by an operator")
-	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z; set force", settle...)
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		settle := f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "failed_precondition", "-message", "cancelled by an operator")
+		fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z; set force", settle...)
 
-	f.advance(2 * time.Minute) // the lease runs out: its caller is gone
-	if out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "order-7")...); !regexp.MustCompile(`(?m)^state: +abandoned$`).MatchString(out) {
-		t.Fatalf("get order-7 after its lease ran out:\n%s\nwant it abandoned", out)
-	}
-	out := ok(t, settle...)
-	for _, want := range []string{`(?m)^state: +recorded$`, `(?m)^outcome: +FAILED_PRECONDITION$`, `(?m)^message: +cancelled by an operator$`} {
-		if !regexp.MustCompile(want).MatchString(out) {
-			t.Errorf("settle printed\n%s\nwant a line matching %s", out, want)
+		f.advance(2 * time.Minute) // the lease runs out: its caller is gone
+		if out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", checkout, "order-7")...); !regexp.MustCompile(`(?m)^state: +abandoned$`).MatchString(out) {
+			t.Fatalf("get order-7 after its lease ran out:\n%s\nwant it abandoned", out)
 		}
-	}
-	c, err := f.st.Claim(t.Context(), leased, store.Request{Fingerprint: []byte("fp-7")})
-	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_FAILED_PRECONDITION {
-		t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
-	}
+		out := ok(t, settle...)
+		for _, want := range []string{`(?m)^state: +recorded$`, `(?m)^outcome: +FAILED_PRECONDITION$`, `(?m)^message: +cancelled by an operator$`} {
+			if !regexp.MustCompile(want).MatchString(out) {
+				t.Errorf("settle printed\n%s\nwant a line matching %s", out, want)
+			}
+		}
+		c, err := f.st.Claim(t.Context(), leased, store.Request{Fingerprint: []byte("fp-7")})
+		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_FAILED_PRECONDITION {
+			t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
+		}
 
-	fails(t, "FAILED_PRECONDITION: idem admin: the key's outcome is recorded already", settle...)
-	fails(t, "NOT_FOUND: ", f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "-key", "order-8", "-code", "9")...)
+		fails(t, "FAILED_PRECONDITION: idem admin: the key's outcome is recorded already", settle...)
+		fails(t, "NOT_FOUND: ", f.cmd("keys", "settle", "-tenant", "acme", "-method", checkout, "-key", "order-8", "-code", "9")...)
+	})
 }
 
 // TestFinish: finish asks the server's finisher to run an abandoned call
@@ -306,31 +346,33 @@ func TestSettle(t *testing.T) {
 // authorizer; the finisher's own runs are tested with the admin package
 // and the checkout example.
 func TestFinish(t *testing.T) {
-	f := newFixture(t)
-	f.advance(2 * time.Minute) // order-7's lease runs out
-	fails(t, "UNIMPLEMENTED: ", f.cmd("keys", "finish", "-tenant", "acme", "-method", checkout, "order-7")...)
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		f.advance(2 * time.Minute) // order-7's lease runs out
+		fails(t, "UNIMPLEMENTED: ", f.cmd("keys", "finish", "-tenant", "acme", "-method", checkout, "order-7")...)
+	})
 }
 
 func TestPaging(t *testing.T) {
-	f := newFixture(t)
-	resp := unmarshal(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-all", "-o", "json")...), &adminv1.ListKeysResponse{})
-	if len(resp.GetKeys()) != 2 || resp.GetKeys()[0].GetKey() != "order-7" || resp.GetKeys()[1].GetKey() != "pay-1" || resp.GetNextPageToken() != "" {
-		t.Fatalf("list -limit 1 -all: %v, want order-7 and pay-1 and no next page", resp)
-	}
-	if got := rows(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-all")...)); len(got) != 2 {
-		t.Fatalf("list -limit 1 -all as a table: %q, want two rows", got)
-	}
+	onEachProtocol(t, func(t *testing.T, f *fixture) {
+		resp := unmarshal(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-all", "-o", "json")...), &adminv1.ListKeysResponse{})
+		if len(resp.GetKeys()) != 2 || resp.GetKeys()[0].GetKey() != "order-7" || resp.GetKeys()[1].GetKey() != "pay-1" || resp.GetNextPageToken() != "" {
+			t.Fatalf("list -limit 1 -all: %v, want order-7 and pay-1 and no next page", resp)
+		}
+		if got := rows(t, ok(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-all")...)); len(got) != 2 {
+			t.Fatalf("list -limit 1 -all as a table: %q, want two rows", got)
+		}
 
-	out, errOut, exit := idem(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1")...)
-	m := regexp.MustCompile(`-page-token (\S+)`).FindStringSubmatch(errOut)
-	if got := rows(t, out); exit != 0 || len(got) != 1 || got[0][0] != "order-7" || m == nil {
-		t.Fatalf("list -limit 1: exit %d, rows %q, stderr %q; want order-7 and the next page's token", exit, got, errOut)
-	}
-	out, errOut, exit = idem(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-page-token", m[1])...)
-	if got := rows(t, out); exit != 0 || len(got) != 1 || got[0][0] != "pay-1" || errOut != "" {
-		t.Fatalf("list of the second page: exit %d, rows %q, stderr %q; want pay-1 and no next page", exit, got, errOut)
-	}
-	fails(t, "INVALID_ARGUMENT: ", f.cmd("keys", "list", "-tenant", "acme", "-limit", "1", "-page-token", m[1])...)
+		out, errOut, exit := idem(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1")...)
+		m := regexp.MustCompile(`-page-token (\S+)`).FindStringSubmatch(errOut)
+		if got := rows(t, out); exit != 0 || len(got) != 1 || got[0][0] != "order-7" || m == nil {
+			t.Fatalf("list -limit 1: exit %d, rows %q, stderr %q; want order-7 and the next page's token", exit, got, errOut)
+		}
+		out, errOut, exit = idem(t, f.cmd("keys", "list", "-all-tenants", "-limit", "1", "-page-token", m[1])...)
+		if got := rows(t, out); exit != 0 || len(got) != 1 || got[0][0] != "pay-1" || errOut != "" {
+			t.Fatalf("list of the second page: exit %d, rows %q, stderr %q; want pay-1 and no next page", exit, got, errOut)
+		}
+		fails(t, "INVALID_ARGUMENT: ", f.cmd("keys", "list", "-tenant", "acme", "-limit", "1", "-page-token", m[1])...)
+	})
 }
 
 func TestUsage(t *testing.T) {
@@ -348,6 +390,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"keys", "list", "-tenant", "acme"}, "give -addr (or $IDEM_ADMIN_ADDR) or -database-url"},
 		{[]string{"keys", "list", "-addr", "127.0.0.1:1", "-database-url", "postgres:///x"}, "not both"},
 		{[]string{"keys", "list", "-database-url", "postgres:///x", "-H", "authorization: Bearer t"}, "-H applies to -addr"},
+		{[]string{"keys", "list", "-database-url", "postgres:///x", "-protocol", "connect"}, "-protocol applies to -addr"},
+		{append([]string{"keys", "list", "-protocol", "http"}, addr...), `-protocol is grpc or connect, not "http"`},
 		{[]string{"keys", "list", "-addr", "admin.example:9091", "-insecure"}, "loopback addresses only"},
 		{[]string{"keys", "list", "-addr", "admin.example"}, "is not host:port"},
 		{[]string{"keys", "list", "-addr", "admin.example:9091", "-cert", "op.crt"}, "-cert and -cert-key go together"},
@@ -465,7 +509,9 @@ func TestDatabaseURL(t *testing.T) {
 }
 
 // TestTLS dials a server over TLS with -ca, -server-name and a client
-// certificate, and a token with -H, which its authorizer reads.
+// certificate, and a token with -H, which its authorizer reads from the
+// admin.Request, with each protocol. The authorizer answers with gRPC
+// statuses, which the Connect server sends with their codes too.
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	ca, caKey := newCert(t, "idem test CA", nil, nil)
@@ -481,50 +527,43 @@ func TestTLS(t *testing.T) {
 
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
-	creds := credentials.NewTLS(&tls.Config{
+	cfg := &tls.Config{
 		Certificates: []tls.Certificate{{Certificate: [][]byte{srvCert.Raw}, PrivateKey: srvKey}},
 		ClientCAs:    pool,
 		ClientAuth:   tls.VerifyClientCertIfGiven,
-	})
-	authorize := admin.AuthorizerFunc(func(ctx context.Context, _ admin.Request) (admin.Scope, error) {
-		p, _ := peer.FromContext(ctx)
-		info, _ := p.AuthInfo.(credentials.TLSInfo)
-		if len(info.State.VerifiedChains) == 0 || info.State.VerifiedChains[0][0].Subject.CommonName != "oncall" {
+	}
+	authorize := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "oncall" {
 			return admin.Scope{}, status.Error(codes.Unauthenticated, "dial with an operator's certificate")
 		}
-		md, _ := metadata.FromIncomingContext(ctx)
-		if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer s3cret" {
+		if got := r.Header["authorization"]; len(got) != 1 || got[0] != "Bearer s3cret" {
 			return admin.Scope{}, status.Error(codes.Unauthenticated, "no operator token")
 		}
 		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
 	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for _, protocol := range protocols {
+		t.Run(protocol, func(t *testing.T) {
+			addr := serve(t, protocol, cfg.Clone(), admin.NewServer(memory.New(), authorize, admin.WithLogger(slog.New(slog.DiscardHandler))))
+			conn := []string{"-addr", addr, "-protocol", protocol, "-ca", filepath.Join(dir, "ca.crt"), "-server-name", "admin.internal"}
+			cert := []string{"-cert", filepath.Join(dir, "op.crt"), "-cert-key", filepath.Join(dir, "op.key")}
+			token := []string{"-H", "Authorization: Bearer s3cret"}
+			list := func(args ...[]string) []string {
+				all := []string{"keys", "list", "-tenant", "acme"}
+				for _, a := range args {
+					all = append(all, a...)
+				}
+				return all
+			}
+			if got := rows(t, ok(t, list(conn, cert, token)...)); len(got) != 0 {
+				t.Fatalf("list: %q, want no keys", got)
+			}
+			fails(t, "UNAUTHENTICATED: no operator token", list(conn, cert)...)
+			fails(t, "UNAUTHENTICATED: dial with an operator's certificate", list(conn, token)...)
+			// Without -ca the server's certificate is checked against the
+			// system's roots, which do not hold the test's CA.
+			fails(t, "UNAVAILABLE: ", list(conn[:4], []string{"-server-name", "admin.internal"}, cert, token)...)
+		})
 	}
-	s := grpc.NewServer(grpc.Creds(creds))
-	admin.Register(s, admin.NewServer(memory.New(), authorize, admin.WithLogger(slog.New(slog.DiscardHandler))))
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-
-	conn := []string{"-addr", lis.Addr().String(), "-ca", filepath.Join(dir, "ca.crt"), "-server-name", "admin.internal"}
-	cert := []string{"-cert", filepath.Join(dir, "op.crt"), "-cert-key", filepath.Join(dir, "op.key")}
-	token := []string{"-H", "Authorization: Bearer s3cret"}
-	list := func(args ...[]string) []string {
-		all := []string{"keys", "list", "-tenant", "acme"}
-		for _, a := range args {
-			all = append(all, a...)
-		}
-		return all
-	}
-	if got := rows(t, ok(t, list(conn, cert, token)...)); len(got) != 0 {
-		t.Fatalf("list: %q, want no keys", got)
-	}
-	fails(t, "UNAUTHENTICATED: no operator token", list(conn, cert)...)
-	fails(t, "UNAUTHENTICATED: dial with an operator's certificate", list(conn, token)...)
-	// Without -ca the server's certificate is checked against the system's
-	// roots, which do not hold the test's CA.
-	fails(t, "UNAVAILABLE: ", list(conn[:2], []string{"-server-name", "admin.internal"}, cert, token)...)
 }
 
 // newCert returns a certificate for name and its key, signed by parent

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	"github.com/idemkit/idem/examples/internal/adminlisten"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/internal/admingrpc"
 )
 
 // TestAdminFinishKey serves the admin service as -admin-listen does and
@@ -41,12 +42,13 @@ func TestAdminFinishKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	client := adminv1.NewAdminServiceClient(conn)
+	client := admingrpc.NewClient(conn)
 	operator := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
 
 	// The client's replica dies once the charge step is saved; the client
@@ -61,7 +63,7 @@ func TestAdminFinishKey(t *testing.T) {
 	}
 	_ = a.wait(ctx)
 
-	if _, err := client.ListKeys(ctx, &adminv1.ListKeysRequest{}, grpc.WaitForReady(true)); status.Code(err) != codes.Unauthenticated {
+	if _, err := client.ListKeys(ctx, &adminv1.ListKeysRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("ListKeys without the operator token: %v, want UNAUTHENTICATED", err)
 	}
 	list, err := client.ListKeys(operator, &adminv1.ListKeysRequest{})

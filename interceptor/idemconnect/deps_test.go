@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// A Connect-only program, with idem's engine, its Connect adapter and
-// store/postgres, builds no package of grpc-go.
+// A Connect-only program, with idem's engine, its Connect adapter,
+// store/postgres and the admin service, builds no package of grpc-go.
 func TestConnectOnlyProgramBuildsNoGRPC(t *testing.T) {
 	const program = "github.com/idemkit/idem/interceptor/idemconnect/internal/connectonly"
 	out, err := exec.Command("go", "list", "-deps", program).Output()
@@ -26,6 +26,8 @@ func TestConnectOnlyProgramBuildsNoGRPC(t *testing.T) {
 		"github.com/idemkit/idem",
 		"github.com/idemkit/idem/interceptor/idemconnect",
 		"github.com/idemkit/idem/store/postgres",
+		"github.com/idemkit/idem/admin",
+		"github.com/idemkit/idem/gen/idem/admin/v1/adminv1connect",
 		"connectrpc.com/connect",
 	} {
 		if !slices.Contains(deps, want) {

@@ -94,6 +94,20 @@
 //	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
 //	go f.Run(ctx)
 //
+// # Admin service
+//
+// [NewAdminHandler] serves idem's admin service (package admin, also served
+// over grpc-go by interceptor.RegisterAdmin) for operators, on a listener
+// of its own, with no grpc-go in the program:
+//
+//	ops := http.NewServeMux()
+//	ops.Handle(idemconnect.NewAdminHandler(admin.NewServer(st, authorize, opts...)))
+//
+// The service's authorizer gets the request headers, as the tenant
+// resolver does, and the TLS state; its answers go as *connect.Error. The
+// idem command calls it with -protocol connect; curl, with JSON, as any
+// Connect handler.
+//
 // # Clients
 //
 // [NewClientInterceptor] does what grpc-go's client interceptor (package

@@ -1,8 +1,10 @@
 // Package adminlisten serves idem's admin service for the example servers,
-// on a listener of its own, behind a demo authorizer: a fixed operator
-// token in the authorization metadata. It is a demo: in production, use
-// mTLS or your identity provider (see package admin's example), and never
-// serve the admin service on the public listener.
+// on a listener of its own, over gRPC, behind a demo authorizer: a fixed
+// operator token in the authorization header, which serves a Connect
+// handler of the service (idemconnect.NewAdminHandler) alike. It is a
+// demo: in production, use mTLS or your identity provider (see package
+// admin's example), and never serve the admin service on the public
+// listener.
 package adminlisten
 
 import (
@@ -16,16 +18,15 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/admin"
+	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store"
 )
 
@@ -75,7 +76,7 @@ func NewServer(cfg Config) (*grpc.Server, error) {
 	if cfg.Finisher != nil {
 		opts = append(opts, admin.WithFinisher(cfg.Finisher))
 	}
-	admin.Register(s, admin.NewServer(cfg.Store, TokenAuthorizer(cfg.Token), opts...))
+	interceptor.RegisterAdmin(s, admin.NewServer(cfg.Store, TokenAuthorizer(cfg.Token), opts...))
 	return s, nil
 }
 
@@ -101,16 +102,18 @@ func Serve(ctx context.Context, lis net.Listener, cfg Config) error {
 
 // TokenAuthorizer is the demo authorizer: a caller that sends
 // "authorization: Bearer TOKEN" with the operator token is the operator,
-// allowed every tenant; any other is UNAUTHENTICATED.
+// allowed every tenant; any other is UNAUTHENTICATED. It reads the
+// request's header and answers with an idem.Error, so it serves the admin
+// service over gRPC and Connect alike.
 func TokenAuthorizer(token string) admin.Authorizer {
-	return admin.AuthorizerFunc(func(ctx context.Context, _ admin.Request) (admin.Scope, error) {
-		v := metadata.ValueFromIncomingContext(ctx, "authorization")
+	return admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+		v := r.Header["authorization"]
 		if len(v) != 1 {
-			return admin.Scope{}, status.Error(codes.Unauthenticated, "send the operator token as authorization: Bearer TOKEN")
+			return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token as authorization: Bearer TOKEN")
 		}
 		got, ok := strings.CutPrefix(v[0], "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			return admin.Scope{}, status.Error(codes.Unauthenticated, "the operator token is not valid")
+			return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "the operator token is not valid")
 		}
 		return admin.Scope{Subject: "operator-token", AllTenants: true}, nil
 	})

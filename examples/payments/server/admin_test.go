@@ -18,6 +18,7 @@ import (
 	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/internal/adminlisten"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
+	"github.com/idemkit/idem/internal/admingrpc"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -52,7 +53,7 @@ func TestAdminListener(t *testing.T) {
 	if err != nil || health.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("admin listener's health: %v, %v", health, err)
 	}
-	client := adminv1.NewAdminServiceClient(adminConn)
+	client := admingrpc.NewClient(adminConn)
 	list := &adminv1.ListKeysRequest{Tenant: "acme"}
 	for name, ctx := range map[string]context.Context{
 		"no token":    callCtx,

@@ -1,22 +1,26 @@
 // Command connectonly is a Connect-only program with idem: a connect-go
 // server on PostgreSQL whose keyed calls run once, whose abandoned calls a
-// Finisher finishes, and a client that keys its calls and retries them. It
-// exists for its dependencies: idemconnect's tests check that it builds no
-// package of grpc-go, so that a Connect user does not pay for a transport
-// they do not use.
+// Finisher finishes, with idem's admin service for its operators on a
+// listener of its own, and a client that keys its calls and retries them.
+// It exists for its dependencies: idemconnect's tests check that it builds
+// no package of grpc-go, so that a Connect user does not pay for a
+// transport they do not use.
 package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"log"
 	"net/http"
 	"os"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/admin"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -29,6 +33,16 @@ const procedure = "/echo.v1.EchoService/Echo"
 func echo(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
 	return connect.NewResponse(wrapperspb.String(req.Msg.GetValue())), nil
 }
+
+// operatorToken lets the caller that sends "authorization: Bearer" and
+// $ADMIN_TOKEN at every tenant's keys.
+var operatorToken = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+	want := "Bearer " + os.Getenv("ADMIN_TOKEN")
+	if got := r.Header["authorization"]; len(got) != 1 || subtle.ConstantTimeCompare([]byte(got[0]), []byte(want)) != 1 {
+		return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token")
+	}
+	return admin.Scope{Subject: "operator", AllTenants: true}, nil
+})
 
 func main() {
 	ctx := context.Background()
@@ -56,5 +70,9 @@ func main() {
 		connect.WithInterceptors(idemconnect.NewInterceptor(engine))))
 	_ = connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](http.DefaultClient, "http://127.0.0.1:8080"+procedure,
 		connect.WithInterceptors(idemconnect.NewClientInterceptor(), idemconnect.NewRetryInterceptor()))
+
+	ops := http.NewServeMux()
+	ops.Handle(idemconnect.NewAdminHandler(admin.NewServer(postgres.New(pool), operatorToken, admin.WithFinisher(finisher))))
+	go func() { log.Fatal(http.ListenAndServe("127.0.0.1:9091", ops)) }()
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
 }
