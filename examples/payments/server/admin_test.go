@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -76,12 +77,28 @@ func TestAdminListener(t *testing.T) {
 	}
 
 	// otelgrpc counts the admin calls, refused ones included, in the
-	// server's metrics.
-	metrics := get(t, "http://"+metricsLis.Addr().String()+"/metrics")
-	for code, want := range map[string]string{"OK": "1", "UNAUTHENTICATED": "3"} {
-		if v := sample(metrics, "rpc_server_call_duration_seconds_count",
-			`rpc_method="idem.admin.v1.AdminService/ListKeys"`, `rpc_response_status_code="`+code+`"`); v != want {
-			t.Errorf("ListKeys calls answered %s in the metrics: %q, want %s; metrics:\n%s", code, v, want, metrics)
+	// server's metrics. It counts a call once its handler has returned,
+	// which may be after the client has its answer: the metrics are read
+	// until they hold every call, for at most 30 s.
+	counted := func() (missing string) {
+		metrics := get(t, "http://"+metricsLis.Addr().String()+"/metrics")
+		for code, want := range map[string]string{"OK": "1", "UNAUTHENTICATED": "3"} {
+			if v := sample(metrics, "rpc_server_call_duration_seconds_count",
+				`rpc_method="idem.admin.v1.AdminService/ListKeys"`, `rpc_response_status_code="`+code+`"`); v != want {
+				return fmt.Sprintf("ListKeys calls answered %s in the metrics: %q, want %s; metrics:\n%s", code, v, want, metrics)
+			}
+		}
+		return ""
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); ; <-tick.C {
+		missing := counted()
+		if missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(missing)
 		}
 	}
 }
