@@ -25,7 +25,7 @@ import (
 // [ChildKey] derives them for other transports (HTTP, a provider's SDK).
 //
 // A call that names no step is keyed by its method and ordinal instead
-// (see [OutgoingKeys]), from a tuple of six parts, the fourth the
+// (see the package documentation, "Calling other services"), from a tuple of six parts, the fourth the
 // word "call", which never hashes like DeriveKey's four: a step may be
 // named anything, a method name and "#1" included, and still never share a
 // key with a call.

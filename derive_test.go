@@ -39,7 +39,7 @@ func TestDeriveKeyVectors(t *testing.T) {
 		if got != v.want {
 			t.Errorf("DeriveKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
 		}
-		if err := ValidateKey(got); err != nil {
+		if err := validateKey(got); err != nil {
 			t.Errorf("derived key %s is not a valid key: %v", got, err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestCallKeyVectors(t *testing.T) {
 		if got != v.want {
 			t.Errorf("callKey(%q, %q, %q, %q, %d) = %s, want %s", v.tenant, v.method, v.key, v.called, v.n, got, v.want)
 		}
-		if err := ValidateKey(got); err != nil {
+		if err := validateKey(got); err != nil {
 			t.Errorf("call key %s is not a valid key: %v", got, err)
 		}
 	}

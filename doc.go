@@ -64,7 +64,7 @@
 // store's TTL, or for the method's own, (idem.v1.method).ttl; the first
 // answer and every replay tell the client when its key expires, in the
 // header [ExpiresHeader] (RFC 3339). Streaming methods take no key: the
-// adapters refuse one with INVALID_ARGUMENT ([StreamKeyRefused]).
+// adapters refuse one with INVALID_ARGUMENT.
 // A scope that no store can hold (a tenant over 255 bytes, or one that is
 // not valid UTF-8 or holds a NUL byte; the rule of store.Key.Validate) is
 // refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
@@ -172,10 +172,10 @@
 // map fields or extensions, re-encoding a decoded message reproduces them, so
 // the handler's own message (first call) and a decoded copy (replays) pass
 // through the interceptors outside idem as usual. For types with maps or
-// extensions, whose entry order protobuf leaves open, [Answer.WireMessage]
-// is an empty message of the response type that carries the recorded bytes
-// as unknown fields, which the gRPC and Connect adapters send; interceptors
-// outside idem then see no fields set.
+// extensions, whose entry order protobuf leaves open, the gRPC and Connect
+// adapters send an empty message of the response type that carries the
+// recorded bytes as unknown fields; interceptors outside idem then see no
+// fields set.
 // The recorded bytes carry the call's status code and a CRC-32C checksum of
 // code and payload. A recorded outcome that idem cannot vouch for is never
 // sent: one that no longer decodes, whose code is not a gRPC code (0 to 16)
@@ -187,16 +187,16 @@
 //
 // # Transports
 //
-// The [Engine] is transport-neutral: an adapter hands [Engine.Handle] a
-// [Call] and the handler, and sends the [Answer] and the error it returns,
-// an [*Error] (a google.rpc.Status) for idem's own answers, in its
-// transport's way. The gRPC adapter
+// The [Engine] is transport-neutral: an adapter hands it each call and the
+// handler, through package [github.com/idemkit/idem/transport], and sends
+// the answer and the error, an [*Error] (a google.rpc.Status) for idem's
+// own answers, in its transport's way. The gRPC adapter
 // ([github.com/idemkit/idem/interceptor]), the Connect adapter
 // (github.com/idemkit/idem/interceptor/idemconnect) and, through the gRPC
 // adapter, the grpc-gateway adapter (module
 // github.com/idemkit/idem/interceptor/idemgateway) use one engine, so that
 // a call and its retry over another transport are one operation.
-// [ParseHTTPKey] reads the IETF Idempotency-Key header. [WithOutcomeHook]
+// Over HTTP the key is the IETF draft's header [HTTPKeyHeader]. [WithOutcomeHook]
 // sees how each call went, whatever its transport.
 //
 // # Errors and logging
@@ -221,7 +221,7 @@
 //     idem.outcome; the histograms idem.claim.duration and
 //     idem.record.duration, in seconds, waits on a busy key included; the
 //     counters idem.lease.takeovers and idem.lease.extensions. Outgoing
-//     keys ([OutgoingKeys], under the client interceptors) are counted in
+//     keys (the client adapters', see "Calling other services") are counted in
 //     idem.client.keys, with attributes rpc.method and idem.key.source
 //     (generated, derived, caller).
 //   - traces: the call's span in the context (started by a stats handler
@@ -240,25 +240,67 @@
 //
 // # Calling other services
 //
-// [OutgoingKeys] gives each outgoing call of a keyed method its key; the
-// client adapters (interceptor.UnaryClientInterceptor, idemconnect's
-// interceptor) use it. Outside a keyed handler it gives each call a new
-// UUID, unless the caller set one ([ContextWithKey], the metadata, or the
-// request's field marked (idem.v1.field).key). When that field is empty,
-// the key idem attaches goes there too, on a copy of the request, as
-// Google's client libraries fill a request_id (AIP-4235); see
-// [OutgoingKeys].
-// Inside a keyed handler it derives a child key from the request's whole
-// scope, its tenant, method and key, and a step: [DeriveKey](request,
-// step), where step is the name set with [ContextWithStep] (or [Step]); a
-// call that names no step is keyed by the method it calls and its ordinal
-// among the request's calls to it (the second call to CreatePayment, say),
-// from a tuple that no step name hashes like. A retried request therefore
-// sends the same child keys in the same order and the services it calls
-// replay instead of repeating. Two calls never share a key, nor do two
-// operations that share a key string in different tenants or methods. The
-// request's own key is never forwarded: a handler that copies its incoming
-// metadata to its outgoing calls sends keyed methods their child keys and
-// other methods no key. [ChildKey] gives a handler the child key of a step
-// for calls over other transports (HTTP, a provider's SDK).
+// The client adapters (interceptor.UnaryClientInterceptor,
+// idemconnect.NewClientInterceptor), configured with [ClientOption]s,
+// attach an idempotency key to each outgoing call of a keyed method, once
+// per logical call, so that every retry made below them carries the same
+// key. A method is keyed when its descriptor says
+// (idem.v1.method).key_required or [WithKeyedMethods] selects it;
+// IDEMPOTENT and NO_SIDE_EFFECTS methods never are. The key is, in order
+// of precedence:
+//
+//  0. the key the request carries in its field marked (idem.v1.field).key
+//     (a request_id, as AIP-155 has it), when that field is set: it is the
+//     call's key, on every retry, and idem attaches none of its own (the
+//     caller's metadata goes as it is, less the key of the request being
+//     handled). An empty field changes nothing, nor does one that holds the
+//     key of the request being handled (a handler that sends on the
+//     message it was sent), which is never forwarded;
+//  1. the key set with [ContextWithKey], sent as it is (to optional-key
+//     methods too);
+//  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
+//     it is, unless it is the key of the request being handled, which is
+//     never forwarded and is replaced as in 3;
+//  3. inside a keyed handler (see [KeyFromContext]), a child key of the
+//     request's whole scope, its tenant, method and key: [DeriveKey](request,
+//     step) for a call made with the step name set with [ContextWithStep]
+//     (or inside a [Step]); else one keyed by the method called and the
+//     call's ordinal among this request's calls to that method (the second
+//     call to CreatePayment, say), from a tuple that no step name hashes
+//     like. A retried request therefore sends the same child keys in the
+//     same order, and the services it calls replay instead of repeating;
+//  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
+//     keys land near each other in the server's index).
+//
+// Two calls never share a key, nor do two operations that share a key
+// string in different tenants or methods. The request's own key is never
+// forwarded, on any method: a handler that copies its incoming metadata to
+// its outgoing context, or its request's key field to the request it
+// sends, sends a keyed method its child key, and an IDEMPOTENT,
+// NO_SIDE_EFFECTS or unselected optional-key method no key at all (in a
+// copy of the request whose key field is cleared). [ChildKey] gives a
+// handler the child key of a step for calls over other transports (HTTP, a
+// provider's SDK).
+//
+// When the key is idem's (1, 3 or 4) and the method's request has an empty
+// field marked (idem.v1.field).key (or one that holds the key of the
+// request being handled), the key also goes in that field, as Google's
+// client libraries fill a request_id (AIP-4235). The call carries it
+// twice, in the field and in the metadata: idem's server accepts the two
+// because they are the same, and a server or proxy that reads only one of
+// them still reads the call's key. The field is set on a copy of the
+// request (proto.Clone), which the adapter sends: the caller's message is
+// never changed. A message shared between goroutines is never written to,
+// and one sent again, or used as a template for other calls, makes another
+// logical call, with a key of its own (a filled field would silently make
+// it a replay of the first). The retries below the adapter (grpc-go's
+// retryPolicy, which resends the first attempt's bytes; a retry
+// interceptor placed after idem's, which sends the same copy again) keep
+// the filled key. A caller that retries by calling again, above the
+// adapter, sets the field (or [ContextWithKey]) itself, and keeps it. The
+// key idem generates for the field is the UUIDv7 of 4, one key for both
+// places: idem's server takes any key, and a version 7 UUID is a UUID to
+// an API that asks for one. An API that declares its field
+// (google.api.field_info).format = UUID4 and checks the version should
+// have its callers fill the field.
 package idem

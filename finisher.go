@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemkit/idem/internal/bridge"
 	"github.com/idemkit/idem/store"
 )
 
@@ -90,7 +91,7 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 // steps, to the end. Its outcome is recorded, so the caller's retry, if it
 // ever comes, replays it.
 //
-// Each transport registers the handlers it serves with [Finisher.Handle]:
+// Each transport registers the handlers it serves with it:
 // interceptor.FinisherRegistrar takes a gRPC service as a grpc.Server
 // does, idemconnect.FinishHandler a Connect handler. Run one Finisher per
 // replica, as the sweeper: finishers skip each other's calls, and the
@@ -119,15 +120,8 @@ type Finisher struct {
 	cfg    FinisherConfig
 
 	mu       sync.Mutex
-	handlers map[string]FinishFunc // by full method
+	handlers map[string]bridge.FinishFunc // by full method
 }
-
-// FinishFunc runs one abandoned call of a method again, through its
-// transport's handler and the [Engine]: req is its kept request, header
-// its kept request metadata with its key ([KeyHeader]). Run ctx as it is
-// down to [Engine.Handle], which reads the run from it. Its error is the
-// call's, as Handle returned it.
-type FinishFunc func(ctx context.Context, req proto.Message, header map[string][]string) error
 
 // NewFinisher returns a Finisher of the calls e serves. e's store must
 // keep what finishing needs (store.Finishing); both of idem's stores do.
@@ -136,15 +130,13 @@ func NewFinisher(e *Engine, cfg FinisherConfig) (*Finisher, error) {
 	if !ok {
 		return nil, fmt.Errorf("idem: the store (%T) does not keep calls to finish", e.store)
 	}
-	return &Finisher{engine: e, store: cs, cfg: cfg.withDefaults(), handlers: map[string]FinishFunc{}}, nil
+	return &Finisher{engine: e, store: cs, cfg: cfg.withDefaults(), handlers: map[string]bridge.FinishFunc{}}, nil
 }
 
-// Engine returns the Engine the Finisher runs calls through.
-func (f *Finisher) Engine() *Engine { return f.engine }
-
-// Handle registers run as the way to run again the calls of fullMethod
-// ("/pkg.Service/Method"). A method registered twice keeps the later run.
-func (f *Finisher) Handle(fullMethod string, run FinishFunc) {
+// register registers run as the way to run again the calls of fullMethod
+// ("/pkg.Service/Method"): transport.RegisterFinish. A method registered
+// twice keeps the later run.
+func (f *Finisher) register(fullMethod string, run bridge.FinishFunc) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.handlers[fullMethod] = run
@@ -234,7 +226,7 @@ var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: it
 // run it again. Otherwise its error is the attempt's, the call left for a
 // later pass: an [*Error] with code ABORTED when a retry or another
 // finisher took the call over first, FAILED_PRECONDITION when its method
-// is not registered with f, or the handler's error, as [Engine.Handle]
+// is not registered with f, or the handler's error, as the engine
 // returned it, when it failed transiently.
 func (f *Finisher) FinishKey(ctx context.Context, k store.Key) error {
 	ad, ok := f.engine.store.(store.Admin)
@@ -316,13 +308,13 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 }
 
 // call runs run, turning a panic of the handler into an error.
-func (f *Finisher) call(ctx context.Context, run FinishFunc, req proto.Message, header map[string][]string) (err error) {
+func (f *Finisher) call(ctx context.Context, run bridge.FinishFunc, req proto.Message, header map[string][]string) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = NewError(code.Code_INTERNAL, fmt.Sprintf("idem: the handler panicked: %v", p))
 		}
 	}()
-	return run(ctx, req, header)
+	return run(ctx, f.engine, req, header)
 }
 
 // requestOf decodes the kept request of a call of fullMethod into a new

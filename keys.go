@@ -22,10 +22,19 @@ const (
 	ExpiresHeader = "idempotency-key-expires"
 )
 
-// ValidateKey reports whether key is an acceptable idempotency key: 1 to
+// HTTP header names of idem, for transports that speak HTTP (Connect, a
+// grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names them.
+const (
+	// HTTPKeyHeader carries the idempotency key of an HTTP request.
+	HTTPKeyHeader = "Idempotency-Key"
+	// HTTPReplayedHeader is set to "true" on a replayed response.
+	HTTPReplayedHeader = "Idempotent-Replayed"
+)
+
+// validateKey reports whether key is an acceptable idempotency key: 1 to
 // [store.MaxKeyLength] (255) bytes, each visible ASCII (0x21 to 0x7E). Its
-// error says what is wrong, without the key.
-func ValidateKey(key string) error {
+// error says what is wrong, without the key. It is transport.ValidateKey.
+func validateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("must not be empty")
 	}

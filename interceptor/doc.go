@@ -70,7 +70,7 @@
 // # Client
 //
 // [UnaryClientInterceptor] attaches keys to the calls of keyed methods, as
-// [idem.OutgoingKeys] gives them: a new key per logical call, or a child key
+// package idem's documentation ("Calling other services") gives them: a new key per logical call, or a child key
 // derived from the request being handled. A request whose field marked
 // (idem.v1.field).key (a request_id) is empty carries the key there as
 // well, on a copy of the message, as AIP-4235 has client libraries fill it;

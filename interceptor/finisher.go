@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // FinisherRegistrar returns a grpc.ServiceRegistrar that registers the
@@ -43,12 +44,11 @@ type registrar struct {
 }
 
 func (r *registrar) RegisterService(desc *grpc.ServiceDesc, impl any) {
-	e := r.f.Engine()
-	chain := append(append([]grpc.UnaryServerInterceptor(nil), r.interceptors...), UnaryServerInterceptor(e))
 	for _, md := range desc.Methods {
 		method := "/" + desc.ServiceName + "/" + md.MethodName
 		handler := md.Handler
-		r.f.Handle(method, func(ctx context.Context, req proto.Message, header map[string][]string) error {
+		transport.RegisterFinish(r.f, method, func(ctx context.Context, e *idem.Engine, req proto.Message, header map[string][]string) error {
+			chain := append(append([]grpc.UnaryServerInterceptor(nil), r.interceptors...), UnaryServerInterceptor(e))
 			ctx = metadata.NewIncomingContext(ctx, metadata.MD(header))
 			ctx = grpc.NewContextWithServerTransportStream(ctx, &finishStream{method: method})
 			dec := func(v any) error {

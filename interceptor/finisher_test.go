@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 // provider stands for a payment provider that deduplicates charges by the
@@ -38,7 +39,7 @@ type provider struct {
 
 // providerKeys gives the key each charge carries, as idem's client
 // interceptors would: the child key of the step that Step names in ctx.
-var providerKeys = idem.NewOutgoingKeys()
+var providerKeys = transport.NewOutgoingKeys()
 
 func (p *provider) charge(ctx context.Context) string {
 	_, keys, _ := providerKeys.For(ctx, doMethod, nil, nil)

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 // abandoning is a leased CreatePayment whose first execution is abandoned
@@ -87,7 +88,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 				connect.WithInterceptors(idemconnect.NewInterceptor(e)))))
 			client := connect.NewClient[testv1.CreatePaymentRequest, testv1.CreatePaymentResponse](http.DefaultClient, url+createPayment)
 			request := func() *connect.Request[testv1.CreatePaymentRequest] {
-				req := keyed(payment(1250), idem.FormatHTTPKey("k1"))
+				req := keyed(payment(1250), transport.FormatHTTPKey("k1"))
 				req.Header().Set("X-User-Id", "u-7")
 				req.Header().Set("X-Trace-Bin", connect.EncodeBinaryHeader([]byte{0, 't', 0xff}))
 				return req

@@ -49,7 +49,7 @@
 // The bare form that many clients send is taken too, when it is one token
 // (Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324); both name the
 // same key, which must then follow idem's rule (1 to 255 visible ASCII
-// characters; see [idem.ParseHTTPKey]). A value that holds more than
+// characters; see [transport.ParseHTTPKey]). A value that holds more than
 // one key (order-1,order-2, as a proxy joins two header lines, or a list of
 // Strings) or a String with parameters is malformed. [KeyMiddleware] parses the
 // header before the call and hands the gRPC server the key itself, in

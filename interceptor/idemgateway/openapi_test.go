@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemgateway"
+	"github.com/idemkit/idem/transport"
 )
 
 // openAPIDocuments are OpenAPI v2 documents that protoc-gen-idem-openapiv2
@@ -101,7 +102,7 @@ func TestOpenAPI(t *testing.T) {
 }
 
 // checkKeyRules checks the key rules that description gives against
-// idem.ValidateKey, at their bounds.
+// transport.ValidateKey, at their bounds.
 func checkKeyRules(t *testing.T, description string) {
 	m := regexp.MustCompile(`(\d+) to (\d+) characters of visible ASCII \(0x([0-9A-F]{2}) to 0x([0-9A-F]{2})\)`).FindStringSubmatch(description)
 	if m == nil {
@@ -124,7 +125,7 @@ func checkKeyRules(t *testing.T, description string) {
 		{string(rune(lo - 1)), false},
 		{string(rune(hi + 1)), false},
 	} {
-		if err := idem.ValidateKey(c.key); (err == nil) != c.valid {
+		if err := transport.ValidateKey(c.key); (err == nil) != c.valid {
 			t.Errorf("the description says %q; ValidateKey(%q) = %v", m[0], c.key, err)
 		}
 	}

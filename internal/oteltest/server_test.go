@@ -22,6 +22,7 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 const (
@@ -89,9 +90,9 @@ func (c *clock) advance(d time.Duration) {
 
 // call runs a call of method with keys and req through e, in a span of its
 // own that stands for the transport's server span, and returns the span.
-func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler idem.Handler) (idem.Answer, error, sdktrace.ReadOnlySpan) {
+func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler transport.Handler) (transport.Answer, error, sdktrace.ReadOnlySpan) {
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := e.Handle(ctx, idem.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
+	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
@@ -103,16 +104,16 @@ func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.M
 }
 
 // echo is a handler of Do that answers req's value.
-func echo(req *testv1.DoRequest) idem.Handler {
-	return func(context.Context) (idem.Reply, error) {
-		return idem.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
+func echo(req *testv1.DoRequest) transport.Handler {
+	return func(context.Context) (transport.Reply, error) {
+		return transport.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
 	}
 }
 
 // fail is a handler that fails with code c.
-func fail(c codes.Code) idem.Handler {
-	return func(context.Context) (idem.Reply, error) {
-		return idem.Reply{}, status.Error(c, "failed")
+func fail(c codes.Code) transport.Handler {
+	return func(context.Context) (transport.Reply, error) {
+		return transport.Reply{}, status.Error(c, "failed")
 	}
 }
 
@@ -143,7 +144,7 @@ type want struct {
 // nothing else: one count of idem.server.requests with its method, mode
 // and outcome, its durations, one outcome to the hook, and the attributes,
 // events and child spans of its span.
-func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answer, error, sdktrace.ReadOnlySpan)) {
+func (h *harness) check(t *testing.T, name string, w want, act func() (transport.Answer, error, sdktrace.ReadOnlySpan)) {
 	t.Helper()
 	h.hooks.take()
 	before := h.tel.collect(t)
@@ -305,32 +306,32 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	req := &testv1.DoRequest{Value: "v"}
 	keys := func(k string) []string { return []string{"key-" + secret + "-" + k} }
 
-	h.check(t, "first call", want{mode: "atomic", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "first call", want{mode: "atomic", result: idem.ResultExecuted, claim: true, record: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
-	h.check(t, "retry", want{mode: "atomic", result: idem.ResultReplayed, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "retry", want{mode: "atomic", result: idem.ResultReplayed, replayed: true, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
 	other := &testv1.DoRequest{Value: "other"}
-	h.check(t, "key reused", want{mode: "atomic", result: idem.ResultReused, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "key reused", want{mode: "atomic", result: idem.ResultReused, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), other, echo(other))
 	})
-	h.check(t, "invalid key", want{mode: "atomic", result: idem.ResultInvalidKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "invalid key", want{mode: "atomic", result: idem.ResultInvalidKey}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, []string{"a " + secret}, req, echo(req))
 	})
-	h.check(t, "missing key", want{mode: "atomic", result: idem.ResultMissingKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "missing key", want{mode: "atomic", result: idem.ResultMissingKey}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, nil, req, echo(req))
 	})
 	read := &testv1.ReadRequest{Value: "v"}
-	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: idem.ResultPassthrough}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
-		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (idem.Reply, error) {
-			return idem.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: idem.ResultPassthrough}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
+		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (transport.Reply, error) {
+			return transport.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
 		})
 	})
-	h.check(t, "transient error", want{mode: "atomic", result: idem.ResultTransient, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "transient error", want{mode: "atomic", result: idem.ResultTransient, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("2"), req, fail(codes.Unavailable))
 	})
-	h.check(t, "store down", want{mode: "atomic", result: idem.ResultStoreError, claim: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "store down", want{mode: "atomic", result: idem.ResultStoreError, claim: true, retryDelay: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(h.engine(t, failingStore{h.mem}), methodDo, keys("3"), req, echo(req))
 	})
 
@@ -338,44 +339,44 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	small := idem.WithMaxStoredResponseBytes(1)
 	notCached := h.engine(t, nil, small)
 	h.call(notCached, methodDo, keys("4"), req, echo(req))
-	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(notCached, methodDo, keys("4"), req, echo(req))
 	})
 	rebuilt := h.engine(t, nil, small, idem.WithLoader(methodDo, refLoader{}))
 	h.call(rebuilt, methodDo, keys("5"), req, echo(req))
-	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rebuilt, methodDo, keys("5"), req, echo(req))
 	})
 	rerun := h.engine(t, nil, small, idem.WithRerunWhenNotCached(methodDo))
 	h.call(rerun, methodDo, keys("6"), req, echo(req))
-	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rerun, methodDo, keys("6"), req, echo(req))
 	})
 
 	// Leased mode.
 	leased := idem.WithLeased(time.Minute, methodDo)
 	lease := h.engine(t, nil, leased)
-	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(lease, methodDo, keys("7"), req, echo(req))
 	})
 	// A duplicate while the first call runs.
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		h.call(lease, methodDo, keys("8"), req, func(context.Context) (idem.Reply, error) {
+		h.call(lease, methodDo, keys("8"), req, func(context.Context) (transport.Reply, error) {
 			close(entered)
 			<-release
-			return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+			return transport.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 		})
 	}()
 	<-entered
 	h.check(t, "key in use", want{mode: "leased", result: idem.ResultInUse, claim: true, events: []string{"idem.key_in_use"}, retryDelay: true},
-		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("8"), req, echo(req))
 		})
 	close(release)
 	<-done
-	h.check(t, "lease lost", want{mode: "leased", result: idem.ResultLeaseLost, claim: true, record: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "lease lost", want{mode: "leased", result: idem.ResultLeaseLost, claim: true, record: true, retryDelay: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(h.engine(t, losingStore{h.mem}, leased), methodDo, keys("9"), req, echo(req))
 	})
 	// A lease that ran out under an earlier worker is taken over.
@@ -389,7 +390,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	}
 	h.clock.advance(2 * time.Second)
 	h.check(t, "takeover", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true, takeover: true, events: []string{"idem.lease.takeover"}},
-		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("10"), req, echo(req))
 		})
 
@@ -420,16 +421,16 @@ func TestLeaseExtensionsAreCounted(t *testing.T) {
 	e := h.engine(t, memory.New(), idem.WithLeased(30*time.Millisecond, methodDo))
 	req := &testv1.DoRequest{Value: "v"}
 	key := attrs("rpc.method", rpcDo, "idem.mode", "leased")
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (idem.Reply, error) {
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (transport.Reply, error) {
 		// Run until the heartbeat has extended the lease twice.
 		for h.tel.collect(t)["idem.lease.extensions"][key].value < 2 {
 			select {
 			case <-ctx.Done():
-				return idem.Reply{}, ctx.Err()
+				return transport.Reply{}, ctx.Err()
 			case <-time.After(5 * time.Millisecond):
 			}
 		}
-		return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+		return transport.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -453,7 +454,7 @@ func TestPanickingHookLeavesTheAnswerAndTheMetrics(t *testing.T) {
 	}
 	req := &testv1.DoRequest{Value: "v"}
 	for i, want := range []idem.Result{idem.ResultExecuted, idem.ResultReplayed} {
-		ans, err := e.Handle(context.Background(), idem.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
+		ans, err := transport.Handle(context.Background(), e, transport.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
 		if err != nil || ans.Message.(*testv1.DoResponse).GetValue() != "v" {
 			t.Fatalf("call %d with a panicking hook: %v, %v", i, ans.Message, err)
 		}
@@ -482,11 +483,11 @@ func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	req := &testv1.DoRequest{Value: "v"}
 	// A call that passed a step and then failed leaves its claim, its
 	// lease ended, for a finisher.
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (idem.Reply, error) {
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (transport.Reply, error) {
 		if _, err := idem.Step(ctx, "charge", func(context.Context) ([]byte, error) { return []byte("ch_1"), nil }); err != nil {
-			return idem.Reply{}, err
+			return transport.Reply{}, err
 		}
-		return idem.Reply{}, status.Error(codes.Unavailable, "worker lost")
+		return transport.Reply{}, status.Error(codes.Unavailable, "worker lost")
 	})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("the abandoned call: %v, want UNAVAILABLE", err)
