@@ -88,11 +88,15 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// call runs a call of method with keys and req through e, in a span of its
-// own that stands for the transport's server span, and returns the span.
+// call runs a call of method with keys and a copy of req through e, in a
+// span of its own that stands for the transport's server span, and returns
+// the span. Each call has its own request, as each call a transport
+// decodes does: the engine sets a key that came in the metadata alone in
+// the request's key field, and a shared req would then carry the first
+// call's key into the next.
 func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler transport.Handler) (transport.Answer, error, sdktrace.ReadOnlySpan) {
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
+	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: proto.Clone(req), Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
