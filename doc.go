@@ -27,7 +27,7 @@
 // that holds the key, from postgres.TxFromContext, so the key, the writes and
 // the recorded response commit together or not at all.
 //
-// Defaults: a lease of 60 s ([WithLeased]), a retry delay of 1 s
+// Defaults: a lease of 60 s ([MethodPolicy]), a retry delay of 1 s
 // ([WithRetryDelay]), responses recorded up to 1 MiB
 // ([WithMaxStoredResponseBytes]); a [Finisher] passes every 10 s, takes
 // over calls whose lease ran out 30 s ago, 100 at a time, gives up after 8
@@ -36,7 +36,9 @@
 //
 // # Which methods are keyed
 //
-// Policy lives in the .proto file and is read from the method descriptor:
+// Policy lives in the .proto file and is read from the method descriptor,
+// or, for a method whose .proto file the server does not own, is set in Go
+// with [WithMethodPolicy], which replaces the option wholesale:
 //
 //   - option (idem.v1.method).key_required = true: a call without a key
 //     fails with INVALID_ARGUMENT.
@@ -115,7 +117,7 @@
 // is extended every third of its length while it runs, and the outcome is
 // recorded only if the token is still the key's. A method is leased by its
 // option (idem.v1.method).mode = MODE_LEASED (with an optional lease), or by
-// [WithLeased]. A duplicate that arrives while the lease runs gets ABORTED
+// [WithMethodPolicy]. A duplicate that arrives while the lease runs gets ABORTED
 // with the lease's remaining time (at most 30 s) as its RetryInfo delay. Once
 // a lease has run out, a retry with the same request takes the key over and
 // resumes after the last [Step] the handler saved; the earlier worker can
@@ -145,7 +147,7 @@
 // A leased handler runs each side effect as a [Step]: once per call,
 // however often the call is taken over, with the step's result saved and
 // returned to later attempts, and the step's child key on its outbound
-// calls. Methods that opt in ((idem.v1.method).finish, or [WithFinish])
+// calls. Methods that opt in ((idem.v1.method).finish, or [MethodPolicy].Finish)
 // keep their request with the leased claim, and a [Finisher]
 // ([NewFinisher]) finishes those whose callers are gone: it takes an abandoned
 // call over as a retry would and runs it, from its last step, to the end,
@@ -157,7 +159,7 @@
 // reaches its first caller but is recorded as "not cached", with the small
 // reference its method's [Loader] returns, if it has one. A retry then gets
 // the response the Loader rebuilds, or, for a method declared safe to run
-// twice ([WithRerunWhenNotCached], or rerun_when_not_cached in its option),
+// twice (rerun_when_not_cached in its option, or [MethodPolicy].RerunWhenNotCached),
 // a second run of the handler; otherwise FAILED_PRECONDITION with ErrorInfo
 // reason IDEMPOTENCY_RESPONSE_NOT_CACHED. Recorded errors are not capped.
 //

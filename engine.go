@@ -312,16 +312,16 @@ func (e *Engine) tenant(ctx context.Context, call bridge.Call, run *finishRun) (
 	return e.opts.tenant(ctx, call.Header)
 }
 
-// finishing returns what a Finisher needs to run call again: its method,
-// its request in deterministic encoding, and the request metadata
-// [WithFinishHeaders] names.
-func (e *Engine) finishing(call bridge.Call) (*store.Call, error) {
+// finishing returns what a Finisher needs to run call, of method m, again:
+// its method, its request in deterministic encoding, and the request
+// metadata m's policy names (FinishHeaders).
+func (e *Engine) finishing(m *method, call bridge.Call) (*store.Call, error) {
 	req, err := proto.MarshalOptions{Deterministic: true}.Marshal(call.Request)
 	if err != nil {
 		return nil, err
 	}
 	c := &store.Call{Method: call.Method, Request: req, Metadata: map[string][]string{}}
-	for _, k := range e.opts.finishHeaders {
+	for _, k := range m.finishHeaders {
 		if v := call.Header[k]; len(v) > 0 {
 			c.Metadata[k] = v
 		}
@@ -386,7 +386,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call bridge
 	r := store.Request{Fingerprint: fp, TTL: m.ttl}
 	if m.finish {
 		var err error
-		if r.Call, err = e.finishing(call); err != nil {
+		if r.Call, err = e.finishing(m, call); err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the request for finishing failed", err))
 		}
 	}

@@ -24,10 +24,10 @@ import (
 // store keeps idem's contract within one process (tests, a single
 // replica); production servers use store/postgres.
 func ExampleNew() {
-	_, err := idem.New(memory.New(), idem.WithLeased(time.Minute, "/test.v1.TestService/Doo"))
+	_, err := idem.New(memory.New(), idem.WithMethodPolicy("/test.v1.TestService/Doo", idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 	fmt.Println(err != nil)
 
-	e, err := idem.New(memory.New(), idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName))
+	e, err := idem.New(memory.New(), idem.WithMethodPolicy(testv1.TestService_Do_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -154,17 +154,28 @@ func ExampleContextWithStep() {
 	// Output: true 1
 }
 
-func ExampleWithLeased() {
-	// Checkout calls a payment provider, which no database transaction can
-	// roll back: hold its keys with a two-minute lease instead.
-	_ = idem.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
-}
-
-func ExampleWithOptimistic() {
-	// CreatePayment writes only through the claim's transaction and is
-	// rarely retried: let its first executions skip the read of the key,
-	// and its retries pay a rolled-back run of the handler instead.
-	_ = idem.WithOptimistic("/payments.v1.PaymentService/CreatePayment")
+func ExampleWithMethodPolicy() {
+	_ = []idem.Option{
+		// Checkout calls a payment provider, which no database transaction
+		// can roll back: hold its keys with a two-minute lease instead, and
+		// let a Finisher finish the calls whose callers are gone, with the
+		// caller's user id kept for the handler.
+		idem.WithMethodPolicy("/shop.v1.Shop/Checkout", idem.MethodPolicy{
+			KeyRequired:   true,
+			Mode:          idem.ModeLeased,
+			Lease:         2 * time.Minute,
+			Finish:        true,
+			FinishHeaders: []string{"x-user-id"},
+		}),
+		// CreatePayment writes only through the claim's transaction and is
+		// rarely retried: let its first executions skip the read of the
+		// key, and its retries pay a rolled-back run of the handler
+		// instead.
+		idem.WithMethodPolicy("/payments.v1.PaymentService/CreatePayment", idem.MethodPolicy{
+			KeyRequired: true,
+			Mode:        idem.ModeOptimistic,
+		}),
+	}
 }
 
 func ExampleStep() {
@@ -195,8 +206,7 @@ func ExampleStep() {
 // interceptor.FinisherRegistrar does the registering.
 func ExampleNewFinisher() {
 	e, err := idem.New(memory.New(),
-		idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName),
-		idem.WithFinish(testv1.TestService_Do_FullMethodName))
+		idem.WithMethodPolicy(testv1.TestService_Do_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -268,10 +278,10 @@ func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, err
 	return &testv1.CreatePaymentResponse{Payment: p}, nil
 }
 
-func ExampleWithLoader() {
+func ExampleLoader() {
 	var loader idem.Loader = paymentLoader{}
 	_ = []idem.Option{
 		idem.WithMaxStoredResponseBytes(64 << 10),
-		idem.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
+		idem.WithMethodPolicy(testv1.PaymentService_CreatePayment_FullMethodName, idem.MethodPolicy{KeyRequired: true, Loader: loader}),
 	}
 }

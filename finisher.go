@@ -84,7 +84,7 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 }
 
 // Finisher finishes leased calls whose callers are gone: a call of a method
-// that opted in ((idem.v1.method).finish, or [WithFinish]) whose lease ran
+// that opted in ((idem.v1.method).finish, or [MethodPolicy].Finish) whose lease ran
 // out and which nobody took over within a grace period is taken over as a
 // retry would (a new fencing token, the same request, kept with the
 // claim), and its handler is run through the [Engine], after its recorded
@@ -109,7 +109,7 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 // wait for the grace.
 //
 // The handler runs with the tenant and the request metadata
-// ([WithFinishHeaders]) kept with the call, and the call's key. Idem's
+// (finish_headers, [MethodPolicy].FinishHeaders) kept with the call, and the call's key. Idem's
 // metrics, logs and outcome hook see the run, with [Outcome].Finishing
 // set.
 //
@@ -208,7 +208,7 @@ func (f *Finisher) Run(ctx context.Context) error {
 
 // ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
 // nothing was kept for a finisher: its method does not opt in to finish
-// ((idem.v1.method).finish, or [WithFinish]).
+// ((idem.v1.method).finish, or [MethodPolicy].Finish).
 var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
 
 // FinishKey finishes the abandoned call of k now, without waiting for the

@@ -59,7 +59,7 @@ func testFinishKey(t *testing.T, w wire) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
 	st := memory.New(memory.WithClock(clock))
-	engine, err := idem.New(st, idem.WithLeased(time.Minute, doMethod), idem.WithFinish(doMethod))
+	engine, err := idem.New(st, idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	if err != nil {
 		t.Fatal(err)
 	}

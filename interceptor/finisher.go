@@ -29,7 +29,7 @@ import (
 // reports the method, and grpc.SetHeader, grpc.SendHeader and
 // grpc.SetTrailer work; the metadata set is recorded with the outcome and
 // replayed to a retry, as on a call the server receives. The incoming
-// metadata is what was kept with the call ([idem.WithFinishHeaders]) and
+// metadata is what was kept with the call ([idem.MethodPolicy].FinishHeaders) and
 // its key. What still differs: there is no peer (peer.FromContext reports
 // none), no credentials and no transport, so nothing is sent; the deadline
 // is the attempt's bound, not a client's; and the server's stats handlers

@@ -128,9 +128,7 @@ func newFinishable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.
 	t.Helper()
 	outcomes := &outcomeLog{}
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
-		idem.WithFinishHeaders("x-user"),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true, FinishHeaders: []string{"x-user"}}),
 		idem.WithTenant(tenantFromMetadata),
 		idem.WithOutcomeHook(outcomes.hook),
 	}
@@ -371,7 +369,7 @@ func TestFinisherGivesUpAfterItsAttempts(t *testing.T) {
 }
 
 func TestStepRunsOncePerCall(t *testing.T) {
-	s := setup{opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}}
+	s := setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}}
 	eachStore(t, s, func(t *testing.T, e *env) {
 		p := &provider{}
 		var fail atomic.Bool
@@ -549,8 +547,7 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 // finishableOpts are the server options of the finisher tests that
 // build their own store.
 var finishableOpts = []idem.Option{
-	idem.WithLeased(time.Minute, doMethod),
-	idem.WithFinish(doMethod),
+	idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 	idem.WithTenant(tenantFromMetadata),
 }
 

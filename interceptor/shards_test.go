@@ -114,8 +114,7 @@ func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	shards := twoShardDatabases(t)
 	st := postgres.NewSharded(shards, shardOf)
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
@@ -189,8 +188,7 @@ func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 		return map[string]int{"alpha": 0, "beta": 2}[tenant]
 	})
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)

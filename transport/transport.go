@@ -31,7 +31,8 @@ type Call struct {
 	// Header is the request metadata, with lower-case names (gRPC metadata
 	// as it is; HTTP headers lower-cased, -bin values decoded). The
 	// tenant function ([idem.WithTenant]) reads it, and a method that may
-	// be finished keeps the entries [idem.WithFinishHeaders] names.
+	// be finished keeps the entries its policy names
+	// ([idem.MethodPolicy].FinishHeaders).
 	Header map[string][]string
 	// Status reads the google.rpc.Status an error of the transport's
 	// carries (a gRPC status error, a *connect.Error), and reports false

@@ -86,7 +86,7 @@
 //
 // # Abandoned calls
 //
-// A leased call of a method that may be finished ([idem.WithFinish]) whose
+// A leased call of a method that may be finished ([idem.MethodPolicy].Finish) whose
 // caller went away is finished by an [idem.Finisher], through the handler
 // registered with [FinishHandler]:
 //

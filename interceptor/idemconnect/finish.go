@@ -21,7 +21,7 @@ import (
 //	go f.Run(ctx)
 //
 // A run calls fn through f's Engine, as NewInterceptor does, with a request
-// whose header holds what was kept with the call ([idem.WithFinishHeaders])
+// whose header holds what was kept with the call ([idem.MethodPolicy].FinishHeaders)
 // and its key; no other interceptor runs, and the request has no peer.
 func FinishHandler[Req, Res any](f *idem.Finisher, procedure string, fn func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) {
 	transport.RegisterFinish(f, procedure, func(ctx context.Context, e *idem.Engine, msg proto.Message, header map[string][]string) error {

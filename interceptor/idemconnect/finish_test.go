@@ -80,9 +80,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 			outcomes := make(chan idem.Outcome, 10)
 			e := newEngine(t, s,
 				idem.WithOutcomeHook(func(_ context.Context, o idem.Outcome) { outcomes <- o }),
-				idem.WithLeased(2*time.Second, createPayment),
-				idem.WithFinish(createPayment),
-				idem.WithFinishHeaders("x-user-id", "x-trace-bin"))
+				idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 2 * time.Second, Finish: true, FinishHeaders: []string{"x-user-id", "x-trace-bin"}}))
 			svc := &abandoning{entered: make(chan struct{})}
 			url := serveMux(t, serveMuxFor(createPayment, connect.NewUnaryHandler(createPayment, svc.createPayment,
 				connect.WithInterceptors(idemconnect.NewInterceptor(e)))))

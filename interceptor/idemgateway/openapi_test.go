@@ -38,7 +38,7 @@ var openAPIDocuments = []string{
 // refusals are idem's errors, by reason, as the server sends them
 // (status.go and finisher.go of package idem): a keyed operation may get
 // any of them, those of leased calls too, since a server can lease any
-// method (idem.WithLeased).
+// method (idem.WithMethodPolicy).
 var refusals = map[string]error{
 	idem.ReasonKeyMissing:        statusErr(codes.InvalidArgument, idemInfo(idem.ReasonKeyMissing), keyViolation("missing")),
 	idem.ReasonKeyInvalid:        statusErr(codes.InvalidArgument, idemInfo(idem.ReasonKeyInvalid), keyViolation("must not be empty")),

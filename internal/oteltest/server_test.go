@@ -346,19 +346,19 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(notCached, methodDo, keys("4"), req, echo(req))
 	})
-	rebuilt := h.engine(t, nil, small, idem.WithLoader(methodDo, refLoader{}))
+	rebuilt := h.engine(t, nil, small, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Loader: refLoader{}}))
 	h.call(rebuilt, methodDo, keys("5"), req, echo(req))
 	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rebuilt, methodDo, keys("5"), req, echo(req))
 	})
-	rerun := h.engine(t, nil, small, idem.WithRerunWhenNotCached(methodDo))
+	rerun := h.engine(t, nil, small, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, RerunWhenNotCached: true}))
 	h.call(rerun, methodDo, keys("6"), req, echo(req))
 	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rerun, methodDo, keys("6"), req, echo(req))
 	})
 
 	// Leased mode.
-	leased := idem.WithLeased(time.Minute, methodDo)
+	leased := idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})
 	lease := h.engine(t, nil, leased)
 	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(lease, methodDo, keys("7"), req, echo(req))
@@ -422,7 +422,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 // extension in idem.lease.extensions.
 func TestLeaseExtensionsAreCounted(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(t, memory.New(), idem.WithLeased(30*time.Millisecond, methodDo))
+	e := h.engine(t, memory.New(), idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 30 * time.Millisecond}))
 	req := &testv1.DoRequest{Value: "v"}
 	key := attrs("rpc.method", rpcDo, "idem.mode", "leased")
 	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (transport.Reply, error) {
@@ -483,7 +483,7 @@ func (unavailable) Do(context.Context, *testv1.DoRequest) (*testv1.DoResponse, e
 // takeover), and the call it gives up on as not_finished, once.
 func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(t, nil, idem.WithLeased(time.Minute, methodDo), idem.WithFinish(methodDo))
+	e := h.engine(t, nil, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	req := &testv1.DoRequest{Value: "v"}
 	// A call that passed a step and then failed leaves its claim, its
 	// lease ended, for a finisher.
