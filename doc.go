@@ -31,8 +31,8 @@
 // ([WithRetryDelay]), responses recorded up to 1 MiB
 // ([WithMaxStoredResponseBytes]); a [Finisher] passes every 10 s, takes
 // over calls whose lease ran out 30 s ago, 100 at a time, gives up after 8
-// attempts, and bounds its list by 10 s and each attempt by 1 min
-// ([FinisherConfig]).
+// attempts, and bounds its list by its interval and each attempt by 1 min
+// ([FinisherOption]).
 //
 // # Which methods are keyed
 //

@@ -236,7 +236,7 @@ func ExampleNewFinisher() {
 		}, handler(req))
 	}
 
-	f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: -1}) // no grace, for the example
+	f, err := idem.NewFinisher(e, idem.WithGrace(0)) // no grace, for the example
 	if err != nil {
 		log.Fatal(err)
 	}

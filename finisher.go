@@ -30,59 +30,6 @@ const ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
 // logged at ERROR.
 const ResultUnreadable Result = "unreadable"
 
-// FinisherConfig configures a [Finisher]. A zero field selects its
-// default; so does a negative one, except Grace.
-type FinisherConfig struct {
-	// Interval is how long [Finisher.Run] waits between passes.
-	// Default: 10 s.
-	Interval time.Duration
-	// Grace is how long after a lease ran out a call counts as abandoned,
-	// for its own retry to take it over first; it doubles after each
-	// attempt to finish the call that failed. Default: 30 s. A negative
-	// Grace means none: a call counts as abandoned as soon as its lease
-	// ran out, and failed attempts add no wait.
-	Grace time.Duration
-	// BatchSize is how many calls a pass takes on at most. Default: 100.
-	BatchSize int
-	// MaxAttempts is after how many takeovers of a call (by retries or
-	// finishers) a finisher gives up on it and records it as failed.
-	// Default: 8.
-	MaxAttempts int
-	// ListTimeout bounds how long a pass waits for the store's list of
-	// abandoned calls; a store of several databases (postgres.NewSharded)
-	// asks them all at once, so this bounds each of them. Default: 10 s.
-	ListTimeout time.Duration
-	// AttemptTimeout bounds each attempt to finish one call: its context's
-	// deadline, for the handler and idem's store calls. Default: 1 min.
-	AttemptTimeout time.Duration
-}
-
-// withDefaults returns c with its zero fields set to their defaults, and a
-// negative Grace to none.
-func (c FinisherConfig) withDefaults() FinisherConfig {
-	set := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	set(&c.Interval, 10*time.Second)
-	switch {
-	case c.Grace == 0:
-		c.Grace = 30 * time.Second
-	case c.Grace < 0:
-		c.Grace = 0
-	}
-	set(&c.ListTimeout, 10*time.Second)
-	set(&c.AttemptTimeout, time.Minute)
-	if c.BatchSize <= 0 {
-		c.BatchSize = 100
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 8
-	}
-	return c
-}
-
 // Finisher finishes leased calls whose callers are gone: a call of a method
 // that opted in ((idem.v1.method).finish, or [MethodPolicy].Finish) whose lease ran
 // out and which nobody took over within a grace period is taken over as a
@@ -117,20 +64,36 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 type Finisher struct {
 	engine *Engine
 	store  store.Finishing
-	cfg    FinisherConfig
+	opts   finisherOptions
 
 	mu       sync.Mutex
 	handlers map[string]bridge.FinishFunc // by full method
 }
 
-// NewFinisher returns a Finisher of the calls e serves. e's store must
-// keep what finishing needs (store.Finishing); both of idem's stores do.
-func NewFinisher(e *Engine, cfg FinisherConfig) (*Finisher, error) {
+// NewFinisher returns a Finisher of the calls e serves, configured with
+// opts. e's store must keep what finishing needs (store.Finishing); both of
+// idem's stores do. An option given a value it does not take (a negative
+// grace, an interval, batch size, attempt count or attempt timeout that is
+// not positive) is an error naming it.
+func NewFinisher(e *Engine, opts ...FinisherOption) (*Finisher, error) {
+	o := finisherOptions{
+		interval:       defaultFinishInterval,
+		grace:          defaultFinishGrace,
+		batchSize:      defaultFinishBatchSize,
+		maxAttempts:    defaultFinishMaxAttempts,
+		attemptTimeout: defaultFinishAttemptTimeout,
+	}
+	for _, opt := range opts {
+		opt.applyFinisher(&o)
+	}
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
 	cs, ok := e.store.(store.Finishing)
 	if !ok {
 		return nil, fmt.Errorf("idem: the store (%T) does not keep calls to finish", e.store)
 	}
-	return &Finisher{engine: e, store: cs, cfg: cfg.withDefaults(), handlers: map[string]bridge.FinishFunc{}}, nil
+	return &Finisher{engine: e, store: cs, opts: o, handlers: map[string]bridge.FinishFunc{}}, nil
 }
 
 // register registers run as the way to run again the calls of fullMethod
@@ -158,8 +121,8 @@ type finishRun struct {
 // calls, one after the other, and returns how many it finished (recorded an
 // outcome for, a recorded failure included). A call another finisher or a
 // retry holds is skipped; a call that fails transiently is left for a later
-// pass. The error reports a failure to list the calls (within
-// ListTimeout); the calls the store listed all the same (those of the
+// pass. The error reports a failure to list the calls (within the
+// interval, [WithInterval]); the calls the store listed all the same (those of the
 // shards that answered, for a store of several databases) are taken on
 // first.
 func (f *Finisher) Finish(ctx context.Context) (int, error) {
@@ -176,16 +139,17 @@ func (f *Finisher) Finish(ctx context.Context) (int, error) {
 	return done, err
 }
 
-// list returns the abandoned calls to take on, within the list timeout.
+// list returns the abandoned calls to take on, within the interval: a
+// pass never waits on the list for longer than the next pass would.
 func (f *Finisher) list(ctx context.Context) (list []store.Abandoned, err error) {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.ListTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.interval)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			list, err = nil, fmt.Errorf("idem: listing abandoned calls panicked: %v", p)
 		}
 	}()
-	return f.store.Abandoned(ctx, f.cfg.Grace, f.cfg.BatchSize)
+	return f.store.Abandoned(ctx, f.opts.grace, f.opts.batchSize)
 }
 
 // Run finishes at once and then again every interval, until ctx ends. A
@@ -196,7 +160,7 @@ func (f *Finisher) Run(ctx context.Context) error {
 		if _, err := f.Finish(ctx); err != nil && ctx.Err() == nil {
 			f.engine.log(ctx, slog.LevelError, "idem: listing abandoned calls failed", store.Key{}, err)
 		}
-		t := time.NewTimer(f.cfg.Interval)
+		t := time.NewTimer(f.opts.interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -260,7 +224,7 @@ func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (err error) {
 			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.attemptTimeout)
 	defer cancel()
 	return f.finish(ctx, a)
 }
@@ -271,7 +235,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	if a.Unreadable != nil {
 		return f.setAside(ctx, a, a.Unreadable)
 	}
-	if a.Takeovers >= f.cfg.MaxAttempts {
+	if a.Takeovers >= f.opts.maxAttempts {
 		return f.giveUp(ctx, a)
 	}
 	method := a.Call.Method

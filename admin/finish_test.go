@@ -65,7 +65,7 @@ func testFinishKey(t *testing.T, w wire) {
 	}
 	// The default grace (30 s) has not passed on the store's clock when
 	// FinishKey runs: only FinishKey can finish the call here.
-	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+	f, err := idem.NewFinisher(engine)
 	if err != nil {
 		t.Fatal(err)
 	}

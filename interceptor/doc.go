@@ -51,7 +51,7 @@
 // [FinisherRegistrar] registers a server's services with an [idem.Finisher],
 // which runs abandoned leased calls again through the same chain:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
 //	go f.Run(ctx)
 //

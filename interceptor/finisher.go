@@ -19,7 +19,7 @@ import (
 // grpc.Server registers them, so that f can run their abandoned calls
 // again: register the same implementations with it as with the server.
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
 //	go f.Run(ctx)
 //

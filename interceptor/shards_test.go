@@ -119,7 +119,7 @@ func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
 	engine := newEngine(t, st, opts...)
-	finisher := newFinisher(t, engine, idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, engine, nil, e.svc)
 
 	// Each tenant's first run dies, as a crashed worker's would; the
 	// finisher's run finishes it.
@@ -192,7 +192,7 @@ func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	finisher := newFinisher(t, newEngine(t, st, opts...), idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, newEngine(t, st, opts...), nil, e.svc)
 	var crashed sync.Map
 	e.svc.setHook(func(_ context.Context, value string) error {
 		if _, again := crashed.LoadOrStore(value, true); !again {

@@ -90,7 +90,7 @@
 // caller went away is finished by an [idem.Finisher], through the handler
 // registered with [FinishHandler]:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
 //	go f.Run(ctx)
 //

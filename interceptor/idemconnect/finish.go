@@ -16,7 +16,7 @@ import (
 // of procedure ("/pkg.Service/Method"), a unary Connect method served by
 // fn, so that a Connect-only program has its abandoned calls finished:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
 //	go f.Run(ctx)
 //

@@ -114,7 +114,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 				t.Fatalf("the abandoned call's outcome %+v, want transient", o)
 			}
 
-			f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: time.Millisecond})
+			f, err := idem.NewFinisher(e, idem.WithGrace(time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -496,7 +496,7 @@ func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("the abandoned call: %v, want UNAVAILABLE", err)
 	}
-	f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: time.Millisecond, MaxAttempts: 1})
+	f, err := idem.NewFinisher(e, idem.WithGrace(time.Millisecond), idem.WithMaxAttempts(1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,13 +186,13 @@ func NewServer(svc *Service, opts ...idem.Option) (*grpc.Server, error) {
 // NewFinisher returns a finisher of the checkouts abandoned on svc's
 // database, with svc registered: run it (Run) on every replica. opts must
 // be the server's ([NewServer]), so that it runs Checkout as the server
-// would; cfg sets its grace and pace.
-func NewFinisher(svc *Service, opts []idem.Option, cfg idem.FinisherConfig) (*idem.Finisher, error) {
+// would; fopts set its grace and pace.
+func NewFinisher(svc *Service, opts []idem.Option, fopts ...idem.FinisherOption) (*idem.Finisher, error) {
 	engine, err := idem.New(postgres.New(svc.pool), opts...)
 	if err != nil {
 		return nil, err
 	}
-	f, err := idem.NewFinisher(engine, cfg)
+	f, err := idem.NewFinisher(engine, fopts...)
 	if err != nil {
 		return nil, err
 	}
