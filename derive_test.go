@@ -35,9 +35,9 @@ func TestDeriveKeyVectors(t *testing.T) {
 		{"", "", "parent:charge", "", "a994ccfff0b009ecc3e60d2b4557bad6ff7d57d0276c32aa4f93cbe284bcd5ba"},
 		{"", "", "parent", "charge", "471136eba5a40cb66c71d74c289eb49ddcc87b2eb994bd0c3443928bcd02ec40"},
 	} {
-		got := DeriveKey(store.Key{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
+		got := stepKey(store.Key{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
 		if got != v.want {
-			t.Errorf("DeriveKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
+			t.Errorf("stepKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
 		}
 		if err := validateKey(got); err != nil {
 			t.Errorf("derived key %s is not a valid key: %v", got, err)
@@ -83,7 +83,7 @@ func TestStepNamesNeverMeetCallKeys(t *testing.T) {
 	const charge = "/provider.v1.ProviderService/Charge"
 	call := callKey(parent, charge, 1)
 	for _, step := range []string{charge + "#1", "call", charge, "1", "call" + charge + "1"} {
-		if DeriveKey(parent, step) == call {
+		if stepKey(parent, step) == call {
 			t.Errorf("the step %q derives the key of the first call to %s", step, charge)
 		}
 	}
@@ -99,8 +99,8 @@ func TestChildKey(t *testing.T) {
 	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
 	ctx := withRequestKey(context.Background(), parent)
 	k, ok := ChildKey(ctx, "charge")
-	if !ok || k != DeriveKey(parent, "charge") {
-		t.Fatalf("ChildKey = %q, %v; want %s, true", k, ok, DeriveKey(parent, "charge"))
+	if !ok || k != stepKey(parent, "charge") {
+		t.Fatalf("ChildKey = %q, %v; want %s, true", k, ok, stepKey(parent, "charge"))
 	}
 	if key, ok := KeyFromContext(ctx); !ok || key != "order-1" {
 		t.Fatalf("KeyFromContext = %q, %v; want order-1, true", key, ok)

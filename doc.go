@@ -198,7 +198,7 @@
 // adapter, the grpc-gateway adapter (module
 // github.com/idemkit/idem/interceptor/idemgateway) use one engine, so that
 // a call and its retry over another transport are one operation.
-// Over HTTP the key is the IETF draft's header [HTTPKeyHeader]. [WithOutcomeHook]
+// Over HTTP the key is the IETF draft's header [HTTPKeyHeader]. [WithReportHook]
 // sees how each call went, whatever its transport.
 //
 // # Errors and logging
@@ -220,25 +220,26 @@
 //   - metrics, through the OpenTelemetry metric API ([WithMeterProvider],
 //     by default the global provider): the counter idem.server.requests
 //     with attributes rpc.method ("pkg.Service/Method"), idem.mode and
-//     idem.outcome; the histograms idem.claim.duration and
+//     idem.result; the histograms idem.claim.duration and
 //     idem.record.duration, in seconds, waits on a busy key included; the
 //     counters idem.lease.takeovers and idem.lease.extensions. Outgoing
 //     keys (the client adapters', see "Calling other services") are counted in
 //     idem.client.keys, with attributes rpc.method and idem.key.source
 //     (generated, derived, caller).
 //   - traces: the call's span in the context (started by a stats handler
-//     such as otelgrpc's) gets the attributes idem.outcome, idem.replayed
+//     such as otelgrpc's) gets the attributes idem.result, idem.replayed
 //     and idem.mode, and the events idem.key_in_use (with idem.claim.wait,
 //     the seconds the claim waited) and idem.lease.takeover; when that
 //     span is recorded, the store calls run in its child spans idem.claim
 //     and idem.record ([WithTracerProvider], by default the global
 //     provider).
-//   - logs: the gRPC adapter adds the fields idem.outcome and idem.replayed
+//   - logs: the gRPC adapter adds the fields idem.result and idem.replayed
 //     to the fields of go-grpc-middleware v2's logging interceptor, which
 //     prints them on its "finished call" line, when it comes before idem in
 //     the chain (see package interceptor).
-//   - the outcome hook ([WithOutcomeHook]), with the method, the mode, the
-//     result, whether the answer was replayed, and the durations.
+//   - the report hook ([WithReportHook]), with a [Report] of the method,
+//     the mode, the result, whether the answer was replayed, and the
+//     durations.
 //
 // # Calling other services
 //
@@ -264,13 +265,15 @@
 //     it is, unless it is the key of the request being handled, which is
 //     never forwarded and is replaced as in 3;
 //  3. inside a keyed handler (see [KeyFromContext]), a child key of the
-//     request's whole scope, its tenant, method and key: [DeriveKey](request,
-//     step) for a call made with the step name set with [ContextWithStep]
-//     (or inside a [Step]); else one keyed by the method called and the
-//     call's ordinal among this request's calls to that method (the second
-//     call to CreatePayment, say), from a tuple that no step name hashes
-//     like. A retried request therefore sends the same child keys in the
-//     same order, and the services it calls replay instead of repeating;
+//     request's whole scope, its tenant, method and key: for a call made in
+//     a [Step], the step's, [ChildKey](ctx, step); else one keyed by the
+//     method called and the call's ordinal among this request's calls to
+//     that method (the second call to CreatePayment, say), from a tuple
+//     that no step name hashes like. A retried request therefore sends the
+//     same child keys in the same order, and the services it calls replay
+//     instead of repeating. Calls whose order may vary between runs of the
+//     handler (concurrent ones, say) send a child key of their own, as 1:
+//     [ContextWithKey](ctx, key) with key from ChildKey(ctx, step);
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
 //

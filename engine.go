@@ -21,10 +21,10 @@ import (
 
 // Engine runs keyed unary calls for a transport: it checks the key, claims
 // it in the store, runs the handler, records its outcome and replays it.
-// Each transport's adapter is an Engine behind that transport's API: the
-// gRPC interceptor (package interceptor), the connect-go interceptor
-// (package idemconnect), and, through the gRPC server it proxies to,
-// grpc-gateway (package idemgateway). So every transport serves one
+// Each transport's adapter puts an Engine behind that transport's API:
+// grpc-go's (package interceptor), connect-go's (package idemconnect),
+// and, through the gRPC server it proxies to, grpc-gateway's (package
+// idemgateway). So every transport serves one
 // contract, with one store, one fingerprint and one scope: a gRPC call and
 // its retry over HTTP are the same operation.
 //
@@ -77,7 +77,7 @@ type answer struct {
 // retry. Its error is the handler's own, returned as the handler returned
 // it, or an [*Error] of idem's (its own refusals and a recorded error
 // replayed), which the transport maps to its wire. It reports the call's
-// result to the metrics, traces and hook ([WithOutcomeHook]). Transports
+// result to the metrics, traces and hook ([WithReportHook]). Transports
 // reach it through transport.Handle.
 func (e *Engine) handle(ctx context.Context, call bridge.Call, h bridge.Handler) (answer, error) {
 	c := &callState{engine: e, method: call.Method, started: time.Now(), statusOf: call.Status}
@@ -139,7 +139,7 @@ func (c *callState) handlerStatus(err error) *spb.Status {
 	return &spb.Status{Code: int32(code.Code_UNKNOWN), Message: err.Error()}
 }
 
-// refuse is the answer of a call idem settled as r without running it.
+// refuse is the answer of a call idem ended as r without running it.
 func refuse(r Result, err error) (answer, error) {
 	return answer{Result: r}, err
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
-	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/transport"
 )
@@ -90,16 +89,6 @@ func ExampleKeyFromContext() {
 	_ = handler
 }
 
-func ExampleDeriveKey() {
-	// The payment provider gets its own key for the "charge" step of the
-	// Checkout request that tenant acme keyed "order-7f3a", the same on
-	// every retry of that request and different from the children of
-	// "order-7f3a" in any other tenant or method.
-	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
-	fmt.Println(idem.DeriveKey(parent, "charge"))
-	// Output: b710463d8d6589451baefeda0a9ef1576c53787e46f30a8113f2f406ab1d7774
-}
-
 func ExampleChildKey() {
 	// A keyed handler that charges a provider over HTTP sends the child key
 	// of its "charge" step, so that a retried request charges once.
@@ -124,18 +113,19 @@ func ExampleContextWithKey() {
 	// Output: [invoice-2024-0042]
 }
 
-func ExampleContextWithStep() {
-	// Inside a keyed handler, name the steps whose order may vary; here two
-	// charges run concurrently, so per-method ordinals would not be stable
-	// across a retry of the request. Each charge carries the request's
-	// child key for its step, idem.ChildKey(ctx, step).
+// Inside a keyed handler, calls whose order may vary between runs of the
+// handler carry keys of their own: here two charges run concurrently, so
+// per-method ordinals would not be stable across a retry of the request.
+// Each charge carries the request's child key for its step.
+func ExampleChildKey_concurrentCalls() {
 	e, err := idem.New(memory.New())
 	if err != nil {
 		log.Fatal(err)
 	}
 	outgoing := transport.NewOutgoingKeys() // as the client adapters hold it
-	charge := func(ctx context.Context, cents int64) []string {
-		_, keys, _ := outgoing.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+	charge := func(ctx context.Context, step string, cents int64) []string {
+		key, _ := idem.ChildKey(ctx, step)
+		_, keys, _ := outgoing.For(idem.ContextWithKey(ctx, key), testv1.PaymentService_CreatePayment_FullMethodName,
 			&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: cents, Currency: "EUR"}, nil)
 		return keys // sent with the call
 	}
@@ -145,8 +135,8 @@ func ExampleContextWithStep() {
 		Request: &testv1.MaybeRequest{Value: "checkout"},
 	}, func(ctx context.Context) (transport.Reply, error) {
 		goods := make(chan []string)
-		go func() { goods <- charge(idem.ContextWithStep(ctx, "charge-goods"), 1250) }()
-		shipping := charge(idem.ContextWithStep(ctx, "charge-shipping"), 490)
+		go func() { goods <- charge(ctx, "charge-goods", 1250) }()
+		shipping := charge(ctx, "charge-shipping", 490)
 		want, _ := idem.ChildKey(ctx, "charge-goods")
 		fmt.Println((<-goods)[0] == want, len(shipping))
 		return transport.Reply{Message: &testv1.MaybeResponse{}}, nil

@@ -57,7 +57,7 @@ const ResultUnreadable Result = "unreadable"
 //
 // The handler runs with the tenant and the request metadata
 // (finish_headers, [MethodPolicy].FinishHeaders) kept with the call, and the call's key. Idem's
-// metrics, logs and outcome hook see the run, with [Outcome].Finishing
+// metrics, logs and report hook see the run, with [Report].Finishing
 // set.
 //
 // A Finisher is safe for concurrent use.
@@ -111,7 +111,7 @@ func (f *Finisher) register(fullMethod string, run bridge.FinishFunc) {
 type finishCtxKey struct{}
 
 // finishRun is one Finisher's run of a call: the tenant kept with it, and
-// the result the Engine settled it with.
+// the result the Engine ended it with.
 type finishRun struct {
 	tenant string
 	result Result

@@ -47,7 +47,7 @@ type options struct {
 	logger  *slog.Logger // nil: slog.Default()
 	verbose bool
 
-	hook func(context.Context, Outcome)
+	hook func(context.Context, Report)
 
 	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
 	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()

@@ -136,12 +136,12 @@ func keyField(m *method, req any) (protoreflect.Message, protoreflect.FieldDescr
 // method.
 func derive(ctx context.Context, parent store.Key, method string) (string, error) {
 	if step, ok := stepFromContext(ctx); ok {
-		return DeriveKey(parent, step), nil
+		return stepKey(parent, step), nil
 	}
 	calls, ok := ctx.Value(callsCtxKey{}).(*callCounter)
 	if !ok {
 		return "", NewError(code.Code_INTERNAL, "idem: the context holds a request key but no call counter; "+
-			"keyed requests must be set up by the server interceptor")
+			"keyed requests must be set up by the engine")
 	}
 	return callKey(parent, method, calls.next(method)), nil
 }
@@ -166,9 +166,9 @@ type callsCtxKey struct{}
 
 // withRequestKey returns ctx marked as handling the keyed request key: it
 // holds the key's scope for [KeyFromContext] and the derivation of child
-// keys, and a fresh counter of outbound calls for the client interceptor's
-// ordinals. Every path of the server interceptor that runs a handler under
-// a key goes through it.
+// keys, and a fresh counter of outbound calls for the client adapters'
+// ordinals. Every path of the engine that runs a handler under a key goes
+// through it.
 func withRequestKey(ctx context.Context, key store.Key) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
 	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
@@ -177,36 +177,28 @@ func withRequestKey(ctx context.Context, key store.Key) context.Context {
 type outgoingKeyCtxKey struct{}
 
 // ContextWithKey returns a context whose calls through idem's client
-// interceptors carry key, to keyed and optional-key methods alike (IDEMPOTENT and
-// NO_SIDE_EFFECTS methods still get none). Use it when the key comes from
+// adapters carry key, to keyed and optional-key methods alike (IDEMPOTENT
+// and NO_SIDE_EFFECTS methods still get none). Use it when the key comes from
 // elsewhere, such as an id the caller stored before a crash, so that the
 // call after a restart repeats the one before it. An invalid key fails the
 // call with INVALID_ARGUMENT before it is sent.
 //
-// The key is sent as it is, also inside a keyed handler; there, prefer
-// [ContextWithStep], which derives a distinct key from the request's.
+// The key is sent as it is, also inside a keyed handler; there, send a key
+// derived from the request's, its [ChildKey] for a step named for the call.
 func ContextWithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, outgoingKeyCtxKey{}, key)
 }
 
 type stepCtxKey struct{}
 
-// ContextWithStep names the step of a keyed request that the calls made with the
-// returned context perform. Inside a keyed handler their keys are
-// [ChildKey](ctx, step), derived from the request's tenant, method and key,
-// instead of being numbered per method. Name steps whenever the order of
-// calls to one method can vary between executions of the handler, such as
-// calls made concurrently: an ordinal would then hand a retried request's
-// calls each other's keys.
-//
-// Calls made with the same step and method share a key, so the second is
-// answered with the first's response: give each distinct operation its own
-// step. An empty step removes the name.
-func ContextWithStep(ctx context.Context, step string) context.Context {
+// withStep returns ctx whose outgoing calls, inside a keyed handler, carry
+// the child key of the step named step (stepKey), instead of being
+// numbered per method: [Step] runs its function with it.
+func withStep(ctx context.Context, step string) context.Context {
 	return context.WithValue(ctx, stepCtxKey{}, step)
 }
 
-// stepFromContext returns the step set with [ContextWithStep]; it reports false
+// stepFromContext returns the step set with withStep; it reports false
 // when none is set.
 func stepFromContext(ctx context.Context) (string, bool) {
 	s, ok := ctx.Value(stepCtxKey{}).(string)

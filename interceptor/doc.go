@@ -34,7 +34,7 @@
 // [PushbackTrailer], so that grpc-go's own retry policy waits as long as
 // the server asks.
 //
-// The fields idem.outcome and idem.replayed are added to the fields of
+// The fields idem.result and idem.replayed are added to the fields of
 // go-grpc-middleware v2's logging interceptor, which prints them on its
 // "finished call" line, when it comes before idem in the chain. It keeps
 // its fields in the context it hands down the chain, where idem adds its

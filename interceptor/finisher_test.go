@@ -72,14 +72,14 @@ type finishable struct {
 	finisherLog *logBuffer
 }
 
-// outcomeLog keeps the outcomes of the calls a finisher ran, as the
-// outcome hook saw them.
+// outcomeLog keeps the reports of the calls a finisher ran, as the
+// report hook saw them.
 type outcomeLog struct {
 	mu   sync.Mutex
-	seen []idem.Outcome
+	seen []idem.Report
 }
 
-func (l *outcomeLog) hook(_ context.Context, o idem.Outcome) {
+func (l *outcomeLog) hook(_ context.Context, o idem.Report) {
 	if !o.Finishing {
 		return
 	}
@@ -128,7 +128,7 @@ func newFinishable(t *testing.T, mem bool, fopts []idem.FinisherOption, ics ...g
 	opts := []idem.Option{
 		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true, FinishHeaders: []string{"x-user"}}),
 		idem.WithTenant(tenantFromMetadata),
-		idem.WithOutcomeHook(outcomes.hook),
+		idem.WithReportHook(outcomes.hook),
 	}
 	var st store.Store
 	s := setup{memory: mem, opts: opts}

@@ -80,7 +80,7 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 	// would make a new context, which that line never sees). Without a
 	// logging interceptor before idem there are no fields to add to.
 	if logging.ExtractFields(ctx) != nil {
-		logging.AddFields(ctx, logging.Fields{"idem.outcome", string(ans.Result),
+		logging.AddFields(ctx, logging.Fields{"idem.result", string(ans.Result),
 			"idem.replayed", ans.Result == idem.ResultReplayed || ans.Result == idem.ResultRebuilt})
 	}
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 
 func TestHandleKeyError(t *testing.T) {
 	rec := &hookRecorder{}
-	e := newEngine(t, memory.New(), idem.WithOutcomeHook(rec.hook))
+	e := newEngine(t, memory.New(), idem.WithReportHook(rec.hook))
 	ran := 0
 	h := func(context.Context) (transport.Reply, error) {
 		ran++

@@ -94,7 +94,7 @@ func (a Answer) WireMessage() proto.Message {
 // handler returned it, or an [*idem.Error] (the engine's own refusals, and
 // a recorded error replayed), which the transport sends as its wire sends
 // a google.rpc.Status. It reports the call's result to the metrics,
-// traces and outcome hook ([idem.WithOutcomeHook]).
+// traces and report hook ([idem.WithReportHook]).
 //
 // A run of a [idem.Finisher] reaches Handle through the [FinishFunc]
 // registered for the method, with the context it was given: pass that

@@ -109,7 +109,7 @@ func serveReplica() error {
 		})
 	}
 	// The server and the finisher run Checkout with the same options.
-	opts := []idem.Option{idem.WithOutcomeHook(func(ctx context.Context, o idem.Outcome) {
+	opts := []idem.Option{idem.WithReportHook(func(ctx context.Context, o idem.Report) {
 		runner, key := runnerCall, "-"
 		if o.Finishing {
 			runner = runnerFinisher

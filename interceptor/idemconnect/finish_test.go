@@ -77,9 +77,9 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 			if name == "postgres" {
 				s = postgres.New(pgtest.NewPool(t))
 			}
-			outcomes := make(chan idem.Outcome, 10)
+			outcomes := make(chan idem.Report, 10)
 			e := newEngine(t, s,
-				idem.WithOutcomeHook(func(_ context.Context, o idem.Outcome) { outcomes <- o }),
+				idem.WithReportHook(func(_ context.Context, o idem.Report) { outcomes <- o }),
 				idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 2 * time.Second, Finish: true, FinishHeaders: []string{"x-user-id", "x-trace-bin"}}))
 			svc := &abandoning{entered: make(chan struct{})}
 			url := serveMux(t, serveMuxFor(createPayment, connect.NewUnaryHandler(createPayment, svc.createPayment,

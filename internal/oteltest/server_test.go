@@ -59,7 +59,7 @@ func (h *harness) engine(t *testing.T, s store.Store, opts ...idem.Option) *idem
 	e, err := idem.New(s, append([]idem.Option{
 		idem.WithMeterProvider(h.tel.mp),
 		idem.WithTracerProvider(h.tel.tp),
-		idem.WithOutcomeHook(h.hooks.hook),
+		idem.WithReportHook(h.hooks.hook),
 		idem.WithTenant(func(context.Context, map[string][]string) (string, error) { return tenant, nil }),
 		// The store errors of the cases are meant.
 		idem.WithLogger(slog.New(slog.DiscardHandler)),
@@ -163,7 +163,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (transport
 	rpc := method[1:]
 	byMode := attrs("rpc.method", rpc, "idem.mode", string(w.mode))
 	reqs := changed["idem.server.requests"]
-	wantKey := attrs("rpc.method", rpc, "idem.mode", string(w.mode), "idem.outcome", string(w.result))
+	wantKey := attrs("rpc.method", rpc, "idem.mode", string(w.mode), "idem.result", string(w.result))
 	if p, ok := reqs[wantKey]; len(reqs) != 1 || !ok || p.value != 1 {
 		t.Errorf("%s: idem.server.requests moved %v, want exactly one count of {%s}", name, describe(reqs), wantKey)
 	}
@@ -195,7 +195,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (transport
 	}
 	o := got[0]
 	if o.Method != method || o.Mode != w.mode || o.Result != w.result || o.Replayed != w.replayed ||
-		(o.Claim > 0) != w.claim || (o.Record > 0) != w.record || o.Duration <= 0 {
+		(o.ClaimDuration > 0) != w.claim || (o.RecordDuration > 0) != w.record || o.Duration <= 0 {
 		t.Errorf("%s: the hook saw %+v, want %+v", name, o, w)
 	}
 
@@ -204,7 +204,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (transport
 	for _, kv := range span.Attributes() {
 		sa[kv.Key] = kv.Value
 	}
-	if sa["idem.outcome"].AsString() != string(w.result) || sa["idem.mode"].AsString() != string(w.mode) ||
+	if sa["idem.result"].AsString() != string(w.result) || sa["idem.mode"].AsString() != string(w.mode) ||
 		sa["idem.replayed"].Type() != attribute.BOOL || sa["idem.replayed"].AsBool() != w.replayed {
 		t.Errorf("%s: span attributes %v, want outcome %s, mode %s, replayed %v", name, span.Attributes(), w.result, w.mode, w.replayed)
 	}
@@ -402,7 +402,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	// reaches: see TestAbandonedCallGivenUpIsReported.
 	seen := map[idem.Result]bool{}
 	for _, p := range h.tel.collect(t)["idem.server.requests"] {
-		v, _ := p.attrs.Value("idem.outcome")
+		v, _ := p.attrs.Value("idem.result")
 		seen[idem.Result(v.AsString())] = true
 	}
 	for _, r := range []idem.Result{
@@ -451,7 +451,7 @@ func TestPanickingHookLeavesTheAnswerAndTheMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	e, err := idem.New(memory.New(),
 		idem.WithMeterProvider(tel.mp),
-		idem.WithOutcomeHook(func(context.Context, idem.Outcome) { panic("hook bug") }),
+		idem.WithReportHook(func(context.Context, idem.Report) { panic("hook bug") }),
 		idem.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -462,7 +462,7 @@ func TestPanickingHookLeavesTheAnswerAndTheMetrics(t *testing.T) {
 		if err != nil || ans.Message.(*testv1.DoResponse).GetValue() != "v" {
 			t.Fatalf("call %d with a panicking hook: %v, %v", i, ans.Message, err)
 		}
-		key := attrs("rpc.method", rpcDo, "idem.mode", "atomic", "idem.outcome", string(want))
+		key := attrs("rpc.method", rpcDo, "idem.mode", "atomic", "idem.result", string(want))
 		if n := tel.collect(t)["idem.server.requests"][key].value; n != 1 {
 			t.Errorf("call %d: %d counts of {%s}, want 1", i, n, key)
 		}
@@ -512,7 +512,7 @@ func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	}
 	changed := diff(before, h.tel.collect(t))
 	leased := func(outcome string) string {
-		return attrs("rpc.method", rpcDo, "idem.mode", "leased", "idem.outcome", outcome)
+		return attrs("rpc.method", rpcDo, "idem.mode", "leased", "idem.result", outcome)
 	}
 	reqs := changed["idem.server.requests"]
 	if len(reqs) != 2 || reqs[leased("transient")].value != 1 || reqs[leased("not_finished")].value != 1 {
