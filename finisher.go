@@ -17,19 +17,6 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// ReasonNotFinished is the ErrorInfo reason recorded for a leased call that
-// a [Finisher] gave up on: it was abandoned by its caller and failed every
-// attempt to finish it, or what was kept of it cannot be read. Its steps
-// may be partly done.
-const ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
-
-// ResultUnreadable: a Finisher could not read what was kept of an abandoned
-// call (its row is damaged, or its request is not a request of its
-// method), so the call cannot be run again; it was recorded as failed
-// (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_FINISHED) and the problem
-// logged at ERROR.
-const ResultUnreadable Result = "unreadable"
-
 // Finisher finishes leased calls whose callers are gone: a call of a method
 // that opted in ((idem.v1.method).finish, or [MethodPolicy].Finish) whose lease ran
 // out and which nobody took over within a grace period is taken over as a
@@ -169,11 +156,6 @@ func (f *Finisher) Run(ctx context.Context) error {
 		}
 	}
 }
-
-// ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
-// nothing was kept for a finisher: its method does not opt in to finish
-// ((idem.v1.method).finish, or [MethodPolicy].Finish).
-var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
 
 // FinishKey finishes the abandoned call of k now, without waiting for the
 // grace that [Finisher.Finish] leaves its retry: it takes the call over as

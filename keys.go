@@ -7,7 +7,7 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Metadata keys of idem.
+// Metadata keys and HTTP headers of idem.
 const (
 	// KeyHeader is the request metadata key that carries the idempotency
 	// key: exactly one value of 1 to 255 visible ASCII characters
@@ -20,14 +20,12 @@ const (
 	// and every replay, when the key stops counting: RFC 3339, UTC (for
 	// example 2026-12-01T20:15:04Z). A retry after it runs the call again.
 	ExpiresHeader = "idempotency-key-expires"
-)
 
-// HTTP header names of idem, for transports that speak HTTP (Connect, a
-// grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names them.
-const (
-	// HTTPKeyHeader carries the idempotency key of an HTTP request.
+	// HTTPKeyHeader carries the idempotency key of an HTTP request (Connect,
+	// a grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names
+	// it.
 	HTTPKeyHeader = "Idempotency-Key"
-	// HTTPReplayedHeader is set to "true" on a replayed response.
+	// HTTPReplayedHeader is set to "true" on a replayed HTTP response.
 	HTTPReplayedHeader = "Idempotent-Replayed"
 )
 

@@ -9,10 +9,17 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// ErrNotLeased is returned by [Step] outside a call in leased
-// mode: an atomic call's writes commit all together or not at all, so it
-// has no steps to resume from.
-var ErrNotLeased = errors.New("idem: steps need a call in leased mode")
+// Errors of idem's that a program tests for with errors.Is.
+var (
+	// ErrNotLeased is returned by [Step] outside a call in leased mode: an
+	// atomic call's writes commit all together or not at all, so it has no
+	// steps to resume from.
+	ErrNotLeased = errors.New("idem: steps need a call in leased mode")
+	// ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
+	// nothing was kept for a finisher: its method does not opt in to finish
+	// ((idem.v1.method).finish, or [MethodPolicy].Finish).
+	ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
+)
 
 type leaseCtxKey struct{}
 

@@ -54,6 +54,12 @@ const (
 	// recorded it as failed (FAILED_PRECONDITION, reason
 	// IDEMPOTENCY_NOT_FINISHED).
 	ResultNotFinished Result = "not_finished"
+	// ResultUnreadable: a Finisher could not read what was kept of an
+	// abandoned call (its row is damaged, or its request is not a request
+	// of its method), so the call cannot be run again; it was recorded as
+	// failed (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_FINISHED) and the
+	// problem logged at ERROR.
+	ResultUnreadable Result = "unreadable"
 )
 
 // Mode is how a method's key is held while its handler runs.

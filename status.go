@@ -52,6 +52,16 @@ const (
 	// [WithTenant] function found it, or its method) cannot hold an
 	// idempotency key; see store.Key.Validate. The same call fails again.
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
+	// ReasonStepsUnreadable: a leased call's saved steps cannot be read
+	// (store.ErrCorrupt), answered with DATA_LOSS: its steps may have run,
+	// so it is not run again, and retrying does not help until an operator
+	// has checked it and deleted its key (see the README, "Operations").
+	ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
+	// ReasonNotFinished: a leased call that a [Finisher] gave up on, as
+	// recorded and replayed: it was abandoned by its caller and failed
+	// every attempt to finish it, or what was kept of it cannot be read.
+	// Its steps may be partly done.
+	ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
 )
 
 // Error is idem's answer to a call it refused or could not run, and a
@@ -243,13 +253,6 @@ func (e *Engine) log(ctx context.Context, level slog.Level, msg string, key stor
 func errTooManyKeys(n int) error {
 	return fmt.Errorf("must have exactly one value, got %d", n)
 }
-
-// ReasonStepsUnreadable is the ErrorInfo reason of a leased call whose
-// saved steps cannot be read (store.ErrCorrupt), answered with DATA_LOSS:
-// its steps may have run, so it is not run again, and retrying does not
-// help until an operator has checked it and deleted its key (see the
-// README, "Operations").
-const ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
 
 // stepsUnreadable logs, at ERROR with its scope, and answers a leased call
 // whose key's saved steps the store could not read.
