@@ -7,12 +7,12 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// TestDeriveKeyVectors pins the derivation: child keys are stored by the
-// services a request calls, so a change would make every retry in flight
-// during an upgrade act again. The vectors were computed independently, as
-// SHA-256 over tenant, method, key and step, each preceded by its length in
-// bytes as a big-endian uint64.
-func TestDeriveKeyVectors(t *testing.T) {
+// TestStepKeyVectors pins the derivation of a step's child key
+// (ChildKey): child keys are stored by the services a request calls, so a
+// change would make every retry in flight during an upgrade act again. The
+// vectors were computed independently, as SHA-256 over tenant, method, key
+// and step, each preceded by its length in bytes as a big-endian uint64.
+func TestStepKeyVectors(t *testing.T) {
 	for _, v := range []struct {
 		tenant, method, key, step string
 		want                      string
@@ -46,7 +46,7 @@ func TestDeriveKeyVectors(t *testing.T) {
 }
 
 // TestCallKeyVectors pins the key of a call that names no step, which is
-// stored downstream as DeriveKey's are. The vectors were computed
+// stored downstream as a step's are. The vectors were computed
 // independently, as SHA-256 over tenant, method, key, "call", the method
 // called and the ordinal in decimal, each preceded by its length in bytes
 // as a big-endian uint64.

@@ -1,7 +1,10 @@
 // Package idem makes mutating calls safe to retry: it is the
 // transport-neutral core that idem's adapters (gRPC in package interceptor,
 // Connect in idemconnect, HTTP/JSON through grpc-gateway in idemgateway)
-// put in front of a service.
+// put in front of a service. It is what a server or client author writes
+// against: the engine and its options, the per-method policy, steps and
+// child keys, the finisher, the results and the error. What only an
+// adapter needs is in package [github.com/idemkit/idem/transport].
 //
 // A client attaches an idempotency key (gRPC metadata [KeyHeader], the
 // HTTP header [HTTPKeyHeader]) to a call. The [Engine] claims the key in a
@@ -9,6 +12,38 @@
 // that outcome, byte for byte, to every retry with the same key. A retry can
 // therefore never apply a side effect twice, whether it comes from the
 // client, a load balancer, a mesh or the transport's own retry policy.
+//
+// # Terms
+//
+// Each word below means one thing, in the code, the docs, the proto, the
+// idem command and the metrics:
+//
+//   - key: the string a client sends to name one operation, the same on
+//     every retry of it ([KeyHeader]).
+//   - scope: where a key is kept, (tenant, method or its scope name, key);
+//     the same key in two scopes names two operations.
+//   - claim: taking a key for one execution of the handler.
+//   - record: storing a call's outcome under its key, once.
+//   - replay: answering a retry from the recorded outcome.
+//   - lease: the time-bound hold of a claim in leased mode, with its
+//     fencing token.
+//   - step: a named unit of work of a leased handler ([Step]), whose result
+//     is saved and never run twice.
+//   - child key: the key of a call a keyed handler makes, derived from its
+//     request's scope ([ChildKey]).
+//   - finish: running an abandoned leased call to its end on the server
+//     ([Finisher]).
+//   - settle: the operator's action that records an error under a key
+//     still in progress, for its retries to replay (the admin service's
+//     SettleKey).
+//   - forget: the operator's action that deletes a key, so that its next
+//     call runs afresh.
+//   - outcome: what a call's handler produced, a response or an error, as
+//     recorded and replayed.
+//   - result: how idem ended a call ([Result]; the metric attribute
+//     idem.result), for instance executed, replayed or in_use.
+//   - fingerprint: the hash of the request that tells a retry from another
+//     request under the same key.
 //
 // # Usage
 //
@@ -75,7 +110,7 @@
 // Fields marked (idem.v1.field).fingerprint_exclude, such as trace ids, are
 // left out of the request fingerprint; metadata never enters it.
 //
-// # Outcomes
+// # Status codes
 //
 // As gRPC status codes (Connect uses the same; HTTP/JSON through
 // grpc-gateway gets the statuses of package idemgateway):

@@ -1,7 +1,10 @@
 // Package interceptor is idem's gRPC adapter: it runs the mutating unary
 // calls of a grpc-go server through an [idem.Engine], so that they are safe
 // to retry, and attaches idempotency keys on the client side. Package idem
-// describes the flow, the status codes, the modes and the options.
+// describes the flow, the status codes, the modes and the options; a
+// program needs it and this package only. The adapter is built on package
+// [github.com/idemkit/idem/transport], as each of idem's adapters is, and
+// is the shortest example of one.
 //
 // # Server
 //

@@ -5,8 +5,10 @@
 //
 // It is a package of idem's module: connect-go requires only protobuf and
 // go-cmp, so programs that use idem with grpc-go only build none of it, and
-// it builds on idem's transport-neutral core (package [idem]), so a
-// Connect-only program builds none of grpc-go.
+// it builds on idem's transport-neutral core (package [idem], through the
+// adapters' package [github.com/idemkit/idem/transport]), so a
+// Connect-only program builds none of grpc-go. A program needs package
+// idem and this package only.
 //
 // # Handlers
 //

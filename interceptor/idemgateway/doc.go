@@ -11,8 +11,11 @@
 // ([github.com/idemkit/idem/interceptor.UnaryServerInterceptor]) does the
 // work, with the same engine, store, fingerprint and scope as for gRPC
 // clients: a call over gRPC and its retry over HTTP are one operation, and
-// the retry gets the recorded response, rendered as JSON. This package only translates: the key from HTTP to
-// gRPC metadata, idem's response headers back, and idem's errors to HTTP.
+// the retry gets the recorded response, rendered as JSON. This package
+// only translates: the key from HTTP to gRPC metadata (read with
+// [github.com/idemkit/idem/transport.ParseHTTPKey], as idem's Connect
+// adapter reads it), idem's response headers back, and idem's errors to
+// HTTP.
 //
 // # Usage
 //
