@@ -163,7 +163,7 @@ type callState struct {
 	started       time.Time
 	claim, record time.Duration
 	tookOver      bool // a leased claim took the key over
-	key           store.Key
+	key           store.Scope
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
@@ -248,7 +248,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 	if m.scope != "" {
 		scope = m.scope
 	}
-	skey := store.Key{Tenant: tenant, Method: scope, Key: key}
+	skey := store.Scope{Tenant: tenant, Method: scope, Key: key}
 	c.key = skey
 	if err := skey.Validate(); err != nil {
 		return refuse(ResultInvalidKey, scopeInvalid(err))
@@ -611,7 +611,7 @@ func (r *leaseRecorder) Record(ctx context.Context, out store.Outcome) error {
 // the lease turns out to be lost it cancels the handler's context with
 // store.ErrLeaseLost and stops; other failures are logged and retried at
 // the next beat, while the lease may still run.
-func (e *Engine) heartbeat(ctx context.Context, key store.Key, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
+func (e *Engine) heartbeat(ctx context.Context, key store.Scope, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {

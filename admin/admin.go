@@ -189,7 +189,7 @@ func (c *call) fail(ctx context.Context, err error) error {
 		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
 	case errors.Is(err, store.ErrInvalidCursor):
 		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err)
-	case errors.Is(err, store.ErrInvalidKey):
+	case errors.Is(err, store.ErrInvalidScope):
 		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err)
 	case errors.Is(err, context.Canceled):
 		return c.end(ctx, answerf(code.Code_CANCELLED, "canceled"), err)
@@ -212,7 +212,7 @@ func invalid(format string, args ...any) error {
 
 // keyRequest returns the Request of an RPC on one key.
 func keyRequest(method, tenant, scope, key string, force bool) Request {
-	return Request{Method: method, Tenant: tenant, Key: store.Key{Tenant: tenant, Method: scope, Key: key}, Force: force}
+	return Request{Method: method, Tenant: tenant, Key: store.Scope{Tenant: tenant, Method: scope, Key: key}, Force: force}
 }
 
 // ListKeys lists the keys that match the request's filter, a page at a
@@ -240,9 +240,9 @@ func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*a
 	}
 	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(f, next)}
 	for _, ki := range infos {
-		if !c.scope.Allows(ki.Key.Tenant) {
+		if !c.scope.Allows(ki.Scope.Tenant) {
 			// The store answered outside the filter: show nothing of it.
-			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Key.Tenant, f.Tenant))
+			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Scope.Tenant, f.Tenant))
 		}
 		resp.Keys = append(resp.Keys, s.key(ctx, ki))
 	}
@@ -291,18 +291,18 @@ func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
 	return f, nil
 }
 
-var keyStates = map[adminv1.KeyState]store.KeyState{
-	adminv1.KeyState_KEY_STATE_IN_PROGRESS: store.KeyInProgress,
-	adminv1.KeyState_KEY_STATE_ABANDONED:   store.KeyAbandoned,
-	adminv1.KeyState_KEY_STATE_RECORDED:    store.KeyRecorded,
-	adminv1.KeyState_KEY_STATE_EXPIRED:     store.KeyExpired,
+var keyStates = map[adminv1.KeyState]store.State{
+	adminv1.KeyState_KEY_STATE_IN_PROGRESS: store.InProgress,
+	adminv1.KeyState_KEY_STATE_ABANDONED:   store.Abandoned,
+	adminv1.KeyState_KEY_STATE_RECORDED:    store.Recorded,
+	adminv1.KeyState_KEY_STATE_EXPIRED:     store.Expired,
 }
 
-var protoStates = map[store.KeyState]adminv1.KeyState{
-	store.KeyInProgress: adminv1.KeyState_KEY_STATE_IN_PROGRESS,
-	store.KeyAbandoned:  adminv1.KeyState_KEY_STATE_ABANDONED,
-	store.KeyRecorded:   adminv1.KeyState_KEY_STATE_RECORDED,
-	store.KeyExpired:    adminv1.KeyState_KEY_STATE_EXPIRED,
+var protoStates = map[store.State]adminv1.KeyState{
+	store.InProgress: adminv1.KeyState_KEY_STATE_IN_PROGRESS,
+	store.Abandoned:  adminv1.KeyState_KEY_STATE_ABANDONED,
+	store.Recorded:   adminv1.KeyState_KEY_STATE_RECORDED,
+	store.Expired:    adminv1.KeyState_KEY_STATE_EXPIRED,
 }
 
 // GetKey returns everything kept of one key.
@@ -367,7 +367,7 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 		// what was settled rather than an error a retry would not clear.
 		s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a settled key could not be read back",
 			slog.String("tenant", r.Key.Tenant), slog.String("method", r.Key.Method), slog.String("key", r.Key.Key), slog.String("error", err.Error()))
-		ki = store.KeyInfo{Key: r.Key, State: store.KeyRecorded, Outcome: &store.Outcome{Code: cd, Body: body}}
+		ki = store.KeyInfo{Scope: r.Key, State: store.Recorded, Outcome: &store.Outcome{Code: cd, Body: body}}
 	}
 	return &adminv1.SettleKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
 }
@@ -459,9 +459,9 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		return timestamppb.New(t)
 	}
 	k := &adminv1.Key{
-		Tenant:          ki.Key.Tenant,
-		Method:          ki.Key.Method,
-		Key:             ki.Key.Key,
+		Tenant:          ki.Scope.Tenant,
+		Method:          ki.Scope.Method,
+		Key:             ki.Scope.Key,
 		State:           protoStates[ki.State],
 		Fingerprint:     ki.Fingerprint,
 		CreateTime:      ts(ki.CreatedAt),
@@ -475,10 +475,10 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})
 	}
 	if ki.Outcome != nil {
-		out, err := s.outcome(ki.Key.Method, ki.Outcome)
+		out, err := s.outcome(ki.Scope.Method, ki.Outcome)
 		if err != nil {
 			s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a recorded outcome cannot be decoded",
-				slog.String("tenant", ki.Key.Tenant), slog.String("method", ki.Key.Method), slog.String("key", ki.Key.Key), slog.String("error", err.Error()))
+				slog.String("tenant", ki.Scope.Tenant), slog.String("method", ki.Scope.Method), slog.String("key", ki.Scope.Key), slog.String("error", err.Error()))
 		}
 		k.Outcome = out
 	}

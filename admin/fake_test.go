@@ -24,8 +24,8 @@ type fakeStore struct {
 
 var _ store.Admin = (*fakeStore)(nil)
 
-func (f *fakeStore) find(k store.Key) int {
-	return slices.IndexFunc(f.keys, func(ki store.KeyInfo) bool { return ki.Key == k })
+func (f *fakeStore) find(k store.Scope) int {
+	return slices.IndexFunc(f.keys, func(ki store.KeyInfo) bool { return ki.Scope == k })
 }
 
 func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
@@ -51,7 +51,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 	var out []store.KeyInfo
 	for i := start; i < len(f.keys); i++ {
 		ki := f.keys[i]
-		if (!flt.AllTenants && ki.Key.Tenant != flt.Tenant) || (flt.Method != "" && ki.Key.Method != flt.Method) ||
+		if (!flt.AllTenants && ki.Scope.Tenant != flt.Tenant) || (flt.Method != "" && ki.Scope.Method != flt.Method) ||
 			(len(flt.States) > 0 && !slices.Contains(flt.States, ki.State)) {
 			continue
 		}
@@ -63,7 +63,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 	return out, "", nil
 }
 
-func (f *fakeStore) Key(_ context.Context, k store.Key) (store.KeyInfo, error) {
+func (f *fakeStore) Key(_ context.Context, k store.Scope) (store.KeyInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -78,13 +78,13 @@ func (f *fakeStore) Key(_ context.Context, k store.Key) (store.KeyInfo, error) {
 }
 
 func (f *fakeStore) live(ki store.KeyInfo) error {
-	if ki.State == store.KeyInProgress && ki.LeaseUntil.After(f.now) {
+	if ki.State == store.InProgress && ki.LeaseUntil.After(f.now) {
 		return &store.LeaseLiveError{Until: ki.LeaseUntil}
 	}
 	return nil
 }
 
-func (f *fakeStore) Forget(_ context.Context, k store.Key, force bool) error {
+func (f *fakeStore) Forget(_ context.Context, k store.Scope, force bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -102,7 +102,7 @@ func (f *fakeStore) Forget(_ context.Context, k store.Key, force bool) error {
 	return nil
 }
 
-func (f *fakeStore) Settle(_ context.Context, k store.Key, out store.Outcome, force bool) error {
+func (f *fakeStore) Settle(_ context.Context, k store.Scope, out store.Outcome, force bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -114,13 +114,13 @@ func (f *fakeStore) Settle(_ context.Context, k store.Key, out store.Outcome, fo
 		return store.ErrNotFound
 	}
 	ki := &f.keys[i]
-	if ki.State == store.KeyRecorded || ki.State == store.KeyExpired {
+	if ki.State == store.Recorded || ki.State == store.Expired {
 		return store.ErrNotInProgress
 	}
 	if err := f.live(*ki); err != nil && !force {
 		return err
 	}
-	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.KeyRecorded, &out, time.Time{}, nil
+	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.Recorded, &out, time.Time{}, nil
 	return nil
 }
 

@@ -39,7 +39,7 @@ func testOnMemoryStore(t *testing.T, w wire) {
 	client := w.serve(t, st, all)
 	ctx := t.Context()
 
-	k := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7"}
+	k := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7"}
 	lc, err := st.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)

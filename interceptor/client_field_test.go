@@ -298,7 +298,7 @@ func TestClientNeverForwardsTheRequestFieldKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	child := callKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1)
+	child := callKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1)
 	as := downRec.of(methodDo)
 	if len(as) != 1 {
 		t.Fatalf("downstream saw %d calls, want 1", len(as))

@@ -508,7 +508,7 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := store.Key{Tenant: "acme", Method: doMethod, Key: "garbled"}
+		key := store.Scope{Tenant: "acme", Method: doMethod, Key: "garbled"}
 		lc, err := c.store.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp,
 			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
 		if err != nil || lc.Lease == nil {
@@ -634,7 +634,7 @@ type panickyStore struct {
 	armed atomic.Bool
 }
 
-func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	if key.Tenant == "boom" && s.armed.Load() {
 		panic("the store's driver crashed")
 	}
@@ -661,10 +661,10 @@ func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 		t.Fatalf("Abandoned = %v, %v", list, err)
 	}
 	for _, a := range list {
-		if a.Key.Tenant != "boom" {
+		if a.Scope.Tenant != "boom" {
 			continue
 		}
-		lc, err := ps.ClaimLeased(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		lc, err := ps.ClaimLeased(t.Context(), a.Scope, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover: %+v, %v", lc, err)
 		}
@@ -824,7 +824,7 @@ func TestFinisherBoundsEachAttempt(t *testing.T) {
 		}
 		// The hung call is left for a later pass.
 		list, err := c.store.(store.Finishing).Abandoned(t.Context(), 0, 10)
-		if err != nil || len(list) != 1 || list[0].Key.Key != "hung" {
+		if err != nil || len(list) != 1 || list[0].Scope.Key != "hung" {
 			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
 		}
 	})

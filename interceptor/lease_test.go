@@ -167,7 +167,7 @@ type beatingStore struct {
 	beats atomic.Int64
 }
 
-func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &beatingLease{Lease: c.Lease, s: s}
@@ -571,7 +571,7 @@ type failingRecord struct {
 	failed atomic.Bool
 }
 
-func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}

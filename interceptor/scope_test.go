@@ -29,7 +29,7 @@ func incompressible(n int) string {
 }
 
 // TestTenantsTheStoreCannotHoldAreRefused sends tenants past the bound of
-// store.Key.Validate over gRPC, to an atomic and a leased method: each gets
+// store.Scope.Validate over gRPC, to an atomic and a leased method: each gets
 // a non-retriable INVALID_ARGUMENT that names the rule, and nothing runs or
 // is written.
 func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {

@@ -25,7 +25,7 @@ type stallStore struct {
 	first *stallLease
 }
 
-func (s *stallStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *stallStore) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	c, err := s.Store.ClaimLeased(ctx, key, r, d)
 	if c.Lease != nil {
 		s.mu.Lock()

@@ -24,18 +24,18 @@ type Admin interface {
 	// the next page, "" when there is none. A cursor is the store's own,
 	// opaque text; one the store did not make fails with ErrInvalidCursor.
 	// A filter that fails [KeyFilter.Validate] fails with its error, which
-	// wraps ErrInvalidKey.
+	// wraps ErrInvalidScope.
 	Keys(ctx context.Context, f KeyFilter, after string) ([]KeyInfo, string, error)
 
 	// Key returns everything kept of k. It fails with ErrNotFound when the
 	// store holds no entry of k, expired entries included.
-	Key(ctx context.Context, k Key) (KeyInfo, error)
+	Key(ctx context.Context, k Scope) (KeyInfo, error)
 
 	// Forget deletes k's entry, whatever its state: the next request with
 	// k runs as if it never had. It fails with ErrNotFound when there is
 	// none, and with a *LeaseLiveError when a lease on k is live and force
 	// is false.
-	Forget(ctx context.Context, k Key, force bool) error
+	Forget(ctx context.Context, k Scope, force bool) error
 
 	// Settle records out as the outcome of k's entry in progress, ending
 	// its lease and dropping what was kept for a finisher, so that its
@@ -43,26 +43,8 @@ type Admin interface {
 	// with ErrNotInProgress when its entry is recorded already (forget it
 	// instead), and with a *LeaseLiveError when its lease is live and
 	// force is false. An expired entry counts as none: ErrNotFound.
-	Settle(ctx context.Context, k Key, out Outcome, force bool) error
+	Settle(ctx context.Context, k Scope, out Outcome, force bool) error
 }
-
-// KeyState is the state of a key's entry, as an operator sees it.
-type KeyState string
-
-// The states of a key's entry.
-const (
-	// KeyInProgress is an entry held by a live lease (or an atomic claim's
-	// transaction, which no store lists).
-	KeyInProgress KeyState = "in_progress"
-	// KeyAbandoned is an entry in progress whose lease ran out: its caller
-	// is gone, and a retry or a finisher may take it over.
-	KeyAbandoned KeyState = "abandoned"
-	// KeyRecorded is an entry whose outcome is recorded: retries replay it.
-	KeyRecorded KeyState = "recorded"
-	// KeyExpired is an entry past its expiry, which counts as absent and
-	// which the sweeper deletes.
-	KeyExpired KeyState = "expired"
-)
 
 // KeyFilter selects the entries [Admin.Keys] lists. Zero fields select
 // everything.
@@ -76,7 +58,7 @@ type KeyFilter struct {
 	// its (idem.v1.method).scope).
 	Method string
 	// States selects the entries in any of these states.
-	States []KeyState
+	States []State
 	// CreatedAfter and CreatedBefore bound the entries' creation times:
 	// created at or after, and before.
 	CreatedAfter, CreatedBefore time.Time
@@ -86,10 +68,10 @@ type KeyFilter struct {
 
 // Validate reports whether every store can select by f: Tenant, unless
 // AllTenants is set, and Method, unless it is empty, keep the rules of
-// [Key.Validate] for their fields (at most [MaxTenantLength] and
+// [Scope.Validate] for their fields (at most [MaxTenantLength] and
 // [MaxMethodLength] bytes of valid UTF-8 without a NUL byte), and States
-// holds only the KeyState constants. A filter that breaks them selects no
-// key a store can hold. The error wraps [ErrInvalidKey] and names the
+// holds only the State constants. A filter that breaks them selects no
+// key a store can hold. The error wraps [ErrInvalidScope] and names the
 // field and the rule it breaks, never the field's value. Stores check it
 // in [Admin.Keys] before they touch their storage.
 func (f KeyFilter) Validate() error {
@@ -103,9 +85,9 @@ func (f KeyFilter) Validate() error {
 	}
 	for i, st := range f.States {
 		switch st {
-		case KeyInProgress, KeyAbandoned, KeyRecorded, KeyExpired:
+		case InProgress, Abandoned, Recorded, Expired:
 		default:
-			return fmt.Errorf("%w: states filter [%d] is not a key state", ErrInvalidKey, i)
+			return fmt.Errorf("%w: states filter [%d] is not a key state", ErrInvalidScope, i)
 		}
 	}
 	return nil
@@ -113,8 +95,8 @@ func (f KeyFilter) Validate() error {
 
 // KeyInfo is everything a store keeps of a key's entry.
 type KeyInfo struct {
-	Key         Key
-	State       KeyState
+	Scope       Scope
+	State       State
 	Fingerprint []byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
@@ -126,8 +108,8 @@ type KeyInfo struct {
 	Takeovers int
 	// Steps are the steps saved under the key, in order.
 	Steps []Step
-	// Outcome is the recorded outcome; nil unless State is KeyRecorded
-	// (or KeyExpired after it was recorded).
+	// Outcome is the recorded outcome; nil unless State is Recorded
+	// (or Expired after it was recorded).
 	Outcome *Outcome
 	// Call is what was kept for a finisher to run the call again; nil
 	// when nothing was.

@@ -4,9 +4,9 @@
 // # Contract
 //
 // A key is scoped by tenant, full gRPC method and the client's key string
-// ([Key]). Every store holds the keys that [Key.Validate] accepts (bounded
+// ([Scope]). Every store holds the keys that [Scope.Validate] accepts (bounded
 // lengths, valid UTF-8, no NUL byte) and refuses the others in Claim and
-// ClaimLeased with [ErrInvalidKey] before it touches its storage, so that a
+// ClaimLeased with [ErrInvalidScope] before it touches its storage, so that a
 // key works on every store or on none.
 //
 // [Store.Claim] is the only way to learn whether a key is free, and it must
@@ -29,7 +29,7 @@
 // [Lease] fails with [ErrLeaseLost] and changes nothing.
 //
 // [Admin] is implemented by stores that let an operator list their keys
-// ([KeyFilter], [KeyInfo], [KeyState]), read one, forget one so that its
+// ([KeyFilter], [KeyInfo], [State]), read one, forget one so that its
 // next request runs afresh, and settle one stuck in progress with an
 // outcome its retries replay. Forget and Settle refuse a live lease with a
 // [*LeaseLiveError] unless forced; a forced one fences the lease's holder,
@@ -37,7 +37,7 @@
 //
 // Implementations translate their driver's errors into the sentinel errors
 // of this package ([ErrInUse], [ErrConflict], [ErrLeaseLost],
-// [ErrInvalidKey]) so that callers can choose a gRPC status without knowing
+// [ErrInvalidScope]) so that callers can choose a gRPC status without knowing
 // the driver.
 //
 // # Implementations

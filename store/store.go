@@ -36,13 +36,13 @@ var ErrLeaseLost = errors.New("store: lease lost to another request")
 // does not help until the store is set up.
 var ErrNotReady = errors.New("store: not set up")
 
-// ErrInvalidKey reports that a [Key] breaks the rules of [Key.Validate], so
+// ErrInvalidScope reports that a [Scope] breaks the rules of [Scope.Validate], so
 // no store can hold it, or a [KeyFilter] those of [KeyFilter.Validate].
 // Nothing was written or read; the same key fails the same way again, so
 // retrying does not help.
-var ErrInvalidKey = errors.New("store: invalid key")
+var ErrInvalidScope = errors.New("store: invalid scope")
 
-// The longest fields of a [Key], in bytes. Together they stay well within
+// The longest fields of a [Scope], in bytes. Together they stay well within
 // what a PostgreSQL B-tree index entry can hold.
 const (
 	MaxTenantLength = 255
@@ -50,10 +50,10 @@ const (
 	MaxKeyLength    = 255
 )
 
-// Key identifies one logical operation. Two claims collide only when all
-// three fields are equal. [Key.Validate] states the rules every store
+// Scope identifies one logical operation. Two claims collide only when all
+// three fields are equal. [Scope.Validate] states the rules every store
 // enforces on the fields.
-type Key struct {
+type Scope struct {
 	// Tenant is the caller's scope, derived from its identity.
 	Tenant string
 	// Method is the full gRPC method name, "/package.Service/Method".
@@ -65,10 +65,10 @@ type Key struct {
 // Validate reports whether every store can hold k: Tenant is 0 to
 // [MaxTenantLength] bytes, Method 1 to [MaxMethodLength] bytes and Key 1 to
 // [MaxKeyLength] bytes, each valid UTF-8 without a NUL byte. The error wraps
-// [ErrInvalidKey] and names the field and the rule it breaks, never the
+// [ErrInvalidScope] and names the field and the rule it breaks, never the
 // field's value. Stores check it in Claim and ClaimLeased before they touch
 // their storage.
-func (k Key) Validate() error {
+func (k Scope) Validate() error {
 	if err := validateField("tenant", k.Tenant, 0, MaxTenantLength); err != nil {
 		return err
 	}
@@ -81,25 +81,39 @@ func (k Key) Validate() error {
 func validateField(name, v string, minLen, maxLen int) error {
 	switch {
 	case len(v) < minLen:
-		return fmt.Errorf("%w: %s is empty", ErrInvalidKey, name)
+		return fmt.Errorf("%w: %s is empty", ErrInvalidScope, name)
 	case len(v) > maxLen:
-		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", ErrInvalidKey, name, len(v), maxLen)
+		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", ErrInvalidScope, name, len(v), maxLen)
 	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidKey, name)
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidScope, name)
 	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidKey, name)
+		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidScope, name)
 	}
 	return nil
 }
 
-// State is the state of an entry another request created.
-type State int
+// State is the state of a key's entry. A claim that finds the key taken
+// reports its entry as InProgress or Recorded ([Entry]); an operator also
+// sees Abandoned and Expired ([Admin]). The values are the same text in
+// every store, its API, the admin service and the command line.
+type State string
 
+// The states of a key's entry.
 const (
-	// Recorded entries hold a recorded outcome that can be replayed.
-	Recorded State = iota + 1
-	// InProgress entries belong to a request still running.
-	InProgress
+	// InProgress is an entry whose request is still running: an atomic
+	// claim's transaction, or a leased claim whose lease is live.
+	InProgress State = "in_progress"
+	// Abandoned is a leased claim's entry whose lease ran out before its
+	// outcome was recorded: its caller is gone, and a retry with the same
+	// fingerprint, or a finisher, may take it over. A claim reports it as
+	// InProgress.
+	Abandoned State = "abandoned"
+	// Recorded is an entry whose outcome is recorded: later claims replay
+	// it.
+	Recorded State = "recorded"
+	// Expired is an entry past its expiry, which counts as absent: a
+	// claim never reports it, and a store deletes it in its own time.
+	Expired State = "expired"
 )
 
 // Entry is what a claim found when the key was already taken.
@@ -175,11 +189,11 @@ type Call struct {
 	Metadata map[string][]string
 }
 
-// Abandoned is a leased call whose lease ran out and which nobody took
+// AbandonedCall is a leased call whose lease ran out and which nobody took
 // over, as [Finishing.Abandoned] finds it.
-type Abandoned struct {
-	// Key is the call's key.
-	Key Key
+type AbandonedCall struct {
+	// Scope is the call's scope.
+	Scope Scope
 	// Fingerprint is the fingerprint of its request.
 	Fingerprint []byte
 	// Call is what was kept to run it again.
@@ -209,7 +223,7 @@ type Finishing interface {
 	// set, rather than failing the whole list. A store of several
 	// databases may return, with an error, the calls of those that
 	// answered before ctx ended; callers take them on all the same.
-	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]Abandoned, error)
+	Abandoned(ctx context.Context, grace time.Duration, limit int) ([]AbandonedCall, error)
 }
 
 // Claim is the result of [Store.Claim]: exactly one of Txn and Entry is set.
@@ -232,7 +246,7 @@ type Store interface {
 	// expired), a Claim with Entry set when another request recorded its
 	// outcome or is running it, and ErrInUse when the wait for a concurrent owner ran
 	// out. The key is kept for r.TTL, or the store's default.
-	Claim(ctx context.Context, key Key, r Request) (Claim, error)
+	Claim(ctx context.Context, key Scope, r Request) (Claim, error)
 
 	// ClaimLeased takes key for the request r in leased mode: the claim is
 	// durable at once and held for lease, and the handler's side effects
@@ -244,7 +258,7 @@ type Store interface {
 	// its LeaseRemaining (zero when an atomic claim holds it). It returns
 	// ErrInUse when the wait for a concurrent atomic claim ran out, and
 	// ErrCorrupt when the key's saved steps cannot be read.
-	ClaimLeased(ctx context.Context, key Key, r Request, lease time.Duration) (LeasedClaim, error)
+	ClaimLeased(ctx context.Context, key Scope, r Request, lease time.Duration) (LeasedClaim, error)
 }
 
 // Txn is an owned claim. Exactly one of Record and Release takes effect;

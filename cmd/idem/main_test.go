@@ -53,8 +53,8 @@ const (
 )
 
 var (
-	leased   = store.Key{Tenant: "acme", Method: checkout, Key: "order-7"}
-	recorded = store.Key{Tenant: "acme", Method: doMethod, Key: "pay-1"}
+	leased   = store.Scope{Tenant: "acme", Method: checkout, Key: "order-7"}
+	recorded = store.Scope{Tenant: "acme", Method: doMethod, Key: "pay-1"}
 )
 
 // protocols are the values of -protocol: the command's tests run against
@@ -485,8 +485,8 @@ func TestDatabaseURL(t *testing.T) {
 
 	// A filter no key can hold is the operator's mistake, not the
 	// database's failure.
-	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
-	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid scope: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid scope: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
 
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.

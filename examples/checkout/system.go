@@ -271,7 +271,7 @@ type rows struct {
 // makes: its child key for checkoutsvc.StepCharge. The checkout server has
 // no tenants, so every request is in the empty one.
 func chargeKey(key string) string {
-	parent := store.Key{Method: checkoutv1.CheckoutService_Checkout_FullMethodName, Key: key}
+	parent := store.Scope{Method: checkoutv1.CheckoutService_Checkout_FullMethodName, Key: key}
 	return idem.DeriveKey(parent, checkoutsvc.StepCharge)
 }
 

@@ -266,14 +266,14 @@ func describe(pts map[string]point) map[string]string {
 // failingStore fails every claim, as a database that is down does.
 type failingStore struct{ store.Store }
 
-func (failingStore) Claim(context.Context, store.Key, store.Request) (store.Claim, error) {
+func (failingStore) Claim(context.Context, store.Scope, store.Request) (store.Claim, error) {
 	return store.Claim{}, errors.New("dial tcp db.internal:5432: connection refused")
 }
 
 // losingStore hands out leases whose record finds them taken over.
 type losingStore struct{ store.Store }
 
-func (s losingStore) ClaimLeased(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s losingStore) ClaimLeased(ctx context.Context, k store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
 	c, err := s.Store.ClaimLeased(ctx, k, r, d)
 	if c.Lease != nil {
 		c.Lease = losingLease{c.Lease}
@@ -383,7 +383,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
+	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Scope{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
 	if err != nil || abandoned.Lease == nil {
 		t.Fatalf("lease: %+v, %v", abandoned, err)
 	}

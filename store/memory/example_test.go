@@ -14,7 +14,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	s := memory.New(memory.WithTTL(time.Hour))
-	key := store.Key{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
+	key := store.Scope{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
 	fingerprint := []byte("request hash")
 
 	// The first request claims the key, runs and records its response.
@@ -49,7 +49,7 @@ func ExampleWithClock() {
 		memory.WithTTL(24*time.Hour),
 		memory.WithClock(func() time.Time { return now }), // not concurrent here
 	)
-	key := store.Key{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
+	key := store.Scope{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
 
 	c, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
 	_ = c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK})

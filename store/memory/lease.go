@@ -10,11 +10,11 @@ import (
 )
 
 // ClaimLeased implements [store.Store]. Like [Store.Claim], it refuses a key that
-// breaks the rules of [store.Key.Validate], and it waits for a
+// breaks the rules of [store.Scope.Validate], and it waits for a
 // running atomic claim of the key to finish, for at most the lock timeout.
 // A takeover keeps the key's expiry and its steps; a key that expired is
 // leased afresh, without them.
-func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
 	}
@@ -81,7 +81,7 @@ func cloneStep(p *store.Step) *store.Step {
 // leased is a held leased claim.
 type leased struct {
 	store *Store
-	key   store.Key
+	key   store.Scope
 	token uint64
 
 	mu       sync.Mutex
@@ -187,14 +187,14 @@ func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 }
 
 // Abandoned implements [store.Finishing].
-func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for k, e := range s.entries {
 		if len(out) >= limit {
 			break
@@ -206,8 +206,8 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		if now.Before(e.lockedUntil.Add(wait)) {
 			continue
 		}
-		out = append(out, store.Abandoned{
-			Key:         k,
+		out = append(out, store.AbandonedCall{
+			Scope:       k,
 			Fingerprint: bytes.Clone(e.fp),
 			Call:        *cloneCall(e.call),
 			Takeovers:   e.takeovers,

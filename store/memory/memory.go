@@ -18,7 +18,7 @@ type Store struct {
 	now         func() time.Time
 
 	mu        sync.Mutex
-	entries   map[store.Key]*entry
+	entries   map[store.Scope]*entry
 	tokens    uint64    // the last fencing token issued, by any key
 	lastSweep time.Time // by s.now
 }
@@ -38,7 +38,7 @@ func New(opts ...Option) *Store {
 		ttl:         o.ttl,
 		lockTimeout: o.lockTimeout,
 		now:         o.now,
-		entries:     make(map[store.Key]*entry),
+		entries:     make(map[store.Scope]*entry),
 	}
 }
 
@@ -123,11 +123,11 @@ func (s *Store) sweepLocked(now time.Time) {
 }
 
 // Claim implements [store.Store]. A key that breaks the rules of
-// [store.Key.Validate] fails with [store.ErrInvalidKey], as in every store,
+// [store.Scope.Validate] fails with [store.ErrInvalidScope], as in every store,
 // although a map could hold it. A claim of a key whose atomic owner is
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
-func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -154,7 +154,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 // lockSettled locks s and returns the entry of key (nil if none) once no
 // atomic claim is running on it, waiting for a running one to finish for at
 // most the lock timeout, or until ctx ends. On success s.mu stays locked.
-func (s *Store) lockSettled(ctx context.Context, key store.Key) (*entry, time.Time, error) {
+func (s *Store) lockSettled(ctx context.Context, key store.Scope) (*entry, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, err
 	}
@@ -210,7 +210,7 @@ var errFinished = errors.New("memory: claim already finished")
 // txn is an owned atomic claim.
 type txn struct {
 	store    *Store
-	key      store.Key
+	key      store.Scope
 	e        *entry
 	finished bool // guarded by store.mu
 }

@@ -43,7 +43,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 	s := New(WithTTL(ttl), WithClock(clock.Now))
 	claim := func(i int) {
 		t.Helper()
-		k := store.Key{Tenant: "t", Method: "/s/M", Key: fmt.Sprint(i)}
+		k := store.Scope{Tenant: "t", Method: "/s/M", Key: fmt.Sprint(i)}
 		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim %d: %+v, %v", i, c, err)
@@ -52,7 +52,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/s/L", Key: "l"}, store.Request{Fingerprint: []byte("fp")}, 10*ttl)
+	l, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/s/L", Key: "l"}, store.Request{Fingerprint: []byte("fp")}, 10*ttl)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -80,7 +80,7 @@ func TestClockMovesLeases(t *testing.T) {
 	ctx := context.Background()
 	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	s := New(WithClock(clock.Now))
-	k := store.Key{Tenant: "t", Method: "/s/M", Key: "k"}
+	k := store.Scope{Tenant: "t", Method: "/s/M", Key: "k"}
 	first, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || first.Lease == nil {
 		t.Fatalf("lease: %+v, %v", first, err)

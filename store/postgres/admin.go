@@ -107,7 +107,7 @@ const (
 // of its own under the lock timeout, on the tenant's shard. A row whose
 // steps or kept request cannot be read fails with an error wrapping
 // [store.ErrCorrupt]: forget the key once its side effects are checked.
-func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
+func (s *Store) Key(ctx context.Context, k store.Scope) (store.KeyInfo, error) {
 	if err := k.Validate(); err != nil {
 		return store.KeyInfo{}, err
 	}
@@ -333,7 +333,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		mdNames     []*string
 		mdValues    [][]byte
 	)
-	err := row.Scan(&r.pos.id, &r.Key.Tenant, &r.Key.Method, &r.Key.Key, &state, &r.Fingerprint,
+	err := row.Scan(&r.pos.id, &r.Scope.Tenant, &r.Scope.Method, &r.Scope.Key, &state, &r.Fingerprint,
 		&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &lockedUntil, &r.Takeovers,
 		&status, &rcode, &body, &notCached,
 		&oldSteps, &stepNames, &stepResults,
@@ -342,7 +342,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		return keyRow{}, err
 	}
 	r.pos.at = r.CreatedAt
-	r.State = store.KeyState(state)
+	r.State = store.State(state)
 	switch status {
 	case "completed":
 		out := store.Outcome{Body: body, NotCached: notCached}
@@ -358,7 +358,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		return keyRow{}, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
 	}
 	corrupt := func(err error) error {
-		return fmt.Errorf("%w: key %q of tenant %q, method %q: %w", store.ErrCorrupt, r.Key.Key, r.Key.Tenant, r.Key.Method, err)
+		return fmt.Errorf("%w: key %q of tenant %q, method %q: %w", store.ErrCorrupt, r.Scope.Key, r.Scope.Tenant, r.Scope.Method, err)
 	}
 	if r.Steps, err = readSteps(oldSteps, stepNames, stepResults); err != nil {
 		return keyRow{}, corrupt(err)
@@ -385,7 +385,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 // fences the lease's holder: its later writes match no row, or the row of
 // a later claim with a token of its own, and fail with
 // [store.ErrLeaseLost].
-func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
+func (s *Store) Forget(ctx context.Context, k store.Scope, force bool) error {
 	return s.adminWrite(ctx, k, adminForget, force, false)
 }
 
@@ -395,7 +395,7 @@ func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
 // writes fail with [store.ErrLeaseLost]), and the steps, which no claim
 // of a recorded key reads. An expired entry counts as none: Settle fails
 // with [store.ErrNotFound].
-func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, force bool) error {
+func (s *Store) Settle(ctx context.Context, k store.Scope, out store.Outcome, force bool) error {
 	return s.adminWrite(ctx, k, adminSettle, force, true, int32(out.Code), out.Body, out.NotCached)
 }
 
@@ -404,7 +404,7 @@ func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, forc
 // changed nothing, in one transaction under the lock timeout, one round
 // trip. A row whose lease ended between the two statements (its holder
 // released or recorded it) is tried again.
-func (s *Store) adminWrite(ctx context.Context, k store.Key, write string, force, settle bool, extra ...any) error {
+func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, force, settle bool, extra ...any) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
@@ -424,7 +424,7 @@ func (s *Store) adminWrite(ctx context.Context, k store.Key, write string, force
 
 // adminWriteOnce runs one round of adminWrite; it reports false, without
 // an error, when the round decided nothing.
-func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Key, write string, force, settle bool, extra []any) (done bool, err error) {
+func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Scope, write string, force, settle bool, extra []any) (done bool, err error) {
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return false, err

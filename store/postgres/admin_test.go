@@ -40,10 +40,10 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 				return now
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout), postgres.WithClock(clock))
-			settled := store.Key{Tenant: "t", Method: "/svc/M", Key: "settled"}
-			forgotten := store.Key{Tenant: "t", Method: "/svc/M", Key: "forgotten"}
+			settled := store.Scope{Tenant: "t", Method: "/svc/M", Key: "settled"}
+			forgotten := store.Scope{Tenant: "t", Method: "/svc/M", Key: "forgotten"}
 			var leases []store.Lease
-			for _, k := range []store.Key{settled, forgotten} {
+			for _, k := range []store.Scope{settled, forgotten} {
 				l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 				if err != nil || l.Lease == nil {
 					t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
@@ -79,11 +79,11 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 					}
 				}
 			}
-			for _, k := range []store.Key{settled, forgotten} {
+			for _, k := range []store.Scope{settled, forgotten} {
 				cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
 				ki, err := s.Key(cctx, k)
 				cancel()
-				if err != nil || ki.State != store.KeyAbandoned {
+				if err != nil || ki.State != store.Abandoned {
 					t.Errorf("Key(%s) behind the locked row: %+v, %v; want it abandoned", k.Key, ki, err)
 				}
 			}
@@ -117,7 +117,7 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 func TestAdminCorruptRow(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	k := store.Key{Tenant: "t", Method: "/svc/M", Key: "damaged"}
+	k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "damaged"}
 	l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
@@ -147,10 +147,10 @@ func TestAdminCorruptRow(t *testing.T) {
 // a listing of one tenant asks that tenant's shard alone.
 func TestShardedKeys(t *testing.T) {
 	s, a, b := twoShards(t)
-	var want []store.Key
+	var want []store.Scope
 	for i := range 4 {
 		for _, tenant := range []string{alpha, beta} {
-			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: fmt.Sprint("k-", i)}
+			k := store.Scope{Tenant: tenant, Method: "/svc/M", Key: fmt.Sprint("k-", i)}
 			claimAndWrite(t, s, k, "r")
 			want = append(want, k)
 		}
@@ -159,7 +159,7 @@ func TestShardedKeys(t *testing.T) {
 		t.Fatal("a tenant's keys are on the other's shard")
 	}
 	var (
-		got   []store.Key
+		got   []store.Scope
 		after string
 	)
 	for range 2 * len(want) {
@@ -168,7 +168,7 @@ func TestShardedKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ki := range page {
-			got = append(got, ki.Key)
+			got = append(got, ki.Scope)
 		}
 		if after = next; after == "" {
 			break
@@ -224,7 +224,7 @@ func TestAdminWriteMeetsATakeoverItWaitedFor(t *testing.T) {
 				defer mu.Unlock()
 				return now
 			}))
-			k := store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
+			k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
 			if l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Second); err != nil || l.Lease == nil {
 				t.Fatalf("lease: %+v, %v", l, err)
 			}

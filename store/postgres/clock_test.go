@@ -51,7 +51,7 @@ func TestClockIsTheStatementsTime(t *testing.T) {
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
-	leased := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "leased"}
+	leased := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "leased"}
 	l, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, 10*time.Minute)
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)

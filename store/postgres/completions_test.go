@@ -20,7 +20,7 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	s := postgres.New(pool)
 	kept := &store.Call{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
 	for _, k := range []string{"healthy", "bad-metadata", "no-method", "unpaired-headers"} {
-		lc, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
+		lc, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease %s: %+v, %v", k, lc, err)
 		}
@@ -36,9 +36,9 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	if err != nil || len(list) != 4 {
 		t.Fatalf("Abandoned = %+v, %v; want the 4 calls", list, err)
 	}
-	byKey := map[string]store.Abandoned{}
+	byKey := map[string]store.AbandonedCall{}
 	for _, a := range list {
-		byKey[a.Key.Key] = a
+		byKey[a.Scope.Key] = a
 	}
 	if a := byKey["healthy"]; a.Unreadable != nil || a.Call.Method != kept.Method || !slices.Equal(a.Call.Metadata["x-user"], []string{"u-7"}) {
 		t.Errorf("the healthy call is listed as %+v", a)
@@ -46,7 +46,7 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method",
 		"unpaired-headers": "request_header_values"} {
 		a := byKey[k]
-		if a.Unreadable == nil || a.Key.Tenant != "t" || string(a.Fingerprint) != "fp" {
+		if a.Unreadable == nil || a.Scope.Tenant != "t" || string(a.Fingerprint) != "fp" {
 			t.Errorf("%s is listed as %+v; want it flagged unreadable, with its key and fingerprint", k, a)
 		} else if !strings.Contains(a.Unreadable.Error(), column) {
 			t.Errorf("%s's error %q does not name the damaged column, %s", k, a.Unreadable, column)

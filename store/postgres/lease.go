@@ -109,8 +109,8 @@ const maxLeaseRounds = 3
 // table it gives up with an error that wraps [store.ErrInUse] (not
 // store.ErrLeaseLost: the lease is still the caller's). The lease's
 // expires_at is set on the first claim and kept by takeovers. Like Claim,
-// it refuses a key that breaks the rules of [store.Key.Validate] with
-// [store.ErrInvalidKey], and waits at most the lock timeout for a
+// it refuses a key that breaks the rules of [store.Scope.Validate] with
+// [store.ErrInvalidScope], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
 // and every later write of its ClaimLeased run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
@@ -119,7 +119,7 @@ const maxLeaseRounds = 3
 // fails with an error wrapping [store.ErrCorrupt], and its lease is ended
 // at once, so that every claim of it fails so, until the row is deleted
 // or expires.
-func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
 	}
@@ -156,7 +156,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 // lease runs one round of ClaimLeased. When the key's steps cannot be
 // decoded it returns an error wrapping store.ErrCorrupt together with the
 // lease its committed takeover holds.
-func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Scope, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
@@ -326,13 +326,13 @@ LIMIT $2`
 // a shard that stops answering on a connection already open.
 //
 // A call whose kept metadata or method cannot be read (a damaged row) is
-// listed with [store.Abandoned].Unreadable set, without its metadata; the
+// listed with [store.AbandonedCall].Unreadable set, without its metadata; the
 // other calls are listed as usual.
-func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if len(s.shards) == 1 {
 		return s.abandonedOn(ctx, s.shards[0], grace, limit)
 	}
-	found := make([][]store.Abandoned, len(s.shards))
+	found := make([][]store.AbandonedCall, len(s.shards))
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
 	for i, pool := range s.shards {
@@ -347,7 +347,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		})
 	}
 	wg.Wait()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for round := 0; len(out) < limit; round++ {
 		took := false
 		for _, f := range found {
@@ -366,7 +366,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 // abandonedOn lists the abandoned calls of one database. A row whose kept
 // request cannot be read is listed with Unreadable set: it must not hide
 // the others.
-func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if pool == nil {
 		return nil, nil // no tenant's key can be there
 	}
@@ -380,10 +380,10 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		return nil, interpretError(err)
 	}
 	defer rows.Close()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for rows.Next() {
 		var (
-			a      store.Abandoned
+			a      store.AbandonedCall
 			method *string // NULL only in a damaged row
 			md     []byte
 			names  []*string // NULL elements only in a damaged row
@@ -391,7 +391,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
-		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
+		if err := rows.Scan(&a.Scope.Tenant, &a.Scope.Method, &a.Scope.Key, &a.Fingerprint,
 			&method, &a.Call.Request, &md, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}

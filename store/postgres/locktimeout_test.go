@@ -86,7 +86,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if tc.warm {
-				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
@@ -111,7 +111,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 // and the lease recorded, counting their rows through pool.
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
-	leased := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
+	leased := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
 	lc, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
@@ -163,7 +163,7 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 
 // claimAndComplete claims k in atomic mode, and k's leased twin (its key
 // with "-lease" appended) in leased mode, and completes both.
-func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
+func claimAndComplete(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -238,7 +238,7 @@ func TestClaimRoundTrips(t *testing.T) {
 			}
 			var got []trips
 			for i := range 3 {
-				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
+				k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
 				var (
 					tr trips
 					c  store.Claim
@@ -421,7 +421,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 		{"locked expired row/success", true, code.Code_OK},
 		{"locked expired row/recorded error", true, code.Code_INVALID_ARGUMENT},
 	} {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprintf("%s/optimistic=%t", tc.name, optimistic)}
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprintf("%s/optimistic=%t", tc.name, optimistic)}
 		args := []any{k.Tenant, k.Method, k.Key}
 		// run claims k, optimistically or not, writes a row of w and
 		// records tc.code.
@@ -498,10 +498,10 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 // the session is gone the lease records.
 func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration) {
 	t.Helper()
-	held := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased"}
-	released := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
+	held := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased"}
+	released := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
 	var leases []store.Lease
-	for _, k := range []store.Key{held, released} {
+	for _, k := range []store.Scope{held, released} {
 		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)

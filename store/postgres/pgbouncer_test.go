@@ -81,7 +81,7 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if warm {
-				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
@@ -129,11 +129,11 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 
 	// A claim that executes, a replay, a recorded error, a claim that
 	// waits for a key's owner and gives up, a lease and its record.
-	claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"})
-	if c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"}, store.Request{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
+	claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"})
+	if c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"}, store.Request{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
 		t.Fatalf("replay: %+v, %v", c, err)
 	}
-	c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "err"}, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "err"}, store.Request{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// An optimistic claim that records, and one of the same key whose
 	// record finds it taken.
 	for i, want := range []error{nil, store.ErrConflict} {
-		c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
 		if err != nil {
 			t.Fatal(err)
 		}

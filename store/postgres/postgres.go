@@ -257,12 +257,12 @@ FROM recorded`
 // BEGIN alone and reads nothing: its record decides, and fails with
 // store.ErrConflict where the key has a row (see the package's overview).
 //
-// A key that breaks the rules of [store.Key.Validate] fails with
-// [store.ErrInvalidKey] before any statement is sent: the rules keep every
+// A key that breaks the rules of [store.Scope.Validate] fails with
+// [store.ErrInvalidScope] before any statement is sent: the rules keep every
 // key within what the table's text columns can hold. On a sharded store
 // (see [NewSharded]) the claim runs on the tenant's shard, and a tenant the
 // route gives no shard fails with [ErrNoShard], also before any statement.
-func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -300,7 +300,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 // record decides (see [txn.recordOptimistic]). The claim's expiry is
 // reported by the store's clock ([WithClock]), else by the process's: the
 // key's row gets the database's, which no statement has read yet.
-func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, r store.Request, at any) (store.Claim, error) {
+func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, r store.Request, at any) (store.Claim, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		_ = abandon(ctx, conn)
@@ -354,7 +354,7 @@ func (s *Store) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn,
 // and its answer is not settled, waits for it; it leaves the transaction
 // open. It returns the transaction, the entry found (nil when the key
 // has no row) and the claim's time, at (see [Store.now]) or the database's.
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, at any) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, at any) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
 	br, tx, err := s.sendBounded(ctx, conn, mode, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
 		{SQL: tryKey, Arguments: []any{lockClass, sc.lock, at}},
@@ -453,7 +453,7 @@ type txn struct {
 	store    *Store
 	conn     *pgxpool.Conn // nil once finished
 	mode     pgx.QueryExecMode
-	key      store.Key
+	key      store.Scope
 	scope    scope
 	fp       []byte
 	ttl      float64 // seconds

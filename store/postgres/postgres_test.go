@@ -84,7 +84,7 @@ func TestMigrateConcurrentOnEmptyDatabase(t *testing.T) {
 	}
 }
 
-var key = store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
+var key = store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
 
 func TestClaimCompleteReplay(t *testing.T) {
 	s := postgres.New(pgtest.NewPool(t))

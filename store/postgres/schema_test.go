@@ -25,7 +25,7 @@ import (
 // it, and that pgtest.KeyIDSQL gives tests.
 func TestScopeIDMatchesMigration(t *testing.T) {
 	pool := pgtest.NewPool(t)
-	for _, k := range []store.Key{
+	for _, k := range []store.Scope{
 		{Tenant: "", Method: "/svc/M", Key: "k"},
 		{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1"},
 		{Tenant: "Zürich-ümlaut-日本", Method: "/a.b/C", Key: "x"},
@@ -42,7 +42,7 @@ func TestScopeIDMatchesMigration(t *testing.T) {
 			t.Errorf("id of %q/%q/%q: SQL %x, Go %x", k.Tenant, k.Method, k.Key[:min(len(k.Key), 10)], got, want)
 		}
 	}
-	if postgres.ScopeID(store.Key{Tenant: "a", Method: "b:c", Key: "k"}) == postgres.ScopeID(store.Key{Tenant: "a:b", Method: "c", Key: "k"}) {
+	if postgres.ScopeID(store.Scope{Tenant: "a", Method: "b:c", Key: "k"}) == postgres.ScopeID(store.Scope{Tenant: "a:b", Method: "c", Key: "k"}) {
 		t.Error("two scopes that differ only in where a field ends share an id")
 	}
 }
@@ -181,7 +181,7 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 	}
 
 	s := postgres.New(pool)
-	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
+	k := func(name string) store.Scope { return store.Scope{Tenant: "acme", Method: "/svc/M", Key: name} }
 	done, err := s.Claim(ctx, k("done"), store.Request{Fingerprint: []byte("fp")})
 	if err != nil || done.Entry == nil || string(done.Entry.Outcome.Body) != "recorded" {
 		t.Fatalf("completed key after the migration: %+v, %v; want its replay", done, err)
@@ -308,7 +308,7 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 	}
 
 	s := postgres.New(pool)
-	k := func(name string) store.Key { return store.Key{Tenant: "acme", Method: "/svc/M", Key: name} }
+	k := func(name string) store.Scope { return store.Scope{Tenant: "acme", Method: "/svc/M", Key: name} }
 	for _, tc := range []struct {
 		key   string
 		steps []store.Step
@@ -334,7 +334,7 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 		t.Fatalf("Abandoned after the migration: %+v, %v; want the kept call", list, err)
 	}
 	want := map[string][]string{"x-multi": {"a", "b"}, "x-user": {"u-7"}}
-	if a := list[0]; a.Unreadable != nil || a.Key != k("kept") || a.Call.Method != "/svc/Charge" ||
+	if a := list[0]; a.Unreadable != nil || a.Scope != k("kept") || a.Call.Method != "/svc/Charge" ||
 		string(a.Call.Request) != "request" || !maps.EqualFunc(a.Call.Metadata, want, slices.Equal) {
 		t.Fatalf("the kept call after the migration: %+v, want its method, request and metadata %v", a, want)
 	}

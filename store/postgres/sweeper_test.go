@@ -66,8 +66,8 @@ FROM generate_series(1, $3::int) g,
 }
 
 // liveKey is the key insertKeys made as row i of prefix.
-func liveKey(prefix string, i int) store.Key {
-	return store.Key{
+func liveKey(prefix string, i int) store.Scope {
+	return store.Scope{
 		Tenant: fmt.Sprintf("tenant-%d", i%7),
 		Method: fmt.Sprintf("/svc/M%d", i%3),
 		Key:    fmt.Sprintf("%s%d", prefix, i),
@@ -210,7 +210,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 				start := phase.Load()
 				var err error
 				if i%2 == 0 {
-					err = claimFresh(s, store.Key{Tenant: "tenant-1", Method: "/svc/M1", Key: fmt.Sprintf("fresh-%d-%d", w, i)})
+					err = claimFresh(s, store.Scope{Tenant: "tenant-1", Method: "/svc/M1", Key: fmt.Sprintf("fresh-%d-%d", w, i)})
 				} else {
 					err = claimLive(s, liveKey("live-", 1+(w*7919+i)%liveKeys))
 				}
@@ -290,7 +290,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 }
 
 // claimFresh claims a key nobody has and completes it.
-func claimFresh(s *postgres.Store, k store.Key) error {
+func claimFresh(s *postgres.Store, k store.Scope) error {
 	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
 	if err != nil {
 		return fmt.Errorf("fresh key %s: %w", k.Key, err)
@@ -305,7 +305,7 @@ func claimFresh(s *postgres.Store, k store.Key) error {
 }
 
 // claimLive claims a live completed key and expects its entry.
-func claimLive(s *postgres.Store, k store.Key) error {
+func claimLive(s *postgres.Store, k store.Scope) error {
 	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte{1}})
 	if err != nil {
 		return fmt.Errorf("live key %s: %w", k.Key, err)

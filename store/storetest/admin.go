@@ -23,14 +23,14 @@ func admin(t *testing.T, s store.Store) store.Admin {
 }
 
 // keyInfo reads k through a, failing the test on an error.
-func keyInfo(t *testing.T, a store.Admin, k store.Key) store.KeyInfo {
+func keyInfo(t *testing.T, a store.Admin, k store.Scope) store.KeyInfo {
 	t.Helper()
 	ki, err := a.Key(t.Context(), k)
 	if err != nil {
 		t.Fatalf("Key(%v): %v", k, err)
 	}
-	if ki.Key != k {
-		t.Errorf("Key(%v) returned the entry of %v", k, ki.Key)
+	if ki.Scope != k {
+		t.Errorf("Key(%v) returned the entry of %v", k, ki.Scope)
 	}
 	return ki
 }
@@ -44,7 +44,7 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 	var (
 		all   []store.KeyInfo
 		after string
-		seen  = map[store.Key]bool{}
+		seen  = map[store.Scope]bool{}
 	)
 	for pages := 0; ; pages++ {
 		if pages > 100 {
@@ -61,12 +61,12 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 			t.Fatalf("Keys(%+v) returned an empty page with a next cursor", f)
 		}
 		for _, ki := range page {
-			if seen[ki.Key] {
-				t.Fatalf("Keys(%+v) returned %v twice", f, ki.Key)
+			if seen[ki.Scope] {
+				t.Fatalf("Keys(%+v) returned %v twice", f, ki.Scope)
 			}
-			seen[ki.Key] = true
+			seen[ki.Scope] = true
 			if n := len(all); n > 0 && ki.CreatedAt.Before(all[n-1].CreatedAt) {
-				t.Errorf("Keys(%+v): %v created at %v comes after one created at %v", f, ki.Key, ki.CreatedAt, all[n-1].CreatedAt)
+				t.Errorf("Keys(%+v): %v created at %v comes after one created at %v", f, ki.Scope, ki.CreatedAt, all[n-1].CreatedAt)
 			}
 			all = append(all, ki)
 		}
@@ -78,19 +78,19 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 }
 
 // keysOf returns the keys of list, in its order.
-func keysOf(list []store.KeyInfo) []store.Key {
-	out := make([]store.Key, len(list))
+func keysOf(list []store.KeyInfo) []store.Scope {
+	out := make([]store.Scope, len(list))
 	for i, ki := range list {
-		out[i] = ki.Key
+		out[i] = ki.Scope
 	}
 	return out
 }
 
 // wantKeys fails the test unless got holds exactly want, in any order.
-func wantKeys(t *testing.T, what string, got []store.KeyInfo, want ...store.Key) {
+func wantKeys(t *testing.T, what string, got []store.KeyInfo, want ...store.Scope) {
 	t.Helper()
 	ks := keysOf(got)
-	sortKeys := func(a, b store.Key) int {
+	sortKeys := func(a, b store.Scope) int {
 		return cmpStrings(a.Tenant+"\x00"+a.Method+"\x00"+a.Key, b.Tenant+"\x00"+b.Method+"\x00"+b.Key)
 	}
 	slices.SortFunc(ks, sortKeys)
@@ -123,7 +123,7 @@ func wantLeaseLive(t *testing.T, what string, err error, until time.Time) {
 }
 
 // recordKey claims k atomically and records out.
-func recordKey(t *testing.T, s store.Store, k store.Key, out store.Outcome) {
+func recordKey(t *testing.T, s store.Store, k store.Scope, out store.Outcome) {
 	t.Helper()
 	if err := claimTxn(t, s, k, fp).Record(t.Context(), out); err != nil {
 		t.Fatalf("Record(%v): %v", k, err)
@@ -131,8 +131,8 @@ func recordKey(t *testing.T, s store.Store, k store.Key, out store.Outcome) {
 }
 
 // keyOf returns the suite's key with another key string.
-func keyOf(tenant, method, k string) store.Key {
-	return store.Key{Tenant: tenant, Method: method, Key: k}
+func keyOf(tenant, method, k string) store.Scope {
+	return store.Scope{Tenant: tenant, Method: method, Key: k}
 }
 
 // adminCases exercise store.Admin.
@@ -164,7 +164,7 @@ var adminCases = []testCase{
 		}
 
 		ki := keyInfo(t, a, recorded)
-		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != errorOutcome().Code ||
+		if ki.State != store.Recorded || ki.Outcome == nil || ki.Outcome.Code != errorOutcome().Code ||
 			!bytes.Equal(ki.Outcome.Body, errorOutcome().Body) || !ki.LeaseUntil.IsZero() || ki.Call != nil || len(ki.Steps) != 0 {
 			t.Errorf("the recorded key: %+v", ki)
 		}
@@ -177,7 +177,7 @@ var adminCases = []testCase{
 		}
 
 		ki = keyInfo(t, a, live)
-		if ki.State != store.KeyInProgress || ki.Outcome != nil || ki.Takeovers != 0 {
+		if ki.State != store.InProgress || ki.Outcome != nil || ki.Takeovers != 0 {
 			t.Errorf("the leased key: %+v", ki)
 		}
 		wantAbout(t, "the live lease's end", ki.LeaseUntil, start.Add(time.Hour))
@@ -191,23 +191,23 @@ var adminCases = []testCase{
 
 		cfg.advance(runOut)
 		ki = keyInfo(t, a, abandoned)
-		if ki.State != store.KeyAbandoned || ki.Outcome != nil || len(ki.Steps) != 1 || ki.Steps[0].Name != "sent" {
+		if ki.State != store.Abandoned || ki.Outcome != nil || len(ki.Steps) != 1 || ki.Steps[0].Name != "sent" {
 			t.Errorf("the abandoned key: %+v", ki)
 		}
 		wantAbout(t, "the abandoned lease's end", ki.LeaseUntil, start.Add(shortLease))
 		second := takeLease(t, s, abandoned, fp, shortLease)
-		if ki := keyInfo(t, a, abandoned); ki.State != store.KeyInProgress || ki.Takeovers != 1 {
+		if ki := keyInfo(t, a, abandoned); ki.State != store.InProgress || ki.Takeovers != 1 {
 			t.Errorf("the key taken over: %+v, want in progress with 1 takeover", ki)
 		}
 		_ = second
 
 		cfg.advance(2 * time.Minute)
 		ki = keyInfo(t, a, expired)
-		if ki.State != store.KeyExpired || !bytes.Equal(ki.Fingerprint, other) {
+		if ki.State != store.Expired || !bytes.Equal(ki.Fingerprint, other) {
 			t.Errorf("the expired key: %+v", ki)
 		}
 		wantAbout(t, "the expired key's expiry", ki.ExpiresAt, start.Add(time.Minute))
-		if ki := keyInfo(t, a, live); ki.State != store.KeyInProgress {
+		if ki := keyInfo(t, a, live); ki.State != store.InProgress {
 			t.Errorf("the key leased for an hour is %s two minutes on, want in progress", ki.State)
 		}
 	}},
@@ -215,7 +215,7 @@ var adminCases = []testCase{
 	{name: "UnknownKeysAreNotFound", run: func(t *testing.T, s store.Store, _ Config) {
 		a := admin(t, s)
 		recordKey(t, s, key, okOutcome("r"))
-		for _, k := range []store.Key{
+		for _, k := range []store.Scope{
 			keyOf(key.Tenant, key.Method, "missing"),
 			keyOf("other-tenant", key.Method, key.Key),
 			keyOf(key.Tenant, "/idem.test.v1.Test/Other", key.Key),
@@ -241,19 +241,19 @@ var adminCases = []testCase{
 
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		a := admin(t, s)
-		for _, k := range []store.Key{
+		for _, k := range []store.Scope{
 			{Tenant: key.Tenant, Method: "", Key: key.Key},
 			{Tenant: key.Tenant, Method: key.Method, Key: ""},
 			{Tenant: key.Tenant, Method: key.Method, Key: "nul\x00"},
 		} {
-			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Key(%q): %v, want ErrInvalidKey", k, err)
+			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Key(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Forget(%q): %v, want ErrInvalidKey", k, err)
+			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Forget(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Settle(%q): %v, want ErrInvalidKey", k, err)
+			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Settle(%q): %v, want ErrInvalidScope", k, err)
 			}
 		}
 	}},
@@ -269,12 +269,12 @@ var adminCases = []testCase{
 			"every tenant's, a NUL method": {AllTenants: true, Method: "/nul\x00"},
 			"a method not UTF-8":           {AllTenants: true, Method: "/bad-\xc3"},
 			"a method past its bound":      {AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)},
-			"a state that is none of them": {AllTenants: true, States: []store.KeyState{store.KeyRecorded, "done"}},
-			"a state with a NUL byte":      {AllTenants: true, States: []store.KeyState{"recorded\x00"}},
+			"a state that is none of them": {AllTenants: true, States: []store.State{store.Recorded, "done"}},
+			"a state with a NUL byte":      {AllTenants: true, States: []store.State{"recorded\x00"}},
 		} {
 			page, next, err := a.Keys(t.Context(), f, "")
-			if !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidKey", name, len(page), next, err)
+			if !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidScope", name, len(page), next, err)
 			}
 		}
 		// A tenant that AllTenants ignores is not looked at.
@@ -284,7 +284,7 @@ var adminCases = []testCase{
 	{name: "KeysFilterAndPage", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		const lease = "/idem.test.v1.Test/Lease"
-		var mine, theirs, leased []store.Key
+		var mine, theirs, leased []store.Scope
 		for i := range 7 {
 			k := keyOf(key.Tenant, key.Method, fmt.Sprint("k-", i))
 			recordKey(t, s, k, okOutcome(k.Key))
@@ -311,10 +311,10 @@ var adminCases = []testCase{
 		wantKeys(t, "the other tenant's keys", listAll(t, a, store.KeyFilter{Tenant: "other-tenant"}, 2), theirs...)
 		wantKeys(t, "the empty tenant's keys", listAll(t, a, store.KeyFilter{}, 2))
 		wantKeys(t, "the keys of one method", listAll(t, a, store.KeyFilter{AllTenants: true, Method: lease}, 1), leased...)
-		wantKeys(t, "the keys in progress", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyInProgress}}, 1), leased...)
+		wantKeys(t, "the keys in progress", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.State{store.InProgress}}, 1), leased...)
 		wantKeys(t, "the keys recorded of the tenant",
-			listAll(t, a, store.KeyFilter{Tenant: key.Tenant, States: []store.KeyState{store.KeyRecorded, store.KeyExpired}}, 3), mine...)
-		wantKeys(t, "the keys abandoned", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyAbandoned}}, 3))
+			listAll(t, a, store.KeyFilter{Tenant: key.Tenant, States: []store.State{store.Recorded, store.Expired}}, 3), mine...)
+		wantKeys(t, "the keys abandoned", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.State{store.Abandoned}}, 3))
 
 		// Creation times: [created of k-2, created of k-5) holds k-2 to k-4.
 		from, to := keyInfo(t, a, mine[2]).CreatedAt, keyInfo(t, a, mine[5]).CreatedAt
@@ -361,7 +361,7 @@ var adminCases = []testCase{
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)
-		for _, k := range []store.Key{leaseKey, expired} {
+		for _, k := range []store.Scope{leaseKey, expired} {
 			if err := a.Forget(t.Context(), k, false); err != nil {
 				t.Fatalf("Forget(%v): %v", k, err)
 			}
@@ -419,7 +419,7 @@ var adminCases = []testCase{
 			t.Fatalf("Settle of an abandoned key: %v", err)
 		}
 		ki := keyInfo(t, a, leaseKey)
-		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != settled.Code ||
+		if ki.State != store.Recorded || ki.Outcome == nil || ki.Outcome.Code != settled.Code ||
 			!bytes.Equal(ki.Outcome.Body, settled.Body) || ki.Call != nil || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
 			t.Errorf("the settled key: %+v", ki)
 		}
@@ -454,7 +454,7 @@ var adminCases = []testCase{
 		l := takeLease(t, s, leaseKey, fp, longLease)
 		err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), false)
 		wantLeaseLive(t, "Settle of a live lease", err, cfg.Now().Add(longLease))
-		if ki := keyInfo(t, a, leaseKey); ki.State != store.KeyInProgress {
+		if ki := keyInfo(t, a, leaseKey); ki.State != store.InProgress {
 			t.Errorf("the key after a refused Settle is %s, want in progress", ki.State)
 		}
 		if err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), true); err != nil {
@@ -508,7 +508,7 @@ var adminCases = []testCase{
 			}
 			next := takeLease(t, s, k, other, longLease)
 			writeAll(t, l, "after a forced Forget and a new claim", order)
-			if ki := keyInfo(t, a, k); ki.State != store.KeyInProgress || len(ki.Steps) != 0 || !bytes.Equal(ki.Fingerprint, other) {
+			if ki := keyInfo(t, a, k); ki.State != store.InProgress || len(ki.Steps) != 0 || !bytes.Equal(ki.Fingerprint, other) {
 				t.Errorf("the new claim after the fenced writes: %+v", ki)
 			}
 			if err := next.Record(t.Context(), okOutcome("next")); err != nil {
@@ -523,7 +523,7 @@ var adminCases = []testCase{
 				t.Fatalf("forced Settle: %v", err)
 			}
 			writeAll(t, l, "after a forced Settle", order)
-			if ki := keyInfo(t, a, k); ki.State != store.KeyRecorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
+			if ki := keyInfo(t, a, k); ki.State != store.Recorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
 				t.Errorf("the settled key after the fenced writes: %+v", ki)
 			}
 			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())

@@ -338,7 +338,7 @@ var claimCases = []testCase{
 	}},
 
 	{name: "KeysAreScopedByTenantMethodAndKey", run: func(t *testing.T, s store.Store, _ Config) {
-		keys := []store.Key{
+		keys := []store.Scope{
 			key,
 			{Tenant: "other-tenant", Method: key.Method, Key: key.Key},
 			{Tenant: key.Tenant, Method: "/idem.test.v1.Test/Other", Key: key.Key},
@@ -363,9 +363,9 @@ var claimCases = []testCase{
 			wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
 		}
 		// A held key does not make another one wait.
-		_ = claimTxn(t, s, store.Key{Tenant: "a/b", Method: "c", Key: "e"}, fp)
+		_ = claimTxn(t, s, store.Scope{Tenant: "a/b", Method: "c", Key: "e"}, fp)
 		start := time.Now()
-		_ = claimTxn(t, s, store.Key{Tenant: "a", Method: "b/c", Key: "e"}, fp)
+		_ = claimTxn(t, s, store.Scope{Tenant: "a", Method: "b/c", Key: "e"}, fp)
 		if waited := time.Since(start); waited > 2*time.Second {
 			t.Errorf("claim of a free key took %v while another key was held", waited)
 		}

@@ -44,9 +44,9 @@
 // abandoned, expired and unknown keys; a live lease refused unless
 // forced, and a forced action fencing the lease's holder; invalid keys.
 //
-// Keys ([store.Key.Validate]): keys at the length bounds and of non-ASCII
+// Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid
-// UTF-8 or with a NUL byte are refused with [store.ErrInvalidKey].
+// UTF-8 or with a NUL byte are refused with [store.ErrInvalidScope].
 //
 // # Time
 //

@@ -127,7 +127,7 @@ var leaseCases = []testCase{
 			t.Errorf("ClaimLeased of a recorded key = %s, %v; want its entry and no takeover", describeLeasedClaim(c), err)
 		}
 		// A key released without a saved step is free again.
-		released := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
+		released := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
 		fresh := takeLeasedClaim(t, s, released, fp, longLease)
 		if err := fresh.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
@@ -175,12 +175,12 @@ var leaseCases = []testCase{
 			write func(ctx context.Context, l store.Lease) error
 			// check runs after the stale write, before the new owner
 			// records, and sees that the write changed nothing.
-			check func(t *testing.T, k store.Key, owner store.Lease)
+			check func(t *testing.T, k store.Scope, owner store.Lease)
 		}{
 			{
 				name:  "Extend",
 				write: func(ctx context.Context, l store.Lease) error { return l.Extend(ctx, 10*longLease) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					e := leaseEntry(t, s, k, fp, longLease)
 					wantInProgress(t, e, fp)
 					if e.LeaseRemaining > longLease {
@@ -193,7 +193,7 @@ var leaseCases = []testCase{
 				write: func(ctx context.Context, l store.Lease) error {
 					return l.SaveStep(ctx, store.Step{Name: "stale"})
 				},
-				check: func(t *testing.T, k store.Key, owner store.Lease) {
+				check: func(t *testing.T, k store.Scope, owner store.Lease) {
 					// Let the new owner's lease run out, and take over again:
 					// the point is the new owner's.
 					if err := owner.Extend(t.Context(), 0); err != nil {
@@ -209,14 +209,14 @@ var leaseCases = []testCase{
 			{
 				name:  "Record",
 				write: func(ctx context.Context, l store.Lease) error { return l.Record(ctx, okOutcome("stale")) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
 				},
 			},
 			{
 				name:  "Release",
 				write: func(ctx context.Context, l store.Lease) error { return l.Release(ctx) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
 				},
 			},

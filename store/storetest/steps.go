@@ -97,7 +97,7 @@ var stepCases = []testCase{
 			t.Errorf("%d steps after a refused one, want %d", n, store.MaxSteps)
 		}
 
-		big := takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "big"}, fp, time.Minute)
+		big := takeLease(t, s, store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "big"}, fp, time.Minute)
 		data := bytes.Repeat([]byte{7}, store.MaxStepResultBytes)
 		var err2 error
 		saved := 0
@@ -133,7 +133,7 @@ var keptCall = &store.Call{
 }
 
 // abandonedKeys returns the keys Abandoned lists.
-func abandonedKeys(t *testing.T, c store.Finishing, grace time.Duration) []store.Abandoned {
+func abandonedKeys(t *testing.T, c store.Finishing, grace time.Duration) []store.AbandonedCall {
 	t.Helper()
 	list, err := c.Abandoned(t.Context(), grace, 100)
 	if err != nil {
@@ -150,7 +150,7 @@ var finishingCases = []testCase{
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
 		// Without a kept call, or still leased: not listed.
-		_ = takeLease(t, s, store.Key{Tenant: key.Tenant, Method: key.Method, Key: "plain"}, fp, 100*time.Millisecond)
+		_ = takeLease(t, s, store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "plain"}, fp, 100*time.Millisecond)
 		if got := abandonedKeys(t, c, 0); len(got) != 0 {
 			t.Fatalf("Abandoned during the lease: %v", got)
 		}
@@ -163,7 +163,7 @@ var finishingCases = []testCase{
 			t.Fatalf("Abandoned = %v, want the one key", got)
 		}
 		a := got[0]
-		if a.Key != key || !bytes.Equal(a.Fingerprint, fp) || a.Takeovers != 0 ||
+		if a.Scope != key || !bytes.Equal(a.Fingerprint, fp) || a.Takeovers != 0 ||
 			a.Call.Method != keptCall.Method || !bytes.Equal(a.Call.Request, keptCall.Request) ||
 			!slices.Equal(a.Call.Metadata["x-roles"], []string{"a", "b"}) || !slices.Equal(a.Call.Metadata["x-user"], []string{"u1"}) {
 			t.Fatalf("Abandoned = %+v", a)
@@ -193,7 +193,7 @@ var finishingCases = []testCase{
 			t.Fatal(err)
 		}
 		got := abandonedKeys(t, c, 0)
-		if len(got) != 1 || got[0].Key != key || !bytes.Equal(got[0].Call.Request, keptCall.Request) {
+		if len(got) != 1 || got[0].Scope != key || !bytes.Equal(got[0].Call.Request, keptCall.Request) {
 			t.Fatalf("Abandoned after Release = %v, want the key with its request", got)
 		}
 		// Another request under the key is refused; the same one takes over.

@@ -110,14 +110,14 @@ type testCase struct {
 
 // The keys and fingerprints of the cases.
 var (
-	key   = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Do", Key: "key-1"}
+	key   = store.Scope{Tenant: "tenant", Method: "/idem.test.v1.Test/Do", Key: "key-1"}
 	fp    = []byte("\x01fingerprint-one")
 	other = []byte("\x01fingerprint-two")
 )
 
 // leaseKey is a key of its own for cases that lease beside an atomic
 // claim of key.
-var leaseKey = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
+var leaseKey = store.Scope{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
 
 // wantAbout fails the test unless got is want, to the second: times of
 // the case's clock, which a store may keep less precisely.
@@ -141,7 +141,7 @@ func warm(t *testing.T, s store.Store, n int) {
 	for range rounds {
 		var txns []store.Txn
 		for i := range n {
-			k := store.Key{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
+			k := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
 			var c store.Claim
 			if c, err = s.Claim(t.Context(), k, store.Request{Fingerprint: fp}); err != nil {
 				break
@@ -176,7 +176,7 @@ func errorOutcome() store.Outcome {
 
 // claimTxn claims k and fails the test unless it gets a Txn. The Txn is
 // released when the test ends, which does nothing once it has finished.
-func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) store.Txn {
+func claimTxn(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) store.Txn {
 	t.Helper()
 	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
 	if err != nil {
@@ -190,7 +190,7 @@ func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) stor
 }
 
 // claimEntry claims k and fails the test unless it gets an Entry.
-func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *store.Entry {
+func claimEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) *store.Entry {
 	t.Helper()
 	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
 	if err != nil {
@@ -207,13 +207,13 @@ func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *s
 
 // takeLease leases k and fails the test unless it gets a Lease. The Lease is
 // released when the test ends, which does nothing once it has finished.
-func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
+func takeLease(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) store.Lease {
 	t.Helper()
 	return takeLeasedClaim(t, s, k, fingerprint, d).Lease
 }
 
 // takeLeasedClaim is takeLease, returning the whole claim.
-func takeLeasedClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.LeasedClaim {
+func takeLeasedClaim(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) store.LeasedClaim {
 	t.Helper()
 	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
@@ -227,7 +227,7 @@ func takeLeasedClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byt
 }
 
 // leaseEntry leases k and fails the test unless it gets an Entry.
-func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) *store.Entry {
+func leaseEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) *store.Entry {
 	t.Helper()
 	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
 	if err != nil {
@@ -306,7 +306,7 @@ func describeEntry(e *store.Entry) string {
 	if e == nil {
 		return "<nil>"
 	}
-	state := fmt.Sprintf("state %d", e.State)
+	state := fmt.Sprintf("state %q", e.State)
 	switch e.State {
 	case store.Recorded:
 		state = "recorded"
