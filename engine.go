@@ -289,7 +289,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 // without running the handler again.
 func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler, optimistic bool, failed *failure) (Answer, error) {
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	claim, err := e.store.Claim(cctx, c.key, store.Request{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
+	claim, err := e.store.Claim(cctx, c.key, store.ClaimRequest{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim += t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
@@ -438,7 +438,7 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 // (resuming after its recorded steps) rather than running it afresh.
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
 	m, key := c.m, c.key
-	r := store.Request{Fingerprint: fp, TTL: m.ttl}
+	r := store.LeaseRequest{Fingerprint: fp, TTL: m.ttl, Lease: m.lease}
 	if m.finish {
 		var err error
 		if r.Call, err = e.finishing(call); err != nil {
@@ -446,7 +446,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 		}
 	}
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	lc, err := e.store.ClaimLeased(cctx, key, r, m.lease)
+	lc, err := e.store.ClaimLeased(cctx, key, r)
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
 	if errors.Is(err, store.ErrCorrupt) {

@@ -373,7 +373,7 @@ func (f *Finisher) setAside(ctx context.Context, a store.AbandonedCall, why erro
 // replacing the outcome of a retry or another finisher that took the call
 // meanwhile. It returns nil when the outcome was recorded.
 func (f *Finisher) recordFailed(ctx context.Context, a store.AbandonedCall, msg string) error {
-	lc, err := f.engine.store.ClaimLeased(ctx, a.Scope, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
+	lc, err := f.engine.store.ClaimLeased(ctx, a.Scope, store.LeaseRequest{Fingerprint: a.Fingerprint, Lease: time.Minute})
 	if err != nil {
 		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Scope, err)
 		return err

@@ -509,8 +509,8 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := store.Scope{Tenant: "acme", Method: doMethod, Key: "garbled"}
-		lc, err := c.store.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp,
-			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
+		lc, err := c.store.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp,
+			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %+v, %v", lc, err)
 		}
@@ -634,11 +634,11 @@ type panickyStore struct {
 	armed atomic.Bool
 }
 
-func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
 	if key.Tenant == "boom" && s.armed.Load() {
 		panic("the store's driver crashed")
 	}
-	return s.Store.ClaimLeased(ctx, key, r, d)
+	return s.Store.ClaimLeased(ctx, key, r)
 }
 
 // TestFinisherSurvivesAPanicInOneCall: whatever panics while one call is
@@ -664,7 +664,7 @@ func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 		if a.Scope.Tenant != "boom" {
 			continue
 		}
-		lc, err := ps.ClaimLeased(t.Context(), a.Scope, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		lc, err := ps.ClaimLeased(t.Context(), a.Scope, store.LeaseRequest{Fingerprint: a.Fingerprint, Lease: time.Hour})
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover: %+v, %v", lc, err)
 		}

@@ -167,8 +167,8 @@ type beatingStore struct {
 	beats atomic.Int64
 }
 
-func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r)
 	if c.Lease != nil {
 		c.Lease = &beatingLease{Lease: c.Lease, s: s}
 	}
@@ -571,8 +571,8 @@ type failingRecord struct {
 	failed atomic.Bool
 }
 
-func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
 	}

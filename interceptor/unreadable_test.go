@@ -67,7 +67,7 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 // failingLeaseStore fails every ClaimLeased as a lost connection would.
 type failingLeaseStore struct{ store.Store }
 
-func (failingLeaseStore) ClaimLeased(context.Context, store.Scope, store.Request, time.Duration) (store.LeasedClaim, error) {
+func (failingLeaseStore) ClaimLeased(context.Context, store.Scope, store.LeaseRequest) (store.LeasedClaim, error) {
 	return store.LeasedClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
 }
 

@@ -110,12 +110,12 @@ func (f *fixture) advance(d time.Duration) {
 func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	t.Helper()
 	ctx := t.Context()
-	lc, err := st.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp-7")}, time.Minute)
+	lc, err := st.ClaimLeased(ctx, leased, store.LeaseRequest{Fingerprint: []byte("fp-7"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", leased, lc, err)
 	}
 	between()
-	c, err := st.Claim(ctx, recorded, store.Request{Fingerprint: []byte("fp-1")})
+	c, err := st.Claim(ctx, recorded, store.ClaimRequest{Fingerprint: []byte("fp-1")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v", recorded, c, err)
 	}
@@ -299,7 +299,7 @@ func TestForget(t *testing.T) {
 		}
 		fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		fails(t, "NOT_FOUND: ", f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...)
-		c, err := f.st.Claim(t.Context(), recorded, store.Request{Fingerprint: []byte("fp-1")})
+		c, err := f.st.Claim(t.Context(), recorded, store.ClaimRequest{Fingerprint: []byte("fp-1")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("retry of the forgotten key: %+v, %v; want it to run afresh", c, err)
 		}
@@ -331,7 +331,7 @@ func TestSettle(t *testing.T) {
 				t.Errorf("settle printed\n%s\nwant a line matching %s", out, want)
 			}
 		}
-		c, err := f.st.Claim(t.Context(), leased, store.Request{Fingerprint: []byte("fp-7")})
+		c, err := f.st.Claim(t.Context(), leased, store.ClaimRequest{Fingerprint: []byte("fp-7")})
 		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_FAILED_PRECONDITION {
 			t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
 		}

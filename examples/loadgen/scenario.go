@@ -294,7 +294,7 @@ func sqlClaim(optimistic bool) func(context.Context, *env) (outcome, error) {
 	return func(ctx context.Context, e *env) (outcome, error) {
 		req := request(e.seq.Add(1))
 		key := e.freshKey()
-		claim, err := e.store.Claim(ctx, store.Scope{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: optimistic})
+		claim, err := e.store.Claim(ctx, store.Scope{Tenant: tenant, Method: createPayment, Key: key}, store.ClaimRequest{Fingerprint: e.fingerprint, Optimistic: optimistic})
 		if err != nil {
 			return "", err
 		}

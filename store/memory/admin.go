@@ -242,7 +242,7 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, out store.Outcome, fo
 	e.out = cloneOutcome(out)
 	e.token = 0 // no lease has it
 	e.lockedUntil = time.Time{}
-	e.last, e.steps, e.call = nil, nil, nil
+	e.steps, e.call = nil, nil
 	e.updatedAt = now
 	return nil
 }

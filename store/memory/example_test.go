@@ -18,7 +18,7 @@ func Example() {
 	fingerprint := []byte("request hash")
 
 	// The first request claims the key, runs and records its response.
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: fingerprint})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		panic(err)
 	}
@@ -29,7 +29,7 @@ func Example() {
 	}
 
 	// A retry finds the recorded outcome and replays it.
-	retry, err := s.Claim(ctx, key, store.Request{Fingerprint: fingerprint})
+	retry, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		panic(err)
 	}
@@ -51,11 +51,11 @@ func ExampleWithClock() {
 	)
 	key := store.Scope{Tenant: "acme", Method: "/payments.v1.Payments/Charge", Key: "order-42"}
 
-	c, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, _ := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	_ = c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK})
 
 	now = now.Add(25 * time.Hour) // past the TTL: the key counts as absent
-	again, _ := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	again, _ := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	fmt.Println("runs again after expiry:", again.Txn != nil)
 	// Output:
 	// runs again after expiry: true

@@ -59,11 +59,9 @@ type entry struct {
 	out      store.Outcome
 
 	// Leased claims only: the fencing token of the current holder (unique
-	// in the Store, never reused), the end of its lease and the step saved
-	// last under the key.
+	// in the Store, never reused) and the end of its lease.
 	token       uint64
 	lockedUntil time.Time
-	last        *store.Step
 	// steps are every step saved under the key; call is what a finisher
 	// needs, kept while the call is in progress; takeovers counts the
 	// lease's takeovers.
@@ -100,10 +98,10 @@ func cloneOutcome(out store.Outcome) store.Outcome {
 	return out
 }
 
-// ttlOf is how long the key of r is kept.
-func (s *Store) ttlOf(r store.Request) time.Duration {
-	if r.TTL > 0 {
-		return r.TTL
+// ttlOf is how long an entry claimed with ttl is kept.
+func (s *Store) ttlOf(ttl time.Duration) time.Duration {
+	if ttl > 0 {
+		return ttl
 	}
 	return s.ttl
 }
@@ -127,7 +125,7 @@ func (s *Store) sweepLocked(now time.Time) {
 // although a map could hold it. A claim of a key whose atomic owner is
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
-func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.ClaimRequest) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -141,7 +139,7 @@ func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (st
 	}
 	e = &entry{
 		fp:        bytes.Clone(r.Fingerprint),
-		expiresAt: now.Add(s.ttlOf(r)),
+		expiresAt: now.Add(s.ttlOf(r.TTL)),
 		createdAt: now,
 		updatedAt: now,
 		pending:   true,

@@ -44,7 +44,7 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 			forgotten := store.Scope{Tenant: "t", Method: "/svc/M", Key: "forgotten"}
 			var leases []store.Lease
 			for _, k := range []store.Scope{settled, forgotten} {
-				l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+				l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 				if err != nil || l.Lease == nil {
 					t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 				}
@@ -118,7 +118,7 @@ func TestAdminCorruptRow(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
 	k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "damaged"}
-	l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -225,7 +225,7 @@ func TestAdminWriteMeetsATakeoverItWaitedFor(t *testing.T) {
 				return now
 			}))
 			k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
-			if l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Second); err != nil || l.Lease == nil {
+			if l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Second}); err != nil || l.Lease == nil {
 				t.Fatalf("lease: %+v, %v", l, err)
 			}
 			mu.Lock()

@@ -20,7 +20,7 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	s := postgres.New(pool)
 	kept := &store.Call{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
 	for _, k := range []string{"healthy", "bad-metadata", "no-method", "unpaired-headers"} {
-		lc, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
+		lc, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/svc/Charge", Key: k}, store.LeaseRequest{Fingerprint: []byte("fp"), Call: kept, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease %s: %+v, %v", k, lc, err)
 		}

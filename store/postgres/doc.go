@@ -71,7 +71,7 @@
 //
 // # Optimistic claims
 //
-// A claim with store.Request.Optimistic set sends BEGIN alone (one round
+// A claim with store.ClaimRequest.Optimistic set sends BEGIN alone (one round
 // trip, as the handler's own transaction would) and reads nothing. Its
 // record is an atomic claim's (the lock timeout, the INSERT of the
 // key's row with its outcome, COMMIT, in one round trip), the first statements on

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/internal/stepset"
 )
 
 const (
@@ -119,7 +120,7 @@ const maxLeaseRounds = 3
 // fails with an error wrapping [store.ErrCorrupt], and its lease is ended
 // at once, so that every claim of it fails so, until the row is deleted
 // or expires.
-func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
 	}
@@ -129,7 +130,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.Reques
 	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
-		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r, lease)
+		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r)
 		switch {
 		case errors.Is(err, store.ErrCorrupt):
 			// The takeover that found the steps unreadable committed:
@@ -156,7 +157,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.Reques
 // lease runs one round of ClaimLeased. When the key's steps cannot be
 // decoded it returns an error wrapping store.ErrCorrupt together with the
 // lease its committed takeover holds.
-func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Scope, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Scope, r store.LeaseRequest) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
@@ -168,7 +169,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	defer conn.Release()
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
-		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
+		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r.TTL).Seconds(), r.Lease.Seconds(), token},
 			callArgs(r.Call)...), now)},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
@@ -201,9 +202,6 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 		return nil, expiresAt, nil, err
 	default:
 		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
-		if step != nil {
-			l.point = &store.Step{Name: *step, Result: data}
-		}
 		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
@@ -245,18 +243,8 @@ type lease struct {
 	ended atomic.Bool
 
 	mu       sync.Mutex
-	point    *store.Step
 	steps    []store.Step
 	finished bool // Record took effect or found the lease lost, or Release was called
-}
-
-func (l *lease) LastStep() (store.Step, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.point == nil {
-		return store.Step{}, false
-	}
-	return *l.point, true
 }
 
 func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
@@ -268,7 +256,7 @@ func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 	p.Result = append([]byte(nil), p.Result...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	steps, err := store.MergeStep(l.steps, p)
+	steps, err := stepset.Merge(l.steps, p)
 	if err != nil {
 		return err
 	}
@@ -276,7 +264,7 @@ func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 	if err := l.exec(ctx, leaseSave, p.Name, p.Result, names, results); err != nil {
 		return err
 	}
-	l.point, l.steps = &p, steps
+	l.steps = steps
 	return nil
 }
 
@@ -439,7 +427,7 @@ func (l *lease) Release(ctx context.Context) error {
 	// write may extend it or save a step (a row kept for a retry holds
 	// the token still).
 	defer l.ended.Store(true)
-	if l.point != nil || l.kept {
+	if len(l.steps) > 0 || l.kept {
 		return l.exec(ctx, leaseEnd)
 	}
 	return l.exec(ctx, leaseRelease)

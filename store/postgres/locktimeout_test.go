@@ -112,7 +112,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
 	leased := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
-	lc, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, leased, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
 	}
@@ -122,10 +122,10 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
 	defer cancel()
 	for i := range 2 {
-		if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.Claim(cctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
-		if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.ClaimLeased(cctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
 	}
@@ -167,7 +167,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := s.Claim(cctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(cctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
@@ -175,7 +175,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Scope) {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
-	l, err := s.ClaimLeased(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	l, err := s.ClaimLeased(cctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
@@ -245,7 +245,7 @@ func TestClaimRoundTrips(t *testing.T) {
 					l  store.LeasedClaim
 				)
 				tr[0] = count(func() (err error) {
-					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
+					if c, err = s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
 						err = fmt.Errorf("claim of a new key: %+v", c)
 					}
 					return err
@@ -253,7 +253,7 @@ func TestClaimRoundTrips(t *testing.T) {
 				tr[1] = count(func() error { return c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
 				tr[2] = count(func() (err error) {
-					if l, err = s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
+					if l, err = s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); err == nil && l.Lease == nil {
 						err = fmt.Errorf("lease of a new key: %+v", l)
 					}
 					return err
@@ -265,13 +265,13 @@ func TestClaimRoundTrips(t *testing.T) {
 			// A claim that fails behind a table lock, on the same
 			// connection, and the next one.
 			release := holdTableLock(t, dsn, "SHARE ROW EXCLUSIVE")
-			if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+			if _, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 				t.Fatalf("claim behind the table lock: %v, want ErrInUse", err)
 			}
 			release()
 			var c store.Claim
 			afterFailed := count(func() (err error) {
-				c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				c, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 				return err
 			})
 			if err := c.Txn.Release(ctx); err != nil {
@@ -427,7 +427,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 		// records tc.code.
 		run := func(ctx context.Context, optimistic bool) error {
 			t.Helper()
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: optimistic})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: optimistic})
 			if err != nil || c.Txn == nil {
 				t.Fatalf("%s: claim: %+v, %v; want to own the key", tc.name, c, err)
 			}
@@ -502,7 +502,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	released := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
 	var leases []store.Lease
 	for _, k := range []store.Scope{held, released} {
-		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 		}
@@ -540,8 +540,8 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 			t.Errorf("lease %s behind the locked key row: %v, want ErrInUse", w.name, err)
 		}
 	}
-	if _, ok := leases[0].LastStep(); ok {
-		t.Fatal("a save that gave up set the lease's last step")
+	if steps := leases[0].Steps(); len(steps) != 0 {
+		t.Fatalf("a save that gave up set the lease's steps: %+v", steps)
 	}
 
 	release()

@@ -23,7 +23,7 @@ import (
 // reads nothing.
 func optimistic(t *testing.T, ctx context.Context, s *postgres.Store, k store.Scope, fp string, out store.Outcome) error {
 	t.Helper()
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte(fp), Optimistic: true})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte(fp), Optimistic: true})
 	if err != nil || c.Txn == nil {
 		return fmt.Errorf("optimistic claim: %+v, %w; want to own the key", c, err)
 	}
@@ -70,7 +70,7 @@ func TestOptimisticClaim(t *testing.T) {
 
 	t.Run("first execution, then retries", func(t *testing.T) {
 		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "first"}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %+v, %v", c, err)
 		}
@@ -96,7 +96,7 @@ func TestOptimisticClaim(t *testing.T) {
 		if w, n, body := keyRows(t, pool, k); w != 1 || n != 1 || body != "one" {
 			t.Fatalf("%d writes, %d completed rows recording %q; want 1, 1, \"one\"", w, n, body)
 		}
-		again, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		again, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || again.Entry == nil || again.Entry.State != store.Recorded || string(again.Entry.Outcome.Body) != "one" {
 			t.Fatalf("atomic claim after the conflict: %+v, %v; want the recorded entry", again, err)
 		}
@@ -129,7 +129,7 @@ func TestOptimisticClaim(t *testing.T) {
 		if w, n, _ := keyRows(t, pool, k); w != 0 || n != 0 {
 			t.Fatalf("%d writes, %d live completed rows; want none", w, n)
 		}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("atomic claim of the expired key: %+v, %v; want to own it", c, err)
 		}
@@ -143,7 +143,7 @@ func TestOptimisticClaim(t *testing.T) {
 
 	t.Run("live lease", func(t *testing.T) {
 		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased"}
-		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease: %+v, %v", l, err)
 		}
@@ -151,7 +151,7 @@ func TestOptimisticClaim(t *testing.T) {
 		if err := optimistic(t, ctx, s, k, "fp", ok("r")); !errors.Is(err, store.ErrConflict) {
 			t.Fatalf("record over a live lease: %v, want ErrConflict", err)
 		}
-		again, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		again, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || again.Entry == nil || again.Entry.State != store.InProgress {
 			t.Fatalf("atomic claim after the conflict: %+v, %v; want the lease in progress", again, err)
 		}
@@ -193,7 +193,7 @@ func TestOptimisticDuplicatesHaveOneWinner(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+				c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 				if err != nil || c.Txn == nil {
 					errs[i] = fmt.Errorf("claim: %+v, %w", c, err)
 					written.Done()
@@ -294,7 +294,7 @@ func TestOptimisticRoundTrips(t *testing.T) {
 					c  store.Claim
 				)
 				before := n.Load()
-				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+				c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 				if err != nil || c.Txn == nil {
 					t.Fatalf("claim: %+v, %v", c, err)
 				}
@@ -309,7 +309,7 @@ func TestOptimisticRoundTrips(t *testing.T) {
 			// A record that fails on the key recorded last, and a claim and
 			// record of a new key after it.
 			k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "k2"}
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -318,7 +318,7 @@ func TestOptimisticRoundTrips(t *testing.T) {
 			}
 			before := n.Load()
 			k.Key = "after-the-conflict"
-			if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true}); err != nil {
+			if c, err = s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true}); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
@@ -353,7 +353,7 @@ func TestRecordErrorOfAClaimNeverHandedOut(t *testing.T) {
 	s := postgres.New(pool)
 	for _, handed := range []bool{false, true} {
 		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("handed-", handed)}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim of a new key: %+v, %v", c, err)
 		}

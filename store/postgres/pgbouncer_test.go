@@ -130,10 +130,10 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// A claim that executes, a replay, a recorded error, a claim that
 	// waits for a key's owner and gives up, a lease and its record.
 	claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"})
-	if c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"}, store.Request{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
+	if c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"}, store.ClaimRequest{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
 		t.Fatalf("replay: %+v, %v", c, err)
 	}
-	c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "err"}, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "err"}, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// An optimistic claim that records, and one of the same key whose
 	// record finds it taken.
 	for i, want := range []error{nil, store.ErrConflict} {
-		c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,13 +154,13 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// The owner pins the only server connection, so the duplicate waits
 	// in PgBouncer's queue, not on the key's lock; it runs once the owner
 	// rolls back.
-	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	owner, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil {
 			t.Errorf("duplicate after the owner released: %v", err)
 			return

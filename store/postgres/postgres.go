@@ -253,7 +253,7 @@ FROM recorded`
 // free in time, Claim fails with an error that is none of store's sentinels
 // (the interceptor answers UNAVAILABLE), having changed nothing.
 //
-// An optimistic claim (store.Request.Optimistic) costs the transaction's
+// An optimistic claim (store.ClaimRequest.Optimistic) costs the transaction's
 // BEGIN alone and reads nothing: its record decides, and fails with
 // store.ErrConflict where the key has a row (see the package's overview).
 //
@@ -262,7 +262,7 @@ FROM recorded`
 // key within what the table's text columns can hold. On a sharded store
 // (see [NewSharded]) the claim runs on the tenant's shard, and a tenant the
 // route gives no shard fails with [ErrNoShard], also before any statement.
-func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.ClaimRequest) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -290,7 +290,7 @@ func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (st
 		go func() { _ = abandon(ctx, conn) }()
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
-	ttl := s.ttlOf(r)
+	ttl := s.ttlOf(r.TTL)
 	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
@@ -300,7 +300,7 @@ func (s *Store) Claim(ctx context.Context, key store.Scope, r store.Request) (st
 // record decides (see [txn.recordOptimistic]). The claim's expiry is
 // reported by the store's clock ([WithClock]), else by the process's: the
 // key's row gets the database's, which no statement has read yet.
-func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, r store.Request, at any) (store.Claim, error) {
+func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, r store.ClaimRequest, at any) (store.Claim, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		_ = abandon(ctx, conn)
@@ -310,7 +310,7 @@ func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pg
 	if !ok {
 		now = time.Now()
 	}
-	ttl := s.ttlOf(r)
+	ttl := s.ttlOf(r.TTL)
 	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, optimistic: true}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
@@ -326,10 +326,10 @@ func (s *Store) now() any {
 	return s.clock()
 }
 
-// ttlOf is how long the key of r is kept.
-func (s *Store) ttlOf(r store.Request) time.Duration {
-	if r.TTL > 0 {
-		return r.TTL
+// ttlOf is how long an entry claimed with ttl is kept.
+func (s *Store) ttlOf(ttl time.Duration) time.Duration {
+	if ttl > 0 {
+		return ttl
 	}
 	return s.ttl
 }

@@ -88,7 +88,7 @@ var key = store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
 
 func TestClaimCompleteReplay(t *testing.T) {
 	s := postgres.New(pgtest.NewPool(t))
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("first claim: %+v, %v", c, err)
 	}
@@ -110,7 +110,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 		t.Fatalf("Release after Complete: %v", err)
 	}
 
-	again, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("other")})
+	again, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("other")})
 	if err != nil || again.Entry == nil {
 		t.Fatalf("second claim: %+v, %v", again, err)
 	}
@@ -126,7 +126,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 func TestReleaseLeavesNothing(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d rows after Release, want 0", n)
 	}
-	c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim after Release: %+v, %v", c, err)
 	}
@@ -160,7 +160,7 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			called.Done()
-			c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 			switch {
 			case err != nil:
 				t.Error(err)
@@ -198,12 +198,12 @@ func TestClaimWaitIsBounded(t *testing.T) {
 		c.Release()
 	}
 	s := postgres.New(pool, postgres.WithLockTimeout(50*time.Millisecond))
-	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	owner, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = owner.Txn.Release(ctx) }()
-	_, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	_, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if !errors.Is(err, store.ErrInUse) {
 		t.Fatalf("claim of a held key: %v, want ErrInUse", err)
 	}
@@ -211,7 +211,7 @@ func TestClaimWaitIsBounded(t *testing.T) {
 	if err := owner.Txn.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim after the owner released: %+v, %v", c, err)
 	}
@@ -224,7 +224,7 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 func TestHandlerTxLargeObjectsJoinTheClaim(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 			s := postgres.New(pool)
 			run := func() error {
 				t.Helper()
-				c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 				if err != nil || c.Txn == nil {
 					t.Fatalf("claim: %+v, %v; want to own the key", c, err)
 				}

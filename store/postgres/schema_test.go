@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -79,7 +80,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				}
 			}
 
-			first, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+			first, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if err != nil || first.Txn == nil {
 				t.Fatalf("first claim: %+v, %v", first, err)
 			}
@@ -88,7 +89,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 				second store.Claim
 				err2   error
 			)
-			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}) })
+			wg.Go(func() { second, err2 = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}) })
 			waitForAdvisoryLockWaiter(t, pool)
 			write(first, "first")
 			if err := first.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("first")}); err != nil {
@@ -110,7 +111,7 @@ func TestSnapshotIsolationFallsBackOnThePrimaryKey(t *testing.T) {
 			if writes != 1 || keys != 1 {
 				t.Fatalf("%d writes and %d keys, want 1 and 1", writes, keys)
 			}
-			retry, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+			retry, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if err != nil || retry.Entry == nil || string(retry.Entry.Outcome.Body) != "first" {
 				t.Fatalf("retry: %+v, %v; want the first outcome replayed", retry, err)
 			}
@@ -136,25 +137,51 @@ func waitForAdvisoryLockWaiter(t *testing.T, pool *pgxpool.Pool) {
 	t.Fatal("no claim came to wait for the key's lock")
 }
 
-// TestMigration0004 takes an installation of the schema before migration
-// 0004 (built by its down migration, which must undo it), with completed,
-// expired and leased rows, through Migrate: the rows keep their meaning
-// under the new primary key. A completed key replays, an expired one runs
-// again, a lease that ran out is taken over with its recovery point.
-func TestMigration0004(t *testing.T) {
-	pool := pgtest.NewPool(t)
-	down, err := fs.ReadFile(migrations.FS, "0004_narrow_key_index.down.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec := func(sql string, args ...any) {
+// migrateDownTo takes pool's database back to the schema of migration
+// version, by the down migrations of every later one, newest first (which
+// must undo them), and forgets that they were applied. It returns the exec
+// of the tests that write rows as that schema held them.
+func migrateDownTo(t *testing.T, pool *pgxpool.Pool, version int) (exec func(sql string, args ...any)) {
+	t.Helper()
+	exec = func(sql string, args ...any) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql, args...); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	exec(string(down))
-	exec(`DELETE FROM idem_schema_migrations WHERE version = 4`)
+	downs, err := fs.Glob(migrations.FS, "*.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(downs)
+	slices.Reverse(downs)
+	for _, name := range downs {
+		v, err := strconv.Atoi(name[:4])
+		if err != nil {
+			t.Fatalf("migration %s: %v", name, err)
+		}
+		if v <= version {
+			break
+		}
+		sql, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec(string(sql))
+		exec(`DELETE FROM idem_schema_migrations WHERE version = $1`, v)
+	}
+	return exec
+}
+
+// TestMigration0004 takes an installation of the schema before migration
+// 0004 (built by the down migrations, which must undo it and every later
+// one), with completed, expired and leased rows, through Migrate: the rows
+// keep their meaning under the new primary key. A completed key replays,
+// an expired one runs again, a lease that ran out is taken over with the
+// step it saved.
+func TestMigration0004(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	exec := migrateDownTo(t, pool, 3)
 	var pk string
 	if err := pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'`).Scan(&pk); err != nil {
 		t.Fatal(err)
@@ -182,23 +209,23 @@ VALUES ('acme', '/svc/M', 'leased', 'fp', now() + interval '1 hour', now() - int
 
 	s := postgres.New(pool)
 	k := func(name string) store.Scope { return store.Scope{Tenant: "acme", Method: "/svc/M", Key: name} }
-	done, err := s.Claim(ctx, k("done"), store.Request{Fingerprint: []byte("fp")})
+	done, err := s.Claim(ctx, k("done"), store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || done.Entry == nil || string(done.Entry.Outcome.Body) != "recorded" {
 		t.Fatalf("completed key after the migration: %+v, %v; want its replay", done, err)
 	}
-	old, err := s.Claim(ctx, k("old"), store.Request{Fingerprint: []byte("fp")})
+	old, err := s.Claim(ctx, k("old"), store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || old.Txn == nil {
 		t.Fatalf("expired key after the migration: %+v, %v; want to own it", old, err)
 	}
 	if err := old.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("new")}); err != nil {
 		t.Fatal(err)
 	}
-	leased, err := s.ClaimLeased(ctx, k("leased"), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	leased, err := s.ClaimLeased(ctx, k("leased"), store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || leased.Lease == nil {
 		t.Fatalf("abandoned lease after the migration: %+v, %v; want a takeover", leased, err)
 	}
-	if p, ok := leased.Lease.LastStep(); !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
-		t.Fatalf("recovery point after the takeover: %+v, %v", p, ok)
+	if steps := leased.Lease.Steps(); len(steps) != 1 || steps[0].Name != "charge_sent" || string(steps[0].Result) != "ch_1" {
+		t.Fatalf("steps after the takeover: %+v; want the one step the earlier schema held", steps)
 	}
 	if err := leased.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("leased")}); err != nil {
 		t.Fatal(err)
@@ -233,7 +260,7 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if !errors.Is(err, store.ErrNotReady) || !strings.Contains(err.Error(), "0004_narrow_key_index") || !strings.Contains(err.Error(), "postgres.Migrate") {
 		t.Fatalf("Check of an outdated schema: %v; want ErrNotReady naming the migration and postgres.Migrate", err)
 	}
-	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim on an outdated schema: %v, want ErrNotReady", err)
 	}
 
@@ -243,10 +270,10 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 	if err := s.Check(ctx); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("Check without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("claim without idem's tables: %v, want ErrNotReady", err)
 	}
-	if _, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrNotReady) {
+	if _, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); !errors.Is(err, store.ErrNotReady) {
 		t.Fatalf("lease without idem's tables: %v, want ErrNotReady", err)
 	}
 	// Once migrated, the same store serves.
@@ -260,26 +287,15 @@ func TestCheckAndClaimWithoutSchema(t *testing.T) {
 }
 
 // TestMigration0007 takes an installation of the schema before migration
-// 0007 (built by its down migration) with rows as the previous version
+// 0007 (built by the down migrations) with rows as the previous version
 // wrote them: a leased call's steps in recovery_steps, a call saved before
-// steps were kept with its recovery point alone, and a call kept for a
-// finisher with its metadata in request_metadata. After Migrate each reads
-// as before: the same steps, the same last recovery point, the same
-// metadata; the lone recovery point is the call's one step, in the arrays.
+// steps were kept with its last step alone (recovery_point), and a call
+// kept for a finisher with its metadata in request_metadata. After Migrate
+// each reads as before: the same steps, the same metadata; the lone step
+// is the call's one step, in the arrays.
 func TestMigration0007(t *testing.T) {
 	pool := pgtest.NewPool(t)
-	down, err := fs.ReadFile(migrations.FS, "0007_step_and_header_arrays.down.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, sql, args...); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	exec(string(down))
-	exec(`DELETE FROM idem_schema_migrations WHERE version = 7`)
+	exec := migrateDownTo(t, pool, 6)
 
 	// The previous version's encoding: entries (field 1) of a name (1)
 	// and a value (2). Steps reserve=r1, charge=ch_1, empty=""; metadata
@@ -316,16 +332,12 @@ VALUES (` + id + `, 'acme', '/svc/M', $1, 'fp', now() + interval '1 hour', now()
 		{"steps", []store.Step{{Name: "reserve", Result: []byte("r1")}, {Name: "charge", Result: []byte("ch_1")}, {Name: "empty"}}},
 		{"point", []store.Step{{Name: "charge_sent", Result: []byte("ch_42")}}},
 	} {
-		lc, err := s.ClaimLeased(ctx, k(tc.key), store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		lc, err := s.ClaimLeased(ctx, k(tc.key), store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if err != nil || lc.Lease == nil || !lc.TookOver {
 			t.Fatalf("%s: takeover after the migration: %+v, %v", tc.key, lc, err)
 		}
 		if got := lc.Lease.Steps(); !sameSteps(got, tc.steps) {
 			t.Errorf("%s: steps after the migration %v, want %v", tc.key, got, tc.steps)
-		}
-		last := tc.steps[len(tc.steps)-1]
-		if p, ok := lc.Lease.LastStep(); !ok || p.Name != last.Name || !bytes.Equal(p.Result, last.Result) {
-			t.Errorf("%s: recovery point after the migration %+v, %v; want %+v", tc.key, p, ok, last)
 		}
 	}
 

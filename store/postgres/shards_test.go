@@ -65,7 +65,7 @@ func ordersOf(t *testing.T, pool *pgxpool.Pool, tenant string) int64 {
 // the database the transaction ran on.
 func claimAndWrite(t *testing.T, s *postgres.Store, k store.Scope, body string) string {
 	t.Helper()
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v; want a Txn", k, c, err)
 	}
@@ -123,7 +123,7 @@ func TestShardedClaimRunsOnTheTenantsShard(t *testing.T) {
 	exec(t, a, `UPDATE idempotency_keys SET response = 'from shard 0'`)
 	exec(t, b, `UPDATE idempotency_keys SET response = 'from shard 1'`)
 	for k, want := range map[store.Scope]string{ka: "from shard 0", kb: "from shard 1"} {
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded {
 			t.Fatalf("retry of %v: %+v, %v; want the completed entry", k, c, err)
 		}
@@ -147,7 +147,7 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 		wg.Go(func() {
 			k := store.Scope{Tenant: tenant, Method: "/svc/M", Key: "dup"}
 			called.Done()
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if err != nil {
 				t.Error(err)
 				return
@@ -182,7 +182,7 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 	clock := newTestClock()
 	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
 	k := store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "k"}
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
@@ -210,7 +210,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 	// Release, on the other shard: a claim with a saved step keeps it
 	// and ends its lease; one without is deleted.
 	ka := store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
-	kept, err := s.ClaimLeased(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	kept, err := s.ClaimLeased(ctx, ka, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Hour})
 	if err != nil || kept.Lease == nil {
 		t.Fatalf("lease: %+v, %v", kept, err)
 	}
@@ -221,7 +221,7 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 		t.Fatal(err)
 	}
 	gone := store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "gone"}
-	released, err := s.ClaimLeased(ctx, gone, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	released, err := s.ClaimLeased(ctx, gone, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Hour})
 	if err != nil || released.Lease == nil {
 		t.Fatalf("lease: %+v, %v", released, err)
 	}
@@ -239,12 +239,12 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 	}
 
 	// A takeover on the key's shard fences the earlier owner off there.
-	short, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, 100*time.Millisecond)
+	short, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: 100 * time.Millisecond})
 	if err != nil || short.Lease == nil {
 		t.Fatalf("lease: %+v, %v", short, err)
 	}
 	clock.Add(200 * time.Millisecond)
-	taker, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	taker, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || !taker.TookOver {
 		t.Fatalf("takeover: %+v, %v", taker, err)
 	}
@@ -262,7 +262,7 @@ var completion = &store.Call{Method: "/svc/Charge", Request: []byte("request")}
 // and leaves it.
 func abandonLease(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Millisecond)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Millisecond})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -273,7 +273,7 @@ func abandonLease(t *testing.T, s *postgres.Store, k store.Scope) {
 // lease ended, so Abandoned lists it at once.
 func releaseKept(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Hour)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Hour})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -309,7 +309,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	// request) records it on its own shard.
 	got, _ = s.Abandoned(ctx, 0, 10)
 	for _, c := range got {
-		lc, err := s.ClaimLeased(ctx, c.Scope, store.Request{Fingerprint: c.Fingerprint, Call: &c.Call}, time.Minute)
+		lc, err := s.ClaimLeased(ctx, c.Scope, store.LeaseRequest{Fingerprint: c.Fingerprint, Call: &c.Call, Lease: time.Minute})
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover of %v: %+v, %v", c.Scope, lc, err)
 		}
@@ -364,7 +364,7 @@ func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
 		"no shards":    postgres.NewSharded(nil, func(string) int { return 0 }),
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if !errors.Is(err, postgres.ErrNoShard) || c.Txn != nil || c.Entry != nil {
 				t.Fatalf("Claim = %+v, %v; want ErrNoShard", c, err)
 			}
@@ -373,12 +373,12 @@ func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
 					t.Errorf("Claim's error %v is %v, want none of store's sentinels", err, sentinel)
 				}
 			}
-			lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 			if !errors.Is(err, postgres.ErrNoShard) || lc.Lease != nil || lc.Entry != nil {
 				t.Fatalf("Lease = %+v, %v; want ErrNoShard", lc, err)
 			}
 			// A key no store can hold is refused as such, before the route.
-			if _, err := s.Claim(ctx, store.Scope{Tenant: nowhere, Method: "/svc/M"}, store.Request{}); !errors.Is(err, store.ErrInvalidScope) {
+			if _, err := s.Claim(ctx, store.Scope{Tenant: nowhere, Method: "/svc/M"}, store.ClaimRequest{}); !errors.Is(err, store.ErrInvalidScope) {
 				t.Errorf("Claim of an invalid key: %v, want ErrInvalidScope", err)
 			}
 		})
@@ -436,12 +436,12 @@ func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
 			}
 		}
 	}
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	wantPanicError("Claim", err)
 	if c.Txn != nil || c.Entry != nil {
 		t.Errorf("Claim = %+v, want nothing", c)
 	}
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Minute})
 	wantPanicError("Lease", err)
 	if lc.Lease != nil || lc.Entry != nil {
 		t.Errorf("Lease = %+v, want nothing", lc)
@@ -548,7 +548,7 @@ func TestShardedBlackholedShardIsBoundedByTheLockTimeout(t *testing.T) {
 	}
 
 	within(t, 30*time.Second, "Claim", func() {
-		_, err = s.Claim(ctx, store.Scope{Tenant: beta, Method: "/svc/M", Key: "k"}, store.Request{Fingerprint: []byte("fp")})
+		_, err = s.Claim(ctx, store.Scope{Tenant: beta, Method: "/svc/M", Key: "k"}, store.ClaimRequest{Fingerprint: []byte("fp")})
 	})
 	if err == nil {
 		t.Errorf("a claim on the blackholed shard succeeded")

@@ -291,7 +291,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 
 // claimFresh claims a key nobody has and completes it.
 func claimFresh(s *postgres.Store, k store.Scope) error {
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		return fmt.Errorf("fresh key %s: %w", k.Key, err)
 	}
@@ -306,7 +306,7 @@ func claimFresh(s *postgres.Store, k store.Scope) error {
 
 // claimLive claims a live completed key and expects its entry.
 func claimLive(s *postgres.Store, k store.Scope) error {
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte{1}})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte{1}})
 	if err != nil {
 		return fmt.Errorf("live key %s: %w", k.Key, err)
 	}

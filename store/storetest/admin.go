@@ -146,7 +146,7 @@ var adminCases = []testCase{
 		start := cfg.Now()
 
 		recordKey(t, s, recorded, errorOutcome())
-		lc, err := s.ClaimLeased(t.Context(), live, store.Request{Fingerprint: fp, Call: keptCall}, time.Hour)
+		lc, err := s.ClaimLeased(t.Context(), live, store.LeaseRequest{Fingerprint: fp, Call: keptCall, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -159,7 +159,7 @@ var adminCases = []testCase{
 		if err := first.SaveStep(t.Context(), store.Step{Name: "sent", Result: []byte("x")}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: other, TTL: time.Minute}, shortLease); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), expired, store.LeaseRequest{Fingerprint: other, TTL: time.Minute, Lease: shortLease}); err != nil {
 			t.Fatal(err)
 		}
 
@@ -357,7 +357,7 @@ var adminCases = []testCase{
 		// An abandoned lease is forgotten without force, an expired key too.
 		l := takeLease(t, s, leaseKey, fp, shortLease)
 		expired := keyOf(key.Tenant, key.Method, "expired")
-		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: fp, TTL: time.Minute}, time.Hour); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), expired, store.LeaseRequest{Fingerprint: fp, TTL: time.Minute, Lease: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)
@@ -405,7 +405,7 @@ var adminCases = []testCase{
 
 	{name: "SettleAnAbandonedKey", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
-		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, Call: keptCall}, shortLease)
+		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, Call: keptCall, Lease: shortLease})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -536,7 +536,7 @@ var adminCases = []testCase{
 
 	{name: "SettleOfAnExpiredKeyIsNotFound", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
-		if _, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: time.Minute}, shortLease); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, TTL: time.Minute, Lease: shortLease}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)

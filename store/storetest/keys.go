@@ -43,7 +43,7 @@ var keyCases = []testCase{
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		for _, k := range invalidKeys() {
 			t.Run(k.name, func(t *testing.T) {
-				c, err := s.Claim(t.Context(), k.key, store.Request{Fingerprint: fp})
+				c, err := s.Claim(t.Context(), k.key, store.ClaimRequest{Fingerprint: fp})
 				if c.Txn != nil {
 					_ = c.Txn.Release(context.Background())
 				}
@@ -51,7 +51,7 @@ var keyCases = []testCase{
 				if c.Txn != nil || c.Entry != nil {
 					t.Errorf("Claim of an invalid key = %s, want neither", describeClaim(c))
 				}
-				lc, err := s.ClaimLeased(t.Context(), k.key, store.Request{Fingerprint: fp}, time.Minute)
+				lc, err := s.ClaimLeased(t.Context(), k.key, store.LeaseRequest{Fingerprint: fp, Lease: time.Minute})
 				if lc.Lease != nil {
 					_ = lc.Lease.Release(context.Background())
 				}

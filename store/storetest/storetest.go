@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,7 +145,7 @@ func warm(t *testing.T, s store.Store, n int) {
 		for i := range n {
 			k := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
 			var c store.Claim
-			if c, err = s.Claim(t.Context(), k, store.Request{Fingerprint: fp}); err != nil {
+			if c, err = s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fp}); err != nil {
 				break
 			}
 			if c.Txn != nil {
@@ -178,7 +180,7 @@ func errorOutcome() store.Outcome {
 // released when the test ends, which does nothing once it has finished.
 func claimTxn(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) store.Txn {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
+	c, err := s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want a Txn", k, err)
 	}
@@ -192,7 +194,7 @@ func claimTxn(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) st
 // claimEntry claims k and fails the test unless it gets an Entry.
 func claimEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) *store.Entry {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
+	c, err := s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want an Entry", k, err)
 	}
@@ -215,7 +217,7 @@ func takeLease(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d
 // takeLeasedClaim is takeLease, returning the whole claim.
 func takeLeasedClaim(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) store.LeasedClaim {
 	t.Helper()
-	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.LeaseRequest{Fingerprint: fingerprint, Lease: d})
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
 	}
@@ -229,7 +231,7 @@ func takeLeasedClaim(t *testing.T, s store.Store, k store.Scope, fingerprint []b
 // leaseEntry leases k and fails the test unless it gets an Entry.
 func leaseEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) *store.Entry {
 	t.Helper()
-	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.LeaseRequest{Fingerprint: fingerprint, Lease: d})
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want an Entry", k, err)
 	}
@@ -272,34 +274,32 @@ func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
 	}
 }
 
-// wantNoLastStep fails the test if l holds a saved step.
-func wantNoLastStep(t *testing.T, l store.Lease) {
+// wantSteps fails the test unless l's steps are want, in order.
+func wantSteps(t *testing.T, l store.Lease, want ...store.Step) {
 	t.Helper()
-	if p, ok := l.LastStep(); ok {
-		t.Errorf("LastStep() = %s, want none", describeStep(p))
+	got := l.Steps()
+	if !slices.EqualFunc(got, want, func(a, b store.Step) bool {
+		return a.Name == b.Name && bytes.Equal(a.Result, b.Result)
+	}) {
+		t.Errorf("Steps() = %s, want %s", describeSteps(got), describeSteps(want))
 	}
 }
 
-// wantLastStep fails the test unless the step l saved last is p.
-func wantLastStep(t *testing.T, l store.Lease, p store.Step) {
-	t.Helper()
-	got, ok := l.LastStep()
-	if !ok || got.Name != p.Name || !bytes.Equal(got.Result, p.Result) {
-		t.Errorf("LastStep() = %s, %v; want %s", describeStep(got), ok, describeStep(p))
+// describeSteps shows steps with at most the first 32 bytes of each name
+// and result.
+func describeSteps(steps []store.Step) string {
+	out := make([]string, len(steps))
+	for i, p := range steps {
+		step, data := p.Name, p.Result
+		if len(step) > 32 {
+			step = step[:32] + "..."
+		}
+		if len(data) > 32 {
+			data = append(data[:32:32], "..."...)
+		}
+		out[i] = fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Name), data, len(p.Result))
 	}
-}
-
-// describeStep shows p with at most the first 32 bytes of its name and
-// result.
-func describeStep(p store.Step) string {
-	step, data := p.Name, p.Result
-	if len(step) > 32 {
-		step = step[:32] + "..."
-	}
-	if len(data) > 32 {
-		data = append(data[:32:32], "..."...)
-	}
-	return fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Name), data, len(p.Result))
+	return "[" + strings.Join(out, ", ") + "]"
 }
 
 func describeEntry(e *store.Entry) string {
