@@ -491,6 +491,16 @@ func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 		if err != nil || resp.GetKey().GetOutcome().GetCode() != int32(codes.FailedPrecondition) {
 			t.Fatalf("settle with FAILED_PRECONDITION: %v, %v", resp, err)
 		}
+
+		// A store that refuses a status by a rule of its own is answered
+		// the same way, naming its rule.
+		strict := &fakeStore{now: epoch, err: fmt.Errorf("%w: this store keeps no status message", store.ErrInvalidStatus)}
+		c = w.serve(t, strict, allowAll)
+		_, err = c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}})
+		if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, "this store keeps no status message") {
+			t.Errorf("settle refused by the store: %q, want its rule named", msg)
+		}
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
@@ -28,7 +30,7 @@ func (f *fakeStore) find(k store.Scope) int {
 	return slices.IndexFunc(f.keys, func(ki store.KeyInfo) bool { return ki.Scope == k })
 }
 
-func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter) ([]store.KeyInfo, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -37,7 +39,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 		return nil, "", f.err
 	}
 	start := 0
-	if after != "" {
+	if after := flt.After; after != "" {
 		n, err := strconv.Atoi(strings.TrimPrefix(after, "after:"))
 		if err != nil || !strings.HasPrefix(after, "after:") {
 			return nil, "", store.ErrInvalidCursor
@@ -84,7 +86,7 @@ func (f *fakeStore) live(ki store.KeyInfo) error {
 	return nil
 }
 
-func (f *fakeStore) Forget(_ context.Context, k store.Scope, force bool) error {
+func (f *fakeStore) Forget(_ context.Context, k store.Scope, o store.ForgetOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -95,19 +97,23 @@ func (f *fakeStore) Forget(_ context.Context, k store.Scope, force bool) error {
 	if i < 0 {
 		return store.ErrNotFound
 	}
-	if err := f.live(f.keys[i]); err != nil && !force {
+	if err := f.live(f.keys[i]); err != nil && !o.Force {
 		return err
 	}
 	f.keys = slices.Delete(f.keys, i, i+1)
 	return nil
 }
 
-func (f *fakeStore) Settle(_ context.Context, k store.Scope, out store.Outcome, force bool) error {
+func (f *fakeStore) Settle(_ context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	if f.err != nil {
 		return f.err
+	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		return err
 	}
 	i := f.find(k)
 	if i < 0 {
@@ -117,7 +123,7 @@ func (f *fakeStore) Settle(_ context.Context, k store.Scope, out store.Outcome, 
 	if ki.State == store.Recorded || ki.State == store.Expired {
 		return store.ErrNotInProgress
 	}
-	if err := f.live(*ki); err != nil && !force {
+	if err := f.live(*ki); err != nil && !o.Force {
 		return err
 	}
 	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.Recorded, &out, time.Time{}, nil

@@ -490,7 +490,7 @@ func TestDatabaseURL(t *testing.T) {
 
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.
-	fails(t, "INVALID_ARGUMENT: idem admin: status.code ABORTED is a code clients retry",
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid status: status.code ABORTED is a code clients retry",
 		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
 	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
 		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
@@ -130,7 +132,7 @@ func decodeCursor(s string) (cursor, error) {
 // Keys implements [store.Admin]: it orders the entries by their creation
 // (by [WithClock]), then by tenant, method and key. Like the PostgreSQL
 // store, it refuses a filter that fails [store.KeyFilter.Validate].
-func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, string, error) {
 	if err := f.Validate(); err != nil {
 		return nil, "", err
 	}
@@ -145,8 +147,8 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 		limit = maxPageSize
 	}
 	var from *cursor
-	if after != "" {
-		c, err := decodeCursor(after)
+	if f.After != "" {
+		c, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
@@ -190,7 +192,7 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 // Forget implements [store.Admin]. A forced Forget fences the lease's
 // holder: its later writes fail with store.ErrLeaseLost, also once the
 // key is claimed again, whose lease has a token of its own.
-func (s *Store) Forget(ctx context.Context, k store.Scope, force bool) error {
+func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
@@ -203,7 +205,7 @@ func (s *Store) Forget(ctx context.Context, k store.Scope, force bool) error {
 	if e == nil {
 		return store.ErrNotFound
 	}
-	if now := s.now(); !force && e.state(now) == store.InProgress {
+	if now := s.now(); !o.Force && e.state(now) == store.InProgress {
 		return &store.LeaseLiveError{Until: e.lockedUntil}
 	}
 	delete(s.entries, k)
@@ -214,8 +216,12 @@ func (s *Store) Forget(ctx context.Context, k store.Scope, force bool) error {
 // is fenced (its later writes fail with store.ErrLeaseLost), and drops the
 // steps and the request kept for a finisher; it keeps the expiry. An
 // expired entry counts as none: Settle fails with store.ErrNotFound.
-func (s *Store) Settle(ctx context.Context, k store.Scope, out store.Outcome, force bool) error {
+func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
 	if err := k.Validate(); err != nil {
+		return err
+	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -234,12 +240,12 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, out store.Outcome, fo
 	case store.Recorded:
 		return store.ErrNotInProgress
 	case store.InProgress:
-		if !force {
+		if !o.Force {
 			return &store.LeaseLiveError{Until: e.lockedUntil}
 		}
 	}
 	e.recorded = true
-	e.out = cloneOutcome(out)
+	e.out = out
 	e.token = 0 // no lease has it
 	e.lockedUntil = time.Time{}
 	e.steps, e.call = nil, nil

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemkit/idem/store"
 )
@@ -141,7 +142,7 @@ func (s *Store) Key(ctx context.Context, k store.Scope) (store.KeyInfo, error) {
 // filter's creation times to page around it. A filter that fails
 // [store.KeyFilter.Validate] (a NUL byte, which no text column holds, say)
 // is refused with its error before any query.
-func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, string, error) {
 	if err := f.Validate(); err != nil {
 		return nil, "", err
 	}
@@ -159,8 +160,8 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 		afterAt any // nil for the first page
 		afterID pgtype.UUID
 	)
-	if after != "" {
-		p, err := decodeCursor(after)
+	if f.After != "" {
+		p, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
@@ -385,18 +386,27 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 // fences the lease's holder: its later writes match no row, or the row of
 // a later claim with a token of its own, and fail with
 // [store.ErrLeaseLost].
-func (s *Store) Forget(ctx context.Context, k store.Scope, force bool) error {
-	return s.adminWrite(ctx, k, adminForget, force, false)
+func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions) error {
+	return s.adminWrite(ctx, k, adminForget, o.Force, false)
 }
 
 // Settle implements [store.Admin], as Forget does, with one UPDATE that
-// records out as a lease's record would, and more: it clears the fencing
-// token, so that the holder of a lease it forced is fenced (its later
-// writes fail with [store.ErrLeaseLost]), and the steps, which no claim
-// of a recorded key reads. An expired entry counts as none: Settle fails
-// with [store.ErrNotFound].
-func (s *Store) Settle(ctx context.Context, k store.Scope, out store.Outcome, force bool) error {
-	return s.adminWrite(ctx, k, adminSettle, force, true, int32(out.Code), out.Body, out.NotCached)
+// records the outcome of st ([store.SettleOutcome]) as a lease's record
+// would, and more: it clears the fencing token, so that the holder of a
+// lease it forced is fenced (its later writes fail with
+// [store.ErrLeaseLost]), and the steps, which no claim of a recorded key
+// reads. An expired entry counts as none: Settle fails with
+// [store.ErrNotFound]. A status that SettleOutcome refuses fails with its
+// error before any statement, as an invalid scope does.
+func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		return err
+	}
+	return s.adminWrite(ctx, k, adminSettle, o.Force, true, int32(out.Code), out.Body, out.NotCached)
 }
 
 // adminWrite runs write, adminForget or adminSettle (settle) with the

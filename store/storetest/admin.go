@@ -9,17 +9,42 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
-// admin returns s as a store.Admin, failing the test if it is none.
+// admin returns s as a store.Admin, failing the test if it is none: the
+// Admin cases run only for stores that implement it (see Run).
 func admin(t *testing.T, s store.Store) store.Admin {
 	t.Helper()
 	a, ok := s.(store.Admin)
 	if !ok {
-		t.Fatalf("the store (%T) does not implement store.Admin", s)
+		t.Fatalf("the store (%T) does not implement store.Admin, though the first store built did", s)
 	}
 	return a
+}
+
+// The options of forced actions.
+var (
+	forced       = store.ForgetOptions{Force: true}
+	forcedSettle = store.SettleOptions{Force: true}
+)
+
+// settleStatus is the error an operator settles a key with.
+func settleStatus(msg string) *spb.Status {
+	return &spb.Status{Code: int32(code.Code_FAILED_PRECONDITION), Message: msg}
+}
+
+// settleOutcome is the outcome a Settle with st records.
+func settleOutcome(t *testing.T, st *spb.Status) store.Outcome {
+	t.Helper()
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		t.Fatalf("SettleOutcome(%v): %v", st, err)
+	}
+	return out
 }
 
 // keyInfo reads k through a, failing the test on an error.
@@ -50,9 +75,10 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 		if pages > 100 {
 			t.Fatalf("Keys(%+v) never ends", f)
 		}
-		page, next, err := a.Keys(t.Context(), f, after)
+		f.After = after
+		page, next, err := a.Keys(t.Context(), f)
 		if err != nil {
-			t.Fatalf("Keys(%+v, %q): %v", f, after, err)
+			t.Fatalf("Keys(%+v): %v", f, err)
 		}
 		if len(page) > pageSize {
 			t.Fatalf("Keys(%+v) returned %d entries, more than the limit", f, len(page))
@@ -223,10 +249,10 @@ var adminCases = []testCase{
 			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Key(%v): %v, want ErrNotFound", k, err)
 			}
-			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrNotFound) {
+			if err := a.Forget(t.Context(), k, forced); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Forget(%v): %v, want ErrNotFound", k, err)
 			}
-			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+			if err := a.Settle(t.Context(), k, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Settle(%v): %v, want ErrNotFound", k, err)
 			}
 		}
@@ -249,10 +275,10 @@ var adminCases = []testCase{
 			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidScope) {
 				t.Errorf("Key(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrInvalidScope) {
+			if err := a.Forget(t.Context(), k, forced); !errors.Is(err, store.ErrInvalidScope) {
 				t.Errorf("Forget(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrInvalidScope) {
+			if err := a.Settle(t.Context(), k, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrInvalidScope) {
 				t.Errorf("Settle(%q): %v, want ErrInvalidScope", k, err)
 			}
 		}
@@ -272,7 +298,7 @@ var adminCases = []testCase{
 			"a state that is none of them": {AllTenants: true, States: []store.State{store.Recorded, "done"}},
 			"a state with a NUL byte":      {AllTenants: true, States: []store.State{"recorded\x00"}},
 		} {
-			page, next, err := a.Keys(t.Context(), f, "")
+			page, next, err := a.Keys(t.Context(), f)
 			if !errors.Is(err, store.ErrInvalidScope) {
 				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidScope", name, len(page), next, err)
 			}
@@ -323,18 +349,18 @@ var adminCases = []testCase{
 		wantKeys(t, "the keys created after", listAll(t, a, store.KeyFilter{Tenant: key.Tenant, Method: key.Method, CreatedAfter: from}, 2), mine[2:]...)
 
 		// The default limit and the last page's cursor.
-		page, next, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true}, "")
+		page, next, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true})
 		if err != nil || len(page) != len(all) || next != "" {
 			t.Errorf("Keys without a limit: %d entries, next %q, %v; want %d and no next page", len(page), next, err, len(all))
 		}
 
 		// A cursor the store did not make.
-		_, next, err = a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, "")
+		_, next, err = a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1})
 		if err != nil || next == "" {
 			t.Fatalf("first page of 1: next %q, %v", next, err)
 		}
 		for _, bad := range []string{"not a cursor!", next[:len(next)/2], "e30", "AAAA"} {
-			if _, _, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, bad); !errors.Is(err, store.ErrInvalidCursor) {
+			if _, _, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1, After: bad}); !errors.Is(err, store.ErrInvalidCursor) {
 				t.Errorf("Keys after %q: %v, want ErrInvalidCursor", bad, err)
 			}
 		}
@@ -343,7 +369,7 @@ var adminCases = []testCase{
 	{name: "ForgetLetsTheKeyRunAfresh", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		recordKey(t, s, key, okOutcome("first"))
-		if err := a.Forget(t.Context(), key, false); err != nil {
+		if err := a.Forget(t.Context(), key, store.ForgetOptions{}); err != nil {
 			t.Fatalf("Forget of a recorded key: %v", err)
 		}
 		if _, err := a.Key(t.Context(), key); !errors.Is(err, store.ErrNotFound) {
@@ -362,7 +388,7 @@ var adminCases = []testCase{
 		}
 		cfg.advance(2 * time.Minute)
 		for _, k := range []store.Scope{leaseKey, expired} {
-			if err := a.Forget(t.Context(), k, false); err != nil {
+			if err := a.Forget(t.Context(), k, store.ForgetOptions{}); err != nil {
 				t.Fatalf("Forget(%v): %v", k, err)
 			}
 		}
@@ -378,12 +404,12 @@ var adminCases = []testCase{
 	{name: "ForgetRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		l := takeLease(t, s, leaseKey, fp, longLease)
-		err := a.Forget(t.Context(), leaseKey, false)
+		err := a.Forget(t.Context(), leaseKey, store.ForgetOptions{})
 		wantLeaseLive(t, "Forget of a live lease", err, cfg.Now().Add(longLease))
 		if err := l.SaveStep(t.Context(), store.Step{Name: "kept"}); err != nil {
 			t.Fatalf("SaveStep after a refused Forget: %v", err)
 		}
-		if err := a.Forget(t.Context(), leaseKey, true); err != nil {
+		if err := a.Forget(t.Context(), leaseKey, forced); err != nil {
 			t.Fatalf("forced Forget: %v", err)
 		}
 		if err := l.SaveStep(t.Context(), store.Step{Name: "fenced"}); !errors.Is(err, store.ErrLeaseLost) {
@@ -414,8 +440,9 @@ var adminCases = []testCase{
 		}
 		expiresAt := lc.ExpiresAt
 		cfg.advance(runOut)
-		settled := errorOutcome()
-		if err := a.Settle(t.Context(), leaseKey, settled, false); err != nil {
+		st := settleStatus("cancelled by an operator")
+		settled := settleOutcome(t, st)
+		if err := a.Settle(t.Context(), leaseKey, st, store.SettleOptions{}); err != nil {
 			t.Fatalf("Settle of an abandoned key: %v", err)
 		}
 		ki := keyInfo(t, a, leaseKey)
@@ -438,12 +465,12 @@ var adminCases = []testCase{
 		}
 		// Recorded already: refused, forced or not.
 		for _, force := range []bool{false, true} {
-			if err := a.Settle(t.Context(), leaseKey, okOutcome("again"), force); !errors.Is(err, store.ErrNotInProgress) {
+			if err := a.Settle(t.Context(), leaseKey, settleStatus("again"), store.SettleOptions{Force: force}); !errors.Is(err, store.ErrNotInProgress) {
 				t.Errorf("Settle (force %v) of a settled key: %v, want ErrNotInProgress", force, err)
 			}
 		}
 		recordKey(t, s, key, okOutcome("r"))
-		if err := a.Settle(t.Context(), key, okOutcome("s"), true); !errors.Is(err, store.ErrNotInProgress) {
+		if err := a.Settle(t.Context(), key, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotInProgress) {
 			t.Errorf("Settle of a recorded key: %v, want ErrNotInProgress", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("r"))
@@ -452,12 +479,12 @@ var adminCases = []testCase{
 	{name: "SettleRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		l := takeLease(t, s, leaseKey, fp, longLease)
-		err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), false)
+		err := a.Settle(t.Context(), leaseKey, settleStatus("settled"), store.SettleOptions{})
 		wantLeaseLive(t, "Settle of a live lease", err, cfg.Now().Add(longLease))
 		if ki := keyInfo(t, a, leaseKey); ki.State != store.InProgress {
 			t.Errorf("the key after a refused Settle is %s, want in progress", ki.State)
 		}
-		if err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), true); err != nil {
+		if err := a.Settle(t.Context(), leaseKey, settleStatus("settled"), forcedSettle); err != nil {
 			t.Fatalf("forced Settle: %v", err)
 		}
 		if err := l.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
@@ -469,7 +496,40 @@ var adminCases = []testCase{
 		if err := l.Record(t.Context(), okOutcome("holder")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Record after a forced Settle: %v, want ErrLeaseLost", err)
 		}
-		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("settled"))
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, settleOutcome(t, settleStatus("settled")))
+	}},
+
+	{name: "SettleRefusesAStatusItCannotRecord", run: func(t *testing.T, s store.Store, cfg Config) {
+		// OK, a code outside gRPC's and the codes clients retry are
+		// refused, forced or not, and change nothing: the lease stays
+		// its holder's.
+		a := admin(t, s)
+		l := takeLease(t, s, leaseKey, fp, shortLease)
+		cfg.advance(runOut)
+		for _, st := range []*spb.Status{
+			nil,
+			{Code: int32(code.Code_OK)},
+			{Code: 17, Message: "no such code"},
+			{Code: -1},
+			{Code: int32(code.Code_ABORTED), Message: "retry"},
+			{Code: int32(code.Code_UNAVAILABLE)},
+			{Code: int32(code.Code_RESOURCE_EXHAUSTED)},
+			{Code: int32(code.Code_DEADLINE_EXCEEDED)},
+			{Code: int32(code.Code_FAILED_PRECONDITION), Message: "not UTF-8: \xff"},
+		} {
+			for _, o := range []store.SettleOptions{{}, forcedSettle} {
+				if err := a.Settle(t.Context(), leaseKey, st, o); !errors.Is(err, store.ErrInvalidStatus) {
+					t.Errorf("Settle(%v, force %v): %v, want ErrInvalidStatus", st, o.Force, err)
+				}
+			}
+		}
+		if ki := keyInfo(t, a, leaseKey); ki.State != store.Abandoned || ki.Outcome != nil {
+			t.Errorf("the key after the refused settles: %+v, want it abandoned", ki)
+		}
+		if err := l.Record(t.Context(), okOutcome("holder")); err != nil {
+			t.Fatalf("the holder's Record after the refused settles: %v", err)
+		}
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("holder"))
 	}},
 
 	{name: "FencedHolderLosesEveryWrite", run: func(t *testing.T, s store.Store, _ Config) {
@@ -499,7 +559,7 @@ var adminCases = []testCase{
 			// A forced Forget, and the key claimed again by another request.
 			k := keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("forgotten-", i))
 			l := takeLease(t, s, k, fp, longLease)
-			if err := a.Forget(t.Context(), k, true); err != nil {
+			if err := a.Forget(t.Context(), k, forced); err != nil {
 				t.Fatalf("forced Forget: %v", err)
 			}
 			writeAll(t, l, "after a forced Forget", order)
@@ -519,18 +579,18 @@ var adminCases = []testCase{
 			// A forced Settle.
 			k = keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("settled-", i))
 			l = takeLease(t, s, k, fp, longLease)
-			if err := a.Settle(t.Context(), k, errorOutcome(), true); err != nil {
+			if err := a.Settle(t.Context(), k, settleStatus("fenced"), forcedSettle); err != nil {
 				t.Fatalf("forced Settle: %v", err)
 			}
 			writeAll(t, l, "after a forced Settle", order)
 			if ki := keyInfo(t, a, k); ki.State != store.Recorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
 				t.Errorf("the settled key after the fenced writes: %+v", ki)
 			}
-			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, settleOutcome(t, settleStatus("fenced")))
 			if err := l.Release(t.Context()); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("Release of the fenced lease: %v, want nil or ErrLeaseLost", err)
 			}
-			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, settleOutcome(t, settleStatus("fenced")))
 		}
 	}},
 
@@ -540,7 +600,7 @@ var adminCases = []testCase{
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)
-		if err := a.Settle(t.Context(), leaseKey, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+		if err := a.Settle(t.Context(), leaseKey, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("Settle of an expired key: %v, want ErrNotFound", err)
 		}
 	}},

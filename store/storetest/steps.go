@@ -100,14 +100,13 @@ var stepCases = []testCase{
 	}},
 }
 
-// finishing returns s as store.Finishing, or skips the case when s does
-// not keep calls for a finisher: Finishing is optional, unlike the rest of
-// the suite.
+// finishing returns s as store.Finishing, failing the test if it is none:
+// the Finishing cases run only for stores that implement it (see Run).
 func finishing(t *testing.T, s store.Store) store.Finishing {
 	t.Helper()
 	c, ok := s.(store.Finishing)
 	if !ok {
-		t.Skip("the store does not implement store.Finishing")
+		t.Fatalf("the store (%T) does not implement store.Finishing, though the first store built did", s)
 	}
 	return c
 }

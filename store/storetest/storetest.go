@@ -69,20 +69,50 @@ func (c *clock) advance(d time.Duration) {
 // case as a parallel subtest of t with a new, empty store of its own.
 // newStore is called from the subtest with that subtest's t, and should
 // register any cleanup there.
+//
+// The cases of the optional interfaces, [store.Finishing] and
+// [store.Admin], run exactly when the stores newStore builds implement
+// them (as the first one built shows); Run logs each group that does not
+// apply.
 func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 	t.Helper()
+	var (
+		mu    sync.Mutex
+		first store.Store // the first store built, whose type says which optional groups apply
+	)
+	build := func(t *testing.T, cfg Config) store.Store {
+		s := newStore(t, cfg)
+		mu.Lock()
+		if first == nil {
+			first = s
+		}
+		mu.Unlock()
+		return s
+	}
 	for _, group := range []struct {
 		name  string
 		cases []testCase
+		// part is the optional interface the cases test; nil for the
+		// Store every store implements.
+		part *optional
 	}{
-		{"Claim", claimCases},
-		{"Optimistic", optimisticCases},
-		{"Lease", leaseCases},
-		{"Key", keyCases},
-		{"Steps", stepCases},
-		{"Finishing", finishingCases},
-		{"Admin", adminCases},
+		{"Claim", claimCases, nil},
+		{"Optimistic", optimisticCases, nil},
+		{"Lease", leaseCases, nil},
+		{"Key", keyCases, nil},
+		{"Steps", stepCases, nil},
+		{"Finishing", finishingCases, finishingPart},
+		{"Admin", adminCases, adminPart},
 	} {
+		if group.part != nil {
+			mu.Lock()
+			s := first
+			mu.Unlock()
+			if s == nil || !group.part.implements(s) {
+				t.Logf("the %s cases do not apply: the store (%T) does not implement %s", group.name, s, group.part.name)
+				continue
+			}
+		}
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
 				t.Run(c.name, func(t *testing.T) {
@@ -96,13 +126,25 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 					}
 					cfg.clock = &clock{now: clockStart}
 					cfg.Now = cfg.clock.Now
-					s := newStore(t, cfg)
+					s := build(t, cfg)
 					c.run(t, s, cfg)
 				})
 			}
 		})
 	}
 }
+
+// optional is an optional interface of the store contract, which callers
+// discover by a type assertion.
+type optional struct {
+	name       string
+	implements func(store.Store) bool
+}
+
+var (
+	finishingPart = &optional{"store.Finishing", func(s store.Store) bool { _, ok := s.(store.Finishing); return ok }}
+	adminPart     = &optional{"store.Admin", func(s store.Store) bool { _, ok := s.(store.Admin); return ok }}
+)
 
 type testCase struct {
 	name string
