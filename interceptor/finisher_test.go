@@ -454,7 +454,7 @@ func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
 		_, err := c.client.Do(forAcme(k), &testv1.DoRequest{Value: secret})
 		wantCode(t, err, codes.Unknown)
 	}
-	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'u-2'`)
+	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_header_names = '{NULL}', request_header_values = '{x}' WHERE key = 'u-2'`)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
 	}
@@ -464,11 +464,11 @@ func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
 		t.Fatalf("Finish = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
 	}
 	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
-WHERE key IN ('u-1', 'u-3') AND status = 'completed' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
+WHERE key IN ('u-1', 'u-3') AND status = 'recorded' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
 		t.Errorf("%d of the healthy calls recorded OK, want 2", k)
 	}
 	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
-WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_payload IS NULL AND request_metadata IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
+WHERE key = 'u-2' AND status = 'recorded' AND response_code = $1 AND request_payload IS NULL AND request_header_names IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
 		t.Errorf("the damaged call is not recorded as FAILED_PRECONDITION without what was kept")
 	}
 	if runs := c.svc.count(); runs != 5 {
@@ -613,7 +613,7 @@ func TestFinisherSurvivesAPanickingRoute(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Finish = %d, %v; want alpha's call finished", n, err)
 	}
-	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 1 {
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'recorded'`); k != 1 {
 		t.Errorf("alpha's call is not recorded")
 	}
 	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom' AND status = 'in_progress'`); k != 1 {
@@ -788,7 +788,7 @@ func TestFinisherFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	if accepted() == 0 {
 		t.Errorf("the pass never reached shard 1")
 	}
-	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 2 {
+	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'recorded'`); k != 2 {
 		t.Errorf("%d of alpha's calls recorded, want 2", k)
 	}
 }

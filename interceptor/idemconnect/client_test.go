@@ -81,7 +81,7 @@ func TestClientKeyIsOnePerLogicalCall(t *testing.T) {
 			t.Errorf("%d payments, want 2", n)
 		}
 		if e.pool != nil {
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'completed'`, []string{keys[0], keys[3]}); n != 2 {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'recorded'`, []string{keys[0], keys[3]}); n != 2 {
 				t.Errorf("%d completed key rows, want one per logical call (2)", n)
 			}
 		}

@@ -26,7 +26,7 @@ func TestSweeperMetrics(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	exec(t, pool, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
 SELECT `+pgtest.KeyIDSQL("'"+tenant+"'", "'/svc/M'", "'key-"+secret+"-' || g")+`, '`+tenant+`', '/svc/M', 'key-`+secret+`-' || g,
-       '\x01', 'completed', 0, 'r', now() - interval '1 hour'
+       '\x01', 'recorded', 0, 'r', now() - interval '1 hour'
 FROM generate_series(1, 25) g`)
 	exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'mailer', 'msg-`+secret+`-' || g, now() - interval '1 hour' FROM generate_series(1, 7) g`)

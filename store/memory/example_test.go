@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer c.Txn.Release(ctx) // does nothing after Complete
+	defer c.Txn.Release(ctx) // does nothing after Record
 	fmt.Println("first request owns the key:", c.Txn != nil)
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charge ch_1")}); err != nil {
 		panic(err)

@@ -72,7 +72,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 	}
 	// A lease whose key expired is lost, even though its lease still runs.
 	if err := l.Lease.Record(ctx, store.Outcome{Code: code.Code_OK}); err != store.ErrLeaseLost {
-		t.Errorf("Complete of a lease whose key expired: %v, want ErrLeaseLost", err)
+		t.Errorf("Record of a lease whose key expired: %v, want ErrLeaseLost", err)
 	}
 }
 

@@ -31,12 +31,12 @@ const (
 	adminColumns = `SELECT k.id, k.tenant, k.method, k.key, st.state, k.request_hash,
     k.created_at, k.updated_at, k.expires_at, k.locked_until, k.takeovers,
     k.status, k.response_code, k.response, k.response_not_cached,
-    k.recovery_steps, k.step_names, k.step_results,
-    k.request_method, k.request_payload, k.request_metadata, k.request_header_names, k.request_header_values
+    k.step_names, k.step_results,
+    k.request_method, k.request_payload, k.request_header_names, k.request_header_values
 FROM idempotency_keys k
 CROSS JOIN LATERAL (SELECT CASE
     WHEN k.expires_at <= coalesce($1::timestamptz, now()) THEN 'expired'
-    WHEN k.status = 'completed' THEN 'recorded'
+    WHEN k.status = 'recorded' THEN 'recorded'
     WHEN k.locked_until > coalesce($1::timestamptz, now()) THEN 'in_progress'
     ELSE 'abandoned' END AS state) st`
 
@@ -88,10 +88,9 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
 	// writes match nothing), and drops the steps and the request kept for
 	// a finisher; it keeps the expiry and the count of takeovers.
 	adminSettle = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $7, response = $8, response_not_cached = $9,
+SET status = 'recorded', response_code = $7, response = $8, response_not_cached = $9,
     locked_until = NULL, fencing_token = NULL, updated_at = now(),
-    recovery_point = NULL, recovery_data = NULL, recovery_steps = NULL, step_names = NULL, step_results = NULL,
-    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    step_names = NULL, step_results = NULL, request_method = NULL, request_payload = NULL,
     request_header_names = NULL, request_header_values = NULL
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
   AND status = 'in_progress' AND expires_at > coalesce($6::timestamptz, now())
@@ -325,27 +324,25 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		rcode       *int32
 		body        []byte
 		notCached   bool
-		oldSteps    []byte
 		stepNames   []*string
 		stepResults [][]byte
 		method      *string
 		payload     []byte
-		md          []byte
 		mdNames     []*string
 		mdValues    [][]byte
 	)
 	err := row.Scan(&r.pos.id, &r.Scope.Tenant, &r.Scope.Method, &r.Scope.Key, &state, &r.Fingerprint,
 		&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &lockedUntil, &r.Takeovers,
 		&status, &rcode, &body, &notCached,
-		&oldSteps, &stepNames, &stepResults,
-		&method, &payload, &md, &mdNames, &mdValues)
+		&stepNames, &stepResults,
+		&method, &payload, &mdNames, &mdValues)
 	if err != nil {
 		return keyRow{}, err
 	}
 	r.pos.at = r.CreatedAt
 	r.State = store.State(state)
 	switch status {
-	case "completed":
+	case "recorded":
 		out := store.Outcome{Body: body, NotCached: notCached}
 		if rcode != nil {
 			out.Code = code.Code(*rcode)
@@ -361,7 +358,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 	corrupt := func(err error) error {
 		return fmt.Errorf("%w: key %q of tenant %q, method %q: %w", store.ErrCorrupt, r.Scope.Key, r.Scope.Tenant, r.Scope.Method, err)
 	}
-	if r.Steps, err = readSteps(oldSteps, stepNames, stepResults); err != nil {
+	if r.Steps, err = readSteps(stepNames, stepResults); err != nil {
 		return keyRow{}, corrupt(err)
 	}
 	if len(r.Steps) == 0 {
@@ -369,7 +366,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 	}
 	if method != nil || payload != nil {
 		c := &store.Call{Request: payload}
-		if err := readKept(c, method, md, mdNames, mdValues); err != nil {
+		if err := readKept(c, method, mdNames, mdValues); err != nil {
 			return keyRow{}, corrupt(err)
 		}
 		r.Call = c
@@ -484,7 +481,7 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 		return true, store.ErrNotFound
 	case expired && settle:
 		return true, fmt.Errorf("%w: the key's entry expired", store.ErrNotFound)
-	case settle && status == "completed":
+	case settle && status == "recorded":
 		return true, store.ErrNotInProgress
 	case live && !force:
 		return true, &store.LeaseLiveError{Until: *lockedUntil}

@@ -104,7 +104,7 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 					t.Errorf("the fenced holder's Record: %v, want ErrLeaseLost", err)
 				}
 			}
-			if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed' AND response_code = $2`,
+			if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'recorded' AND response_code = $2`,
 				settled.Key, settledStatus.GetCode()); n != 1 {
 				t.Errorf("%d rows of the settled key with its outcome, want 1", n)
 			}

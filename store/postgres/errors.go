@@ -19,11 +19,17 @@ const (
 	invalidTextRepresentation = "22P02"
 
 	// A schema older than the store's statements: a table, a column or the
-	// primary key an ON CONFLICT names is not there.
+	// primary key an ON CONFLICT names is not there, or the status
+	// constraint refuses the status the store writes.
 	undefinedTable         = "42P01"
 	undefinedColumn        = "42703"
 	invalidColumnReference = "42P10"
+	checkViolation         = "23514"
 )
+
+// statusCheck is the name of the constraint on the status of
+// idempotency_keys, which refuses 'recorded' before migration 0008.
+const statusCheck = "idempotency_keys_status_check"
 
 // pgErrorCode returns the SQLSTATE of err, or "" if err is not from
 // PostgreSQL.
@@ -62,6 +68,10 @@ func interpretError(err error) error {
 		}
 	case undefinedTable, undefinedColumn, invalidColumnReference:
 		return fmt.Errorf("%w: %w", errSchema, err)
+	case checkViolation:
+		if pgErr.ConstraintName == statusCheck {
+			return fmt.Errorf("%w: %w", errSchema, err)
+		}
 	}
 	return err
 }

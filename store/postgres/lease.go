@@ -22,8 +22,7 @@ import (
 const (
 	// leaseClaim inserts the key with a lease and a fencing token ($8), or
 	// takes over a row that expired (starting afresh) or whose lease ran out
-	// under a request with the same fingerprint (keeping its recovery
-	// point). A takeover replaces the token, which fences off the earlier
+	// under a request with the same fingerprint (keeping its steps). A takeover replaces the token, which fences off the earlier
 	// owner. When neither applies it returns no row and leaves the row as it
 	// is. Tokens are random 63-bit numbers, so that no owner of a key ever
 	// gets a token an earlier owner held, even after the row was deleted
@@ -47,15 +46,11 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     updated_at = now(),
     created_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN now() ELSE k.created_at END,
     expires_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN excluded.expires_at ELSE k.expires_at END,
-    recovery_point = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_point END,
-    recovery_data = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_data END,
-    recovery_steps = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_steps END,
     step_names = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_names END,
     step_results = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_results END,
     takeovers = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN 0 ELSE k.takeovers + 1 END,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
-    request_metadata = CASE WHEN excluded.request_method IS NULL THEN k.request_metadata END,
     request_header_names = CASE WHEN excluded.request_method IS NULL THEN k.request_header_names
         ELSE excluded.request_header_names END,
     request_header_values = CASE WHEN excluded.request_method IS NULL THEN k.request_header_values
@@ -63,8 +58,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
 WHERE k.expires_at <= coalesce($13::timestamptz, now())
    OR (k.status = 'in_progress' AND k.locked_until <= coalesce($13::timestamptz, now()) AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_results,
-    expires_at, takeovers > 0, request_method IS NOT NULL`
+RETURNING step_names, step_results, expires_at, takeovers > 0, request_method IS NOT NULL`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -75,19 +69,14 @@ RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_result
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > coalesce($4::timestamptz, now())`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()) + $5 * interval '1 second'` + leaseWhere
-	// leaseSave writes the step saved last (in recovery_point and
-	// recovery_data, as the previous version did) and every step; the
-	// previous version's list of the steps (recovery_steps) is cleared, so
-	// that only the arrays hold them from then on.
-	leaseSave = `UPDATE idempotency_keys
-SET recovery_point = $5, recovery_data = $6, step_names = $7, step_results = $8, recovery_steps = NULL,
-    updated_at = now()` + leaseWhere
+	// leaseSave writes every step.
+	leaseSave = `UPDATE idempotency_keys SET step_names = $5, step_results = $6, updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a finisher: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
+SET status = 'recorded', response_code = $5, response = $6, response_not_cached = $7,
     locked_until = NULL, updated_at = now(),
-    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    request_method = NULL, request_payload = NULL,
     request_header_names = NULL, request_header_values = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has saved steps or keeps its
@@ -116,8 +105,7 @@ const maxLeaseRounds = 3
 // and every later write of its ClaimLeased run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
 // saved steps cannot be read (step_names and step_results do not pair up,
-// or a list the previous version kept in recovery_steps does not decode)
-// fails with an error wrapping [store.ErrCorrupt], and its lease is ended
+// or a name is NULL) fails with an error wrapping [store.ErrCorrupt], and its lease is ended
 // at once, so that every claim of it fails so, until the row is deleted
 // or expires.
 func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
@@ -186,23 +174,20 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 		return nil, expiresAt, nil, err
 	}
 	var (
-		step     *string
-		data     []byte
-		oldSteps []byte
 		names    []*string // a NULL name only in a damaged row
 		results  [][]byte
 		tookOver bool
 		kept     bool
 		corrupt  error // the steps are unreadable: store.ErrCorrupt
 	)
-	err = br.QueryRow().Scan(&step, &data, &oldSteps, &names, &results, &expiresAt, &tookOver, &kept)
+	err = br.QueryRow().Scan(&names, &results, &expiresAt, &tookOver, &kept)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
 		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
-		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
+		if l.steps, err = readSteps(names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
 	}
@@ -261,7 +246,7 @@ func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 		return err
 	}
 	names, results := stepArrays(steps)
-	if err := l.exec(ctx, leaseSave, p.Name, p.Result, names, results); err != nil {
+	if err := l.exec(ctx, leaseSave, names, results); err != nil {
 		return err
 	}
 	l.steps = steps
@@ -293,7 +278,7 @@ func callArgs(c *store.Call) []any {
 // (see [Store.now]), and which have not expired; those another
 // transaction holds are skipped.
 const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload,
-    request_metadata, request_header_names, request_header_values, takeovers
+    request_header_names, request_header_values, takeovers
 FROM idempotency_keys
 WHERE status = 'in_progress' AND request_payload IS NOT NULL
   AND locked_until <= coalesce($3::timestamptz, now()) - $1 * power(2, least(takeovers, 16)) * interval '1 second'
@@ -372,18 +357,17 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 	for rows.Next() {
 		var (
 			a      store.AbandonedCall
-			method *string // NULL only in a damaged row
-			md     []byte
+			method *string   // NULL only in a damaged row
 			names  []*string // NULL elements only in a damaged row
 			values [][]byte
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
 		if err := rows.Scan(&a.Scope.Tenant, &a.Scope.Method, &a.Scope.Key, &a.Fingerprint,
-			&method, &a.Call.Request, &md, &names, &values, &a.Takeovers); err != nil {
+			&method, &a.Call.Request, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		a.Unreadable = readKept(&a.Call, method, md, names, values)
+		a.Unreadable = readKept(&a.Call, method, names, values)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {

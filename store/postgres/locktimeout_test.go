@@ -86,7 +86,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if tc.warm {
-				claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
@@ -150,20 +150,20 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	}
 
 	release()
-	claimAndComplete(t, s, key)
+	claimAndRecord(t, s, key)
 	if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record of the lease once the lock is gone: %v", err)
 	}
 	var n, recorded int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND recovery_point IS NULL)
-		FROM idempotency_keys WHERE status = 'completed'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
-		t.Fatalf("%d recorded rows for the key and %d for the lease without a last step (%v), want 1 each", n, recorded, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND step_names IS NULL)
+		FROM idempotency_keys WHERE status = 'recorded'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
+		t.Fatalf("%d recorded rows for the key and %d for the lease without a step (%v), want 1 each", n, recorded, err)
 	}
 }
 
-// claimAndComplete claims k in atomic mode, and k's leased twin (its key
+// claimAndRecord claims k in atomic mode, and k's leased twin (its key
 // with "-lease" appended) in leased mode, and completes both.
-func claimAndComplete(t *testing.T, s *postgres.Store, k store.Scope) {
+func claimAndRecord(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -374,7 +374,7 @@ var (
 	insertKeyRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
 		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', now() + interval '1 hour')`
 	insertExpiredRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
-		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', 'completed', 0, now() - interval '1 hour')`
+		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', 'recorded', 0, now() - interval '1 hour')`
 	lockKeyRow = `SELECT FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3 FOR UPDATE`
 )
 
@@ -442,7 +442,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			t.Helper()
 			err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w WHERE key = $3),
 				(SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3
-					AND status = 'completed' AND expires_at > now())`, args...).Scan(&writes, &completed)
+					AND status = 'recorded' AND expires_at > now())`, args...).Scan(&writes, &completed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -511,7 +511,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	before := func() string {
 		t.Helper()
 		var rows string
-		if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+		if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, step_names, fencing_token), ';' ORDER BY key)
 			FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&rows); err != nil {
 			t.Fatal(err)
 		}
@@ -546,7 +546,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 
 	release()
 	var after string
-	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, step_names, fencing_token), ';' ORDER BY key)
 		FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +558,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		t.Fatalf("record once the row is free: %v", err)
 	}
 	var status string
-	if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, held.Key).Scan(&status); err != nil || status != "completed" {
+	if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, held.Key).Scan(&status); err != nil || status != "recorded" {
 		t.Fatalf("the leased key is %q (%v), want completed", status, err)
 	}
 }

@@ -42,7 +42,7 @@ func keyRows(t *testing.T, pool *pgxpool.Pool, k store.Scope) (writes, completed
 	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w WHERE key = $3),
 		count(*), coalesce(max(convert_from(response, 'UTF8')), '')
 		FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3
-			AND status = 'completed' AND expires_at > now()`, k.Tenant, k.Method, k.Key).Scan(&writes, &completed, &body)
+			AND status = 'recorded' AND expires_at > now()`, k.Tenant, k.Method, k.Key).Scan(&writes, &completed, &body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if warm {
-				claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
@@ -129,7 +129,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 
 	// A claim that executes, a replay, a recorded error, a claim that
 	// waits for a key's owner and gives up, a lease and its record.
-	claimAndComplete(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"})
+	claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"})
 	if c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"}, store.ClaimRequest{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
 		t.Fatalf("replay: %+v, %v", c, err)
 	}
@@ -220,7 +220,7 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 	}
 
 	// Expired keys and messages, and a live one of each.
-	claimAndComplete(t, s, key)
+	claimAndRecord(t, s, key)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {
@@ -228,7 +228,7 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 		}
 	}
 	exec(`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
-		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'completed', 0, now() - interval '1 hour'
+		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'recorded', 0, now() - interval '1 hour'
 		FROM generate_series(1, 25) i`)
 	inbox := postgres.NewInbox(pool, "shipping")
 	var runs int

@@ -184,7 +184,7 @@ const (
 WHERE NOT EXISTS (
     SELECT FROM idempotency_keys
     WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
-      AND status = 'completed' AND expires_at > coalesce($7::timestamptz, now()))`
+      AND status = 'recorded' AND expires_at > coalesce($7::timestamptz, now()))`
 
 	// selectEntry reads the key's row, after the key's lock was tried or
 	// taken: as a statement of its own, so that its snapshot (under READ
@@ -212,15 +212,14 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 	// SQLSTATE 22P02; it depends on count(*), so the planner cannot fold it
 	// into an error of every execution. Plain SQL, no function of ours.
 	recordColumns = `(id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, coalesce($10::timestamptz, now()) + $9 * interval '1 second')`
+    VALUES ($1, $2, $3, $4, $5, 'recorded', $6, $7, $8, coalesce($10::timestamptz, now()) + $9 * interval '1 second')`
 	recordTakeover = `
     SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
-        request_hash = excluded.request_hash, status = 'completed',
+        request_hash = excluded.request_hash, status = 'recorded',
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL,
-        recovery_steps = NULL, step_names = NULL, step_results = NULL
+        locked_until = NULL, fencing_token = NULL, step_names = NULL, step_results = NULL
     WHERE k.expires_at <= coalesce($10::timestamptz, now())`
 	recordCheck = `
     RETURNING 1
@@ -417,7 +416,7 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 		return nil, err
 	}
 	switch status {
-	case "completed":
+	case "recorded":
 		e.State = store.Recorded
 	case "in_progress":
 		e.State = store.InProgress

@@ -86,7 +86,7 @@ func TestMigrateConcurrentOnEmptyDatabase(t *testing.T) {
 
 var key = store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
 
-func TestClaimCompleteReplay(t *testing.T) {
+func TestClaimRecordReplay(t *testing.T) {
 	s := postgres.New(pgtest.NewPool(t))
 	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
@@ -107,7 +107,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Release(ctx); err != nil {
-		t.Fatalf("Release after Complete: %v", err)
+		t.Fatalf("Release after Record: %v", err)
 	}
 
 	again, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("other")})
@@ -259,7 +259,7 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
 	_, _ = tx.Exec(ctx, `SELECT 1/0`) // a handler that swallows this error
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err == nil {
-		t.Fatal("Complete succeeded on an aborted transaction")
+		t.Fatal("Record succeeded on an aborted transaction")
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
@@ -360,10 +360,10 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 			drop := skipWrites(t, pool)
 			err := run()
 			if err == nil {
-				t.Fatal("Complete succeeded although the record updated no row")
+				t.Fatal("Record succeeded although the record updated no row")
 			}
 			if errors.Is(err, store.ErrInUse) || errors.Is(err, store.ErrLeaseLost) {
-				t.Fatalf("Complete: %v; want an error the interceptor answers UNAVAILABLE", err)
+				t.Fatalf("Record: %v; want an error the interceptor answers UNAVAILABLE", err)
 			}
 			if w, k := rows(); w != 0 || k != 0 {
 				t.Fatalf("after a record that took no row: %d writes and %d keys committed, want none", w, k)
@@ -381,8 +381,8 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				t.Fatalf("after the retry: %d writes and %d keys, want %d and 1", w, k, wantWrites)
 			}
 			var status string
-			if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys`).Scan(&status); err != nil || status != "completed" {
-				t.Fatalf("key status %q, %v; want completed", status, err)
+			if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys`).Scan(&status); err != nil || status != "recorded" {
+				t.Fatalf("key status %q, %v; want recorded", status, err)
 			}
 		})
 	}

@@ -194,13 +194,13 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
-WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
-		t.Fatalf("shard 1 holds %d rows of beta's lease with its last step and extended lease, want 1", n)
+WHERE tenant = $1 AND step_names = '{charge_sent}' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
+		t.Fatalf("shard 1 holds %d rows of beta's lease with its step and extended lease, want 1", n)
 	}
 	if err := l.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = 'charged'`, beta); n != 1 {
 		t.Fatalf("shard 1 holds %d recorded rows of beta's lease, want 1", n)
 	}
 	if n := count(t, a, `SELECT count(*) FROM idempotency_keys`); n != 0 {
@@ -317,10 +317,10 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, alpha); n != 3 {
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, alpha); n != 3 {
 		t.Errorf("shard 0 holds %d of alpha's calls completed, want 3", n)
 	}
-	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, beta); n != 1 {
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, beta); n != 1 {
 		t.Errorf("shard 1 holds %d of beta's calls completed, want 1", n)
 	}
 	if n := keysOf(t, a, beta) + keysOf(t, b, alpha); n != 0 {

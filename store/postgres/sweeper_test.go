@@ -59,7 +59,7 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 func insertKeys(t *testing.T, pool *pgxpool.Pool, prefix string, n int, expiresIn string) {
 	t.Helper()
 	exec(t, pool, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
-SELECT `+pgtest.KeyIDSQL("t", "m", "k")+`, t, m, k, '\x01', 'completed', 0, 'r',
+SELECT `+pgtest.KeyIDSQL("t", "m", "k")+`, t, m, k, '\x01', 'recorded', 0, 'r',
        now() + $2::interval - g * interval '1 ms'
 FROM generate_series(1, $3::int) g,
     LATERAL (SELECT 'tenant-' || (g % 7), '/svc/M' || (g % 3), $1::text || g) v(t, m, k)`, prefix, expiresIn, n)
@@ -258,7 +258,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 			fresh.Load(), replays.Load())
 	}
 	checkSwept(t, admin, digest)
-	if n := count(t, admin, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'fresh-%' AND status = 'completed'`); n != freshAll.Load() {
+	if n := count(t, admin, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'fresh-%' AND status = 'recorded'`); n != freshAll.Load() {
 		t.Errorf("%d fresh keys stored, want the %d completed", n, freshAll.Load())
 	}
 
