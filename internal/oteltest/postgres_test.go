@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
@@ -76,7 +77,7 @@ func TestInboxMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	pool := pgtest.NewPool(t)
 	exec(t, pool, `CREATE TABLE shipments (message_id text PRIMARY KEY)`)
-	in := postgres.NewInbox(pool, "shipper", postgres.WithMeterProvider(tel.mp), postgres.WithTracerProvider(tel.tp))
+	in := inbox.New(pool, "shipper", inbox.WithMeterProvider(tel.mp), inbox.WithTracerProvider(tel.tp))
 	ship := func(id string) func(pgx.Tx) error {
 		return func(tx pgx.Tx) error {
 			_, err := tx.Exec(context.Background(), `INSERT INTO shipments VALUES ($1)`, id)

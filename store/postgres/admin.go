@@ -18,6 +18,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 var _ store.Admin = (*Store)(nil)
@@ -283,16 +284,16 @@ func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, ar
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
-			err = interpretError(cerr)
+			err = pgerr.Interpret(cerr)
 		}
 	}()
 	rows, err := br.Query()
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	for rows.Next() {
 		r, err := scanKeyInfo(rows)
@@ -304,10 +305,10 @@ func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, ar
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	if _, err := br.Exec(); err != nil { // COMMIT
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	return out, nil
 }
@@ -444,16 +445,16 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
-			err = interpretError(cerr)
+			err = pgerr.Interpret(cerr)
 		}
 	}()
 	tag, err := br.Exec()
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	var (
 		status      string
@@ -465,11 +466,11 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 	if err := br.QueryRow().Scan(&status, &expired, &lockedUntil, &live); errors.Is(err, pgx.ErrNoRows) {
 		found = false
 	} else if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	commit, err := br.Exec()
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	if commit.String() != "COMMIT" {
 		return false, errors.New("postgres: the key's change was rolled back")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/internal/stepset"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 const (
@@ -130,7 +131,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseR
 			cancel()
 			return store.LeasedClaim{}, err
 		case err != nil:
-			return store.LeasedClaim{}, interpretError(err)
+			return store.LeasedClaim{}, pgerr.Interpret(err)
 		case l != nil:
 			return store.LeasedClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
 		case entry != nil && !entry.expired:
@@ -350,7 +351,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 	defer conn.Release()
 	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit, s.now())
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	defer rows.Close()
 	var out []store.AbandonedCall
@@ -371,7 +372,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	return out, nil
 }
@@ -443,7 +444,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return interpretError(err)
+		return pgerr.Interpret(err)
 	}
 	tag, err := br.Exec()
 	if err == nil {
@@ -456,7 +457,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		err = cerr
 	}
 	if err != nil {
-		return interpretError(err)
+		return pgerr.Interpret(err)
 	}
 	if tag.RowsAffected() == 0 {
 		l.ended.Store(true)

@@ -63,7 +63,7 @@ func WithTTL(ttl time.Duration) Option {
 // store that shares the database must read the same clock: two clocks
 // that disagree disagree about whether a lease ran out or a key expired.
 // The lock timeout and the waits for a connection are measured in real
-// time, whatever the clock says; a [Sweeper] and an [Inbox] keep the
+// time, whatever the clock says; a [Sweeper] and an inbox keep the
 // database's clock, and so do the columns created_at and updated_at,
 // which no statement compares. Default: the database's clock
 // (now(), the start of the statement's transaction), one clock for every

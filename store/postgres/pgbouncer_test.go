@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 	"github.com/idemkit/idem/store/storetest"
 )
 
@@ -230,10 +231,10 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 	exec(`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
 		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'recorded', 0, now() - interval '1 hour'
 		FROM generate_series(1, 25) i`)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	var runs int
 	for range 2 {
-		if _, err := inbox.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { runs++; return nil }); err != nil {
+		if _, err := in.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { runs++; return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}

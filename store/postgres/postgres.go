@@ -14,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 // Store keeps idempotency keys in the table idempotency_keys (see
@@ -67,8 +68,8 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // and never shows the client).
 //
 // Each shard needs idem's schema ([Migrate] it) and, to delete expired
-// keys, a [Sweeper] of its own; an [Inbox] records a message's id on the
-// shard whose data the message changes. Point every pool at its shard's
+// keys, a [Sweeper] of its own; an inbox (package inbox) records a
+// message's id on the shard whose data the message changes. Point every pool at its shard's
 // primary. NewSharded keeps a copy of shards.
 func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...Option) *Store {
 	if route == nil {
@@ -283,7 +284,7 @@ func (s *Store) Claim(ctx context.Context, key store.Scope, r store.ClaimRequest
 	switch {
 	case err != nil:
 		_ = abandon(ctx, conn)
-		return store.Claim{}, interpretError(err)
+		return store.Claim{}, pgerr.Interpret(err)
 	case entry != nil && !entry.expired:
 		// The answer is settled: give it now, and roll back meanwhile.
 		go func() { _ = abandon(ctx, conn) }()
@@ -303,7 +304,7 @@ func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pg
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		_ = abandon(ctx, conn)
-		return store.Claim{}, interpretError(err)
+		return store.Claim{}, pgerr.Interpret(err)
 	}
 	now, ok := at.(time.Time)
 	if !ok {
@@ -500,9 +501,9 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 		// An error is recorded without the handler's writes. A
 		// transaction never handed out holds none, and records it as
 		// it would a response.
-		return t.taken(interpretError(t.recordError(ctx, out)))
+		return t.taken(pgerr.Interpret(t.recordError(ctx, out)))
 	case t.optimistic:
-		return t.taken(interpretError(t.recordOptimistic(ctx, out)))
+		return t.taken(pgerr.Interpret(t.recordOptimistic(ctx, out)))
 	}
 	record := recordInsert
 	if t.takeover {
@@ -526,7 +527,7 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return interpretError(err)
+	return pgerr.Interpret(err)
 }
 
 // recordOptimistic records out for a claim that read nothing: the INSERT of
@@ -604,7 +605,7 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 // readRecord reads the results of a record and the COMMIT behind it.
 func readRecord(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
-		if pgErrorCode(err) == invalidTextRepresentation {
+		if pgerr.Code(err) == pgerr.InvalidTextRepresentation {
 			return fmt.Errorf("%w: %w", errNotRecorded, err)
 		}
 		return err

@@ -43,16 +43,10 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
+// count runs a query of one integer.
+var count = pgtest.Count
 
-// insertKeys inserts n completed idempotency keys named prefix1 … prefixN
+// insertKeys inserts n recorded idempotency keys named prefix1 … prefixN
 // with response "r", spread over 7 tenants and 3 methods (see liveKey).
 // Their expiry is now + expiresIn, minus one millisecond per row, so that
 // no two share an instant. One statement inserts them all.
@@ -510,15 +504,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // waitForLockWait waits until a session of pool's database waits for a
-// lock, and fails the test naming who should be waiting if none does
-// within waitLimit.
-func waitForLockWait(t *testing.T, pool *pgxpool.Pool, who string) {
-	t.Helper()
-	waitFor(t, who+" to wait for a lock", func() bool {
-		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
-	})
-}
+// lock.
+var waitForLockWait = pgtest.WaitForLockWait
 
 // TestVacuumDoesNotTruncateKeys checks that vacuuming idempotency_keys after
 // the sweeper emptied it keeps the file (migration 0006): truncating it
