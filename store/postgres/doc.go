@@ -45,7 +45,7 @@
 // committed (under REPEATABLE READ or SERIALIZABLE, whose snapshot predates
 // the wait, or on an engine whose locks are weaker), its record fails on
 // the primary key, its writes roll back, and it reports store.ErrConflict,
-// which the interceptor answers with ABORTED; the retry replays. Two keys
+// which the engine answers with ABORTED; the retry replays. Two keys
 // whose hashes collide could only wait for each other, never share a row:
 // every read compares the whole scope.
 //

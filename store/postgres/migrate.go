@@ -132,7 +132,7 @@ func applyMigration(ctx context.Context, db Beginner, m migration) error {
 // place where another tool applies the schema, so that a server that
 // cannot serve keyed calls says so before it takes traffic. A claim that
 // meets a missing or outdated schema fails the same way, and the
-// interceptor answers INTERNAL (never UNAVAILABLE, which clients retry
+// engine answers INTERNAL (never UNAVAILABLE, which clients retry
 // for ever).
 //
 // A sharded store (see [NewSharded]) checks every shard, and its error

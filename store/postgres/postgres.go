@@ -62,9 +62,9 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // claim and lease, from many goroutines at once. An index out of range
 // (-1, say, for a tenant that is not served here, or is being moved), a
 // nil pool or a nil route fails the call with an error that wraps
-// [ErrNoShard] before any database is touched; the interceptor answers
+// [ErrNoShard] before any database is touched; the engine answers
 // UNAVAILABLE with a retry delay. So does a route that panics: the panic
-// is recovered, and its value is in the error (which the interceptor logs,
+// is recovered, and its value is in the error (which the engine logs,
 // and never shows the client).
 //
 // Each shard needs idem's schema ([Migrate] it) and, to delete expired
@@ -81,7 +81,7 @@ func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...O
 // ErrNoShard reports a tenant for which the route of a sharded Store (see
 // [NewSharded]) gave no shard: an index out of range, a nil pool, or a
 // panic of the route. Nothing was sent to any database. It is none of
-// package store's sentinel errors, so the interceptor answers UNAVAILABLE
+// package store's sentinel errors, so the engine answers UNAVAILABLE
 // and clients retry later: a route may refuse a tenant for a while, on
 // purpose, while it moves.
 var ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
@@ -251,7 +251,7 @@ FROM recorded`
 // without the bound every other request, whatever its key, would queue
 // behind them for as long as the key's owner runs. When no connection comes
 // free in time, Claim fails with an error that is none of store's sentinels
-// (the interceptor answers UNAVAILABLE), having changed nothing.
+// (the engine answers UNAVAILABLE), having changed nothing.
 //
 // An optimistic claim (store.ClaimRequest.Optimistic) costs the transaction's
 // BEGIN alone and reads nothing: its record decides, and fails with
@@ -481,7 +481,7 @@ func (t *txn) Context(parent context.Context) context.Context {
 // back together with the key and its recorded response. It reports false
 // outside a keyed request.
 //
-// The transaction belongs to the interceptor: its Commit and Rollback return
+// The transaction belongs to idem's engine: its Commit and Rollback return
 // [ErrTxOwned] and change nothing. A handler discards its writes by
 // returning an error; a nested transaction (tx.Begin, pgx.BeginFunc) runs on
 // a savepoint and may commit or roll back freely. Once the call has ended,
