@@ -29,7 +29,7 @@ import (
 // word "call", which never hashes like DeriveKey's four: a step may be
 // named anything, a method name and "#1" included, and still never share a
 // key with a call.
-func DeriveKey(parent store.Key, step string) string {
+func DeriveKey(parent store.Scope, step string) string {
 	return deriveKey(parent.Tenant, parent.Method, parent.Key, step)
 }
 
@@ -40,7 +40,7 @@ func DeriveKey(parent store.Key, step string) string {
 // apart from every key DeriveKey derives from four: a sequence of
 // length-prefixed parts encodes only itself, so a named step never hashes
 // like an ordinal.
-func callKey(parent store.Key, method string, n int) string {
+func callKey(parent store.Scope, method string, n int) string {
 	return deriveKey(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
 }
 

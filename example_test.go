@@ -139,7 +139,7 @@ func ExampleDeriveKey() {
 	// Checkout request that tenant acme keyed "order-7f3a", the same on
 	// every retry of that request and different from the children of
 	// "order-7f3a" in any other tenant or method.
-	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
+	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
 	fmt.Println(idem.DeriveKey(parent, "charge"))
 	// Output: b710463d8d6589451baefeda0a9ef1576c53787e46f30a8113f2f406ab1d7774
 }

@@ -204,7 +204,7 @@ func keyField(m *method, req any) (protoreflect.Message, protoreflect.FieldDescr
 
 // derive returns the child key of the request parent for the next call of
 // method.
-func derive(ctx context.Context, parent store.Key, method string) (string, error) {
+func derive(ctx context.Context, parent store.Scope, method string) (string, error) {
 	if step, ok := stepFromContext(ctx); ok {
 		return DeriveKey(parent, step), nil
 	}
@@ -239,7 +239,7 @@ type callsCtxKey struct{}
 // keys, and a fresh counter of outbound calls for the client interceptor's
 // ordinals. Every path of the server interceptor that runs a handler under
 // a key goes through it.
-func withRequestKey(ctx context.Context, key store.Key) context.Context {
+func withRequestKey(ctx context.Context, key store.Scope) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
 	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
 }

@@ -369,7 +369,7 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 // part preceded by its length in bytes as a big-endian uint64. It is
 // computed here from that documented layout rather than by idem's own code,
 // so that a change of the layout shows.
-func callKey(parent store.Key, method string, n int) string {
+func callKey(parent store.Scope, method string, n int) string {
 	h := sha256.New()
 	var l [8]byte
 	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {

@@ -67,7 +67,9 @@ type AdminServiceClient interface {
 	// its retries stop waiting and replay that error. NOT_FOUND when the key
 	// has no entry; FAILED_PRECONDITION when its outcome is recorded already
 	// (forget it instead), or, naming when the lease runs out, when its lease
-	// is live and force is not set. A forced settle fences the lease's holder.
+	// is live and force is not set; INVALID_ARGUMENT for a status code it
+	// does not take (see SettleKeyRequest.status). A forced settle fences the
+	// lease's holder.
 	SettleKey(context.Context, *v1.SettleKeyRequest) (*v1.SettleKeyResponse, error)
 	// FinishKey finishes an abandoned call now, rather than after the
 	// finisher's grace: it takes the call over as a retry would, runs it
@@ -204,7 +206,9 @@ type AdminServiceHandler interface {
 	// its retries stop waiting and replay that error. NOT_FOUND when the key
 	// has no entry; FAILED_PRECONDITION when its outcome is recorded already
 	// (forget it instead), or, naming when the lease runs out, when its lease
-	// is live and force is not set. A forced settle fences the lease's holder.
+	// is live and force is not set; INVALID_ARGUMENT for a status code it
+	// does not take (see SettleKeyRequest.status). A forced settle fences the
+	// lease's holder.
 	SettleKey(context.Context, *v1.SettleKeyRequest) (*v1.SettleKeyResponse, error)
 	// FinishKey finishes an abandoned call now, rather than after the
 	// finisher's grace: it takes the call over as a retry would, runs it
