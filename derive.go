@@ -18,7 +18,7 @@ import (
 // from a tuple of six parts, the fourth the word "call", which never hashes
 // like stepKey's four: a step may be named anything, a method name and
 // "#1" included, and still never share a key with a call.
-func stepKey(parent store.Key, step string) string {
+func stepKey(parent store.Scope, step string) string {
 	return deriveKey(parent.Tenant, parent.Method, parent.Key, step)
 }
 
@@ -29,7 +29,7 @@ func stepKey(parent store.Key, step string) string {
 // apart from every key stepKey derives from four: a sequence of
 // length-prefixed parts encodes only itself, so a named step never hashes
 // like an ordinal.
-func callKey(parent store.Key, method string, n int) string {
+func callKey(parent store.Scope, method string, n int) string {
 	return deriveKey(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
 }
 

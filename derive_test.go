@@ -35,7 +35,7 @@ func TestStepKeyVectors(t *testing.T) {
 		{"", "", "parent:charge", "", "a994ccfff0b009ecc3e60d2b4557bad6ff7d57d0276c32aa4f93cbe284bcd5ba"},
 		{"", "", "parent", "charge", "471136eba5a40cb66c71d74c289eb49ddcc87b2eb994bd0c3443928bcd02ec40"},
 	} {
-		got := stepKey(store.Key{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
+		got := stepKey(store.Scope{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
 		if got != v.want {
 			t.Errorf("stepKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
 		}
@@ -64,7 +64,7 @@ func TestCallKeyVectors(t *testing.T) {
 		{"", "", "order-7f3a", "/provider.v1.ProviderService/Charge", 1, "4e10c920194e5d44db63e411c26e85f8e6dc19f6d76f206a1a3019b5269f93e2"},
 		{"", "", "order-7f3a", "/provider.v1.ProviderService/Charge", 12, "d74f1fff52a6ef479f6a489547fa18967b0f466e9ee84df81abdd3a707ee167e"},
 	} {
-		parent := store.Key{Tenant: v.tenant, Method: v.method, Key: v.key}
+		parent := store.Scope{Tenant: v.tenant, Method: v.method, Key: v.key}
 		got := callKey(parent, v.called, v.n)
 		if got != v.want {
 			t.Errorf("callKey(%q, %q, %q, %q, %d) = %s, want %s", v.tenant, v.method, v.key, v.called, v.n, got, v.want)
@@ -79,7 +79,7 @@ func TestCallKeyVectors(t *testing.T) {
 // ordinal, as the client interceptor once derived plain calls' keys, or as
 // the parts of a call's tuple, derives a key of its own.
 func TestStepNamesNeverMeetCallKeys(t *testing.T) {
-	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
+	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
 	const charge = "/provider.v1.ProviderService/Charge"
 	call := callKey(parent, charge, 1)
 	for _, step := range []string{charge + "#1", "call", charge, "1", "call" + charge + "1"} {
@@ -96,7 +96,7 @@ func TestChildKey(t *testing.T) {
 	if k, ok := ChildKey(context.Background(), "charge"); ok || k != "" {
 		t.Fatalf("ChildKey outside a keyed request = %q, %v; want \"\", false", k, ok)
 	}
-	parent := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
+	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
 	ctx := withRequestKey(context.Background(), parent)
 	k, ok := ChildKey(ctx, "charge")
 	if !ok || k != stepKey(parent, "charge") {

@@ -103,7 +103,7 @@
 // header [ExpiresHeader] (RFC 3339). Streaming methods take no key: the
 // adapters refuse one with INVALID_ARGUMENT.
 // A scope that no store can hold (a tenant over 255 bytes, or one that is
-// not valid UTF-8 or holds a NUL byte; the rule of store.Key.Validate) is
+// not valid UTF-8 or holds a NUL byte; the rule of store.Scope.Validate) is
 // refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
 // reason IDEMPOTENCY_SCOPE_INVALID; the message names the field and the
 // rule, and the value's length, never the value.

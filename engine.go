@@ -108,7 +108,7 @@ type callState struct {
 	started       time.Time
 	claim, record time.Duration
 	tookOver      bool // a leased claim took the key over
-	key           store.Key
+	key           store.Scope
 	m             *method
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
@@ -193,7 +193,7 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 	if m.scope != "" {
 		scope = m.scope
 	}
-	skey := store.Key{Tenant: tenant, Method: scope, Key: key}
+	skey := store.Scope{Tenant: tenant, Method: scope, Key: key}
 	c.key = skey
 	if err := skey.Validate(); err != nil {
 		return refuse(ResultInvalidKey, scopeInvalid(err))
@@ -234,7 +234,7 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 // without running the handler again.
 func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h handler, optimistic bool, failed *failure) (answer, error) {
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	claim, err := e.store.Claim(cctx, c.key, store.Request{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
+	claim, err := e.store.Claim(cctx, c.key, store.ClaimRequest{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim += t.end(err)
 	c.expires = claim.ExpiresAt
 	if err != nil {
@@ -383,7 +383,7 @@ func (e *Engine) passThrough(ctx context.Context, h handler) (answer, error) {
 // (resuming after its recorded steps) rather than running it afresh.
 func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call bridge.Call, h handler) (answer, error) {
 	m, key := c.m, c.key
-	r := store.Request{Fingerprint: fp, TTL: m.ttl}
+	r := store.LeaseRequest{Fingerprint: fp, TTL: m.ttl, Lease: m.lease}
 	if m.finish {
 		var err error
 		if r.Call, err = e.finishing(m, call); err != nil {
@@ -391,7 +391,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call bridge
 		}
 	}
 	cctx, t := e.obs.start(ctx, c, spanClaim)
-	lc, err := e.store.ClaimLeased(cctx, key, r, m.lease)
+	lc, err := e.store.ClaimLeased(cctx, key, r)
 	c.claim = t.end(err)
 	c.expires = lc.ExpiresAt
 	if errors.Is(err, store.ErrCorrupt) {
@@ -556,7 +556,7 @@ func (r *leaseRecorder) Record(ctx context.Context, out store.Outcome) error {
 // the lease turns out to be lost it cancels the handler's context with
 // store.ErrLeaseLost and stops; other failures are logged and retried at
 // the next beat, while the lease may still run.
-func (e *Engine) heartbeat(ctx context.Context, key store.Key, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
+func (e *Engine) heartbeat(ctx context.Context, key store.Scope, l store.Lease, d time.Duration, cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {

@@ -128,7 +128,7 @@ func (f *Finisher) Finish(ctx context.Context) (int, error) {
 
 // list returns the abandoned calls to take on, within the interval: a
 // pass never waits on the list for longer than the next pass would.
-func (f *Finisher) list(ctx context.Context) (list []store.Abandoned, err error) {
+func (f *Finisher) list(ctx context.Context) (list []store.AbandonedCall, err error) {
 	ctx, cancel := context.WithTimeout(ctx, f.opts.interval)
 	defer cancel()
 	defer func() {
@@ -145,7 +145,7 @@ func (f *Finisher) list(ctx context.Context) (list []store.Abandoned, err error)
 func (f *Finisher) Run(ctx context.Context) error {
 	for {
 		if _, err := f.Finish(ctx); err != nil && ctx.Err() == nil {
-			f.engine.log(ctx, slog.LevelError, "idem: listing abandoned calls failed", store.Key{}, err)
+			f.engine.log(ctx, slog.LevelError, "idem: listing abandoned calls failed", store.Scope{}, err)
 		}
 		t := time.NewTimer(f.opts.interval)
 		select {
@@ -174,7 +174,7 @@ func (f *Finisher) Run(ctx context.Context) error {
 // finisher took the call over first, FAILED_PRECONDITION when its method
 // is not registered with f, or the handler's error, as the engine
 // returned it, when it failed transiently.
-func (f *Finisher) FinishKey(ctx context.Context, k store.Key) error {
+func (f *Finisher) FinishKey(ctx context.Context, k store.Scope) error {
 	ad, ok := f.engine.store.(store.Admin)
 	if !ok {
 		return fmt.Errorf("idem: the store (%T) cannot read one key: it does not implement store.Admin", f.engine.store)
@@ -184,26 +184,26 @@ func (f *Finisher) FinishKey(ctx context.Context, k store.Key) error {
 		return err
 	}
 	switch ki.State {
-	case store.KeyRecorded:
+	case store.Recorded:
 		return store.ErrNotInProgress
-	case store.KeyExpired:
+	case store.Expired:
 		return store.ErrNotFound
-	case store.KeyInProgress:
+	case store.InProgress:
 		return &store.LeaseLiveError{Until: ki.LeaseUntil}
 	}
 	if ki.Call == nil {
 		return ErrNotFinishable
 	}
-	return f.attempt(ctx, store.Abandoned{Key: ki.Key, Fingerprint: ki.Fingerprint, Call: *ki.Call, Takeovers: ki.Takeovers})
+	return f.attempt(ctx, store.AbandonedCall{Scope: ki.Scope, Fingerprint: ki.Fingerprint, Call: *ki.Call, Takeovers: ki.Takeovers})
 }
 
 // attempt tries to finish a's call once, within the attempt timeout; nil
 // means it did. A panic is logged and counts as not finished.
-func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (err error) {
+func (f *Finisher) attempt(ctx context.Context, a store.AbandonedCall) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = NewError(code.Code_INTERNAL, fmt.Sprintf("idem: finishing the call panicked: %v", p))
-			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Key, fmt.Errorf("%v", p))
+			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Scope, fmt.Errorf("%v", p))
 		}
 	}()
 	ctx, cancel := context.WithTimeout(ctx, f.opts.attemptTimeout)
@@ -213,7 +213,7 @@ func (f *Finisher) attempt(ctx context.Context, a store.Abandoned) (err error) {
 
 // finish runs a's call through its registered handler; nil means an
 // outcome is now recorded for it, an error says why not.
-func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
+func (f *Finisher) finish(ctx context.Context, a store.AbandonedCall) error {
 	if a.Unreadable != nil {
 		return f.setAside(ctx, a, a.Unreadable)
 	}
@@ -225,7 +225,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	run, ok := f.handlers[method]
 	f.mu.Unlock()
 	if !ok {
-		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Key, nil)
+		f.engine.log(ctx, slog.LevelWarn, "idem: an abandoned call's method is not registered with the finisher: "+method, a.Scope, nil)
 		return NewError(code.Code_FAILED_PRECONDITION, "idem: the call's method is not registered with the finisher: "+method)
 	}
 	req, err := requestOf(method, a.Call.Request)
@@ -236,8 +236,8 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 	for k, v := range a.Call.Metadata {
 		header[k] = append([]string(nil), v...)
 	}
-	header[KeyHeader] = []string{a.Key.Key}
-	r := &finishRun{tenant: a.Key.Tenant}
+	header[KeyHeader] = []string{a.Scope.Key}
+	r := &finishRun{tenant: a.Scope.Tenant}
 	err = f.call(context.WithValue(ctx, finishCtxKey{}, r), run, req, header)
 	switch r.result {
 	case ResultExecuted, ResultReplayed, ResultNotCached, ResultRebuilt, ResultRerun:
@@ -249,7 +249,7 @@ func (f *Finisher) finish(ctx context.Context, a store.Abandoned) error {
 		// The handler answered without the Engine recording anything.
 		return NewError(code.Code_INTERNAL, "idem: the finisher's run of "+method+" recorded no outcome")
 	}
-	f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Key, err)
+	f.engine.log(ctx, slog.LevelWarn, "idem: finishing an abandoned call failed; it is tried again later", a.Scope, err)
 	return err
 }
 
@@ -282,12 +282,12 @@ func requestOf(fullMethod string, b []byte) (proto.Message, error) {
 }
 
 // giveUp records a's call as failed for good, taking it over first.
-func (f *Finisher) giveUp(ctx context.Context, a store.Abandoned) error {
+func (f *Finisher) giveUp(ctx context.Context, a store.AbandonedCall) error {
 	msg := fmt.Sprintf("idem: the call was abandoned by its caller, and %d attempts to finish it failed; some of its steps may be done", a.Takeovers)
 	if err := f.recordFailed(ctx, a, msg); err != nil {
 		return err
 	}
-	f.engine.log(ctx, slog.LevelError, "idem: gave up finishing an abandoned call; it is recorded as failed", a.Key, nil)
+	f.engine.log(ctx, slog.LevelError, "idem: gave up finishing an abandoned call; it is recorded as failed", a.Scope, nil)
 	f.report(ctx, a, ResultNotFinished)
 	return nil
 }
@@ -296,8 +296,8 @@ func (f *Finisher) giveUp(ctx context.Context, a store.Abandoned) error {
 // kept of it cannot be read (why says how), as failed for good, so that it
 // leaves the list of abandoned calls and its retries get an answer. It is
 // logged at ERROR with the call's scope, never with what was kept.
-func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) error {
-	f.engine.log(ctx, slog.LevelError, "idem: an abandoned call cannot be finished: what was kept of it cannot be read; it is recorded as failed", a.Key, why)
+func (f *Finisher) setAside(ctx context.Context, a store.AbandonedCall, why error) error {
+	f.engine.log(ctx, slog.LevelError, "idem: an abandoned call cannot be finished: what was kept of it cannot be read; it is recorded as failed", a.Scope, why)
 	if err := f.recordFailed(ctx, a, "idem: the call was abandoned by its caller, and what was kept to finish it cannot be read; some of its steps may be done"); err != nil {
 		return err
 	}
@@ -310,10 +310,10 @@ func (f *Finisher) setAside(ctx context.Context, a store.Abandoned, why error) e
 // message msg. The takeover's fencing token keeps the record from
 // replacing the outcome of a retry or another finisher that took the call
 // meanwhile. It returns nil when the outcome was recorded.
-func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg string) error {
-	lc, err := f.engine.store.ClaimLeased(ctx, a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Minute)
+func (f *Finisher) recordFailed(ctx context.Context, a store.AbandonedCall, msg string) error {
+	lc, err := f.engine.store.ClaimLeased(ctx, a.Scope, store.LeaseRequest{Fingerprint: a.Fingerprint, Lease: time.Minute})
 	if err != nil {
-		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Key, err)
+		f.engine.log(ctx, slog.LevelWarn, "idem: taking an abandoned call over to record it as failed failed; it is tried again later", a.Scope, err)
 		return err
 	}
 	if lc.Lease == nil {
@@ -328,7 +328,7 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 	}
 	if err != nil {
 		_ = lc.Lease.Release(ctx)
-		f.engine.log(ctx, slog.LevelWarn, "idem: recording an abandoned call as failed failed; it is tried again later", a.Key, err)
+		f.engine.log(ctx, slog.LevelWarn, "idem: recording an abandoned call as failed failed; it is tried again later", a.Scope, err)
 		return err
 	}
 	return nil
@@ -336,10 +336,10 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.Abandoned, msg stri
 
 // report reports the outcome r of a's call, which the Finisher recorded
 // without running it.
-func (f *Finisher) report(ctx context.Context, a store.Abandoned, r Result) {
+func (f *Finisher) report(ctx context.Context, a store.AbandonedCall, r Result) {
 	method := a.Call.Method
 	if method == "" {
-		method = a.Key.Method
+		method = a.Scope.Method
 	}
-	f.engine.report(ctx, &callState{method: method, mode: ModeLeased, result: r, started: time.Now(), key: a.Key, finishing: true})
+	f.engine.report(ctx, &callState{method: method, mode: ModeLeased, result: r, started: time.Now(), key: a.Scope, finishing: true})
 }

@@ -58,7 +58,7 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 
 // requestKey returns the scope of the keyed request handled in ctx: its
 // tenant, method and key.
-func requestKey(ctx context.Context) (store.Key, bool) {
-	k, ok := ctx.Value(keyCtxKey{}).(store.Key)
+func requestKey(ctx context.Context) (store.Scope, bool) {
+	k, ok := ctx.Value(keyCtxKey{}).(store.Scope)
 	return k, ok
 }

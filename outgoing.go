@@ -134,7 +134,7 @@ func keyField(m *method, req any) (protoreflect.Message, protoreflect.FieldDescr
 
 // derive returns the child key of the request parent for the next call of
 // method.
-func derive(ctx context.Context, parent store.Key, method string) (string, error) {
+func derive(ctx context.Context, parent store.Scope, method string) (string, error) {
 	if step, ok := stepFromContext(ctx); ok {
 		return stepKey(parent, step), nil
 	}
@@ -169,7 +169,7 @@ type callsCtxKey struct{}
 // keys, and a fresh counter of outbound calls for the client adapters'
 // ordinals. Every path of the engine that runs a handler under a key goes
 // through it.
-func withRequestKey(ctx context.Context, key store.Key) context.Context {
+func withRequestKey(ctx context.Context, key store.Scope) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
 	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
 }

@@ -50,7 +50,7 @@ const (
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonScopeInvalid: the call's scope (its tenant, as the server's
 	// [WithTenant] function found it, or its method) cannot hold an
-	// idempotency key; see store.Key.Validate. The same call fails again.
+	// idempotency key; see store.Scope.Validate. The same call fails again.
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
 	// ReasonStepsUnreadable: a leased call's saved steps cannot be read
 	// (store.ErrCorrupt), answered with DATA_LOSS: its steps may have run,
@@ -181,7 +181,7 @@ func notCached() error {
 func scopeInvalid(err error) error {
 	// The store's rule names the field and the rule it breaks, never the
 	// value, which may be kilobytes of anything.
-	rule := strings.TrimPrefix(err.Error(), store.ErrInvalidKey.Error()+": ")
+	rule := strings.TrimPrefix(err.Error(), store.ErrInvalidScope.Error()+": ")
 	return withDetails(code.Code_INVALID_ARGUMENT, "idem: this call cannot hold an idempotency key: "+rule,
 		&errdetails.ErrorInfo{Reason: ReasonScopeInvalid, Domain: Domain})
 }
@@ -194,7 +194,7 @@ func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err
 	switch {
 	case errors.Is(err, store.ErrInUse):
 		return refuse(ResultInUse, keyInUse(e.opts.retryDelay))
-	case errors.Is(err, store.ErrInvalidKey):
+	case errors.Is(err, store.ErrInvalidScope):
 		return refuse(ResultInvalidKey, scopeInvalid(err))
 	case errors.Is(err, store.ErrConflict):
 		return refuse(ResultStoreError, withDetails(code.Code_ABORTED, "idem: transaction conflict; retry",
@@ -213,7 +213,7 @@ func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err
 // the status of code c the client gets: a message that says what failed,
 // with err's text only under WithVerboseErrors, since it may name hosts,
 // users and databases. UNAVAILABLE carries a RetryInfo.
-func (e *Engine) internalError(ctx context.Context, key store.Key, c code.Code, what string, err error) error {
+func (e *Engine) internalError(ctx context.Context, key store.Scope, c code.Code, what string, err error) error {
 	e.log(ctx, slog.LevelError, "idem: "+what, key, err)
 	msg := "idem: " + what + e.detail(err)
 	if c != code.Code_UNAVAILABLE {
@@ -233,7 +233,7 @@ func (e *Engine) detail(err error) string {
 }
 
 // log logs msg at level with the scope of the call and err, if not nil.
-func (e *Engine) log(ctx context.Context, level slog.Level, msg string, key store.Key, err error) {
+func (e *Engine) log(ctx context.Context, level slog.Level, msg string, key store.Scope, err error) {
 	l := e.opts.log()
 	if !l.Enabled(ctx, level) {
 		return

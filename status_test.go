@@ -23,7 +23,7 @@ func TestStoreError(t *testing.T) {
 		{fmt.Errorf("x: %w", store.ErrConflict), code.Code_ABORTED, true},
 		{context.Canceled, code.Code_CANCELLED, false},
 		{context.DeadlineExceeded, code.Code_DEADLINE_EXCEEDED, false},
-		{fmt.Errorf("%w: tenant is not valid UTF-8", store.ErrInvalidKey), code.Code_INVALID_ARGUMENT, false},
+		{fmt.Errorf("%w: tenant is not valid UTF-8", store.ErrInvalidScope), code.Code_INVALID_ARGUMENT, false},
 		{errors.New("connection refused"), code.Code_UNAVAILABLE, true},
 	} {
 		e := &Engine{opts: evaluateOptions([]Option{WithRetryDelay(time.Second), WithLogger(slog.New(slog.DiscardHandler))})}

@@ -19,7 +19,6 @@ import (
 	"github.com/idemkit/idem"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
 	"github.com/idemkit/idem/internal/adminwire"
-	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store"
 )
 
@@ -189,8 +188,10 @@ func (c *call) fail(ctx context.Context, err error) error {
 		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
 	case errors.Is(err, store.ErrInvalidCursor):
 		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err)
-	case errors.Is(err, store.ErrInvalidKey):
+	case errors.Is(err, store.ErrInvalidScope):
 		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err)
+	case errors.Is(err, store.ErrInvalidStatus):
+		return c.end(ctx, invalid("%v", err), nil)
 	case errors.Is(err, context.Canceled):
 		return c.end(ctx, answerf(code.Code_CANCELLED, "canceled"), err)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -212,7 +213,7 @@ func invalid(format string, args ...any) error {
 
 // keyRequest returns the Request of an RPC on one key.
 func keyRequest(method, tenant, scope, key string, force bool) Request {
-	return Request{Method: method, Tenant: tenant, Key: store.Key{Tenant: tenant, Method: scope, Key: key}, Force: force}
+	return Request{Method: method, Tenant: tenant, Key: store.Scope{Tenant: tenant, Method: scope, Key: key}, Force: force}
 }
 
 // ListKeys lists the keys that match the request's filter, a page at a
@@ -230,19 +231,19 @@ func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*a
 	if err != nil {
 		return nil, c.end(ctx, err, nil)
 	}
-	after, err := s.tokens.open(f, req.GetPageToken())
+	f.After, err = s.tokens.open(f, req.GetPageToken())
 	if err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
-	infos, next, err := s.st.Keys(ctx, f, after)
+	infos, next, err := s.st.Keys(ctx, f)
 	if err != nil {
 		return nil, c.fail(ctx, err)
 	}
 	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(f, next)}
 	for _, ki := range infos {
-		if !c.scope.Allows(ki.Key.Tenant) {
+		if !c.scope.Allows(ki.Scope.Tenant) {
 			// The store answered outside the filter: show nothing of it.
-			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Key.Tenant, f.Tenant))
+			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Scope.Tenant, f.Tenant))
 		}
 		resp.Keys = append(resp.Keys, s.key(ctx, ki))
 	}
@@ -291,18 +292,18 @@ func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
 	return f, nil
 }
 
-var keyStates = map[adminv1.KeyState]store.KeyState{
-	adminv1.KeyState_KEY_STATE_IN_PROGRESS: store.KeyInProgress,
-	adminv1.KeyState_KEY_STATE_ABANDONED:   store.KeyAbandoned,
-	adminv1.KeyState_KEY_STATE_RECORDED:    store.KeyRecorded,
-	adminv1.KeyState_KEY_STATE_EXPIRED:     store.KeyExpired,
+var keyStates = map[adminv1.KeyState]store.State{
+	adminv1.KeyState_KEY_STATE_IN_PROGRESS: store.InProgress,
+	adminv1.KeyState_KEY_STATE_ABANDONED:   store.Abandoned,
+	adminv1.KeyState_KEY_STATE_RECORDED:    store.Recorded,
+	adminv1.KeyState_KEY_STATE_EXPIRED:     store.Expired,
 }
 
-var protoStates = map[store.KeyState]adminv1.KeyState{
-	store.KeyInProgress: adminv1.KeyState_KEY_STATE_IN_PROGRESS,
-	store.KeyAbandoned:  adminv1.KeyState_KEY_STATE_ABANDONED,
-	store.KeyRecorded:   adminv1.KeyState_KEY_STATE_RECORDED,
-	store.KeyExpired:    adminv1.KeyState_KEY_STATE_EXPIRED,
+var protoStates = map[store.State]adminv1.KeyState{
+	store.InProgress: adminv1.KeyState_KEY_STATE_IN_PROGRESS,
+	store.Abandoned:  adminv1.KeyState_KEY_STATE_ABANDONED,
+	store.Recorded:   adminv1.KeyState_KEY_STATE_RECORDED,
+	store.Expired:    adminv1.KeyState_KEY_STATE_EXPIRED,
 }
 
 // GetKey returns everything kept of one key.
@@ -332,14 +333,15 @@ func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (
 	if err := r.Key.Validate(); err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
-	if err := s.st.Forget(ctx, r.Key, r.Force); err != nil {
+	if err := s.st.Forget(ctx, r.Key, store.ForgetOptions{Force: r.Force}); err != nil {
 		return nil, c.fail(ctx, err)
 	}
 	return &adminv1.ForgetKeyResponse{}, c.end(ctx, nil, nil)
 }
 
 // SettleKey records an error as the outcome of one key in progress. The
-// error's code is not OK, nor one clients retry (see the package doc).
+// error's code is not OK, nor one clients retry: [store.SettleOutcome]
+// states the rule, which answers INVALID_ARGUMENT here.
 func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (*adminv1.SettleKeyResponse, error) {
 	r := keyRequest(settleKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
 	ctx, c, err := s.begin(ctx, r)
@@ -349,16 +351,14 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 	if err := r.Key.Validate(); err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
+	// The store's rule, checked before the store is asked: a status it
+	// cannot record is the caller's mistake.
 	st := req.GetStatus()
-	cd := code.Code(st.GetCode())
-	if err := settleable(cd); err != nil {
-		return nil, c.end(ctx, err, nil)
-	}
-	body, _, err := record.Encode(cd, st, nil, nil)
+	out, err := store.SettleOutcome(st)
 	if err != nil {
-		return nil, c.end(ctx, invalid("status cannot be encoded: %v", err), nil)
+		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
-	if err := s.st.Settle(ctx, r.Key, store.Outcome{Code: cd, Body: body}, r.Force); err != nil {
+	if err := s.st.Settle(ctx, r.Key, st, store.SettleOptions{Force: r.Force}); err != nil {
 		return nil, c.fail(ctx, err)
 	}
 	ki, err := s.st.Key(ctx, r.Key)
@@ -367,38 +367,9 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 		// what was settled rather than an error a retry would not clear.
 		s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a settled key could not be read back",
 			slog.String("tenant", r.Key.Tenant), slog.String("method", r.Key.Method), slog.String("key", r.Key.Key), slog.String("error", err.Error()))
-		ki = store.KeyInfo{Key: r.Key, State: store.KeyRecorded, Outcome: &store.Outcome{Code: cd, Body: body}}
+		ki = store.KeyInfo{Scope: r.Key, State: store.Recorded, Outcome: &out}
 	}
 	return &adminv1.SettleKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
-}
-
-// retried are the codes clients are told to retry: ABORTED and
-// UNAVAILABLE, which idem's own client recipes retry, RESOURCE_EXHAUSTED,
-// which go-grpc-middleware's retry interceptor retries by default, and
-// DEADLINE_EXCEEDED, which clients of a method made safe to retry by a key
-// retry by design.
-var retried = map[code.Code]bool{
-	code.Code_ABORTED:            true,
-	code.Code_UNAVAILABLE:        true,
-	code.Code_RESOURCE_EXHAUSTED: true,
-	code.Code_DEADLINE_EXCEEDED:  true,
-}
-
-// settleable returns nil when a key may be settled with cd, else the
-// INVALID_ARGUMENT answer naming the rule: cd is an error's gRPC code (a
-// response is the method's own to make), and not one clients retry. A
-// settled key answers every retry with its status, without RetryInfo, until
-// it expires: a client that retries the code would spend all its attempts
-// on an answer that never changes.
-func settleable(cd code.Code) error {
-	switch {
-	case cd <= code.Code_OK || cd > code.Code_UNAUTHENTICATED:
-		return invalid("status.code must be an error's gRPC code (1 to 16); a response is the method's own to make")
-	case retried[cd]:
-		return invalid("status.code %s is a code clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), "+
-			"and a settled key answers every retry the same until it expires; settle with a code they do not retry, such as FAILED_PRECONDITION", cd)
-	}
-	return nil
 }
 
 // FinishKey finishes one abandoned call now, through the server's
@@ -459,9 +430,9 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		return timestamppb.New(t)
 	}
 	k := &adminv1.Key{
-		Tenant:          ki.Key.Tenant,
-		Method:          ki.Key.Method,
-		Key:             ki.Key.Key,
+		Tenant:          ki.Scope.Tenant,
+		Method:          ki.Scope.Method,
+		Key:             ki.Scope.Key,
 		State:           protoStates[ki.State],
 		Fingerprint:     ki.Fingerprint,
 		CreateTime:      ts(ki.CreatedAt),
@@ -475,10 +446,10 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})
 	}
 	if ki.Outcome != nil {
-		out, err := s.outcome(ki.Key.Method, ki.Outcome)
+		out, err := s.outcome(ki.Scope.Method, ki.Outcome)
 		if err != nil {
 			s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a recorded outcome cannot be decoded",
-				slog.String("tenant", ki.Key.Tenant), slog.String("method", ki.Key.Method), slog.String("key", ki.Key.Key), slog.String("error", err.Error()))
+				slog.String("tenant", ki.Scope.Tenant), slog.String("method", ki.Scope.Method), slog.String("key", ki.Scope.Key), slog.String("error", err.Error()))
 		}
 		k.Outcome = out
 	}

@@ -181,8 +181,8 @@ func recorded(t *testing.T, c code.Code, msg proto.Message) *store.Outcome {
 	return &store.Outcome{Code: c, Body: body}
 }
 
-func info(tenant, method, key string, state store.KeyState, created time.Time) store.KeyInfo {
-	return store.KeyInfo{Key: store.Key{Tenant: tenant, Method: method, Key: key}, State: state,
+func info(tenant, method, key string, state store.State, created time.Time) store.KeyInfo {
+	return store.KeyInfo{Scope: store.Scope{Tenant: tenant, Method: method, Key: key}, State: state,
 		Fingerprint: []byte{0xfe, 0xed}, CreatedAt: created, UpdatedAt: created, ExpiresAt: created.Add(24 * time.Hour)}
 }
 
@@ -215,7 +215,7 @@ func codeOf(err error) (codes.Code, string) {
 // wire, fails here.
 func TestRefusedEveryRPC(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
-		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.Recorded, epoch)}}
 		var asked []string
 		var mu sync.Mutex
 		refuse := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
@@ -343,8 +343,8 @@ func TestAuthorizerSeesCaller(t *testing.T) {
 func TestTenantScope(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		st := &fakeStore{keys: []store.KeyInfo{
-			info("acme", doMethod, "k1", store.KeyRecorded, epoch),
-			info("globex", doMethod, "k2", store.KeyRecorded, epoch),
+			info("acme", doMethod, "k1", store.Recorded, epoch),
+			info("globex", doMethod, "k2", store.Recorded, epoch),
 		}}
 		var got []admin.Request
 		var mu sync.Mutex
@@ -381,7 +381,7 @@ func TestTenantScope(t *testing.T) {
 			t.Errorf("a refused forget deleted a key: %d left", len(st.keys))
 		}
 		want := admin.Request{Method: adminv1connect.AdminServiceForgetKeyProcedure, Tenant: "globex",
-			Key: store.Key{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
+			Key: store.Scope{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
 		mu.Lock()
 		defer mu.Unlock()
 		asked := got[2]
@@ -422,7 +422,7 @@ func TestNotFoundAndInvalid(t *testing.T) {
 // GetKey answers such a key; never a store failure logged at ERROR.
 func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
-		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.KeyRecorded, epoch)}}
+		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.Recorded, epoch)}}
 		var logs lockedBuffer
 		c := w.serve(t, st, allowAll, admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 		for _, tc := range []struct {
@@ -457,7 +457,7 @@ func TestListKeysRefusesAnInvalidFilter(t *testing.T) {
 // as OK and codes outside gRPC's are, before the store is asked.
 func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
-		held := info("acme", doMethod, "held", store.KeyAbandoned, epoch)
+		held := info("acme", doMethod, "held", store.Abandoned, epoch)
 		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
 		c := w.serve(t, st, allowAll)
 		for _, tc := range []struct {
@@ -481,7 +481,7 @@ func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 			t.Errorf("refused settles reached the store %d times", n)
 		}
 		st.mu.Lock()
-		if ki := st.keys[0]; ki.State != store.KeyAbandoned || ki.Outcome != nil {
+		if ki := st.keys[0]; ki.State != store.Abandoned || ki.Outcome != nil {
 			t.Errorf("the key after the refused settles: %+v, want it abandoned as it was", ki)
 		}
 		st.mu.Unlock()
@@ -491,17 +491,27 @@ func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 		if err != nil || resp.GetKey().GetOutcome().GetCode() != int32(codes.FailedPrecondition) {
 			t.Fatalf("settle with FAILED_PRECONDITION: %v, %v", resp, err)
 		}
+
+		// A store that refuses a status by a rule of its own is answered
+		// the same way, naming its rule.
+		strict := &fakeStore{now: epoch, err: fmt.Errorf("%w: this store keeps no status message", store.ErrInvalidStatus)}
+		c = w.serve(t, strict, allowAll)
+		_, err = c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held",
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition), Message: "cancelled by an operator"}})
+		if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, "this store keeps no status message") {
+			t.Errorf("settle refused by the store: %q, want its rule named", msg)
+		}
 	})
 }
 
 func TestLeaseLive(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		until := epoch.Add(90*time.Second + 250*time.Millisecond)
-		held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
+		held := info("acme", doMethod, "held", store.InProgress, epoch)
 		held.LeaseUntil = until
 		held2 := held
-		held2.Key.Key = "held2"
-		done := info("acme", doMethod, "done", store.KeyRecorded, epoch)
+		held2.Scope.Key = "held2"
+		done := info("acme", doMethod, "done", store.Recorded, epoch)
 		done.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "x"})
 		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held, held2, done}}
 		c := w.serve(t, st, allowAll)
@@ -550,9 +560,9 @@ func TestPaging(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		st := &fakeStore{}
 		for i, k := range []string{"a", "b", "c", "d", "e"} {
-			st.keys = append(st.keys, info("acme", doMethod, k, store.KeyRecorded, epoch.Add(time.Duration(i)*time.Second)))
+			st.keys = append(st.keys, info("acme", doMethod, k, store.Recorded, epoch.Add(time.Duration(i)*time.Second)))
 		}
-		st.keys = append(st.keys, info("acme", "/other.v1.S/M", "z", store.KeyRecorded, epoch))
+		st.keys = append(st.keys, info("acme", "/other.v1.S/M", "z", store.Recorded, epoch))
 		key := bytes.Repeat([]byte{7}, 32)
 		c := w.serve(t, st, allowAll, admin.WithPageTokenKey(key))
 		ctx := t.Context()
@@ -641,15 +651,15 @@ func TestPaging(t *testing.T) {
 
 func TestOutcomeDecoded(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
-		ok := info("acme", doMethod, "ok", store.KeyRecorded, epoch)
+		ok := info("acme", doMethod, "ok", store.Recorded, epoch)
 		ok.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid", Execution: 3, Labels: map[string]string{"a": "b"}})
-		scoped := info("acme", "idem.test.Do", "scoped", store.KeyRecorded, epoch)
+		scoped := info("acme", "idem.test.Do", "scoped", store.Recorded, epoch)
 		scoped.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "renamed"})
-		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.KeyRecorded, epoch)
+		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.Recorded, epoch)
 		unknown.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "raw"})
-		failed := info("acme", doMethod, "failed", store.KeyRecorded, epoch)
+		failed := info("acme", doMethod, "failed", store.Recorded, epoch)
 		failed.Outcome = recorded(t, code.Code_NOT_FOUND, &spb.Status{Code: int32(codes.NotFound), Message: "no such payment"})
-		leased := info("acme", doMethod, "leased", store.KeyAbandoned, epoch)
+		leased := info("acme", doMethod, "leased", store.Abandoned, epoch)
 		leased.LeaseUntil = epoch.Add(time.Minute)
 		leased.Takeovers = 2
 		leased.Steps = []store.Step{{Name: "charge", Result: []byte("ch_1")}}
@@ -658,7 +668,7 @@ func TestOutcomeDecoded(t *testing.T) {
 		c := w.serve(t, st, allowAll)
 		get := func(ki store.KeyInfo) *adminv1.Key {
 			t.Helper()
-			resp, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: ki.Key.Tenant, Method: ki.Key.Method, Key: ki.Key.Key})
+			resp, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: ki.Scope.Tenant, Method: ki.Scope.Method, Key: ki.Scope.Key})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -795,7 +805,7 @@ func (s *span) attr(k string) attribute.Value {
 
 func TestSpansAndLogs(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
-		held := info("acme", doMethod, "held", store.KeyInProgress, epoch)
+		held := info("acme", doMethod, "held", store.InProgress, epoch)
 		held.LeaseUntil = epoch.Add(time.Hour)
 		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
 		tp := &spans{}

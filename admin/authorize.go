@@ -21,7 +21,7 @@ type Request struct {
 	// AllTenants reports a ListKeys of every tenant's keys.
 	AllTenants bool
 	// Key is the key acted on; its Method and Key are empty for ListKeys.
-	Key store.Key
+	Key store.Scope
 	// Force reports a forced ForgetKey or SettleKey, which fences a live
 	// lease.
 	Force bool

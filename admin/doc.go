@@ -56,7 +56,7 @@ PERMISSION_DENIED, its text logged, not sent.
 An unknown key is NOT_FOUND; a forget or settle of a key whose lease is live
 is FAILED_PRECONDITION naming when the lease runs out, unless forced (which
 fences the lease's holder); a settle of a recorded key is
-FAILED_PRECONDITION; a malformed key (see [store.Key.Validate]), filter
+FAILED_PRECONDITION; a malformed key (see [store.Scope.Validate]), filter
 (a tenant or method no key can hold: [store.KeyFilter.Validate]) or page
 token is INVALID_ARGUMENT, before the store is asked. A store that fails is
 answered UNAVAILABLE with a generic message: the store's own error, which

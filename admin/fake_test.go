@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
@@ -24,11 +26,11 @@ type fakeStore struct {
 
 var _ store.Admin = (*fakeStore)(nil)
 
-func (f *fakeStore) find(k store.Key) int {
-	return slices.IndexFunc(f.keys, func(ki store.KeyInfo) bool { return ki.Key == k })
+func (f *fakeStore) find(k store.Scope) int {
+	return slices.IndexFunc(f.keys, func(ki store.KeyInfo) bool { return ki.Scope == k })
 }
 
-func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter) ([]store.KeyInfo, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -37,7 +39,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 		return nil, "", f.err
 	}
 	start := 0
-	if after != "" {
+	if after := flt.After; after != "" {
 		n, err := strconv.Atoi(strings.TrimPrefix(after, "after:"))
 		if err != nil || !strings.HasPrefix(after, "after:") {
 			return nil, "", store.ErrInvalidCursor
@@ -51,7 +53,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 	var out []store.KeyInfo
 	for i := start; i < len(f.keys); i++ {
 		ki := f.keys[i]
-		if (!flt.AllTenants && ki.Key.Tenant != flt.Tenant) || (flt.Method != "" && ki.Key.Method != flt.Method) ||
+		if (!flt.AllTenants && ki.Scope.Tenant != flt.Tenant) || (flt.Method != "" && ki.Scope.Method != flt.Method) ||
 			(len(flt.States) > 0 && !slices.Contains(flt.States, ki.State)) {
 			continue
 		}
@@ -63,7 +65,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter, after string) (
 	return out, "", nil
 }
 
-func (f *fakeStore) Key(_ context.Context, k store.Key) (store.KeyInfo, error) {
+func (f *fakeStore) Key(_ context.Context, k store.Scope) (store.KeyInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -78,13 +80,13 @@ func (f *fakeStore) Key(_ context.Context, k store.Key) (store.KeyInfo, error) {
 }
 
 func (f *fakeStore) live(ki store.KeyInfo) error {
-	if ki.State == store.KeyInProgress && ki.LeaseUntil.After(f.now) {
+	if ki.State == store.InProgress && ki.LeaseUntil.After(f.now) {
 		return &store.LeaseLiveError{Until: ki.LeaseUntil}
 	}
 	return nil
 }
 
-func (f *fakeStore) Forget(_ context.Context, k store.Key, force bool) error {
+func (f *fakeStore) Forget(_ context.Context, k store.Scope, o store.ForgetOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -95,32 +97,36 @@ func (f *fakeStore) Forget(_ context.Context, k store.Key, force bool) error {
 	if i < 0 {
 		return store.ErrNotFound
 	}
-	if err := f.live(f.keys[i]); err != nil && !force {
+	if err := f.live(f.keys[i]); err != nil && !o.Force {
 		return err
 	}
 	f.keys = slices.Delete(f.keys, i, i+1)
 	return nil
 }
 
-func (f *fakeStore) Settle(_ context.Context, k store.Key, out store.Outcome, force bool) error {
+func (f *fakeStore) Settle(_ context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	if f.err != nil {
 		return f.err
 	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		return err
+	}
 	i := f.find(k)
 	if i < 0 {
 		return store.ErrNotFound
 	}
 	ki := &f.keys[i]
-	if ki.State == store.KeyRecorded || ki.State == store.KeyExpired {
+	if ki.State == store.Recorded || ki.State == store.Expired {
 		return store.ErrNotInProgress
 	}
-	if err := f.live(*ki); err != nil && !force {
+	if err := f.live(*ki); err != nil && !o.Force {
 		return err
 	}
-	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.KeyRecorded, &out, time.Time{}, nil
+	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.Recorded, &out, time.Time{}, nil
 	return nil
 }
 

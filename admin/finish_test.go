@@ -128,8 +128,8 @@ func testFinishKey(t *testing.T, w wire) {
 	}
 
 	// A live lease: its caller may still record an outcome.
-	live := store.Key{Method: doMethod, Key: "order-8"}
-	lc, err := st.ClaimLeased(ctx, live, store.Request{Fingerprint: []byte("fp"), Call: &store.Call{Method: doMethod}}, time.Minute)
+	live := store.Scope{Method: doMethod, Key: "order-8"}
+	lc, err := st.ClaimLeased(ctx, live, store.LeaseRequest{Fingerprint: []byte("fp"), Call: &store.Call{Method: doMethod}, Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
@@ -139,8 +139,8 @@ func testFinishKey(t *testing.T, w wire) {
 	}
 
 	// An abandoned call of which nothing was kept for a finisher.
-	kept := store.Key{Method: "/shop.v1.Shop/Checkout", Key: "order-9"}
-	if lc, err := st.ClaimLeased(ctx, kept, store.Request{Fingerprint: []byte("fp")}, time.Minute); err != nil || lc.Lease == nil {
+	kept := store.Scope{Method: "/shop.v1.Shop/Checkout", Key: "order-9"}
+	if lc, err := st.ClaimLeased(ctx, kept, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
 	advance(2 * time.Minute)

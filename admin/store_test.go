@@ -39,8 +39,8 @@ func testOnMemoryStore(t *testing.T, w wire) {
 	client := w.serve(t, st, all)
 	ctx := t.Context()
 
-	k := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7"}
-	lc, err := st.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	k := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7"}
+	lc, err := st.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
@@ -64,7 +64,7 @@ func testOnMemoryStore(t *testing.T, w wire) {
 	if _, err := client.SettleKey(ctx, settle); err != nil {
 		t.Fatalf("settle of the abandoned key: %v", err)
 	}
-	c, err := st.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := st.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != 9 {
 		t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
 	}
@@ -76,7 +76,7 @@ func testOnMemoryStore(t *testing.T, w wire) {
 	if _, err := client.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: k.Tenant, Method: k.Method, Key: k.Key}); err != nil {
 		t.Fatalf("forget: %v", err)
 	}
-	c, err = st.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err = st.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("retry after the forget: %+v, %v; want it to run afresh", c, err)
 	}

@@ -221,7 +221,7 @@ func TestClientFillsTheRequestField(t *testing.T) {
 		t.Errorf("the handler ran %d times, want once per logical call (2)", n)
 	}
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'completed'`, keys).Scan(&rows); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'recorded'`, keys).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
 	if rows != 2 {
@@ -299,7 +299,7 @@ func TestClientNeverForwardsTheRequestFieldKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	child := callKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1)
+	child := callKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1)
 	as := downRec.of(methodDo)
 	if len(as) != 1 {
 		t.Fatalf("downstream saw %d calls, want 1", len(as))

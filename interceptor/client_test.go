@@ -569,7 +569,7 @@ func testClientDerivesChildKeys(t *testing.T, via string) {
 		}
 	}
 
-	scope := store.Key{Method: methodDo, Key: parent}
+	scope := store.Scope{Method: methodDo, Key: parent}
 	want := []string{
 		callKey(scope, methodDo, 1),
 		callKey(scope, methodDo, 2),
@@ -736,7 +736,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for i, op := range ops {
-		scope := store.Key{Tenant: op.tenant, Method: op.method, Key: parent}
+		scope := store.Scope{Tenant: op.tenant, Method: op.method, Key: parent}
 		want := []string{callKey(scope, methodDo, 1), stepKey(scope, "charge")}
 		if got := up.child(op.tenant, op.method); got != want[1] {
 			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
@@ -823,7 +823,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 		t.Errorf("Maybe with ContextWithKey received %s, want refund-1", k)
 	}
 	child := onlyKey(t, downRec.of(methodDo)[0])
-	if want := callKey(store.Key{Method: methodDo, Key: parent}, methodDo, 1); child != want {
+	if want := callKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1); child != want {
 		t.Errorf("Do received key %s, want the child key %s", child, want)
 	}
 	// Read and the first Maybe ran without a key, Do under its child key.

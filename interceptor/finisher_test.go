@@ -449,7 +449,7 @@ func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
 		_, err := c.client.Do(forAcme(k), &testv1.DoRequest{Value: secret})
 		wantCode(t, err, codes.Unknown)
 	}
-	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'u-2'`)
+	tag, err := c.pool.Exec(context.Background(), `UPDATE idempotency_keys SET request_header_names = '{NULL}', request_header_values = '{x}' WHERE key = 'u-2'`)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("damaging u-2's row: %v, %v", tag, err)
 	}
@@ -459,11 +459,11 @@ func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
 		t.Fatalf("Finish = %d, %v; want the 2 healthy calls finished and the damaged one recorded as failed", n, err)
 	}
 	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
-WHERE key IN ('u-1', 'u-3') AND status = 'completed' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
+WHERE key IN ('u-1', 'u-3') AND status = 'recorded' AND response_code = 0 AND request_payload IS NULL`); k != 2 {
 		t.Errorf("%d of the healthy calls recorded OK, want 2", k)
 	}
 	if k := c.countRows(t, `SELECT count(*) FROM idempotency_keys
-WHERE key = 'u-2' AND status = 'completed' AND response_code = $1 AND request_payload IS NULL AND request_metadata IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
+WHERE key = 'u-2' AND status = 'recorded' AND response_code = $1 AND request_payload IS NULL AND request_header_names IS NULL`, int32(codes.FailedPrecondition)); k != 1 {
 		t.Errorf("the damaged call is not recorded as FAILED_PRECONDITION without what was kept")
 	}
 	if runs := c.svc.count(); runs != 5 {
@@ -503,9 +503,9 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := store.Key{Tenant: "acme", Method: doMethod, Key: "garbled"}
-		lc, err := c.store.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp,
-			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}}, time.Hour)
+		key := store.Scope{Tenant: "acme", Method: doMethod, Key: "garbled"}
+		lc, err := c.store.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp,
+			Call: &store.Call{Method: doMethod, Request: []byte{0xff}}, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %+v, %v", lc, err)
 		}
@@ -604,7 +604,7 @@ func TestFinisherSurvivesAPanickingRoute(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Finish = %d, %v; want alpha's call finished", n, err)
 	}
-	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 1 {
+	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'recorded'`); k != 1 {
 		t.Errorf("alpha's call is not recorded")
 	}
 	if k := countOn(t, shards[0], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'boom' AND status = 'in_progress'`); k != 1 {
@@ -625,11 +625,11 @@ type panickyStore struct {
 	armed atomic.Bool
 }
 
-func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
+func (s *panickyStore) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
 	if key.Tenant == "boom" && s.armed.Load() {
 		panic("the store's driver crashed")
 	}
-	return s.Store.ClaimLeased(ctx, key, r, d)
+	return s.Store.ClaimLeased(ctx, key, r)
 }
 
 // TestFinisherSurvivesAPanicInOneCall: whatever panics while one call is
@@ -652,10 +652,10 @@ func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 		t.Fatalf("Abandoned = %v, %v", list, err)
 	}
 	for _, a := range list {
-		if a.Key.Tenant != "boom" {
+		if a.Scope.Tenant != "boom" {
 			continue
 		}
-		lc, err := ps.ClaimLeased(t.Context(), a.Key, store.Request{Fingerprint: a.Fingerprint}, time.Hour)
+		lc, err := ps.ClaimLeased(t.Context(), a.Scope, store.LeaseRequest{Fingerprint: a.Fingerprint, Lease: time.Hour})
 		if err != nil || !lc.TookOver {
 			t.Fatalf("takeover: %+v, %v", lc, err)
 		}
@@ -779,7 +779,7 @@ func TestFinisherFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	if accepted() == 0 {
 		t.Errorf("the pass never reached shard 1")
 	}
-	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'completed'`); k != 2 {
+	if k := countOn(t, healthy, `SELECT count(*) FROM idempotency_keys WHERE tenant = 'alpha' AND status = 'recorded'`); k != 2 {
 		t.Errorf("%d of alpha's calls recorded, want 2", k)
 	}
 }
@@ -815,7 +815,7 @@ func TestFinisherBoundsEachAttempt(t *testing.T) {
 		}
 		// The hung call is left for a later pass.
 		list, err := c.store.(store.Finishing).Abandoned(t.Context(), 0, 10)
-		if err != nil || len(list) != 1 || list[0].Key.Key != "hung" {
+		if err != nil || len(list) != 1 || list[0].Scope.Key != "hung" {
 			t.Errorf("Abandoned = %+v, %v; want the hung call", list, err)
 		}
 	})

@@ -369,7 +369,7 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 // part preceded by its length in bytes as a big-endian uint64. It is
 // computed here from that documented layout rather than by idem's own code,
 // so that a change of the layout shows.
-func callKey(parent store.Key, method string, n int) string {
+func callKey(parent store.Scope, method string, n int) string {
 	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
 }
 
@@ -377,7 +377,7 @@ func callKey(parent store.Key, method string, n int) string {
 // parent, as idem.ChildKey documents it: the hex-encoded SHA-256 of
 // parent's tenant, method and key and step, each part preceded by its
 // length as callKey's are.
-func stepKey(parent store.Key, step string) string {
+func stepKey(parent store.Scope, step string) string {
 	return derived(parent.Tenant, parent.Method, parent.Key, step)
 }
 

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
@@ -63,7 +62,7 @@ func TestLeasedRunsOnceAndReplays(t *testing.T) {
 	}
 	// The claim committed before the handler ran, so the handler's insert
 	// (on the pool) is visible on its own; the key row is completed.
-	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND locked_until IS NULL AND fencing_token IS NOT NULL`); got != 1 {
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND locked_until IS NULL AND fencing_token IS NOT NULL`); got != 1 {
 		t.Fatalf("completed leased rows = %d, want 1", got)
 	}
 	var header metadata.MD
@@ -167,8 +166,8 @@ type beatingStore struct {
 	beats atomic.Int64
 }
 
-func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+func (s *beatingStore) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r)
 	if c.Lease != nil {
 		c.Lease = &beatingLease{Lease: c.Lease, s: s}
 	}
@@ -202,8 +201,7 @@ func callErr(e *env, key string) error {
 
 // abandonedClaim writes the row a crashed leased worker leaves behind: in
 // progress, its lease run out, with the step charge_sent saved (result
-// ch_42) as the last step (recovery_point, recovery_data) and among its
-// steps.
+// ch_42).
 func abandonedClaim(t *testing.T, e *env, key, value string) {
 	t.Helper()
 	fp, err := fingerprint.Sum(&testv1.DoRequest{Value: value})
@@ -211,26 +209,13 @@ func abandonedClaim(t *testing.T, e *env, key, value string) {
 		t.Fatal(err)
 	}
 	_, err = e.pool.Exec(context.Background(), `INSERT INTO idempotency_keys
-		(id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token, recovery_point, recovery_data, recovery_steps)
+		(id, tenant, method, key, request_hash, expires_at, locked_until, fencing_token, step_names, step_results)
 		VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3,
-			now() + interval '1 hour', now() - interval '1 second', 7, 'charge_sent', 'ch_42', $4)`,
-		doMethod, key, fp, encodedSteps("charge_sent", "ch_42"))
+			now() + interval '1 hour', now() - interval '1 second', 7, '{charge_sent}', '{ch_42}')`,
+		doMethod, key, fp)
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// encodedSteps is the recovery_steps column of one step name with result
-// data: a repeated entry (field 1) of a name (1) and a value (2), as
-// package postgres writes it.
-func encodedSteps(name, data string) []byte {
-	var entry []byte
-	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
-	entry = protowire.AppendString(entry, name)
-	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-	entry = protowire.AppendString(entry, data)
-	b := protowire.AppendTag(nil, 1, protowire.BytesType)
-	return protowire.AppendBytes(b, entry)
 }
 
 func TestLeasedTakeoverResumes(t *testing.T) {
@@ -258,7 +243,7 @@ func TestLeasedTakeoverResumes(t *testing.T) {
 	if charged || data != "ch_42" {
 		t.Fatalf("resumed with charge_sent = %q (run again: %v), want the saved ch_42", data, charged)
 	}
-	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND fencing_token <> 7 AND recovery_point = 'charge_confirmed'`); got != 1 {
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND fencing_token <> 7 AND step_names = '{charge_sent,charge_confirmed}'`); got != 1 {
 		t.Fatal("the takeover did not record the key under a new fencing token")
 	}
 }
@@ -420,7 +405,7 @@ func TestLeasedHeartbeatAfterRecord(t *testing.T) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 150 {
+	if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded'`); got != 150 {
 		t.Fatalf("completed keys = %d, want 150", got)
 	}
 }
@@ -496,7 +481,7 @@ func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 				t.Errorf("effects = %d, want 1", got)
 			}
 			if st.name == "postgres" {
-				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 1 {
+				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded'`); got != 1 {
 					t.Errorf("completed key rows = %d, want 1", got)
 				}
 			}
@@ -571,8 +556,8 @@ type failingRecord struct {
 	failed atomic.Bool
 }
 
-func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+func (s *failingRecord) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r)
 	if c.Lease != nil {
 		c.Lease = &failingLease{Lease: c.Lease, s: s}
 	}
@@ -648,7 +633,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 					t.Fatalf("effects = %d, want 2 (the takeover ran the handler)", got)
 				}
 				if st.name == "postgres" {
-					if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); got != 1 {
+					if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded'`); got != 1 {
 						t.Fatalf("completed key rows after the takeover = %d, want 1", got)
 					}
 				}
@@ -706,8 +691,8 @@ func TestStepRefusesInvalidPoint(t *testing.T) {
 				t.Error("the lease holds a step after invalid ones only")
 			}
 			if st.name == "postgres" {
-				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND recovery_point IS NULL AND recovery_data IS NULL`); got != 1 {
-					t.Errorf("recorded key rows without a last step (recovery_point) = %d, want 1", got)
+				if got := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND step_names IS NULL AND step_results IS NULL`); got != 1 {
+					t.Errorf("recorded key rows without a step = %d, want 1", got)
 				}
 			}
 		})

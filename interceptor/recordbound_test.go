@@ -98,7 +98,7 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 			if n, x := e.effects(t), e.svc.count(); n != 1 || x != 2 {
 				t.Fatalf("after the retries: %d effect rows and %d executions, want 1 and 2", n, x)
 			}
-			if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'k' AND status = 'completed'`); n != 1 {
+			if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'k' AND status = 'recorded'`); n != 1 {
 				t.Fatalf("%d completed rows for the key, want 1", n)
 			}
 		})

@@ -29,7 +29,7 @@ func incompressible(n int) string {
 }
 
 // TestTenantsTheStoreCannotHoldAreRefused sends tenants past the bound of
-// store.Key.Validate over gRPC, to an atomic and a leased method: each gets
+// store.Scope.Validate over gRPC, to an atomic and a leased method: each gets
 // a non-retriable INVALID_ARGUMENT that names the rule, and nothing runs or
 // is written.
 func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {
@@ -72,7 +72,7 @@ func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {
 			}
 		}
 	}
-	if n, k := e.effects(t), e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed'`, long); n != 2 || k != 2 {
+	if n, k := e.effects(t), e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded'`, long); n != 2 || k != 2 {
 		t.Fatalf("a 255-byte tenant on two methods, twice each: %d effects and %d completed keys; want 2 and 2", n, k)
 	}
 	if e.log.String() != "" {
@@ -127,7 +127,7 @@ func TestTenantBytesClientsCannotSend(t *testing.T) {
 				if err != nil || !ran {
 					t.Fatalf("tenant %q: %v (ran %v); want a first execution", tenant, err, ran)
 				}
-				if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND status = 'completed'`, tenant, key); n != 1 {
+				if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND status = 'recorded'`, tenant, key); n != 1 {
 					t.Fatalf("tenant %q: %d completed keys, want 1", tenant, n)
 				}
 			}

@@ -70,7 +70,7 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	if err := proto.Unmarshal(payload, recorded); err != nil {
 		t.Fatal(err)
 	}
-	if status != "completed" || code != 0 || !proto.Equal(recorded, resp) {
+	if status != "recorded" || code != 0 || !proto.Equal(recorded, resp) {
 		t.Fatalf("recorded %s/%d %v, want completed/0 %v", status, code, recorded, resp)
 	}
 }
@@ -222,7 +222,7 @@ func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
 	if n := e.effects(t); n != 0 {
 		t.Fatalf("%d effect rows survived a recorded error, want 0", n)
 	}
-	if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 3`); n != 1 {
+	if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND response_code = 3`); n != 1 {
 		t.Fatalf("%d recorded INVALID_ARGUMENT rows, want 1", n)
 	}
 

@@ -78,7 +78,7 @@ func TestShardedStoreServesEachTenantFromItsShard(t *testing.T) {
 		if n := countOn(t, mine, `SELECT count(*) FROM effects WHERE value = $1`, tenant); n != 1 {
 			t.Errorf("shard %d holds %d effects of %s, want 1", i, n, tenant)
 		}
-		if n := countOn(t, mine, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed'`, tenant); n != 1 {
+		if n := countOn(t, mine, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded'`, tenant); n != 1 {
 			t.Errorf("shard %d holds %d completed keys of %s, want 1", i, n, tenant)
 		}
 		if n := countOn(t, theirs, `SELECT count(*) FROM effects WHERE value = $1`, tenant) +
@@ -163,7 +163,7 @@ func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 		if done != 1 {
 			t.Errorf("%s's call finished %d times, want 1", tenant, done)
 		}
-		if n := countOn(t, shards[i], `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND request_payload IS NULL`, tenant); n != 1 {
+		if n := countOn(t, shards[i], `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND request_payload IS NULL`, tenant); n != 1 {
 			t.Errorf("shard %d holds %d completed calls of %s, want 1", i, n, tenant)
 		}
 		if n := countOn(t, shards[1-i], `SELECT count(*) FROM idempotency_keys WHERE tenant = $1`, tenant); n != 0 {
@@ -210,7 +210,7 @@ func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "shard 1") {
 		t.Fatalf("Finish's error = %v, want one that names shard 1", err)
 	}
-	if n := countOn(t, shards[1], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'beta' AND status = 'completed'`); n != 1 {
+	if n := countOn(t, shards[1], `SELECT count(*) FROM idempotency_keys WHERE tenant = 'beta' AND status = 'recorded'`); n != 1 {
 		t.Fatalf("shard 2 holds %d completed calls of beta, want 1", n)
 	}
 }

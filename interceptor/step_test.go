@@ -25,8 +25,8 @@ type stallStore struct {
 	first *stallLease
 }
 
-func (s *stallStore) ClaimLeased(ctx context.Context, key store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, key, r, d)
+func (s *stallStore) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, key, r)
 	if c.Lease != nil {
 		s.mu.Lock()
 		if s.first == nil {

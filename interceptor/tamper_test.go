@@ -95,7 +95,7 @@ func TestRecordsOfEarlierVersions(t *testing.T) {
 		}
 		_, err = e.pool.Exec(context.Background(),
 			`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
-			 VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3, 'completed', $4, $5, now() + interval '1 hour')`,
+			 VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, $3, 'recorded', $4, $5, now() + interval '1 hour')`,
 			method, key, fp, int32(code), body)
 		if err != nil {
 			t.Fatal(err)

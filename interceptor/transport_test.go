@@ -112,7 +112,7 @@ func TestOutgoingKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent := store.Key{Method: do, Key: "parent"}
+	parent := store.Scope{Method: do, Key: "parent"}
 	want := [][]string{
 		{callKey(parent, do, 1)},
 		{callKey(parent, do, 2)},

@@ -19,7 +19,7 @@ import (
 func corruptSteps(t *testing.T, e *env, key string) {
 	t.Helper()
 	abandonedClaim(t, e, key, "v")
-	if _, err := e.pool.Exec(t.Context(), `UPDATE idempotency_keys SET recovery_steps = '\xff00ff'::bytea WHERE key = $1`, key); err != nil {
+	if _, err := e.pool.Exec(t.Context(), `UPDATE idempotency_keys SET step_names = '{charge_sent,NULL}', step_results = '{ch_42,ch_43}' WHERE key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,7 +40,7 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 		if retryDelay(err) != nil {
 			t.Errorf("call %d: DATA_LOSS with a RetryInfo: retrying does not help", i+1)
 		}
-		if strings.Contains(st.Message(), "recovery_steps") || strings.Contains(st.Message(), "malformed") {
+		if strings.Contains(st.Message(), "step_names") || strings.Contains(st.Message(), "NULL") {
 			t.Errorf("call %d: the client saw the storage error: %q", i+1, st.Message())
 		}
 	}
@@ -67,7 +67,7 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 // failingLeaseStore fails every ClaimLeased as a lost connection would.
 type failingLeaseStore struct{ store.Store }
 
-func (failingLeaseStore) ClaimLeased(context.Context, store.Key, store.Request, time.Duration) (store.LeasedClaim, error) {
+func (failingLeaseStore) ClaimLeased(context.Context, store.Scope, store.LeaseRequest) (store.LeasedClaim, error) {
 	return store.LeasedClaim{}, errors.New("read tcp 10.0.0.1:5432: connection reset by peer")
 }
 

@@ -1,53 +1,90 @@
-// Package store defines what idem's engine needs from the storage
-// that holds idempotency keys, and the errors every implementation reports.
+// Package store is the contract between idem's engine and the storage that
+// holds its claims: the interfaces a store implements, what they exchange
+// and the errors they report. A store is implemented from this package's
+// documentation alone, and proves it with the conformance suite of package
+// github.com/idemkit/idem/store/storetest.
 //
-// # Contract
+// # Scopes and entries
 //
-// A key is scoped by tenant, full gRPC method and the client's key string
-// ([Key]). Every store holds the keys that [Key.Validate] accepts (bounded
-// lengths, valid UTF-8, no NUL byte) and refuses the others in Claim and
-// ClaimLeased with [ErrInvalidKey] before it touches its storage, so that a
-// key works on every store or on none.
+// A claim is made for a [Scope]: the client's idempotency key, within a
+// tenant and a method. A store holds every scope that [Scope.Validate]
+// accepts (bounded lengths, valid UTF-8, no NUL byte) and refuses every
+// other, in each method that takes one, with an error wrapping
+// [ErrInvalidScope] before it touches its storage, so that a scope works on
+// every store or on none.
 //
-// [Store.Claim] is the only way to learn whether a key is free, and it must
-// decide atomically: of any number of concurrent claims for one key,
-// exactly one gets a [Txn]; the others get the key's [Entry] once the owner
-// is done, or [ErrInUse] when a bounded wait runs out. "Check, then
-// insert" is not an implementation of Claim.
+// A store keeps at most one entry per scope. An entry is in progress while
+// its request runs, recorded once its [Outcome] is, and expired once its
+// TTL has passed, from when it was first claimed: an expired entry counts
+// as absent, and the next claim of its scope takes it over as if the scope
+// were free ([State]). An entry keeps the fingerprint of the request that
+// claimed it. A later claim is answered with the entry (an [Entry]), never
+// given the scope, unless the entry has expired or, for a leased claim with
+// the same fingerprint, its lease has run out; the engine compares the
+// fingerprint of an Entry with its request's, to replay or refuse.
 //
-// The owner ends its Txn with [Txn.Record], which records the outcome so
-// that later claims see a recorded [Entry], or with [Txn.Release], which
-// leaves no trace so that a retry runs afresh. A key whose entry has expired
-// counts as absent and can be claimed again.
+// # Atomic claims
 //
-// [Store.ClaimLeased] is the claim of leased mode, for handlers whose side effects
-// leave the storage: it is durable at once and held for a lease, guarded by
-// a fencing token that changes with every owner. While the lease runs, other
-// claims see an in-progress [Entry] with its remaining time; once it has run
-// out, a claim with the same fingerprint takes the key over, keeping the
-// steps saved under it ([Step]), and every later write of the earlier owner's
-// [Lease] fails with [ErrLeaseLost] and changes nothing.
+// [Store.Claim] is the only way to learn whether a scope is free, and it
+// must decide atomically: of any number of concurrent claims of one scope,
+// exactly one gets a [Txn]; the others get the scope's Entry once the
+// owner has recorded, or the scope once it has released, or [ErrInUse]
+// when a bounded wait runs out. "Check, then insert" is not an
+// implementation of Claim. The owner runs the handler in the context of
+// [Txn.Context], so that the handler's writes join the claim, and ends the
+// Txn with [Txn.Record], which records the outcome together with those
+// writes (or, for an error, without them), or with [Txn.Release], which
+// leaves no trace so that a retry runs afresh.
 //
-// [Admin] is implemented by stores that let an operator list their keys
-// ([KeyFilter], [KeyInfo], [KeyState]), read one, forget one so that its
-// next request runs afresh, and settle one stuck in progress with an
-// outcome its retries replay. Forget and Settle refuse a live lease with a
-// [*LeaseLiveError] unless forced; a forced one fences the lease's holder,
-// whose later writes fail with [ErrLeaseLost].
+// # Leased claims
 //
-// Implementations translate their driver's errors into the sentinel errors
-// of this package ([ErrInUse], [ErrConflict], [ErrLeaseLost],
-// [ErrInvalidKey]) so that callers can choose a gRPC status without knowing
-// the driver.
+// [Store.ClaimLeased] is the claim of leased mode, for handlers whose side
+// effects leave the storage: the claim is durable at once and held for a
+// lease, guarded by a fencing token that changes with every holder. While
+// the lease runs, other claims see an in-progress Entry with its remaining
+// time; once it has run out, a claim with the same fingerprint takes the
+// scope over, keeping the steps saved under it ([Step]), and every later
+// write of the earlier holder's [Lease] fails with [ErrLeaseLost] and
+// changes nothing. The holder saves each step as it runs it
+// ([Lease.SaveStep]), extends the lease while it works ([Lease.Extend]) and
+// ends it with [Lease.Record] or [Lease.Release].
+//
+// # Optional parts
+//
+// A store may implement two more interfaces, which callers discover by a
+// type assertion on the Store: [Finishing], for stores that keep what a
+// finisher needs to finish a leased call whose caller is gone
+// ([LeaseRequest].Call), and [Admin], for stores that let an operator list,
+// read, forget and settle entries. The conformance suite runs the cases of
+// each exactly when the store implements it.
+//
+// # Errors
+//
+// A store reports its refusals with this package's sentinels, wrapped so
+// that errors.Is finds them: [ErrInUse], [ErrConflict], [ErrLeaseLost],
+// [ErrNotReady], [ErrInvalidScope], [ErrInvalidStep] and [ErrCorrupt],
+// and for Admin [ErrNotFound], [ErrNotInProgress], [ErrInvalidCursor],
+// [ErrInvalidStatus] and [*LeaseLiveError]. It translates its driver's
+// errors into them where they apply (a lock wait that ran out is ErrInUse,
+// a serialization failure ErrConflict), so that idem answers the client
+// without knowing the driver. Any other error (the context's own aside) is
+// a failure of the storage, which idem answers UNAVAILABLE so that the
+// client retries: a store returns one only where a retry is safe.
+//
+// # Time
+//
+// A store tells the time by one clock for everything it keeps and
+// compares: an entry's expiry, a lease's end, how long ago a lease ran out.
+// Every server that shares the storage must read the same clock, or they
+// disagree about whether a lease ran out or an entry expired. Bounded
+// waits (for a concurrent claim, a lock, a connection) are measured in real
+// time.
 //
 // # Implementations
 //
-// Package github.com/idemkit/idem/store/postgres stores keys in PostgreSQL,
-// in the same transaction as the handler's own writes. Package
+// Package github.com/idemkit/idem/store/postgres keeps entries in
+// PostgreSQL, in the same transaction as the handler's own writes. Package
 // github.com/idemkit/idem/store/memory keeps them in the memory of one
 // process, for unit tests and single-process demos. Both implement
 // [Finishing] and [Admin].
-//
-// Package github.com/idemkit/idem/store/storetest is the conformance suite
-// that every implementation passes.
 package store

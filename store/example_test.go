@@ -8,16 +8,16 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Every store refuses a key it cannot hold with ErrInvalidKey before it
+// Every store refuses a key it cannot hold with ErrInvalidScope before it
 // touches its storage; Validate tells the same in advance.
-func ExampleKey_Validate() {
-	ok := store.Key{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1"}
+func ExampleScope_Validate() {
+	ok := store.Scope{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1"}
 	fmt.Println(ok.Validate())
 
 	long := ok
 	long.Tenant = strings.Repeat("t", store.MaxTenantLength+1)
 	err := long.Validate()
-	fmt.Println(errors.Is(err, store.ErrInvalidKey))
+	fmt.Println(errors.Is(err, store.ErrInvalidScope))
 	// Output:
 	// <nil>
 	// true

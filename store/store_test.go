@@ -44,43 +44,43 @@ func TestStepValidate(t *testing.T) {
 	}
 }
 
-func TestKeyValidate(t *testing.T) {
-	valid := store.Key{Tenant: "acme", Method: "/pkg.Service/Method", Key: "k"}
-	with := func(f func(k *store.Key)) store.Key {
+func TestScopeValidate(t *testing.T) {
+	valid := store.Scope{Tenant: "acme", Method: "/pkg.Service/Method", Key: "k"}
+	with := func(f func(k *store.Scope)) store.Scope {
 		k := valid
 		f(&k)
 		return k
 	}
 	for _, c := range []struct {
 		name string
-		key  store.Key
+		key  store.Scope
 		// field is the field the error must name; "" for a valid key.
 		field string
 	}{
 		{"valid", valid, ""},
-		{"empty tenant", with(func(k *store.Key) { k.Tenant = "" }), ""},
-		{"tenant at its bound", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", store.MaxTenantLength) }), ""},
-		{"non-ASCII tenant", with(func(k *store.Key) { k.Tenant = "Zürich-東京" }), ""},
-		{"method at its bound", with(func(k *store.Key) { k.Method = "/" + strings.Repeat("m", store.MaxMethodLength-1) }), ""},
-		{"key at its bound", with(func(k *store.Key) { k.Key = strings.Repeat("k", store.MaxKeyLength) }), ""},
-		{"all at their bounds", store.Key{
+		{"empty tenant", with(func(k *store.Scope) { k.Tenant = "" }), ""},
+		{"tenant at its bound", with(func(k *store.Scope) { k.Tenant = strings.Repeat("t", store.MaxTenantLength) }), ""},
+		{"non-ASCII tenant", with(func(k *store.Scope) { k.Tenant = "Zürich-東京" }), ""},
+		{"method at its bound", with(func(k *store.Scope) { k.Method = "/" + strings.Repeat("m", store.MaxMethodLength-1) }), ""},
+		{"key at its bound", with(func(k *store.Scope) { k.Key = strings.Repeat("k", store.MaxKeyLength) }), ""},
+		{"all at their bounds", store.Scope{
 			Tenant: strings.Repeat("t", store.MaxTenantLength),
 			Method: strings.Repeat("m", store.MaxMethodLength),
 			Key:    strings.Repeat("k", store.MaxKeyLength),
 		}, ""},
 
-		{"tenant past its bound", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", store.MaxTenantLength+1) }), "tenant"},
-		{"10 KB tenant", with(func(k *store.Key) { k.Tenant = strings.Repeat("t", 10<<10) }), "tenant"},
-		{"tenant not UTF-8", with(func(k *store.Key) { k.Tenant = "bad-\xff\xfe" }), "tenant"},
-		{"tenant with NUL", with(func(k *store.Key) { k.Tenant = "a\x00b" }), "tenant"},
-		{"empty method", with(func(k *store.Key) { k.Method = "" }), "method"},
-		{"method past its bound", with(func(k *store.Key) { k.Method = strings.Repeat("m", store.MaxMethodLength+1) }), "method"},
-		{"method not UTF-8", with(func(k *store.Key) { k.Method = "/pkg.S/\xc3" }), "method"},
-		{"method with NUL", with(func(k *store.Key) { k.Method = "/pkg.S/M\x00" }), "method"},
-		{"empty key", with(func(k *store.Key) { k.Key = "" }), "key"},
-		{"key past its bound", with(func(k *store.Key) { k.Key = strings.Repeat("k", store.MaxKeyLength+1) }), "key"},
-		{"key not UTF-8", with(func(k *store.Key) { k.Key = "caf\xe9" }), "key"},
-		{"key with NUL", with(func(k *store.Key) { k.Key = "\x00" }), "key"},
+		{"tenant past its bound", with(func(k *store.Scope) { k.Tenant = strings.Repeat("t", store.MaxTenantLength+1) }), "tenant"},
+		{"10 KB tenant", with(func(k *store.Scope) { k.Tenant = strings.Repeat("t", 10<<10) }), "tenant"},
+		{"tenant not UTF-8", with(func(k *store.Scope) { k.Tenant = "bad-\xff\xfe" }), "tenant"},
+		{"tenant with NUL", with(func(k *store.Scope) { k.Tenant = "a\x00b" }), "tenant"},
+		{"empty method", with(func(k *store.Scope) { k.Method = "" }), "method"},
+		{"method past its bound", with(func(k *store.Scope) { k.Method = strings.Repeat("m", store.MaxMethodLength+1) }), "method"},
+		{"method not UTF-8", with(func(k *store.Scope) { k.Method = "/pkg.S/\xc3" }), "method"},
+		{"method with NUL", with(func(k *store.Scope) { k.Method = "/pkg.S/M\x00" }), "method"},
+		{"empty key", with(func(k *store.Scope) { k.Key = "" }), "key"},
+		{"key past its bound", with(func(k *store.Scope) { k.Key = strings.Repeat("k", store.MaxKeyLength+1) }), "key"},
+		{"key not UTF-8", with(func(k *store.Scope) { k.Key = "caf\xe9" }), "key"},
+		{"key with NUL", with(func(k *store.Scope) { k.Key = "\x00" }), "key"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.key.Validate()
@@ -90,8 +90,8 @@ func TestKeyValidate(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, store.ErrInvalidKey) {
-				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidKey", err)
+			if !errors.Is(err, store.ErrInvalidScope) {
+				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidScope", err)
 			}
 			if !strings.Contains(err.Error(), c.field) {
 				t.Errorf("Validate() = %q, does not name the field %s", err, c.field)
@@ -112,7 +112,7 @@ func TestKeyFilterValidate(t *testing.T) {
 	}{
 		{"zero", store.KeyFilter{}, ""},
 		{"every field", store.KeyFilter{Tenant: "Zürich", Method: "/pkg.Service/Method", Limit: 5000,
-			States: []store.KeyState{store.KeyInProgress, store.KeyAbandoned, store.KeyRecorded, store.KeyExpired}}, ""},
+			States: []store.State{store.InProgress, store.Abandoned, store.Recorded, store.Expired}}, ""},
 		{"tenant and method at their bounds", store.KeyFilter{Tenant: strings.Repeat("t", store.MaxTenantLength), Method: strings.Repeat("m", store.MaxMethodLength)}, ""},
 		{"a tenant AllTenants ignores", store.KeyFilter{AllTenants: true, Tenant: "a\x00b"}, ""},
 
@@ -122,8 +122,8 @@ func TestKeyFilterValidate(t *testing.T) {
 		{"method with NUL", store.KeyFilter{AllTenants: true, Method: "/a\x00b"}, "method filter contains a NUL byte"},
 		{"method not UTF-8", store.KeyFilter{Method: "/pkg.S/\xc3"}, "method filter is not valid UTF-8"},
 		{"method past its bound", store.KeyFilter{Method: strings.Repeat("m", 10<<10)}, "method filter is 10240 bytes, longer than the 1024 allowed"},
-		{"unknown state", store.KeyFilter{States: []store.KeyState{store.KeyRecorded, "done"}}, "states filter [1] is not a key state"},
-		{"empty state", store.KeyFilter{States: []store.KeyState{""}}, "states filter [0] is not a key state"},
+		{"unknown state", store.KeyFilter{States: []store.State{store.Recorded, "done"}}, "states filter [1] is not a key state"},
+		{"empty state", store.KeyFilter{States: []store.State{""}}, "states filter [0] is not a key state"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.f.Validate()
@@ -131,8 +131,8 @@ func TestKeyFilterValidate(t *testing.T) {
 			case c.rule == "" && err != nil:
 				t.Fatalf("Validate() = %v, want nil", err)
 			case c.rule == "":
-			case !errors.Is(err, store.ErrInvalidKey):
-				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidKey", err)
+			case !errors.Is(err, store.ErrInvalidScope):
+				t.Fatalf("Validate() = %v, want an error wrapping ErrInvalidScope", err)
 			case !strings.Contains(err.Error(), c.rule):
 				t.Errorf("Validate() = %q, want it to name the rule (%q)", err, c.rule)
 			}

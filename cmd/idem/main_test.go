@@ -53,8 +53,8 @@ const (
 )
 
 var (
-	leased   = store.Key{Tenant: "acme", Method: checkout, Key: "order-7"}
-	recorded = store.Key{Tenant: "acme", Method: doMethod, Key: "pay-1"}
+	leased   = store.Scope{Tenant: "acme", Method: checkout, Key: "order-7"}
+	recorded = store.Scope{Tenant: "acme", Method: doMethod, Key: "pay-1"}
 )
 
 // protocols are the values of -protocol: the command's tests run against
@@ -110,12 +110,12 @@ func (f *fixture) advance(d time.Duration) {
 func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	t.Helper()
 	ctx := t.Context()
-	lc, err := st.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp-7")}, time.Minute)
+	lc, err := st.ClaimLeased(ctx, leased, store.LeaseRequest{Fingerprint: []byte("fp-7"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", leased, lc, err)
 	}
 	between()
-	c, err := st.Claim(ctx, recorded, store.Request{Fingerprint: []byte("fp-1")})
+	c, err := st.Claim(ctx, recorded, store.ClaimRequest{Fingerprint: []byte("fp-1")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v", recorded, c, err)
 	}
@@ -299,7 +299,7 @@ func TestForget(t *testing.T) {
 		}
 		fails(t, "NOT_FOUND: ", f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		fails(t, "NOT_FOUND: ", f.cmd("keys", "forget", "-tenant", "acme", "-method", doMethod, "pay-1")...)
-		c, err := f.st.Claim(t.Context(), recorded, store.Request{Fingerprint: []byte("fp-1")})
+		c, err := f.st.Claim(t.Context(), recorded, store.ClaimRequest{Fingerprint: []byte("fp-1")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("retry of the forgotten key: %+v, %v; want it to run afresh", c, err)
 		}
@@ -331,7 +331,7 @@ func TestSettle(t *testing.T) {
 				t.Errorf("settle printed\n%s\nwant a line matching %s", out, want)
 			}
 		}
-		c, err := f.st.Claim(t.Context(), leased, store.Request{Fingerprint: []byte("fp-7")})
+		c, err := f.st.Claim(t.Context(), leased, store.ClaimRequest{Fingerprint: []byte("fp-7")})
 		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded || c.Entry.Outcome.Code != code.Code_FAILED_PRECONDITION {
 			t.Fatalf("retry after the settle: %+v, %v; want the settled FAILED_PRECONDITION replayed", c, err)
 		}
@@ -485,12 +485,12 @@ func TestDatabaseURL(t *testing.T) {
 
 	// A filter no key can hold is the operator's mistake, not the
 	// database's failure.
-	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
-	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid key: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid scope: tenant filter contains a NUL byte", db("keys", "list", "-tenant", "a\x00b")...)
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid scope: method filter contains a NUL byte", db("keys", "list", "-all-tenants", "-method", "/a\x00b")...)
 
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.
-	fails(t, "INVALID_ARGUMENT: idem admin: status.code ABORTED is a code clients retry",
+	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid status: status.code ABORTED is a code clients retry",
 		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
 	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
 		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)

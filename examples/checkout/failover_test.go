@@ -125,7 +125,7 @@ func testFailoverLeased(t *testing.T, synchronous bool) {
 		againErr       error
 		againReplayed  bool
 		leaseLost      int
-		lostKey, older bool // after the failover: the key's row was gone, or not completed
+		lostKey, older bool // after the failover: the key's row was gone, or not recorded
 	}
 	results := make([]*result, numCheckouts)
 	for i := range results {
@@ -172,7 +172,7 @@ func testFailoverLeased(t *testing.T, synchronous bool) {
 		case "":
 			res.lostKey = true
 			lost++
-		case "completed":
+		case "recorded":
 		default:
 			res.older = true
 			older++
@@ -209,8 +209,8 @@ func testFailoverLeased(t *testing.T, synchronous bool) {
 			fail("%d reservations and %d orders, the order on %s paid with %s; want one of each, on the reservation %s and the charge %s",
 				rows.reservations, rows.orders, rows.orderRes, rows.orderCharge, rows.reservationID, rows.chargeID)
 		}
-		if rows.keyStatus != "completed" || rows.responseCode != int(codes.OK) {
-			fail("the key is %q with code %d, want completed with OK", rows.keyStatus, rows.responseCode)
+		if rows.keyStatus != "recorded" || rows.responseCode != int(codes.OK) {
+			fail("the key is %q with code %d, want recorded with OK", rows.keyStatus, rows.responseCode)
 		}
 		for _, w := range rows.answers(res.again) {
 			fail("%s", w)

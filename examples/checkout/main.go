@@ -261,7 +261,7 @@ func printEvents(w io.Writer, events []event) {
 
 func printRows(w io.Writer, key string, r rows) {
 	fmt.Fprintf(w, "rows for this key: charges=%d (Charge calls=%d, key %s…) reservations=%d orders=%d; idem: %s at %s, request kept=%v\n",
-		r.charges, r.chargeCalls, chargeKey(key)[:12], r.reservations, r.orders, r.keyStatus, r.recoveryPoint, r.requestKept)
+		r.charges, r.chargeCalls, chargeKey(key)[:12], r.reservations, r.orders, r.keyStatus, r.lastStep, r.requestKept)
 }
 
 func describe(e event) string {

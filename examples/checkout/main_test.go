@@ -128,7 +128,7 @@ const grace = 300 * time.Millisecond
 // second replica takes the checkout over once the lease and the grace have
 // run out, resumes after the charge (the provider is not asked again) and
 // records the outcome: one charge, one reservation, one order, the key
-// completed and its request dropped. The client's retry a day later, on a
+// recorded and its request dropped. The client's retry a day later, on a
 // replica started since, gets the answer replayed.
 func TestAbandonedCheckoutIsFinished(t *testing.T) {
 	if testing.Short() {
@@ -162,7 +162,7 @@ func TestAbandonedCheckoutIsFinished(t *testing.T) {
 	// keep it from charging twice, but that is not what this test shows.)
 	const day = 24 * time.Hour
 	if r.expiresIn < day-time.Minute {
-		t.Fatalf("the completed key expires in %v, want the 24 h TTL", r.expiresIn)
+		t.Fatalf("the recorded key expires in %v, want the 24 h TTL", r.expiresIn)
 	}
 	if _, err := s.checkoutDB.Exec(ctx, `UPDATE idempotency_keys
 		SET created_at = created_at - $2::interval, updated_at = updated_at - $2::interval, expires_at = expires_at - $2::interval
@@ -242,8 +242,8 @@ func TestFinisherRecordsADeterministicError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.keyStatus != "completed" || r.responseCode != int(codes.FailedPrecondition) || r.requestKept {
-		t.Errorf("the key is %q with code %d, request kept=%v; want completed with FAILED_PRECONDITION, the request dropped",
+	if r.keyStatus != "recorded" || r.responseCode != int(codes.FailedPrecondition) || r.requestKept {
+		t.Errorf("the key is %q with code %d, request kept=%v; want recorded with FAILED_PRECONDITION, the request dropped",
 			r.keyStatus, r.responseCode, r.requestKept)
 	}
 	if r.reservations != 0 || r.charges != 0 || r.chargeCalls != 0 || r.orders != 0 {

@@ -261,8 +261,8 @@ type rows struct {
 	orderID       string // the order, as the orders table holds it
 	orderRes      string
 	orderCharge   string
-	keyStatus     string // the checkout key's idem row
-	recoveryPoint string
+	keyStatus     string        // the checkout key's idem row
+	lastStep      string        // the name of the step it saved last
 	responseCode  int           // its recorded gRPC code, -1 for none
 	requestKept   bool          // it still holds the request for a finisher
 	takeovers     int           // how often it was taken over
@@ -297,11 +297,11 @@ func (s *system) rows(ctx context.Context, key string) (rows, error) {
 		{s.checkoutDB, `SELECT count(*), coalesce(min(id::text), '') FROM reservations WHERE request_key = $1`, []any{&r.reservations, &r.reservationID}},
 		{s.checkoutDB, `SELECT count(*), coalesce(min(id::text), ''), coalesce(min(reservation_id::text), ''), coalesce(min(charge_id), '')
 			FROM orders WHERE request_key = $1`, []any{&r.orders, &r.orderID, &r.orderRes, &r.orderCharge}},
-		{s.checkoutDB, `SELECT coalesce(min(status), ''), coalesce(min(recovery_point), ''), coalesce(min(response_code), -1),
-				coalesce(bool_or(request_method IS NOT NULL OR request_payload IS NOT NULL OR request_metadata IS NOT NULL), false),
+		{s.checkoutDB, `SELECT coalesce(min(status), ''), coalesce(min(step_names[cardinality(step_names)]), ''), coalesce(min(response_code), -1),
+				coalesce(bool_or(request_method IS NOT NULL OR request_payload IS NOT NULL OR request_header_names IS NOT NULL), false),
 				coalesce(min(takeovers), 0), coalesce(extract(epoch FROM min(expires_at) - now())::float8, 0)
 			FROM idempotency_keys WHERE key = $1`,
-			[]any{&r.keyStatus, &r.recoveryPoint, &r.responseCode, &r.requestKept, &r.takeovers, &expiresIn}},
+			[]any{&r.keyStatus, &r.lastStep, &r.responseCode, &r.requestKept, &r.takeovers, &expiresIn}},
 	} {
 		arg := key
 		if q.db == s.providerDB {
@@ -315,8 +315,8 @@ func (s *system) rows(ctx context.Context, key string) (rows, error) {
 	return r, nil
 }
 
-// once returns what is wrong with r for a checkout that completed: every
-// side effect exists once and the key is completed, its request dropped.
+// once returns what is wrong with r for a checkout that ended: every
+// side effect exists once and the key is recorded, its request dropped.
 // The provider was asked chargeCalls times under the derived key.
 func (r rows) once(chargeCalls int) []string {
 	var wrong []string
@@ -331,9 +331,9 @@ func (r rows) once(chargeCalls int) []string {
 	check(r.orders == 1, "%d orders, want 1", r.orders)
 	check(r.orderCharge == r.chargeID && r.orderRes == r.reservationID,
 		"the order was paid with %q on reservation %q, want the provider's %q on %q", r.orderCharge, r.orderRes, r.chargeID, r.reservationID)
-	check(r.keyStatus == "completed" && r.responseCode == int(codes.OK) && r.recoveryPoint == checkoutsvc.StepConfirm,
-		"the key is %q with code %d at %q, want completed with OK at %s", r.keyStatus, r.responseCode, r.recoveryPoint, checkoutsvc.StepConfirm)
-	check(!r.requestKept, "the completed key still holds its request")
+	check(r.keyStatus == "recorded" && r.responseCode == int(codes.OK) && r.lastStep == checkoutsvc.StepConfirm,
+		"the key is %q with code %d at %q, want recorded with OK at %s", r.keyStatus, r.responseCode, r.lastStep, checkoutsvc.StepConfirm)
+	check(!r.requestKept, "the recorded key still holds its request")
 	return wrong
 }
 
@@ -499,9 +499,9 @@ func (ab *abandonment) broken(r rows) []string {
 	if len(saved) > 0 {
 		last = saved[len(saved)-1]
 	}
-	check(ab.abandoned.keyStatus == "in_progress" && ab.abandoned.requestKept && ab.abandoned.recoveryPoint == last && ab.abandoned.orders == 0,
+	check(ab.abandoned.keyStatus == "in_progress" && ab.abandoned.requestKept && ab.abandoned.lastStep == last && ab.abandoned.orders == 0,
 		"once abandoned, the key was %q at %q with request kept=%v and %d orders, want in progress at %q with the request kept and no order",
-		ab.abandoned.keyStatus, ab.abandoned.recoveryPoint, ab.abandoned.requestKept, ab.abandoned.orders, last)
+		ab.abandoned.keyStatus, ab.abandoned.lastStep, ab.abandoned.requestKept, ab.abandoned.orders, last)
 	var run, outcomes []event
 	for _, e := range ab.finisher {
 		switch {

@@ -145,7 +145,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 		KeyBytes:      len(key),
 		ResponseBytes: len(e.response),
 	}
-	claim, err := postgres.New(pool).Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint})
+	claim, err := postgres.New(pool).Claim(ctx, store.Scope{Tenant: tenant, Method: createPayment, Key: key}, store.ClaimRequest{Fingerprint: e.fingerprint})
 	if err != nil {
 		return nil, err
 	}

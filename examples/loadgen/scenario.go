@@ -70,7 +70,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:      "replay",
-		about:     "the handler under idem, keys already completed: the stored response comes back",
+		about:     "the handler under idem, keys already recorded: the stored response comes back",
 		reference: "baseline",
 		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
 		remote:    true,
@@ -101,7 +101,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:      "optimistic-replay",
-		about:     "optimistic mode, keys already completed: the handler runs and rolls back, then the stored response comes back",
+		about:     "optimistic mode, keys already recorded: the handler runs and rolls back, then the stored response comes back",
 		reference: "baseline",
 		server:    newOptimisticServer,
 		prepare:   recordReplayKeys,
@@ -150,7 +150,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:      "sql-floor",
-		about:     "no gRPC: BEGIN, the handler's statements, then one INSERT of a completed key row with COMMIT: what the key row alone costs, no claim",
+		about:     "no gRPC: BEGIN, the handler's statements, then one INSERT of a recorded key row with COMMIT: what the key row alone costs, no claim",
 		reference: "sql-baseline",
 		call: func(ctx context.Context, e *env) (outcome, error) {
 			i := e.seq.Add(1)
@@ -217,9 +217,9 @@ func storm(ctx context.Context, e *env) (outcome, error) {
 // shape idem's record gives it.
 const insertKeyRow = `INSERT INTO idempotency_keys
     (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
-VALUES ($1, $2, $3, $4, $5, 'completed', 0, $6, now() + interval '24 hours')`
+VALUES ($1, $2, $3, $4, $5, 'recorded', 0, $6, now() + interval '24 hours')`
 
-// replayKeys is how many completed keys the replay scenario cycles through.
+// replayKeys is how many recorded keys the replay scenario cycles through.
 const replayKeys = 1024
 
 const (
@@ -294,7 +294,7 @@ func sqlClaim(optimistic bool) func(context.Context, *env) (outcome, error) {
 	return func(ctx context.Context, e *env) (outcome, error) {
 		req := request(e.seq.Add(1))
 		key := e.freshKey()
-		claim, err := e.store.Claim(ctx, store.Key{Tenant: tenant, Method: createPayment, Key: key}, store.Request{Fingerprint: e.fingerprint, Optimistic: optimistic})
+		claim, err := e.store.Claim(ctx, store.Scope{Tenant: tenant, Method: createPayment, Key: key}, store.ClaimRequest{Fingerprint: e.fingerprint, Optimistic: optimistic})
 		if err != nil {
 			return "", err
 		}

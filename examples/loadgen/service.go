@@ -198,7 +198,7 @@ RETURNING true`
 FROM naive_keys
 WHERE tenant = $1 AND method = $2 AND key = $3 AND expires_at > now()`
 	naiveRecord = `UPDATE naive_keys
-SET status = 'completed', response_code = 0, response = $4, updated_at = now()
+SET status = 'recorded', response_code = 0, response = $4, updated_at = now()
 WHERE tenant = $1 AND method = $2 AND key = $3 AND status = 'in_progress'`
 )
 
@@ -261,7 +261,7 @@ func (n *naive) replay(ctx context.Context, tx pgx.Tx, tenant, method, key strin
 		return nil, status.Error(codes.Unavailable, err.Error())
 	case !bytes.Equal(hash, fp):
 		return nil, status.Error(codes.FailedPrecondition, "idempotency key reused with another request")
-	case st != "completed":
+	case st != "recorded":
 		return nil, status.Error(codes.Aborted, "idempotency key in use")
 	}
 	resp := new(paymentsv1.CreatePaymentResponse)

@@ -37,7 +37,7 @@ type soakConfig struct {
 	SweepBatch    int
 	SweepPause    time.Duration
 	// Replays is the share of calls that resend a key the same client
-	// completed before (with the same request), and so are replayed.
+	// recorded before (with the same request), and so are replayed.
 	Replays float64
 	// Throwaway starts a cluster of PostgreSQL's default settings for the
 	// run, whatever server pgtest would find.

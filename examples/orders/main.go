@@ -78,8 +78,8 @@ func run(ctx context.Context, w io.Writer) error {
 const tenant = "acme"
 
 // orderScope is the scope of the order whose key is orderKey.
-func orderScope(orderKey string) store.Key {
-	return store.Key{Tenant: tenant, Method: ordersv1.OrderService_PlaceOrder_FullMethodName, Key: orderKey}
+func orderScope(orderKey string) store.Scope {
+	return store.Scope{Tenant: tenant, Method: ordersv1.OrderService_PlaceOrder_FullMethodName, Key: orderKey}
 }
 
 // childKey is the key of the call PlaceOrder makes as step when its own key

@@ -81,7 +81,7 @@ func TestClientKeyIsOnePerLogicalCall(t *testing.T) {
 			t.Errorf("%d payments, want 2", n)
 		}
 		if e.pool != nil {
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'completed'`, []string{keys[0], keys[3]}); n != 2 {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ANY($1) AND status = 'recorded'`, []string{keys[0], keys[3]}); n != 2 {
 				t.Errorf("%d completed key rows, want one per logical call (2)", n)
 			}
 		}
@@ -185,7 +185,7 @@ func testClientDerivesChildKeys(t *testing.T, downstream *env, p protocol, via s
 		}
 	}
 
-	parent := store.Key{Tenant: "acme", Method: do, Key: key}
+	parent := store.Scope{Tenant: "acme", Method: do, Key: key}
 	want := []string{callKey(parent, createPayment, 1), stepKey(parent, "refund")}
 	n, keys := downstream.svc.executions()
 	if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
@@ -238,14 +238,14 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 // makes without naming a step, as the client interceptor derives it: the
 // hex-encoded SHA-256 of the parent's tenant, method and key, "call",
 // method and n, each preceded by its length as a big-endian uint64.
-func callKey(parent store.Key, method string, n int) string {
+func callKey(parent store.Scope, method string, n int) string {
 	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
 }
 
 // stepKey is the child key of the step named step of the request parent,
 // as idem.ChildKey documents it: the hex-encoded SHA-256 of the parent's
 // tenant, method and key and step, each preceded as callKey's are.
-func stepKey(parent store.Key, step string) string {
+func stepKey(parent store.Scope, step string) string {
 	return derived(parent.Tenant, parent.Method, parent.Key, step)
 }
 

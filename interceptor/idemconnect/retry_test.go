@@ -130,7 +130,7 @@ func TestRetryWaitsOutAKeyInUse(t *testing.T) {
 			t.Errorf("%d payments, want 1", n)
 		}
 		if e.pool != nil {
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed'`, key); n != 1 {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'recorded'`, key); n != 1 {
 				t.Errorf("%d completed key rows, want 1", n)
 			}
 		}
@@ -187,7 +187,7 @@ func TestRetryKeepsTheKey(t *testing.T) {
 			}
 		}
 		if e.pool != nil {
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); n != 2 {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded'`); n != 2 {
 				t.Errorf("%d completed key rows, want one per call (2)", n)
 			}
 		}

@@ -221,7 +221,7 @@ func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
 			if n := e.paid(t); n != 0 {
 				t.Errorf("%d payments, want the handler's write rolled back", n)
 			}
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 9`); n != 1 {
+			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND response_code = 9`); n != 1 {
 				t.Errorf("%d recorded errors, want 1", n)
 			}
 		}

@@ -339,7 +339,7 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("first call: %s", first.body)
 	}
 	// The quoted key is stored as the key itself, which gRPC clients send.
-	if state, code, ok := e.keyRow(t, "acme", "order-1"); !ok || state != "completed" || code != 0 {
+	if state, code, ok := e.keyRow(t, "acme", "order-1"); !ok || state != "recorded" || code != 0 {
 		t.Fatalf("key row: %q %d %v; want completed with code 0", state, code, ok)
 	}
 
@@ -544,7 +544,7 @@ func TestHandlerErrors(t *testing.T) {
 				t.Fatalf("first call: %d %s %s; want %d with a google.rpc.Status of code %d in JSON",
 					first.status, first.header.Get("Content-Type"), first.body, c.status, c.code)
 			}
-			if state, code, ok := e.keyRow(t, "acme", c.key); !ok || state != "completed" || code != c.code {
+			if state, code, ok := e.keyRow(t, "acme", c.key); !ok || state != "recorded" || code != c.code {
 				t.Fatalf("key row: %q %d %v; want completed with code %d", state, code, ok, c.code)
 			}
 			again := e.create(t, c.body, "Idempotency-Key", c.key)

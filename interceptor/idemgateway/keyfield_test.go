@@ -58,7 +58,7 @@ func TestKeyField(t *testing.T) {
 		t.Fatalf("key in the field: %d %s, then %d %q %s", first.status, first.body, again.status,
 			again.header.Get(idem.HTTPReplayedHeader), again.body)
 	}
-	if state, _, ok := e.keyRow(t, "acme", "order-f1"); !ok || state != "completed" {
+	if state, _, ok := e.keyRow(t, "acme", "order-f1"); !ok || state != "recorded" {
 		t.Fatalf("key row of the field's key: %q %v", state, ok)
 	}
 	if n := e.svc.calls.Load(); n != 1 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
@@ -26,7 +27,7 @@ func TestSweeperMetrics(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	exec(t, pool, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
 SELECT `+pgtest.KeyIDSQL("'"+tenant+"'", "'/svc/M'", "'key-"+secret+"-' || g")+`, '`+tenant+`', '/svc/M', 'key-`+secret+`-' || g,
-       '\x01', 'completed', 0, 'r', now() - interval '1 hour'
+       '\x01', 'recorded', 0, 'r', now() - interval '1 hour'
 FROM generate_series(1, 25) g`)
 	exec(t, pool, `INSERT INTO processed_messages (consumer, message_id, expires_at)
 SELECT 'mailer', 'msg-`+secret+`-' || g, now() - interval '1 hour' FROM generate_series(1, 7) g`)
@@ -76,7 +77,7 @@ func TestInboxMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	pool := pgtest.NewPool(t)
 	exec(t, pool, `CREATE TABLE shipments (message_id text PRIMARY KEY)`)
-	in := postgres.NewInbox(pool, "shipper", postgres.WithMeterProvider(tel.mp), postgres.WithTracerProvider(tel.tp))
+	in := inbox.New(pool, "shipper", inbox.WithMeterProvider(tel.mp), inbox.WithTracerProvider(tel.tp))
 	ship := func(id string) func(pgx.Tx) error {
 		return func(tx pgx.Tx) error {
 			_, err := tx.Exec(context.Background(), `INSERT INTO shipments VALUES ($1)`, id)

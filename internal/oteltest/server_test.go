@@ -88,15 +88,15 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// call runs a call of method with keys and a copy of req through e, in a
-// span of its own that stands for the transport's server span, and returns
-// the span. Each call has its own request, as each call a transport
-// decodes does: the engine sets a key that came in the metadata alone in
-// the request's key field, and a shared req would then carry the first
-// call's key into the next.
+// call runs a call of method with keys and req through e, in a span of its
+// own that stands for the transport's server span, and returns the span.
 func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler transport.Handler) (transport.Answer, error, sdktrace.ReadOnlySpan) {
+	// A transport hands the engine a request decoded for the call, whose
+	// key field the engine fills in from the metadata's key: the cases
+	// reuse theirs across calls with other keys.
+	req = proto.Clone(req)
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: proto.Clone(req), Status: grpcStatus}, handler)
+	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
@@ -271,15 +271,15 @@ func describe(pts map[string]point) map[string]string {
 // failingStore fails every claim, as a database that is down does.
 type failingStore struct{ store.Store }
 
-func (failingStore) Claim(context.Context, store.Key, store.Request) (store.Claim, error) {
+func (failingStore) Claim(context.Context, store.Scope, store.ClaimRequest) (store.Claim, error) {
 	return store.Claim{}, errors.New("dial tcp db.internal:5432: connection refused")
 }
 
 // losingStore hands out leases whose record finds them taken over.
 type losingStore struct{ store.Store }
 
-func (s losingStore) ClaimLeased(ctx context.Context, k store.Key, r store.Request, d time.Duration) (store.LeasedClaim, error) {
-	c, err := s.Store.ClaimLeased(ctx, k, r, d)
+func (s losingStore) ClaimLeased(ctx context.Context, k store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
+	c, err := s.Store.ClaimLeased(ctx, k, r)
 	if c.Lease != nil {
 		c.Lease = losingLease{c.Lease}
 	}
@@ -388,7 +388,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Key{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.Request{Fingerprint: fp}, time.Second)
+	abandoned, err := h.mem.ClaimLeased(context.Background(), store.Scope{Tenant: tenant, Method: methodDo, Key: keys("10")[0]}, store.LeaseRequest{Fingerprint: fp, Lease: time.Second})
 	if err != nil || abandoned.Lease == nil {
 		t.Fatalf("lease: %+v, %v", abandoned, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
@@ -23,22 +25,22 @@ const (
 )
 
 // state returns the state of e at now, as an operator sees it.
-func (e *entry) state(now time.Time) store.KeyState {
+func (e *entry) state(now time.Time) store.State {
 	switch {
 	case e.expired(now):
-		return store.KeyExpired
+		return store.Expired
 	case e.recorded:
-		return store.KeyRecorded
+		return store.Recorded
 	case now.Before(e.lockedUntil):
-		return store.KeyInProgress
+		return store.InProgress
 	}
-	return store.KeyAbandoned
+	return store.Abandoned
 }
 
 // info returns everything e keeps of k, at now.
-func (e *entry) info(k store.Key, now time.Time) store.KeyInfo {
+func (e *entry) info(k store.Scope, now time.Time) store.KeyInfo {
 	ki := store.KeyInfo{
-		Key:         k,
+		Scope:       k,
 		State:       e.state(now),
 		Fingerprint: bytes.Clone(e.fp),
 		CreatedAt:   e.createdAt,
@@ -62,7 +64,7 @@ func (e *entry) info(k store.Key, now time.Time) store.KeyInfo {
 // visibleLocked returns the entry of k that an operator sees: none while
 // an atomic claim of k runs, whose entry, like an uncommitted row, no one
 // else sees. The caller holds s.mu.
-func (s *Store) visibleLocked(k store.Key) *entry {
+func (s *Store) visibleLocked(k store.Scope) *entry {
 	e := s.entries[k]
 	if e == nil || e.pending {
 		return nil
@@ -72,7 +74,7 @@ func (s *Store) visibleLocked(k store.Key) *entry {
 
 // Key implements [store.Admin]. An atomic claim still running has no entry
 // to see yet.
-func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
+func (s *Store) Key(ctx context.Context, k store.Scope) (store.KeyInfo, error) {
 	if err := k.Validate(); err != nil {
 		return store.KeyInfo{}, err
 	}
@@ -91,8 +93,8 @@ func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
 // cursor is the position of the last entry of a page: its creation, then
 // its key. The cursor's text is its JSON, base64-encoded.
 type cursor struct {
-	At  int64     `json:"at"` // Unix nanoseconds
-	Key store.Key `json:"key"`
+	At  int64       `json:"at"` // Unix nanoseconds
+	Key store.Scope `json:"key"`
 }
 
 func (c cursor) compare(d cursor) int {
@@ -130,7 +132,7 @@ func decodeCursor(s string) (cursor, error) {
 // Keys implements [store.Admin]: it orders the entries by their creation
 // (by [WithClock]), then by tenant, method and key. Like the PostgreSQL
 // store, it refuses a filter that fails [store.KeyFilter.Validate].
-func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, string, error) {
 	if err := f.Validate(); err != nil {
 		return nil, "", err
 	}
@@ -145,8 +147,8 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 		limit = maxPageSize
 	}
 	var from *cursor
-	if after != "" {
-		c, err := decodeCursor(after)
+	if f.After != "" {
+		c, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
@@ -190,7 +192,7 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 // Forget implements [store.Admin]. A forced Forget fences the lease's
 // holder: its later writes fail with store.ErrLeaseLost, also once the
 // key is claimed again, whose lease has a token of its own.
-func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
+func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
@@ -203,7 +205,7 @@ func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
 	if e == nil {
 		return store.ErrNotFound
 	}
-	if now := s.now(); !force && e.state(now) == store.KeyInProgress {
+	if now := s.now(); !o.Force && e.state(now) == store.InProgress {
 		return &store.LeaseLiveError{Until: e.lockedUntil}
 	}
 	delete(s.entries, k)
@@ -214,8 +216,12 @@ func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
 // is fenced (its later writes fail with store.ErrLeaseLost), and drops the
 // steps and the request kept for a finisher; it keeps the expiry. An
 // expired entry counts as none: Settle fails with store.ErrNotFound.
-func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, force bool) error {
+func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
 	if err := k.Validate(); err != nil {
+		return err
+	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -229,20 +235,20 @@ func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, forc
 	}
 	now := s.now()
 	switch e.state(now) {
-	case store.KeyExpired:
+	case store.Expired:
 		return fmt.Errorf("%w: the key's entry expired", store.ErrNotFound)
-	case store.KeyRecorded:
+	case store.Recorded:
 		return store.ErrNotInProgress
-	case store.KeyInProgress:
-		if !force {
+	case store.InProgress:
+		if !o.Force {
 			return &store.LeaseLiveError{Until: e.lockedUntil}
 		}
 	}
 	e.recorded = true
-	e.out = cloneOutcome(out)
+	e.out = out
 	e.token = 0 // no lease has it
 	e.lockedUntil = time.Time{}
-	e.last, e.steps, e.call = nil, nil, nil
+	e.steps, e.call = nil, nil
 	e.updatedAt = now
 	return nil
 }

@@ -34,7 +34,7 @@
 //     request has taken the key over, the key was released and claimed
 //     again, forgotten or settled by force, or has expired, and once the
 //     lease's own Record or Release took effect.
-//   - A step that store.Step.Validate or store.MergeStep refuses is not
+//   - A step that store.Lease.SaveStep refuses (see store.Lease) is not
 //     saved, as the PostgreSQL store refuses it.
 //   - The writes of a lease (SaveStep, Extend, Record) fail with
 //     the context's error and change nothing when their context has ended;

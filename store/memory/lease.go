@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/internal/stepset"
 )
 
 // ClaimLeased implements [store.Store]. Like [Store.Claim], it refuses a key that
-// breaks the rules of [store.Key.Validate], and it waits for a
+// breaks the rules of [store.Scope.Validate], and it waits for a
 // running atomic claim of the key to finish, for at most the lock timeout.
 // A takeover keeps the key's expiry and its steps; a key that expired is
 // leased afresh, without them.
-func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
 	}
@@ -28,11 +29,11 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 		s.tokens++
 		e = &entry{
 			fp:          bytes.Clone(r.Fingerprint),
-			expiresAt:   now.Add(s.ttlOf(r)),
+			expiresAt:   now.Add(s.ttlOf(r.TTL)),
 			createdAt:   now,
 			updatedAt:   now,
 			token:       s.tokens,
-			lockedUntil: now.Add(lease),
+			lockedUntil: now.Add(r.Lease),
 			call:        cloneCall(r.Call),
 		}
 		s.entries[key] = e
@@ -40,13 +41,13 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 	case !e.recorded && !now.Before(e.lockedUntil) && bytes.Equal(e.fp, r.Fingerprint):
 		s.tokens++
 		e.token = s.tokens
-		e.lockedUntil = now.Add(lease)
+		e.lockedUntil = now.Add(r.Lease)
 		e.takeovers++
 		e.updatedAt = now
 		if r.Call != nil {
 			e.call = cloneCall(r.Call)
 		}
-		l := &leased{store: s, key: key, token: s.tokens, last: cloneStep(e.last), steps: cloneSteps(e.steps)}
+		l := &leased{store: s, key: key, token: s.tokens, steps: cloneSteps(e.steps)}
 		return store.LeasedClaim{Lease: l, ExpiresAt: e.expiresAt, TookOver: true}, nil
 	}
 	return store.LeasedClaim{Entry: e.snapshot(now)}, nil
@@ -81,17 +82,16 @@ func cloneStep(p *store.Step) *store.Step {
 // leased is a held leased claim.
 type leased struct {
 	store *Store
-	key   store.Key
+	key   store.Scope
 	token uint64
 
 	mu       sync.Mutex
-	last     *store.Step
 	steps    []store.Step
 	finished bool // Record or Release was called; guarded by mu
 
 	// ended is set once Record or Release took effect: the lease is no
 	// longer its holder's to write under, even where its entry is still
-	// there with its token (released with a recovery point). Guarded by
+	// there with its token (released with saved steps). Guarded by
 	// store.mu.
 	ended bool
 }
@@ -106,15 +106,6 @@ func (l *leased) heldLocked() (*entry, time.Time, error) {
 		return nil, now, store.ErrLeaseLost
 	}
 	return e, now, nil
-}
-
-func (l *leased) LastStep() (store.Step, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.last == nil {
-		return store.Step{}, false
-	}
-	return *cloneStep(l.last), true
 }
 
 func (l *leased) Steps() []store.Step {
@@ -139,12 +130,12 @@ func (l *leased) SaveStep(ctx context.Context, p store.Step) error {
 	if err != nil {
 		return err
 	}
-	steps, err := store.MergeStep(e.steps, *cloneStep(&p))
+	steps, err := stepset.Merge(e.steps, *cloneStep(&p))
 	if err != nil {
 		return err
 	}
-	e.last, e.steps, e.updatedAt = cloneStep(&p), steps, now
-	l.last, l.steps = cloneStep(&p), cloneSteps(steps)
+	e.steps, e.updatedAt = steps, now
+	l.steps = cloneSteps(steps)
 	return nil
 }
 
@@ -187,14 +178,14 @@ func (l *leased) Record(ctx context.Context, out store.Outcome) error {
 }
 
 // Abandoned implements [store.Finishing].
-func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for k, e := range s.entries {
 		if len(out) >= limit {
 			break
@@ -206,8 +197,8 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		if now.Before(e.lockedUntil.Add(wait)) {
 			continue
 		}
-		out = append(out, store.Abandoned{
-			Key:         k,
+		out = append(out, store.AbandonedCall{
+			Scope:       k,
 			Fingerprint: bytes.Clone(e.fp),
 			Call:        *cloneCall(e.call),
 			Takeovers:   e.takeovers,
@@ -232,7 +223,7 @@ func (l *leased) Release(context.Context) error {
 		return err
 	}
 	l.ended = true
-	if e.last != nil || e.call != nil {
+	if len(e.steps) > 0 || e.call != nil {
 		// Keep the steps, or the request kept for a finisher: end the
 		// lease, so a retry or a finisher takes over (and skips the steps
 		// saved).

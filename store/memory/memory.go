@@ -18,7 +18,7 @@ type Store struct {
 	now         func() time.Time
 
 	mu        sync.Mutex
-	entries   map[store.Key]*entry
+	entries   map[store.Scope]*entry
 	tokens    uint64    // the last fencing token issued, by any key
 	lastSweep time.Time // by s.now
 }
@@ -38,7 +38,7 @@ func New(opts ...Option) *Store {
 		ttl:         o.ttl,
 		lockTimeout: o.lockTimeout,
 		now:         o.now,
-		entries:     make(map[store.Key]*entry),
+		entries:     make(map[store.Scope]*entry),
 	}
 }
 
@@ -59,11 +59,9 @@ type entry struct {
 	out      store.Outcome
 
 	// Leased claims only: the fencing token of the current holder (unique
-	// in the Store, never reused), the end of its lease and the step saved
-	// last under the key.
+	// in the Store, never reused) and the end of its lease.
 	token       uint64
 	lockedUntil time.Time
-	last        *store.Step
 	// steps are every step saved under the key; call is what a finisher
 	// needs, kept while the call is in progress; takeovers counts the
 	// lease's takeovers.
@@ -100,10 +98,10 @@ func cloneOutcome(out store.Outcome) store.Outcome {
 	return out
 }
 
-// ttlOf is how long the key of r is kept.
-func (s *Store) ttlOf(r store.Request) time.Duration {
-	if r.TTL > 0 {
-		return r.TTL
+// ttlOf is how long an entry claimed with ttl is kept.
+func (s *Store) ttlOf(ttl time.Duration) time.Duration {
+	if ttl > 0 {
+		return ttl
 	}
 	return s.ttl
 }
@@ -123,11 +121,11 @@ func (s *Store) sweepLocked(now time.Time) {
 }
 
 // Claim implements [store.Store]. A key that breaks the rules of
-// [store.Key.Validate] fails with [store.ErrInvalidKey], as in every store,
+// [store.Scope.Validate] fails with [store.ErrInvalidScope], as in every store,
 // although a map could hold it. A claim of a key whose atomic owner is
 // still running waits for the owner to finish, for at most the lock timeout
 // ([WithLockTimeout]) or until ctx ends.
-func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.ClaimRequest) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -141,7 +139,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	}
 	e = &entry{
 		fp:        bytes.Clone(r.Fingerprint),
-		expiresAt: now.Add(s.ttlOf(r)),
+		expiresAt: now.Add(s.ttlOf(r.TTL)),
 		createdAt: now,
 		updatedAt: now,
 		pending:   true,
@@ -154,7 +152,7 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 // lockSettled locks s and returns the entry of key (nil if none) once no
 // atomic claim is running on it, waiting for a running one to finish for at
 // most the lock timeout, or until ctx ends. On success s.mu stays locked.
-func (s *Store) lockSettled(ctx context.Context, key store.Key) (*entry, time.Time, error) {
+func (s *Store) lockSettled(ctx context.Context, key store.Scope) (*entry, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, err
 	}
@@ -210,7 +208,7 @@ var errFinished = errors.New("memory: claim already finished")
 // txn is an owned atomic claim.
 type txn struct {
 	store    *Store
-	key      store.Key
+	key      store.Scope
 	e        *entry
 	finished bool // guarded by store.mu
 }

@@ -43,8 +43,8 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 	s := New(WithTTL(ttl), WithClock(clock.Now))
 	claim := func(i int) {
 		t.Helper()
-		k := store.Key{Tenant: "t", Method: "/s/M", Key: fmt.Sprint(i)}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		k := store.Scope{Tenant: "t", Method: "/s/M", Key: fmt.Sprint(i)}
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim %d: %+v, %v", i, c, err)
 		}
@@ -52,7 +52,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/s/L", Key: "l"}, store.Request{Fingerprint: []byte("fp")}, 10*ttl)
+	l, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/s/L", Key: "l"}, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: 10 * ttl})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -72,7 +72,7 @@ func TestSweepDropsKeysNobodyClaimsAgain(t *testing.T) {
 	}
 	// A lease whose key expired is lost, even though its lease still runs.
 	if err := l.Lease.Record(ctx, store.Outcome{Code: code.Code_OK}); err != store.ErrLeaseLost {
-		t.Errorf("Complete of a lease whose key expired: %v, want ErrLeaseLost", err)
+		t.Errorf("Record of a lease whose key expired: %v, want ErrLeaseLost", err)
 	}
 }
 
@@ -80,18 +80,18 @@ func TestClockMovesLeases(t *testing.T) {
 	ctx := context.Background()
 	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	s := New(WithClock(clock.Now))
-	k := store.Key{Tenant: "t", Method: "/s/M", Key: "k"}
-	first, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	k := store.Scope{Tenant: "t", Method: "/s/M", Key: "k"}
+	first, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || first.Lease == nil {
 		t.Fatalf("lease: %+v, %v", first, err)
 	}
 	clock.Add(20 * time.Second)
-	live, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	live, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || live.Entry == nil || live.Entry.LeaseRemaining != 40*time.Second {
 		t.Fatalf("during the lease: %+v, %v; want an entry with 40s remaining", live, err)
 	}
 	clock.Add(40 * time.Second) // exactly at the end: run out
-	second, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || second.Lease == nil {
 		t.Fatalf("after the lease: %+v, %v; want a takeover", second, err)
 	}

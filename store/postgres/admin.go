@@ -15,8 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 var _ store.Admin = (*Store)(nil)
@@ -30,12 +32,12 @@ const (
 	adminColumns = `SELECT k.id, k.tenant, k.method, k.key, st.state, k.request_hash,
     k.created_at, k.updated_at, k.expires_at, k.locked_until, k.takeovers,
     k.status, k.response_code, k.response, k.response_not_cached,
-    k.recovery_steps, k.step_names, k.step_results,
-    k.request_method, k.request_payload, k.request_metadata, k.request_header_names, k.request_header_values
+    k.step_names, k.step_results,
+    k.request_method, k.request_payload, k.request_header_names, k.request_header_values
 FROM idempotency_keys k
 CROSS JOIN LATERAL (SELECT CASE
     WHEN k.expires_at <= coalesce($1::timestamptz, now()) THEN 'expired'
-    WHEN k.status = 'completed' THEN 'recorded'
+    WHEN k.status = 'recorded' THEN 'recorded'
     WHEN k.locked_until > coalesce($1::timestamptz, now()) THEN 'in_progress'
     ELSE 'abandoned' END AS state) st`
 
@@ -87,10 +89,9 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
 	// writes match nothing), and drops the steps and the request kept for
 	// a finisher; it keeps the expiry and the count of takeovers.
 	adminSettle = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $7, response = $8, response_not_cached = $9,
+SET status = 'recorded', response_code = $7, response = $8, response_not_cached = $9,
     locked_until = NULL, fencing_token = NULL, updated_at = now(),
-    recovery_point = NULL, recovery_data = NULL, recovery_steps = NULL, step_names = NULL, step_results = NULL,
-    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    step_names = NULL, step_results = NULL, request_method = NULL, request_payload = NULL,
     request_header_names = NULL, request_header_values = NULL
 WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
   AND status = 'in_progress' AND expires_at > coalesce($6::timestamptz, now())
@@ -107,7 +108,7 @@ const (
 // of its own under the lock timeout, on the tenant's shard. A row whose
 // steps or kept request cannot be read fails with an error wrapping
 // [store.ErrCorrupt]: forget the key once its side effects are checked.
-func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
+func (s *Store) Key(ctx context.Context, k store.Scope) (store.KeyInfo, error) {
 	if err := k.Validate(); err != nil {
 		return store.KeyInfo{}, err
 	}
@@ -141,7 +142,7 @@ func (s *Store) Key(ctx context.Context, k store.Key) (store.KeyInfo, error) {
 // filter's creation times to page around it. A filter that fails
 // [store.KeyFilter.Validate] (a NUL byte, which no text column holds, say)
 // is refused with its error before any query.
-func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]store.KeyInfo, string, error) {
+func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, string, error) {
 	if err := f.Validate(); err != nil {
 		return nil, "", err
 	}
@@ -159,8 +160,8 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter, after string) ([]st
 		afterAt any // nil for the first page
 		afterID pgtype.UUID
 	)
-	if after != "" {
-		p, err := decodeCursor(after)
+	if f.After != "" {
+		p, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
@@ -283,16 +284,16 @@ func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, ar
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
-			err = interpretError(cerr)
+			err = pgerr.Interpret(cerr)
 		}
 	}()
 	rows, err := br.Query()
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	for rows.Next() {
 		r, err := scanKeyInfo(rows)
@@ -304,10 +305,10 @@ func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, ar
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	if _, err := br.Exec(); err != nil { // COMMIT
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	return out, nil
 }
@@ -324,27 +325,25 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		rcode       *int32
 		body        []byte
 		notCached   bool
-		oldSteps    []byte
 		stepNames   []*string
 		stepResults [][]byte
 		method      *string
 		payload     []byte
-		md          []byte
 		mdNames     []*string
 		mdValues    [][]byte
 	)
-	err := row.Scan(&r.pos.id, &r.Key.Tenant, &r.Key.Method, &r.Key.Key, &state, &r.Fingerprint,
+	err := row.Scan(&r.pos.id, &r.Scope.Tenant, &r.Scope.Method, &r.Scope.Key, &state, &r.Fingerprint,
 		&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &lockedUntil, &r.Takeovers,
 		&status, &rcode, &body, &notCached,
-		&oldSteps, &stepNames, &stepResults,
-		&method, &payload, &md, &mdNames, &mdValues)
+		&stepNames, &stepResults,
+		&method, &payload, &mdNames, &mdValues)
 	if err != nil {
 		return keyRow{}, err
 	}
 	r.pos.at = r.CreatedAt
-	r.State = store.KeyState(state)
+	r.State = store.State(state)
 	switch status {
-	case "completed":
+	case "recorded":
 		out := store.Outcome{Body: body, NotCached: notCached}
 		if rcode != nil {
 			out.Code = code.Code(*rcode)
@@ -358,9 +357,9 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		return keyRow{}, fmt.Errorf("postgres: idempotency key has unknown status %q", status)
 	}
 	corrupt := func(err error) error {
-		return fmt.Errorf("%w: key %q of tenant %q, method %q: %w", store.ErrCorrupt, r.Key.Key, r.Key.Tenant, r.Key.Method, err)
+		return fmt.Errorf("%w: key %q of tenant %q, method %q: %w", store.ErrCorrupt, r.Scope.Key, r.Scope.Tenant, r.Scope.Method, err)
 	}
-	if r.Steps, err = readSteps(oldSteps, stepNames, stepResults); err != nil {
+	if r.Steps, err = readSteps(stepNames, stepResults); err != nil {
 		return keyRow{}, corrupt(err)
 	}
 	if len(r.Steps) == 0 {
@@ -368,7 +367,7 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 	}
 	if method != nil || payload != nil {
 		c := &store.Call{Request: payload}
-		if err := readKept(c, method, md, mdNames, mdValues); err != nil {
+		if err := readKept(c, method, mdNames, mdValues); err != nil {
 			return keyRow{}, corrupt(err)
 		}
 		r.Call = c
@@ -385,18 +384,27 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 // fences the lease's holder: its later writes match no row, or the row of
 // a later claim with a token of its own, and fail with
 // [store.ErrLeaseLost].
-func (s *Store) Forget(ctx context.Context, k store.Key, force bool) error {
-	return s.adminWrite(ctx, k, adminForget, force, false)
+func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions) error {
+	return s.adminWrite(ctx, k, adminForget, o.Force, false)
 }
 
 // Settle implements [store.Admin], as Forget does, with one UPDATE that
-// records out as a lease's record would, and more: it clears the fencing
-// token, so that the holder of a lease it forced is fenced (its later
-// writes fail with [store.ErrLeaseLost]), and the steps, which no claim
-// of a recorded key reads. An expired entry counts as none: Settle fails
-// with [store.ErrNotFound].
-func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, force bool) error {
-	return s.adminWrite(ctx, k, adminSettle, force, true, int32(out.Code), out.Body, out.NotCached)
+// records the outcome of st ([store.SettleOutcome]) as a lease's record
+// would, and more: it clears the fencing token, so that the holder of a
+// lease it forced is fenced (its later writes fail with
+// [store.ErrLeaseLost]), and the steps, which no claim of a recorded key
+// reads. An expired entry counts as none: Settle fails with
+// [store.ErrNotFound]. A status that SettleOutcome refuses fails with its
+// error before any statement, as an invalid scope does.
+func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o store.SettleOptions) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		return err
+	}
+	return s.adminWrite(ctx, k, adminSettle, o.Force, true, int32(out.Code), out.Body, out.NotCached)
 }
 
 // adminWrite runs write, adminForget or adminSettle (settle) with the
@@ -404,7 +412,7 @@ func (s *Store) Settle(ctx context.Context, k store.Key, out store.Outcome, forc
 // changed nothing, in one transaction under the lock timeout, one round
 // trip. A row whose lease ended between the two statements (its holder
 // released or recorded it) is tried again.
-func (s *Store) adminWrite(ctx context.Context, k store.Key, write string, force, settle bool, extra ...any) error {
+func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, force, settle bool, extra ...any) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
@@ -424,7 +432,7 @@ func (s *Store) adminWrite(ctx context.Context, k store.Key, write string, force
 
 // adminWriteOnce runs one round of adminWrite; it reports false, without
 // an error, when the round decided nothing.
-func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Key, write string, force, settle bool, extra []any) (done bool, err error) {
+func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Scope, write string, force, settle bool, extra []any) (done bool, err error) {
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return false, err
@@ -437,16 +445,16 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	defer func() {
 		if cerr := br.Close(); err == nil {
-			err = interpretError(cerr)
+			err = pgerr.Interpret(cerr)
 		}
 	}()
 	tag, err := br.Exec()
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	var (
 		status      string
@@ -458,11 +466,11 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 	if err := br.QueryRow().Scan(&status, &expired, &lockedUntil, &live); errors.Is(err, pgx.ErrNoRows) {
 		found = false
 	} else if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	commit, err := br.Exec()
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	if commit.String() != "COMMIT" {
 		return false, errors.New("postgres: the key's change was rolled back")
@@ -474,7 +482,7 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 		return true, store.ErrNotFound
 	case expired && settle:
 		return true, fmt.Errorf("%w: the key's entry expired", store.ErrNotFound)
-	case settle && status == "completed":
+	case settle && status == "recorded":
 		return true, store.ErrNotInProgress
 	case live && !force:
 		return true, &store.LeaseLiveError{Until: *lockedUntil}

@@ -11,11 +11,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 )
+
+// settledStatus is the error the tests settle keys with.
+var settledStatus = &spb.Status{Code: int32(code.Code_FAILED_PRECONDITION), Message: "settled by an operator"}
 
 // TestAdminBehindLockedKeyRowIsBounded: Forget and Settle of a key whose
 // row another session holds locked (an operator's script, a migration's
@@ -40,11 +44,11 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 				return now
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout), postgres.WithClock(clock))
-			settled := store.Key{Tenant: "t", Method: "/svc/M", Key: "settled"}
-			forgotten := store.Key{Tenant: "t", Method: "/svc/M", Key: "forgotten"}
+			settled := store.Scope{Tenant: "t", Method: "/svc/M", Key: "settled"}
+			forgotten := store.Scope{Tenant: "t", Method: "/svc/M", Key: "forgotten"}
 			var leases []store.Lease
-			for _, k := range []store.Key{settled, forgotten} {
-				l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			for _, k := range []store.Scope{settled, forgotten} {
+				l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 				if err != nil || l.Lease == nil {
 					t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 				}
@@ -65,9 +69,9 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 					write func(ctx context.Context) error
 				}{
 					{"settle", func(ctx context.Context) error {
-						return s.Settle(ctx, settled, store.Outcome{Code: code.Code_ABORTED}, force)
+						return s.Settle(ctx, settled, settledStatus, store.SettleOptions{Force: force})
 					}},
-					{"forget", func(ctx context.Context) error { return s.Forget(ctx, forgotten, force) }},
+					{"forget", func(ctx context.Context) error { return s.Forget(ctx, forgotten, store.ForgetOptions{Force: force}) }},
 				} {
 					// Far longer than the lock timeout: an unbounded wait
 					// ends here, with context.DeadlineExceeded.
@@ -79,20 +83,20 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 					}
 				}
 			}
-			for _, k := range []store.Key{settled, forgotten} {
+			for _, k := range []store.Scope{settled, forgotten} {
 				cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
 				ki, err := s.Key(cctx, k)
 				cancel()
-				if err != nil || ki.State != store.KeyAbandoned {
+				if err != nil || ki.State != store.Abandoned {
 					t.Errorf("Key(%s) behind the locked row: %+v, %v; want it abandoned", k.Key, ki, err)
 				}
 			}
 
 			release()
-			if err := s.Settle(ctx, settled, store.Outcome{Code: code.Code_ABORTED}, false); err != nil {
+			if err := s.Settle(ctx, settled, settledStatus, store.SettleOptions{}); err != nil {
 				t.Fatalf("Settle once the row is free: %v", err)
 			}
-			if err := s.Forget(ctx, forgotten, false); err != nil {
+			if err := s.Forget(ctx, forgotten, store.ForgetOptions{}); err != nil {
 				t.Fatalf("Forget once the row is free: %v", err)
 			}
 			for _, l := range leases {
@@ -100,8 +104,8 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 					t.Errorf("the fenced holder's Record: %v, want ErrLeaseLost", err)
 				}
 			}
-			if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'completed' AND response_code = $2`,
-				settled.Key, int32(code.Code_ABORTED)); n != 1 {
+			if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'recorded' AND response_code = $2`,
+				settled.Key, settledStatus.GetCode()); n != 1 {
 				t.Errorf("%d rows of the settled key with its outcome, want 1", n)
 			}
 			if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = $1`, forgotten.Key); n != 0 {
@@ -117,8 +121,8 @@ func TestAdminBehindLockedKeyRowIsBounded(t *testing.T) {
 func TestAdminCorruptRow(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	k := store.Key{Tenant: "t", Method: "/svc/M", Key: "damaged"}
-	l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "damaged"}
+	l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -130,14 +134,14 @@ func TestAdminCorruptRow(t *testing.T) {
 	if _, err := s.Key(ctx, k); !errors.Is(err, store.ErrCorrupt) {
 		t.Errorf("Key of a damaged row: %v, want ErrCorrupt", err)
 	}
-	_, _, err = s.Keys(ctx, store.KeyFilter{Tenant: k.Tenant}, "")
+	_, _, err = s.Keys(ctx, store.KeyFilter{Tenant: k.Tenant})
 	if !errors.Is(err, store.ErrCorrupt) || !containsAll(err.Error(), `"damaged"`) {
 		t.Errorf("Keys with a damaged row: %v, want ErrCorrupt naming the key", err)
 	}
-	if err := s.Forget(ctx, k, true); err != nil {
+	if err := s.Forget(ctx, k, store.ForgetOptions{Force: true}); err != nil {
 		t.Fatalf("Forget of a damaged row: %v", err)
 	}
-	if list, _, err := s.Keys(ctx, store.KeyFilter{Tenant: k.Tenant}, ""); err != nil || len(list) != 0 {
+	if list, _, err := s.Keys(ctx, store.KeyFilter{Tenant: k.Tenant}); err != nil || len(list) != 0 {
 		t.Errorf("Keys after Forget: %+v, %v; want none", list, err)
 	}
 }
@@ -147,10 +151,10 @@ func TestAdminCorruptRow(t *testing.T) {
 // a listing of one tenant asks that tenant's shard alone.
 func TestShardedKeys(t *testing.T) {
 	s, a, b := twoShards(t)
-	var want []store.Key
+	var want []store.Scope
 	for i := range 4 {
 		for _, tenant := range []string{alpha, beta} {
-			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: fmt.Sprint("k-", i)}
+			k := store.Scope{Tenant: tenant, Method: "/svc/M", Key: fmt.Sprint("k-", i)}
 			claimAndWrite(t, s, k, "r")
 			want = append(want, k)
 		}
@@ -159,16 +163,16 @@ func TestShardedKeys(t *testing.T) {
 		t.Fatal("a tenant's keys are on the other's shard")
 	}
 	var (
-		got   []store.Key
+		got   []store.Scope
 		after string
 	)
 	for range 2 * len(want) {
-		page, next, err := s.Keys(ctx, store.KeyFilter{AllTenants: true, Limit: 3}, after)
+		page, next, err := s.Keys(ctx, store.KeyFilter{AllTenants: true, Limit: 3, After: after})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, ki := range page {
-			got = append(got, ki.Key)
+			got = append(got, ki.Scope)
 		}
 		if after = next; after == "" {
 			break
@@ -186,18 +190,18 @@ func TestShardedKeys(t *testing.T) {
 		page []store.KeyInfo
 		err  error
 	)
-	within(t, 30*time.Second, "Keys of alpha", func() { page, _, err = half.Keys(ctx, store.KeyFilter{Tenant: alpha}, "") })
+	within(t, 30*time.Second, "Keys of alpha", func() { page, _, err = half.Keys(ctx, store.KeyFilter{Tenant: alpha}) })
 	if err != nil || len(page) != 4 {
 		t.Errorf("Keys of alpha with beta's shard dark: %d keys, %v; want 4", len(page), err)
 	}
 	if n := accepted(); n != 0 {
 		t.Errorf("Keys of alpha opened %d connections to beta's shard", n)
 	}
-	within(t, 30*time.Second, "Keys of every tenant", func() { _, _, err = half.Keys(ctx, store.KeyFilter{AllTenants: true}, "") })
+	within(t, 30*time.Second, "Keys of every tenant", func() { _, _, err = half.Keys(ctx, store.KeyFilter{AllTenants: true}) })
 	if err == nil || !containsAll(err.Error(), "shard 1") {
 		t.Errorf("Keys of every tenant with shard 1 dark: %v, want an error naming shard 1", err)
 	}
-	if _, _, err := half.Keys(ctx, store.KeyFilter{Tenant: nowhere}, ""); !errors.Is(err, postgres.ErrNoShard) {
+	if _, _, err := half.Keys(ctx, store.KeyFilter{Tenant: nowhere}); !errors.Is(err, postgres.ErrNoShard) {
 		t.Errorf("Keys of a tenant without a shard: %v, want ErrNoShard", err)
 	}
 }
@@ -224,8 +228,8 @@ func TestAdminWriteMeetsATakeoverItWaitedFor(t *testing.T) {
 				defer mu.Unlock()
 				return now
 			}))
-			k := store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
-			if l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Second); err != nil || l.Lease == nil {
+			k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
+			if l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Second}); err != nil || l.Lease == nil {
 				t.Fatalf("lease: %+v, %v", l, err)
 			}
 			mu.Lock()
@@ -250,9 +254,9 @@ func TestAdminWriteMeetsATakeoverItWaitedFor(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				if action == "forget" {
-					done <- s.Forget(ctx, k, false)
+					done <- s.Forget(ctx, k, store.ForgetOptions{})
 				} else {
-					done <- s.Settle(ctx, k, store.Outcome{Code: code.Code_ABORTED}, false)
+					done <- s.Settle(ctx, k, settledStatus, store.SettleOptions{})
 				}
 			}()
 			// Wait until the write is blocked on the takeover's row.

@@ -40,7 +40,7 @@ func TestClockIsTheStatementsTime(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	clock := newTestClock()
 	s := postgres.New(pool, postgres.WithClock(clock.Now), postgres.WithTTL(time.Hour))
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim: %+v, %v", c, err)
 	}
@@ -51,8 +51,8 @@ func TestClockIsTheStatementsTime(t *testing.T) {
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK}); err != nil {
 		t.Fatal(err)
 	}
-	leased := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "leased"}
-	l, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, 10*time.Minute)
+	leased := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "leased"}
+	l, err := s.ClaimLeased(ctx, leased, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: 10 * time.Minute})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease: %+v, %v", l, err)
 	}
@@ -82,7 +82,7 @@ func TestClockIsTheStatementsTime(t *testing.T) {
 func TestDefaultClockIsTheDatabases(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool, postgres.WithTTL(time.Hour))
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim: %+v, %v", c, err)
 	}

@@ -45,7 +45,7 @@
 // committed (under REPEATABLE READ or SERIALIZABLE, whose snapshot predates
 // the wait, or on an engine whose locks are weaker), its record fails on
 // the primary key, its writes roll back, and it reports store.ErrConflict,
-// which the interceptor answers with ABORTED; the retry replays. Two keys
+// which the engine answers with ABORTED; the retry replays. Two keys
 // whose hashes collide could only wait for each other, never share a row:
 // every read compares the whole scope.
 //
@@ -71,7 +71,7 @@
 //
 // # Optimistic claims
 //
-// A claim with store.Request.Optimistic set sends BEGIN alone (one round
+// A claim with store.ClaimRequest.Optimistic set sends BEGIN alone (one round
 // trip, as the handler's own transaction would) and reads nothing. Its
 // record is an atomic claim's (the lock timeout, the INSERT of the
 // key's row with its outcome, COMMIT, in one round trip), the first statements on
@@ -128,7 +128,8 @@
 // that gives no shard fails the call with [ErrNoShard].
 // [Store.Abandoned], [Store.Check] and a [Store.Keys] of every tenant look
 // at every shard. [Migrate] each shard, run a [Sweeper] on each, and
-// record a message with the [Inbox] of the shard whose data it changes. docs/shards.md in the repository
+// record a message with an inbox (package inbox) on the shard whose data
+// it changes. docs/shards.md in the repository
 // says how to move a tenant between shards, and what Citus, CockroachDB or
 // YugabyteDB would need.
 //
@@ -161,26 +162,18 @@
 //
 // # Message consumers
 //
-// The same guarantee for at-least-once brokers: an [Inbox] records each
-// processed message's producer-assigned id in processed_messages, in the
-// transaction that applies the message, and skips the message when the id
-// is already there. Acknowledge to the broker after [Inbox.ProcessOnce]
-// returns. Ids are kept for [WithRetention] (7 days by default), which must
-// exceed the broker's redelivery window. An id the table can never hold
-// (empty, over [MaxMessageIDLength] bytes, not UTF-8, with a NUL byte)
-// fails with [ErrInvalidMessageID] before the database is touched:
-// dead-letter that message, since no redelivery would fare better.
+// The same guarantee for at-least-once brokers is package
+// [github.com/idemkit/idem/store/postgres/inbox]: it records each processed
+// message's producer-assigned id in processed_messages, which [Migrate]
+// creates and a [Sweeper] sweeps, in the transaction that applies the
+// message.
 //
 // # Metrics, traces and logs
 //
-// The sweeper and the inbox report through the OpenTelemetry API, by
-// default to the global providers: the sweeper counts the rows it deletes
-// (idem.sweeper.deleted, by idem.table), times its passes
-// (idem.sweeper.pass.duration, and a span idem.sweeper.pass), and logs a
-// failed pass through log/slog ([WithLogger]); the inbox counts the
-// messages it processed or found processed before (idem.inbox.messages, by
-// idem.consumer and idem.outcome: processed, duplicate) and records a span
-// idem.inbox.process for each. [WithMeterProvider] and [WithTracerProvider]
-// configure either: the same option may be passed to [NewSweeper] and to
-// [NewInbox]. The store itself does not log.
+// The sweeper reports through the OpenTelemetry API, by default to the
+// global providers: it counts the rows it deletes (idem.sweeper.deleted,
+// by idem.table), times its passes (idem.sweeper.pass.duration, and a span
+// idem.sweeper.pass), and logs a failed pass through log/slog
+// ([WithLogger]). [WithMeterProvider] and [WithTracerProvider] configure
+// it. The store itself does not log.
 package postgres

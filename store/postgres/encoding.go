@@ -1,11 +1,8 @@
 package postgres
 
 import (
-	"errors"
 	"fmt"
 	"slices"
-
-	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/idemkit/idem/store"
 )
@@ -26,17 +23,9 @@ func stepArrays(steps []store.Step) (names []string, results [][]byte) {
 	return names, results
 }
 
-// readSteps returns the steps a row keeps: in old, its recovery_steps, when
-// the previous version wrote them (which leaves the arrays as they were),
-// else in its step_names and step_results.
-func readSteps(old []byte, names []*string, results [][]byte) ([]store.Step, error) {
-	if old != nil {
-		steps, err := decodeSteps(old)
-		if err != nil {
-			return nil, fmt.Errorf("recovery_steps: %w", err)
-		}
-		return steps, nil
-	}
+// readSteps returns the steps a row keeps in its step_names and
+// step_results.
+func readSteps(names []*string, results [][]byte) ([]store.Step, error) {
 	if len(names) != len(results) {
 		return nil, fmt.Errorf("postgres: step_names holds %d steps and step_results %d", len(names), len(results))
 	}
@@ -69,18 +58,10 @@ func headerArrays(md map[string][]string) (names []string, values [][]byte) {
 	return names, values
 }
 
-// readHeaders returns the metadata a row keeps: in old, its
-// request_metadata, when the previous version wrote it, else in its
+// readHeaders returns the metadata a row keeps in its
 // request_header_names and request_header_values. The error names the
 // column it could not read, never what it holds.
-func readHeaders(old []byte, names []*string, values [][]byte) (map[string][]string, error) {
-	if old != nil {
-		md, err := decodeMetadata(old)
-		if err != nil {
-			return nil, fmt.Errorf("request_metadata: %w", err)
-		}
-		return md, nil
-	}
+func readHeaders(names []*string, values [][]byte) (map[string][]string, error) {
 	if len(names) != len(values) {
 		return nil, fmt.Errorf("request_header_names holds %d values and request_header_values %d", len(names), len(values))
 	}
@@ -95,56 +76,4 @@ func readHeaders(old []byte, names []*string, values [][]byte) (map[string][]str
 		md[*name] = append(md[*name], string(values[i]))
 	}
 	return md, nil
-}
-
-// The previous version kept the same lists in recovery_steps and
-// request_metadata as protobuf encodings: a repeated entry (field 1) of a
-// name (1) and a value (2). The store reads them where that version wrote
-// them, and never writes them; a later migration drops those columns, and
-// this decoder with them.
-
-// rangeEntries calls f with each entry of b, in order.
-func rangeEntries(b []byte, f func(name string, value []byte)) error {
-	errMalformed := errors.New("postgres: a list kept in idempotency_keys is malformed")
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num != 1 || typ != protowire.BytesType {
-			return errMalformed
-		}
-		e, m := protowire.ConsumeBytes(b[n:])
-		if m < 0 {
-			return errMalformed
-		}
-		b = b[n+m:]
-		var fields [2][]byte
-		for i := range fields {
-			num, typ, n := protowire.ConsumeTag(e)
-			if n < 0 || num != protowire.Number(i+1) || typ != protowire.BytesType {
-				return errMalformed
-			}
-			v, m := protowire.ConsumeBytes(e[n:])
-			if m < 0 {
-				return errMalformed
-			}
-			fields[i], e = v, e[n+m:]
-		}
-		f(string(fields[0]), fields[1])
-	}
-	return nil
-}
-
-func decodeSteps(b []byte) ([]store.Step, error) {
-	var steps []store.Step
-	err := rangeEntries(b, func(name string, value []byte) {
-		steps = append(steps, store.Step{Name: name, Result: slices.Clone(value)})
-	})
-	return steps, err
-}
-
-func decodeMetadata(b []byte) (map[string][]string, error) {
-	md := map[string][]string{}
-	err := rangeEntries(b, func(name string, value []byte) {
-		md[name] = append(md[name], string(value))
-	})
-	return md, err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 func ExampleNew() {
@@ -112,9 +113,9 @@ func ExampleNewSharded() {
 	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 
 	// A consumer records each message on the shard whose data it changes.
-	inboxes := make([]*postgres.Inbox, len(shards))
+	inboxes := make([]*inbox.Inbox, len(shards))
 	for i, pool := range shards {
-		inboxes[i] = postgres.NewInbox(pool, "ledger")
+		inboxes[i] = inbox.New(pool, "ledger")
 	}
 	apply := func(ctx context.Context, tenant, messageID string) error {
 		_, err := inboxes[route(tenant)].ProcessOnce(ctx, messageID, func(tx pgx.Tx) error {
@@ -126,7 +127,7 @@ func ExampleNewSharded() {
 	_ = apply
 }
 
-// One observability option configures the sweeper and the inbox alike.
+// The sweeper reports to the meter and tracer providers it is given.
 func ExampleWithMeterProvider() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -135,12 +136,8 @@ func ExampleWithMeterProvider() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	metrics := postgres.WithMeterProvider(otel.GetMeterProvider()) // your SDK's provider
-	sw := postgres.NewSweeper(pool, metrics, postgres.WithInterval(5*time.Minute))
-	inbox := postgres.NewInbox(pool, "shipping", metrics)
-	go func() { _ = sw.Run(ctx) }()
-
-	// ... consume with inbox.ProcessOnce until interrupted ...
-	_ = inbox
-	<-ctx.Done()
+	sw := postgres.NewSweeper(pool,
+		postgres.WithMeterProvider(otel.GetMeterProvider()), // your SDK's provider
+		postgres.WithInterval(5*time.Minute))
+	_ = sw.Run(ctx) // until interrupted
 }

@@ -3,4 +3,4 @@ package postgres
 import "github.com/idemkit/idem/store"
 
 // ScopeID exposes the id a key's row gets, for tests.
-func ScopeID(k store.Key) [16]byte { return scopeOf(k).id.Bytes }
+func ScopeID(k store.Scope) [16]byte { return scopeOf(k).id.Bytes }

@@ -16,13 +16,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/internal/stepset"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 const (
 	// leaseClaim inserts the key with a lease and a fencing token ($8), or
 	// takes over a row that expired (starting afresh) or whose lease ran out
-	// under a request with the same fingerprint (keeping its recovery
-	// point). A takeover replaces the token, which fences off the earlier
+	// under a request with the same fingerprint (keeping its steps). A takeover replaces the token, which fences off the earlier
 	// owner. When neither applies it returns no row and leaves the row as it
 	// is. Tokens are random 63-bit numbers, so that no owner of a key ever
 	// gets a token an earlier owner held, even after the row was deleted
@@ -46,15 +47,11 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     updated_at = now(),
     created_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN now() ELSE k.created_at END,
     expires_at = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN excluded.expires_at ELSE k.expires_at END,
-    recovery_point = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_point END,
-    recovery_data = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_data END,
-    recovery_steps = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.recovery_steps END,
     step_names = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_names END,
     step_results = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_results END,
     takeovers = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN 0 ELSE k.takeovers + 1 END,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
-    request_metadata = CASE WHEN excluded.request_method IS NULL THEN k.request_metadata END,
     request_header_names = CASE WHEN excluded.request_method IS NULL THEN k.request_header_names
         ELSE excluded.request_header_names END,
     request_header_values = CASE WHEN excluded.request_method IS NULL THEN k.request_header_values
@@ -62,8 +59,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
 WHERE k.expires_at <= coalesce($13::timestamptz, now())
    OR (k.status = 'in_progress' AND k.locked_until <= coalesce($13::timestamptz, now()) AND k.request_hash = excluded.request_hash
        AND k.tenant = excluded.tenant AND k.method = excluded.method AND k.key = excluded.key)
-RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_results,
-    expires_at, takeovers > 0, request_method IS NOT NULL`
+RETURNING step_names, step_results, expires_at, takeovers > 0, request_method IS NOT NULL`
 
 	// The statements of a held lease. Each matches the row only while its
 	// fencing token is current, the claim unfinished and the key unexpired.
@@ -74,19 +70,14 @@ RETURNING recovery_point, recovery_data, recovery_steps, step_names, step_result
 	leaseWhere = ` WHERE id = $1 AND fencing_token = $2 AND tenant = $3
     AND status = 'in_progress' AND expires_at > coalesce($4::timestamptz, now())`
 	leaseExtend = `UPDATE idempotency_keys SET locked_until = coalesce($4::timestamptz, now()) + $5 * interval '1 second'` + leaseWhere
-	// leaseSave writes the step saved last (in recovery_point and
-	// recovery_data, as the previous version did) and every step; the
-	// previous version's list of the steps (recovery_steps) is cleared, so
-	// that only the arrays hold them from then on.
-	leaseSave = `UPDATE idempotency_keys
-SET recovery_point = $5, recovery_data = $6, step_names = $7, step_results = $8, recovery_steps = NULL,
-    updated_at = now()` + leaseWhere
+	// leaseSave writes every step.
+	leaseSave = `UPDATE idempotency_keys SET step_names = $5, step_results = $6, updated_at = now()` + leaseWhere
 	// leaseRecord also drops what was kept for a finisher: the request
 	// is not kept past its outcome.
 	leaseRecord = `UPDATE idempotency_keys
-SET status = 'completed', response_code = $5, response = $6, response_not_cached = $7,
+SET status = 'recorded', response_code = $5, response = $6, response_not_cached = $7,
     locked_until = NULL, updated_at = now(),
-    request_method = NULL, request_payload = NULL, request_metadata = NULL,
+    request_method = NULL, request_payload = NULL,
     request_header_names = NULL, request_header_values = NULL` + leaseWhere
 	leaseRelease = `DELETE FROM idempotency_keys` + leaseWhere
 	// leaseEnd ends the lease of a claim that has saved steps or keeps its
@@ -109,17 +100,16 @@ const maxLeaseRounds = 3
 // table it gives up with an error that wraps [store.ErrInUse] (not
 // store.ErrLeaseLost: the lease is still the caller's). The lease's
 // expires_at is set on the first claim and kept by takeovers. Like Claim,
-// it refuses a key that breaks the rules of [store.Key.Validate] with
-// [store.ErrInvalidKey], and waits at most the lock timeout for a
+// it refuses a key that breaks the rules of [store.Scope.Validate] with
+// [store.ErrInvalidScope], and waits at most the lock timeout for a
 // connection of the pool. On a sharded store (see [NewSharded]) the claim
 // and every later write of its ClaimLeased run on the tenant's shard, and a
 // tenant the route gives no shard fails with [ErrNoShard]. A key whose
 // saved steps cannot be read (step_names and step_results do not pair up,
-// or a list the previous version kept in recovery_steps does not decode)
-// fails with an error wrapping [store.ErrCorrupt], and its lease is ended
+// or a name is NULL) fails with an error wrapping [store.ErrCorrupt], and its lease is ended
 // at once, so that every claim of it fails so, until the row is deleted
 // or expires.
-func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request, lease time.Duration) (store.LeasedClaim, error) {
+func (s *Store) ClaimLeased(ctx context.Context, key store.Scope, r store.LeaseRequest) (store.LeasedClaim, error) {
 	if err := key.Validate(); err != nil {
 		return store.LeasedClaim{}, err
 	}
@@ -129,7 +119,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 	}
 	sc := scopeOf(key)
 	for range maxLeaseRounds {
-		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r, lease)
+		l, expiresAt, entry, err := s.lease(ctx, pool, sc, key, r)
 		switch {
 		case errors.Is(err, store.ErrCorrupt):
 			// The takeover that found the steps unreadable committed:
@@ -141,7 +131,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 			cancel()
 			return store.LeasedClaim{}, err
 		case err != nil:
-			return store.LeasedClaim{}, interpretError(err)
+			return store.LeasedClaim{}, pgerr.Interpret(err)
 		case l != nil:
 			return store.LeasedClaim{Lease: l, ExpiresAt: expiresAt, TookOver: l.tookOver}, nil
 		case entry != nil && !entry.expired:
@@ -156,7 +146,7 @@ func (s *Store) ClaimLeased(ctx context.Context, key store.Key, r store.Request,
 // lease runs one round of ClaimLeased. When the key's steps cannot be
 // decoded it returns an error wrapping store.ErrCorrupt together with the
 // lease its committed takeover holds.
-func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Key, r store.Request, d time.Duration) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
+func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key store.Scope, r store.LeaseRequest) (l *lease, expiresAt time.Time, entry *foundEntry, err error) {
 	token := rand.Int64()
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
@@ -168,7 +158,7 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	defer conn.Release()
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
-		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r).Seconds(), d.Seconds(), token},
+		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r.TTL).Seconds(), r.Lease.Seconds(), token},
 			callArgs(r.Call)...), now)},
 		{SQL: selectEntry, Arguments: []any{sc.id, key.Tenant, key.Method, key.Key, now}},
 		{SQL: "COMMIT"},
@@ -185,26 +175,20 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 		return nil, expiresAt, nil, err
 	}
 	var (
-		step     *string
-		data     []byte
-		oldSteps []byte
 		names    []*string // a NULL name only in a damaged row
 		results  [][]byte
 		tookOver bool
 		kept     bool
 		corrupt  error // the steps are unreadable: store.ErrCorrupt
 	)
-	err = br.QueryRow().Scan(&step, &data, &oldSteps, &names, &results, &expiresAt, &tookOver, &kept)
+	err = br.QueryRow().Scan(&names, &results, &expiresAt, &tookOver, &kept)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return nil, expiresAt, nil, err
 	default:
 		l = &lease{store: s, pool: pool, id: sc.id, tenant: key.Tenant, token: token, tookOver: tookOver, kept: kept}
-		if step != nil {
-			l.point = &store.Step{Name: *step, Result: data}
-		}
-		if l.steps, err = readSteps(oldSteps, names, results); err != nil {
+		if l.steps, err = readSteps(names, results); err != nil {
 			corrupt = fmt.Errorf("%w: %w", store.ErrCorrupt, err)
 		}
 	}
@@ -245,18 +229,8 @@ type lease struct {
 	ended atomic.Bool
 
 	mu       sync.Mutex
-	point    *store.Step
 	steps    []store.Step
 	finished bool // Record took effect or found the lease lost, or Release was called
-}
-
-func (l *lease) LastStep() (store.Step, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.point == nil {
-		return store.Step{}, false
-	}
-	return *l.point, true
 }
 
 func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
@@ -268,15 +242,15 @@ func (l *lease) SaveStep(ctx context.Context, p store.Step) error {
 	p.Result = append([]byte(nil), p.Result...)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	steps, err := store.MergeStep(l.steps, p)
+	steps, err := stepset.Merge(l.steps, p)
 	if err != nil {
 		return err
 	}
 	names, results := stepArrays(steps)
-	if err := l.exec(ctx, leaseSave, p.Name, p.Result, names, results); err != nil {
+	if err := l.exec(ctx, leaseSave, names, results); err != nil {
 		return err
 	}
-	l.point, l.steps = &p, steps
+	l.steps = steps
 	return nil
 }
 
@@ -305,7 +279,7 @@ func callArgs(c *store.Call) []any {
 // (see [Store.now]), and which have not expired; those another
 // transaction holds are skipped.
 const abandoned = `SELECT tenant, method, key, request_hash, request_method, request_payload,
-    request_metadata, request_header_names, request_header_values, takeovers
+    request_header_names, request_header_values, takeovers
 FROM idempotency_keys
 WHERE status = 'in_progress' AND request_payload IS NOT NULL
   AND locked_until <= coalesce($3::timestamptz, now()) - $1 * power(2, least(takeovers, 16)) * interval '1 second'
@@ -326,13 +300,13 @@ LIMIT $2`
 // a shard that stops answering on a connection already open.
 //
 // A call whose kept metadata or method cannot be read (a damaged row) is
-// listed with [store.Abandoned].Unreadable set, without its metadata; the
+// listed with [store.AbandonedCall].Unreadable set, without its metadata; the
 // other calls are listed as usual.
-func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if len(s.shards) == 1 {
 		return s.abandonedOn(ctx, s.shards[0], grace, limit)
 	}
-	found := make([][]store.Abandoned, len(s.shards))
+	found := make([][]store.AbandonedCall, len(s.shards))
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
 	for i, pool := range s.shards {
@@ -347,7 +321,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 		})
 	}
 	wg.Wait()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for round := 0; len(out) < limit; round++ {
 		took := false
 		for _, f := range found {
@@ -366,7 +340,7 @@ func (s *Store) Abandoned(ctx context.Context, grace time.Duration, limit int) (
 // abandonedOn lists the abandoned calls of one database. A row whose kept
 // request cannot be read is listed with Unreadable set: it must not hide
 // the others.
-func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.Abandoned, error) {
+func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.Duration, limit int) ([]store.AbandonedCall, error) {
 	if pool == nil {
 		return nil, nil // no tenant's key can be there
 	}
@@ -377,29 +351,28 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 	defer conn.Release()
 	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit, s.now())
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	defer rows.Close()
-	var out []store.Abandoned
+	var out []store.AbandonedCall
 	for rows.Next() {
 		var (
-			a      store.Abandoned
-			method *string // NULL only in a damaged row
-			md     []byte
+			a      store.AbandonedCall
+			method *string   // NULL only in a damaged row
 			names  []*string // NULL elements only in a damaged row
 			values [][]byte
 		)
 		// Every column scans into a type that takes any value it can
 		// hold: a failed Scan would end the whole listing.
-		if err := rows.Scan(&a.Key.Tenant, &a.Key.Method, &a.Key.Key, &a.Fingerprint,
-			&method, &a.Call.Request, &md, &names, &values, &a.Takeovers); err != nil {
+		if err := rows.Scan(&a.Scope.Tenant, &a.Scope.Method, &a.Scope.Key, &a.Fingerprint,
+			&method, &a.Call.Request, &names, &values, &a.Takeovers); err != nil {
 			return nil, err
 		}
-		a.Unreadable = readKept(&a.Call, method, md, names, values)
+		a.Unreadable = readKept(&a.Call, method, names, values)
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	return out, nil
 }
@@ -439,7 +412,7 @@ func (l *lease) Release(ctx context.Context) error {
 	// write may extend it or save a step (a row kept for a retry holds
 	// the token still).
 	defer l.ended.Store(true)
-	if l.point != nil || l.kept {
+	if len(l.steps) > 0 || l.kept {
 		return l.exec(ctx, leaseEnd)
 	}
 	return l.exec(ctx, leaseRelease)
@@ -471,7 +444,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
-		return interpretError(err)
+		return pgerr.Interpret(err)
 	}
 	tag, err := br.Exec()
 	if err == nil {
@@ -484,7 +457,7 @@ func (l *lease) exec(ctx context.Context, sql string, args ...any) error {
 		err = cerr
 	}
 	if err != nil {
-		return interpretError(err)
+		return pgerr.Interpret(err)
 	}
 	if tag.RowsAffected() == 0 {
 		l.ended.Store(true)

@@ -19,7 +19,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	clock := newTestClock()
 	s := postgres.New(pool, postgres.WithClock(clock.Now))
-	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, 300*time.Millisecond)
+	first, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: 300 * time.Millisecond})
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
@@ -28,7 +28,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 	}
 
 	// Live lease: no takeover, and the entry says how long it still runs.
-	live, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	live, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || live.Entry == nil || live.Entry.State != store.InProgress {
 		t.Fatalf("claim during a live lease: %+v, %v", live, err)
 	}
@@ -38,23 +38,22 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 
 	clock.Add(400 * time.Millisecond)
 	// Run out, but another fingerprint: never taken over.
-	other, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	other, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("other"), Lease: time.Minute})
 	if err != nil || other.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v", other, err)
 	}
-	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}
-	p, ok := second.Lease.LastStep()
-	if !ok || p.Name != "charge_sent" || string(p.Result) != "ch_1" {
-		t.Fatalf("last step after takeover = %+v, %v", p, ok)
+	if steps := second.Lease.Steps(); len(steps) != 1 || steps[0].Name != "charge_sent" || string(steps[0].Result) != "ch_1" {
+		t.Fatalf("steps after takeover = %+v", steps)
 	}
 
 	for name, err := range map[string]error{
-		"extend":   first.Lease.Extend(ctx, time.Minute),
-		"save":     first.Lease.SaveStep(ctx, store.Step{Name: "x"}),
-		"complete": first.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
+		"extend": first.Lease.Extend(ctx, time.Minute),
+		"save":   first.Lease.SaveStep(ctx, store.Step{Name: "x"}),
+		"record": first.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("stale")}),
 	} {
 		if !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("stale %s: %v, want ErrLeaseLost", name, err)
@@ -77,7 +76,7 @@ func TestLeaseTakeoverFencesTheEarlierOwner(t *testing.T) {
 func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	first, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	first, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || first.Lease == nil {
 		t.Fatalf("first lease: %+v, %v", first, err)
 	}
@@ -85,24 +84,24 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The steps are damaged, and the worker dies: its lease runs out.
-	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET recovery_steps = '\x0a05ff'::bytea, locked_until = now()`); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET step_names = '{charge,NULL}', step_results = '{ch_1,ch_2}', locked_until = now()`); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		c, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if !errors.Is(err, store.ErrCorrupt) || c.Lease != nil || c.Entry != nil {
 			t.Fatalf("claim %d of a key with unreadable steps: %+v, %v; want store.ErrCorrupt", i+1, c, err)
 		}
 	}
 	// Another request under the key is still told it is another request.
-	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("other")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("other"), Lease: time.Minute})
 	if err != nil || c.Entry == nil {
 		t.Fatalf("claim with another fingerprint: %+v, %v; want the entry", c, err)
 	}
 	// A failure of another kind is not corruption.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil || errors.Is(err, store.ErrCorrupt) {
+	if _, err := s.ClaimLeased(cctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); err == nil || errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("claim with an ended context: %v, want its error, not store.ErrCorrupt", err)
 	}
 }
@@ -113,7 +112,7 @@ func TestLeaseOfUnreadableStepsIsCorrupt(t *testing.T) {
 func TestFencedLeaseKnowsItIsFenced(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	c, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || c.Lease == nil {
 		t.Fatalf("lease: %+v, %v", c, err)
 	}
@@ -152,7 +151,7 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 	s := postgres.New(pool)
 	kept := &store.Call{Method: "/svc/Charge", Request: []byte("req"),
 		Metadata: map[string][]string{"x-user": {"u-7"}, "x-roles": {"a", "b"}}}
-	lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Call: kept, Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
@@ -164,12 +163,9 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 	var (
 		names, headerNames    []string
 		results, headerValues [][]byte
-		oldSteps, oldMetadata []byte
-		point                 string
 	)
-	err = pool.QueryRow(ctx, `SELECT step_names, step_results, request_header_names, request_header_values,
-		recovery_steps, request_metadata, recovery_point FROM idempotency_keys`).
-		Scan(&names, &results, &headerNames, &headerValues, &oldSteps, &oldMetadata, &point)
+	err = pool.QueryRow(ctx, `SELECT step_names, step_results, request_header_names, request_header_values FROM idempotency_keys`).
+		Scan(&names, &results, &headerNames, &headerValues)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,14 +176,11 @@ func stepsAndMetadataLandInArrays(t *testing.T, pool *pgxpool.Pool) {
 	if !slices.Equal(headerNames, []string{"x-roles", "x-roles", "x-user"}) || !slices.EqualFunc(headerValues, []string{"a", "b", "u-7"}, func(b []byte, s string) bool { return string(b) == s }) {
 		t.Errorf("request_header_names %q, request_header_values %q; want x-roles=a, x-roles=b, x-user=u-7", headerNames, headerValues)
 	}
-	if oldSteps != nil || oldMetadata != nil || point != "reserve" {
-		t.Errorf("recovery_steps %x, request_metadata %x, recovery_point %q; want NULL, NULL and the last step", oldSteps, oldMetadata, point)
-	}
 	// What the arrays hold is what a takeover reads.
 	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now()`); err != nil {
 		t.Fatal(err)
 	}
-	second, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	second, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || second.Lease == nil {
 		t.Fatalf("takeover: %+v, %v", second, err)
 	}
@@ -215,7 +208,7 @@ func TestLeaseOfUnpairedStepArraysIsCorrupt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pool := pgtest.NewPool(t)
 			s := postgres.New(pool)
-			lc, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			lc, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 			if err != nil || lc.Lease == nil {
 				t.Fatalf("lease: %+v, %v", lc, err)
 			}
@@ -225,7 +218,7 @@ func TestLeaseOfUnpairedStepArraysIsCorrupt(t *testing.T) {
 			if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now(), `+damage); err != nil {
 				t.Fatal(err)
 			}
-			if c, err := s.ClaimLeased(ctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
+			if c, err := s.ClaimLeased(ctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); !errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("claim of a key with unpaired step arrays: %+v, %v; want store.ErrCorrupt", c, err)
 			}
 		})

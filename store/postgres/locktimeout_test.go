@@ -86,7 +86,7 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if tc.warm {
-				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, dsn, tc.lock, lockTimeout)
@@ -111,8 +111,8 @@ func TestClaimBehindTableLockIsBounded(t *testing.T) {
 // and the lease recorded, counting their rows through pool.
 func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
-	leased := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
-	lc, err := s.ClaimLeased(ctx, leased, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	leased := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-before-the-lock"}
+	lc, err := s.ClaimLeased(ctx, leased, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease before the table lock: %+v, %v", lc, err)
 	}
@@ -122,10 +122,10 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	cctx, cancel := context.WithTimeout(ctx, 20*lockTimeout)
 	defer cancel()
 	for i := range 2 {
-		if _, err := s.Claim(cctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.Claim(cctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("claim %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
-		if _, err := s.ClaimLeased(cctx, key, store.Request{Fingerprint: []byte("fp")}, time.Minute); !errors.Is(err, store.ErrInUse) {
+		if _, err := s.ClaimLeased(cctx, key, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); !errors.Is(err, store.ErrInUse) {
 			t.Fatalf("lease %d behind the table lock: %v, want ErrInUse", i+1, err)
 		}
 	}
@@ -150,24 +150,24 @@ func claimsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.
 	}
 
 	release()
-	claimAndComplete(t, s, key)
+	claimAndRecord(t, s, key)
 	if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
 		t.Fatalf("record of the lease once the lock is gone: %v", err)
 	}
 	var n, recorded int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND recovery_point IS NULL)
-		FROM idempotency_keys WHERE status = 'completed'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
-		t.Fatalf("%d recorded rows for the key and %d for the lease without a last step (%v), want 1 each", n, recorded, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = $1), count(*) FILTER (WHERE key = $2 AND step_names IS NULL)
+		FROM idempotency_keys WHERE status = 'recorded'`, key.Key, leased.Key).Scan(&n, &recorded); err != nil || n != 1 || recorded != 1 {
+		t.Fatalf("%d recorded rows for the key and %d for the lease without a step (%v), want 1 each", n, recorded, err)
 	}
 }
 
-// claimAndComplete claims k in atomic mode, and k's leased twin (its key
+// claimAndRecord claims k in atomic mode, and k's leased twin (its key
 // with "-lease" appended) in leased mode, and completes both.
-func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
+func claimAndRecord(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := s.Claim(cctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(cctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim of %s: %+v, %v", k.Key, c, err)
 	}
@@ -175,7 +175,7 @@ func claimAndComplete(t *testing.T, s *postgres.Store, k store.Key) {
 		t.Fatal(err)
 	}
 	k.Key += "-lease"
-	l, err := s.ClaimLeased(cctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	l, err := s.ClaimLeased(cctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || l.Lease == nil {
 		t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 	}
@@ -238,14 +238,14 @@ func TestClaimRoundTrips(t *testing.T) {
 			}
 			var got []trips
 			for i := range 3 {
-				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
+				k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
 				var (
 					tr trips
 					c  store.Claim
 					l  store.LeasedClaim
 				)
 				tr[0] = count(func() (err error) {
-					if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
+					if c, err = s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")}); err == nil && c.Txn == nil {
 						err = fmt.Errorf("claim of a new key: %+v", c)
 					}
 					return err
@@ -253,7 +253,7 @@ func TestClaimRoundTrips(t *testing.T) {
 				tr[1] = count(func() error { return c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}) })
 				k.Key += "-lease"
 				tr[2] = count(func() (err error) {
-					if l, err = s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute); err == nil && l.Lease == nil {
+					if l, err = s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute}); err == nil && l.Lease == nil {
 						err = fmt.Errorf("lease of a new key: %+v", l)
 					}
 					return err
@@ -265,13 +265,13 @@ func TestClaimRoundTrips(t *testing.T) {
 			// A claim that fails behind a table lock, on the same
 			// connection, and the next one.
 			release := holdTableLock(t, dsn, "SHARE ROW EXCLUSIVE")
-			if _, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
+			if _, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")}); !errors.Is(err, store.ErrInUse) {
 				t.Fatalf("claim behind the table lock: %v, want ErrInUse", err)
 			}
 			release()
 			var c store.Claim
 			afterFailed := count(func() (err error) {
-				c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				c, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 				return err
 			})
 			if err := c.Txn.Release(ctx); err != nil {
@@ -374,7 +374,7 @@ var (
 	insertKeyRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
 		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', now() + interval '1 hour')`
 	insertExpiredRow = `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
-		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', 'completed', 0, now() - interval '1 hour')`
+		VALUES (` + pgtest.KeyIDSQL("$1::text", "$2::text", "$3::text") + `, $1, $2, $3, '\x00', 'recorded', 0, now() - interval '1 hour')`
 	lockKeyRow = `SELECT FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3 FOR UPDATE`
 )
 
@@ -421,13 +421,13 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 		{"locked expired row/success", true, code.Code_OK},
 		{"locked expired row/recorded error", true, code.Code_INVALID_ARGUMENT},
 	} {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprintf("%s/optimistic=%t", tc.name, optimistic)}
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprintf("%s/optimistic=%t", tc.name, optimistic)}
 		args := []any{k.Tenant, k.Method, k.Key}
 		// run claims k, optimistically or not, writes a row of w and
 		// records tc.code.
 		run := func(ctx context.Context, optimistic bool) error {
 			t.Helper()
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: optimistic})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: optimistic})
 			if err != nil || c.Txn == nil {
 				t.Fatalf("%s: claim: %+v, %v; want to own the key", tc.name, c, err)
 			}
@@ -442,7 +442,7 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 			t.Helper()
 			err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w WHERE key = $3),
 				(SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3
-					AND status = 'completed' AND expires_at > now())`, args...).Scan(&writes, &completed)
+					AND status = 'recorded' AND expires_at > now())`, args...).Scan(&writes, &completed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -498,11 +498,11 @@ func recordsGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxp
 // the session is gone the lease records.
 func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN string, lockTimeout time.Duration) {
 	t.Helper()
-	held := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased"}
-	released := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
+	held := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased"}
+	released := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased-released"}
 	var leases []store.Lease
-	for _, k := range []store.Key{held, released} {
-		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	for _, k := range []store.Scope{held, released} {
+		l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease of %s: %+v, %v", k.Key, l, err)
 		}
@@ -511,7 +511,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 	before := func() string {
 		t.Helper()
 		var rows string
-		if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+		if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, step_names, fencing_token), ';' ORDER BY key)
 			FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&rows); err != nil {
 			t.Fatal(err)
 		}
@@ -540,13 +540,13 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 			t.Errorf("lease %s behind the locked key row: %v, want ErrInUse", w.name, err)
 		}
 	}
-	if _, ok := leases[0].LastStep(); ok {
-		t.Fatal("a save that gave up set the lease's last step")
+	if steps := leases[0].Steps(); len(steps) != 0 {
+		t.Fatalf("a save that gave up set the lease's steps: %+v", steps)
 	}
 
 	release()
 	var after string
-	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, recovery_point, fencing_token), ';' ORDER BY key)
+	if err := pool.QueryRow(ctx, `SELECT string_agg(concat_ws(',', key, status, locked_until, step_names, fencing_token), ';' ORDER BY key)
 		FROM idempotency_keys WHERE key IN ($1, $2)`, held.Key, released.Key).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +558,7 @@ func leaseWritesGiveUpBehindLockedKeyRow(t *testing.T, s *postgres.Store, pool *
 		t.Fatalf("record once the row is free: %v", err)
 	}
 	var status string
-	if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, held.Key).Scan(&status); err != nil || status != "completed" {
+	if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, held.Key).Scan(&status); err != nil || status != "recorded" {
 		t.Fatalf("the leased key is %q (%v), want completed", status, err)
 	}
 }

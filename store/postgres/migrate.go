@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 // Beginner starts transactions; *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -91,7 +92,7 @@ func createVersionTable(ctx context.Context, db Beginner) error {
 		return err
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
+	if errors.As(err, &pgErr) && pgErr.Code == pgerr.UniqueViolation {
 		return nil
 	}
 	if err != nil {
@@ -131,7 +132,7 @@ func applyMigration(ctx context.Context, db Beginner, m migration) error {
 // place where another tool applies the schema, so that a server that
 // cannot serve keyed calls says so before it takes traffic. A claim that
 // meets a missing or outdated schema fails the same way, and the
-// interceptor answers INTERNAL (never UNAVAILABLE, which clients retry
+// engine answers INTERNAL (never UNAVAILABLE, which clients retry
 // for ever).
 //
 // A sharded store (see [NewSharded]) checks every shard, and its error
@@ -169,8 +170,8 @@ func check(ctx context.Context, pool *pgxpool.Pool) error {
 		applied, err = pgx.CollectRows(rows, pgx.RowTo[int])
 	}
 	if err != nil {
-		if errors.Is(interpretError(err), store.ErrNotReady) {
-			return fmt.Errorf("%w (idem_schema_migrations: %w)", errSchema, err)
+		if errors.Is(pgerr.Interpret(err), store.ErrNotReady) {
+			return fmt.Errorf("%w (idem_schema_migrations: %w)", pgerr.ErrSchema, err)
 		}
 		return fmt.Errorf("postgres: checking idem's schema: %w", err)
 	}
@@ -181,7 +182,7 @@ func check(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w (not applied: %s)", errSchema, strings.Join(missing, ", "))
+		return fmt.Errorf("%w (not applied: %s)", pgerr.ErrSchema, strings.Join(missing, ", "))
 	}
 	return nil
 }

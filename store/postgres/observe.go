@@ -13,12 +13,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// instrumentationScope names the meter and the tracer of the sweeper and
-// the inbox.
+// instrumentationScope names the meter and the tracer of the sweeper.
 const instrumentationScope = "github.com/idemkit/idem/store/postgres"
 
 // observeOptions are the logger and the OpenTelemetry providers of a
-// Sweeper or an Inbox.
+// Sweeper.
 type observeOptions struct {
 	logger         *slog.Logger         // nil: slog.Default()
 	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
@@ -50,53 +49,33 @@ func (o observeOptions) tracer() trace.Tracer {
 
 // WithLogger sets where [Sweeper.Run] logs: a failed pass at level ERROR,
 // a pass that deleted rows at level DEBUG. Default: [slog.Default], as it
-// is when a line is logged; nil selects the default. The store and the
-// inbox do not log.
+// is when a line is logged; nil selects the default. The store does not
+// log.
 func WithLogger(l *slog.Logger) SweeperOption {
-	return sweeperOptionFunc(func(o *sweeperOptions) { o.observe.logger = l })
+	return func(o *sweeperOptions) { o.observe.logger = l }
 }
-
-// An ObserveOption configures both a [Sweeper] and an [Inbox]: the same
-// value may be passed to [NewSweeper] and to [NewInbox].
-type ObserveOption interface {
-	SweeperOption
-	InboxOption
-}
-
-// observeOption sets the observeOptions of a Sweeper or an Inbox.
-type observeOption func(*observeOptions)
-
-func (f observeOption) applySweeper(o *sweeperOptions) { f(&o.observe) }
-func (f observeOption) applyInbox(o *inboxOptions)     { f(&o.observe) }
 
 // WithMeterProvider sets the OpenTelemetry meter provider of the metrics
-// of a [Sweeper] or an [Inbox]. The sweeper's are idem.sweeper.deleted (a
-// counter of deleted rows, by attribute idem.table) and
-// idem.sweeper.pass.duration (a histogram of the passes' durations, in
-// seconds); the inbox's is idem.inbox.messages, a counter of the messages
-// [Inbox.ProcessOnce] processed or found processed before, by attributes
-// idem.consumer and idem.outcome (processed, duplicate). Default: the
-// global provider, [otel.GetMeterProvider]; nil selects the default.
-func WithMeterProvider(mp metric.MeterProvider) ObserveOption {
-	return observeOption(func(o *observeOptions) { o.meterProvider = mp })
+// of a [Sweeper]: idem.sweeper.deleted (a counter of deleted rows, by
+// attribute idem.table) and idem.sweeper.pass.duration (a histogram of
+// the passes' durations, in seconds). Default: the global provider,
+// [otel.GetMeterProvider]; nil selects the default.
+func WithMeterProvider(mp metric.MeterProvider) SweeperOption {
+	return func(o *sweeperOptions) { o.observe.meterProvider = mp }
 }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider of the spans
-// of a [Sweeper] or an [Inbox]: idem.sweeper.pass, which each
-// [Sweeper.Sweep] records, and idem.inbox.process, which each
-// [Inbox.ProcessOnce] of a valid message id records, with its consumer and
-// outcome. Default: the global provider, [otel.GetTracerProvider]; nil
-// selects the default.
-func WithTracerProvider(tp trace.TracerProvider) ObserveOption {
-	return observeOption(func(o *observeOptions) { o.tracerProvider = tp })
+// of a [Sweeper]: idem.sweeper.pass, which each [Sweeper.Sweep] records.
+// Default: the global provider, [otel.GetTracerProvider]; nil selects the
+// default.
+func WithTracerProvider(tp trace.TracerProvider) SweeperOption {
+	return func(o *sweeperOptions) { o.observe.tracerProvider = tp }
 }
 
-// The attributes of the sweeper's and the inbox's metrics and spans.
+// The attributes of the sweeper's metrics and spans.
 const (
-	attrTable    = "idem.table"
-	attrConsumer = "idem.consumer"
-	attrOutcome  = "idem.outcome"
-	attrDeleted  = "idem.deleted"
+	attrTable   = "idem.table"
+	attrDeleted = "idem.deleted"
 )
 
 // passBuckets are the histogram boundaries, in seconds, of sweeper passes.
@@ -156,57 +135,4 @@ func (p sweepPass) end(n int64, err error) {
 		p.span.SetStatus(otelcodes.Error, err.Error())
 	}
 	p.span.End()
-}
-
-// The outcomes of idem.inbox.messages.
-const (
-	inboxProcessed = "processed"
-	inboxDuplicate = "duplicate"
-)
-
-// inboxObserver holds the instruments and the tracer of an Inbox.
-type inboxObserver struct {
-	tracer               trace.Tracer
-	messages             metric.Int64Counter
-	consumer             attribute.KeyValue
-	processed, duplicate []metric.AddOption
-}
-
-func newInboxObserver(o observeOptions, consumer string) *inboxObserver {
-	messages, err := o.meter().Int64Counter("idem.inbox.messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages an inbox processed, or found processed before (duplicate), by consumer."))
-	if err != nil {
-		otel.Handle(err)
-	}
-	c := attribute.String(attrConsumer, consumer)
-	attrs := func(outcome string) []metric.AddOption {
-		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(c, attribute.String(attrOutcome, outcome)))}
-	}
-	return &inboxObserver{
-		tracer:    o.tracer(),
-		messages:  messages,
-		consumer:  c,
-		processed: attrs(inboxProcessed),
-		duplicate: attrs(inboxDuplicate),
-	}
-}
-
-func (o *inboxObserver) start(ctx context.Context) (context.Context, trace.Span) {
-	return o.tracer.Start(ctx, "idem.inbox.process", trace.WithAttributes(o.consumer))
-}
-
-// end counts a message that ProcessOnce found duplicate, or processed
-// without err, and ends its span.
-func (o *inboxObserver) end(ctx context.Context, span trace.Span, duplicate bool, err error) {
-	switch {
-	case err != nil:
-		span.SetStatus(otelcodes.Error, err.Error())
-	case duplicate:
-		o.messages.Add(ctx, 1, o.duplicate...)
-		span.SetAttributes(attribute.String(attrOutcome, inboxDuplicate))
-	default:
-		o.messages.Add(ctx, 1, o.processed...)
-		span.SetAttributes(attribute.String(attrOutcome, inboxProcessed))
-	}
-	span.End()
 }

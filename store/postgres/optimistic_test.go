@@ -21,9 +21,9 @@ import (
 // writes a row of w for k in the claim's transaction and records out. It
 // returns the record's error; the claim itself must own the key, since it
 // reads nothing.
-func optimistic(t *testing.T, ctx context.Context, s *postgres.Store, k store.Key, fp string, out store.Outcome) error {
+func optimistic(t *testing.T, ctx context.Context, s *postgres.Store, k store.Scope, fp string, out store.Outcome) error {
 	t.Helper()
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte(fp), Optimistic: true})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte(fp), Optimistic: true})
 	if err != nil || c.Txn == nil {
 		return fmt.Errorf("optimistic claim: %+v, %w; want to own the key", c, err)
 	}
@@ -37,12 +37,12 @@ func optimistic(t *testing.T, ctx context.Context, s *postgres.Store, k store.Ke
 
 // keyRows counts, through pool, the rows of w written for k and k's
 // completed, unexpired rows, with the recorded body of the last.
-func keyRows(t *testing.T, pool *pgxpool.Pool, k store.Key) (writes, completed int, body string) {
+func keyRows(t *testing.T, pool *pgxpool.Pool, k store.Scope) (writes, completed int, body string) {
 	t.Helper()
 	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM w WHERE key = $3),
 		count(*), coalesce(max(convert_from(response, 'UTF8')), '')
 		FROM idempotency_keys WHERE tenant = $1 AND method = $2 AND key = $3
-			AND status = 'completed' AND expires_at > now()`, k.Tenant, k.Method, k.Key).Scan(&writes, &completed, &body)
+			AND status = 'recorded' AND expires_at > now()`, k.Tenant, k.Method, k.Key).Scan(&writes, &completed, &body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +69,8 @@ func TestOptimisticClaim(t *testing.T) {
 	ok := func(body string) store.Outcome { return store.Outcome{Code: code.Code_OK, Body: []byte(body)} }
 
 	t.Run("first execution, then retries", func(t *testing.T) {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: "first"}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "first"}
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %+v, %v", c, err)
 		}
@@ -96,14 +96,14 @@ func TestOptimisticClaim(t *testing.T) {
 		if w, n, body := keyRows(t, pool, k); w != 1 || n != 1 || body != "one" {
 			t.Fatalf("%d writes, %d completed rows recording %q; want 1, 1, \"one\"", w, n, body)
 		}
-		again, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		again, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || again.Entry == nil || again.Entry.State != store.Recorded || string(again.Entry.Outcome.Body) != "one" {
 			t.Fatalf("atomic claim after the conflict: %+v, %v; want the recorded entry", again, err)
 		}
 	})
 
 	t.Run("recorded error", func(t *testing.T) {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: "error"}
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "error"}
 		bad := store.Outcome{Code: code.Code_INVALID_ARGUMENT, Body: []byte("bad")}
 		if err := optimistic(t, ctx, s, k, "fp", bad); err != nil {
 			t.Fatal(err)
@@ -119,7 +119,7 @@ func TestOptimisticClaim(t *testing.T) {
 	t.Run("expired row", func(t *testing.T) {
 		// The record does not take the row over: the atomic claim that
 		// follows the conflict does.
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: "expired"}
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "expired"}
 		if _, err := pool.Exec(ctx, insertExpiredRow, k.Tenant, k.Method, k.Key); err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestOptimisticClaim(t *testing.T) {
 		if w, n, _ := keyRows(t, pool, k); w != 0 || n != 0 {
 			t.Fatalf("%d writes, %d live completed rows; want none", w, n)
 		}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("atomic claim of the expired key: %+v, %v; want to own it", c, err)
 		}
@@ -142,8 +142,8 @@ func TestOptimisticClaim(t *testing.T) {
 	})
 
 	t.Run("live lease", func(t *testing.T) {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: "leased"}
-		l, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "leased"}
+		l, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease: %+v, %v", l, err)
 		}
@@ -151,7 +151,7 @@ func TestOptimisticClaim(t *testing.T) {
 		if err := optimistic(t, ctx, s, k, "fp", ok("r")); !errors.Is(err, store.ErrConflict) {
 			t.Fatalf("record over a live lease: %v, want ErrConflict", err)
 		}
-		again, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		again, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || again.Entry == nil || again.Entry.State != store.InProgress {
 			t.Fatalf("atomic claim after the conflict: %+v, %v; want the lease in progress", again, err)
 		}
@@ -182,7 +182,7 @@ func TestOptimisticDuplicatesHaveOneWinner(t *testing.T) {
 	newWTable(t, pool)
 	s := postgres.New(pool, postgres.WithLockTimeout(time.Minute))
 	for round := range 5 {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("dup-", round)}
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("dup-", round)}
 		var (
 			wg      sync.WaitGroup
 			start   = make(chan struct{})
@@ -193,7 +193,7 @@ func TestOptimisticDuplicatesHaveOneWinner(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+				c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 				if err != nil || c.Txn == nil {
 					errs[i] = fmt.Errorf("claim: %+v, %w", c, err)
 					written.Done()
@@ -234,7 +234,7 @@ func TestOptimisticDuplicatesHaveOneWinner(t *testing.T) {
 // lock is gone the key is recorded once. pool must have the table w.
 func optimisticRecordsGiveUpBehindTableLock(t *testing.T, s *postgres.Store, pool *pgxpool.Pool, lockDSN, lock string, lockTimeout time.Duration) {
 	t.Helper()
-	k := store.Key{Tenant: "t", Method: "/svc/M", Key: "optimistic-behind-" + lock}
+	k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "optimistic-behind-" + lock}
 	release := holdTableLock(t, lockDSN, lock)
 	for i := range 2 {
 		// Far longer than the lock timeout: an unbounded wait ends here,
@@ -288,13 +288,13 @@ func TestOptimisticRoundTrips(t *testing.T) {
 			s := postgres.New(pool)
 			var got []trips
 			for i := range 3 {
-				k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
+				k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("k", i)}
 				var (
 					tr trips
 					c  store.Claim
 				)
 				before := n.Load()
-				c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+				c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 				if err != nil || c.Txn == nil {
 					t.Fatalf("claim: %+v, %v", c, err)
 				}
@@ -308,8 +308,8 @@ func TestOptimisticRoundTrips(t *testing.T) {
 			}
 			// A record that fails on the key recorded last, and a claim and
 			// record of a new key after it.
-			k := store.Key{Tenant: "t", Method: "/svc/M", Key: "k2"}
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+			k := store.Scope{Tenant: "t", Method: "/svc/M", Key: "k2"}
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -318,7 +318,7 @@ func TestOptimisticRoundTrips(t *testing.T) {
 			}
 			before := n.Load()
 			k.Key = "after-the-conflict"
-			if c, err = s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp"), Optimistic: true}); err != nil {
+			if c, err = s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true}); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err != nil {
@@ -352,8 +352,8 @@ func TestRecordErrorOfAClaimNeverHandedOut(t *testing.T) {
 	newWTable(t, pool)
 	s := postgres.New(pool)
 	for _, handed := range []bool{false, true} {
-		k := store.Key{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("handed-", handed)}
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+		k := store.Scope{Tenant: "t", Method: "/svc/M", Key: fmt.Sprint("handed-", handed)}
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim of a new key: %+v, %v", c, err)
 		}

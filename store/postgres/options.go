@@ -24,7 +24,7 @@ type Option func(*options)
 
 // WithLockTimeout bounds how long a claim waits for a concurrent request that
 // holds the same key (SET LOCAL lock_timeout). When the wait runs out the
-// claim fails with store.ErrInUse, which the interceptor answers with
+// claim fails with store.ErrInUse, which the engine answers with
 // ABORTED and a retry hint. It bounds the claim's waits for table locks
 // too (a LOCK TABLE or a migration's ALTER TABLE of idempotency_keys), on a
 // new connection as on one that has claimed before. It bounds the record
@@ -33,7 +33,7 @@ type Option func(*options)
 // locked, or a table lock, they give up with store.ErrInUse. The bound
 // applies to idem's statements only; the handler's own statements run
 // under the session's setting. A claim, and a lease's write, also waits at
-// most this long for a connection of the pool, and fails (the interceptor
+// most this long for a connection of the pool, and fails (the engine
 // answers UNAVAILABLE) rather than queue behind claims that wait for a
 // busy key. Default: 2 seconds. Values below one
 // millisecond are raised to one millisecond, since PostgreSQL reads zero
@@ -63,7 +63,7 @@ func WithTTL(ttl time.Duration) Option {
 // store that shares the database must read the same clock: two clocks
 // that disagree disagree about whether a lease ran out or a key expired.
 // The lock timeout and the waits for a connection are measured in real
-// time, whatever the clock says; a [Sweeper] and an [Inbox] keep the
+// time, whatever the clock says; a [Sweeper] and an inbox keep the
 // database's clock, and so do the columns created_at and updated_at,
 // which no statement compares. Default: the database's clock
 // (now(), the start of the statement's transaction), one clock for every

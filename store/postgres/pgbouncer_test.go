@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 	"github.com/idemkit/idem/store/storetest"
 )
 
@@ -81,7 +82,7 @@ func TestPgBouncerClaimBehindTableLockIsBounded(t *testing.T) {
 			}
 			s := postgres.New(pool, postgres.WithLockTimeout(lockTimeout))
 			if warm {
-				claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "warm"})
+				claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "warm"})
 			}
 
 			claimsGiveUpBehindTableLock(t, s, pool, direct, "SHARE ROW EXCLUSIVE", lockTimeout)
@@ -129,11 +130,11 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 
 	// A claim that executes, a replay, a recorded error, a claim that
 	// waits for a key's owner and gives up, a lease and its record.
-	claimAndComplete(t, s, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"})
-	if c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "done"}, store.Request{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
+	claimAndRecord(t, s, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"})
+	if c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "done"}, store.ClaimRequest{Fingerprint: []byte("fp")}); err != nil || c.Entry == nil {
 		t.Fatalf("replay: %+v, %v", c, err)
 	}
-	c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "err"}, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "err"}, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// An optimistic claim that records, and one of the same key whose
 	// record finds it taken.
 	for i, want := range []error{nil, store.ErrConflict} {
-		c, err := s.Claim(ctx, store.Key{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.Request{Fingerprint: []byte("fp"), Optimistic: true})
+		c, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/svc/M", Key: "optimistic"}, store.ClaimRequest{Fingerprint: []byte("fp"), Optimistic: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,13 +155,13 @@ func TestPgBouncerLeavesNoSessionState(t *testing.T) {
 	// The owner pins the only server connection, so the duplicate waits
 	// in PgBouncer's queue, not on the key's lock; it runs once the owner
 	// rolls back.
-	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	owner, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+		c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil {
 			t.Errorf("duplicate after the owner released: %v", err)
 			return
@@ -220,7 +221,7 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 	}
 
 	// Expired keys and messages, and a live one of each.
-	claimAndComplete(t, s, key)
+	claimAndRecord(t, s, key)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {
@@ -228,12 +229,12 @@ func TestPgBouncerMigrateSweepInbox(t *testing.T) {
 		}
 	}
 	exec(`INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, expires_at)
-		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'completed', 0, now() - interval '1 hour'
+		SELECT gen_random_uuid(), 't', '/svc/M', 'old-' || i, '\x01', 'recorded', 0, now() - interval '1 hour'
 		FROM generate_series(1, 25) i`)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	var runs int
 	for range 2 {
-		if _, err := inbox.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { runs++; return nil }); err != nil {
+		if _, err := in.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { runs++; return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}

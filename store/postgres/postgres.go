@@ -14,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 
 	"github.com/idemkit/idem/store"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
 )
 
 // Store keeps idempotency keys in the table idempotency_keys (see
@@ -61,14 +62,14 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // claim and lease, from many goroutines at once. An index out of range
 // (-1, say, for a tenant that is not served here, or is being moved), a
 // nil pool or a nil route fails the call with an error that wraps
-// [ErrNoShard] before any database is touched; the interceptor answers
+// [ErrNoShard] before any database is touched; the engine answers
 // UNAVAILABLE with a retry delay. So does a route that panics: the panic
-// is recovered, and its value is in the error (which the interceptor logs,
+// is recovered, and its value is in the error (which the engine logs,
 // and never shows the client).
 //
 // Each shard needs idem's schema ([Migrate] it) and, to delete expired
-// keys, a [Sweeper] of its own; an [Inbox] records a message's id on the
-// shard whose data the message changes. Point every pool at its shard's
+// keys, a [Sweeper] of its own; an inbox (package inbox) records a
+// message's id on the shard whose data the message changes. Point every pool at its shard's
 // primary. NewSharded keeps a copy of shards.
 func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...Option) *Store {
 	if route == nil {
@@ -80,7 +81,7 @@ func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...O
 // ErrNoShard reports a tenant for which the route of a sharded Store (see
 // [NewSharded]) gave no shard: an index out of range, a nil pool, or a
 // panic of the route. Nothing was sent to any database. It is none of
-// package store's sentinel errors, so the interceptor answers UNAVAILABLE
+// package store's sentinel errors, so the engine answers UNAVAILABLE
 // and clients retry later: a route may refuse a tenant for a while, on
 // purpose, while it moves.
 var ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
@@ -184,7 +185,7 @@ const (
 WHERE NOT EXISTS (
     SELECT FROM idempotency_keys
     WHERE id = $1 AND tenant = $4 AND method = $5 AND key = $6
-      AND status = 'completed' AND expires_at > coalesce($7::timestamptz, now()))`
+      AND status = 'recorded' AND expires_at > coalesce($7::timestamptz, now()))`
 
 	// selectEntry reads the key's row, after the key's lock was tried or
 	// taken: as a statement of its own, so that its snapshot (under READ
@@ -212,15 +213,14 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
 	// SQLSTATE 22P02; it depends on count(*), so the planner cannot fold it
 	// into an error of every execution. Plain SQL, no function of ours.
 	recordColumns = `(id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, coalesce($10::timestamptz, now()) + $9 * interval '1 second')`
+    VALUES ($1, $2, $3, $4, $5, 'recorded', $6, $7, $8, coalesce($10::timestamptz, now()) + $9 * interval '1 second')`
 	recordTakeover = `
     SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
-        request_hash = excluded.request_hash, status = 'completed',
+        request_hash = excluded.request_hash, status = 'recorded',
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, recovery_point = NULL, recovery_data = NULL,
-        recovery_steps = NULL, step_names = NULL, step_results = NULL
+        locked_until = NULL, fencing_token = NULL, step_names = NULL, step_results = NULL
     WHERE k.expires_at <= coalesce($10::timestamptz, now())`
 	recordCheck = `
     RETURNING 1
@@ -251,18 +251,18 @@ FROM recorded`
 // without the bound every other request, whatever its key, would queue
 // behind them for as long as the key's owner runs. When no connection comes
 // free in time, Claim fails with an error that is none of store's sentinels
-// (the interceptor answers UNAVAILABLE), having changed nothing.
+// (the engine answers UNAVAILABLE), having changed nothing.
 //
-// An optimistic claim (store.Request.Optimistic) costs the transaction's
+// An optimistic claim (store.ClaimRequest.Optimistic) costs the transaction's
 // BEGIN alone and reads nothing: its record decides, and fails with
 // store.ErrConflict where the key has a row (see the package's overview).
 //
-// A key that breaks the rules of [store.Key.Validate] fails with
-// [store.ErrInvalidKey] before any statement is sent: the rules keep every
+// A key that breaks the rules of [store.Scope.Validate] fails with
+// [store.ErrInvalidScope] before any statement is sent: the rules keep every
 // key within what the table's text columns can hold. On a sharded store
 // (see [NewSharded]) the claim runs on the tenant's shard, and a tenant the
 // route gives no shard fails with [ErrNoShard], also before any statement.
-func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (store.Claim, error) {
+func (s *Store) Claim(ctx context.Context, key store.Scope, r store.ClaimRequest) (store.Claim, error) {
 	if err := key.Validate(); err != nil {
 		return store.Claim{}, err
 	}
@@ -284,13 +284,13 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 	switch {
 	case err != nil:
 		_ = abandon(ctx, conn)
-		return store.Claim{}, interpretError(err)
+		return store.Claim{}, pgerr.Interpret(err)
 	case entry != nil && !entry.expired:
 		// The answer is settled: give it now, and roll back meanwhile.
 		go func() { _ = abandon(ctx, conn) }()
 		return store.Claim{Entry: &entry.Entry}, nil
 	}
-	ttl := s.ttlOf(r)
+	ttl := s.ttlOf(r.TTL)
 	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, takeover: entry != nil}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
@@ -300,17 +300,17 @@ func (s *Store) Claim(ctx context.Context, key store.Key, r store.Request) (stor
 // record decides (see [txn.recordOptimistic]). The claim's expiry is
 // reported by the store's clock ([WithClock]), else by the process's: the
 // key's row gets the database's, which no statement has read yet.
-func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, r store.Request, at any) (store.Claim, error) {
+func (s *Store) claimOptimistic(ctx context.Context, conn *pgxpool.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, r store.ClaimRequest, at any) (store.Claim, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		_ = abandon(ctx, conn)
-		return store.Claim{}, interpretError(err)
+		return store.Claim{}, pgerr.Interpret(err)
 	}
 	now, ok := at.(time.Time)
 	if !ok {
 		now = time.Now()
 	}
-	ttl := s.ttlOf(r)
+	ttl := s.ttlOf(r.TTL)
 	t := &txn{store: s, conn: conn, mode: mode, key: key, scope: sc, fp: r.Fingerprint, ttl: ttl.Seconds(), now: at, optimistic: true}
 	t.tx = &guardedTx{Tx: tx, closed: &t.closed}
 	return store.Claim{Txn: t, ExpiresAt: now.Add(ttl)}, nil
@@ -326,10 +326,10 @@ func (s *Store) now() any {
 	return s.clock()
 }
 
-// ttlOf is how long the key of r is kept.
-func (s *Store) ttlOf(r store.Request) time.Duration {
-	if r.TTL > 0 {
-		return r.TTL
+// ttlOf is how long an entry claimed with ttl is kept.
+func (s *Store) ttlOf(ttl time.Duration) time.Duration {
+	if ttl > 0 {
+		return ttl
 	}
 	return s.ttl
 }
@@ -354,7 +354,7 @@ func (s *Store) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn,
 // and its answer is not settled, waits for it; it leaves the transaction
 // open. It returns the transaction, the entry found (nil when the key
 // has no row) and the claim's time, at (see [Store.now]) or the database's.
-func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Key, at any) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
+func (s *Store) claim(ctx context.Context, conn *pgx.Conn, mode pgx.QueryExecMode, sc scope, key store.Scope, at any) (tx pgx.Tx, entry *foundEntry, now time.Time, err error) {
 	br, tx, err := s.sendBounded(ctx, conn, mode, false, []*pgx.QueuedQuery{
 		{SQL: lockTable},
 		{SQL: tryKey, Arguments: []any{lockClass, sc.lock, at}},
@@ -417,7 +417,7 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 		return nil, err
 	}
 	switch status {
-	case "completed":
+	case "recorded":
 		e.State = store.Recorded
 	case "in_progress":
 		e.State = store.InProgress
@@ -453,7 +453,7 @@ type txn struct {
 	store    *Store
 	conn     *pgxpool.Conn // nil once finished
 	mode     pgx.QueryExecMode
-	key      store.Key
+	key      store.Scope
 	scope    scope
 	fp       []byte
 	ttl      float64 // seconds
@@ -481,7 +481,7 @@ func (t *txn) Context(parent context.Context) context.Context {
 // back together with the key and its recorded response. It reports false
 // outside a keyed request.
 //
-// The transaction belongs to the interceptor: its Commit and Rollback return
+// The transaction belongs to idem's engine: its Commit and Rollback return
 // [ErrTxOwned] and change nothing. A handler discards its writes by
 // returning an error; a nested transaction (tx.Begin, pgx.BeginFunc) runs on
 // a savepoint and may commit or roll back freely. Once the call has ended,
@@ -501,9 +501,9 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 		// An error is recorded without the handler's writes. A
 		// transaction never handed out holds none, and records it as
 		// it would a response.
-		return t.taken(interpretError(t.recordError(ctx, out)))
+		return t.taken(pgerr.Interpret(t.recordError(ctx, out)))
 	case t.optimistic:
-		return t.taken(interpretError(t.recordOptimistic(ctx, out)))
+		return t.taken(pgerr.Interpret(t.recordOptimistic(ctx, out)))
 	}
 	record := recordInsert
 	if t.takeover {
@@ -527,7 +527,7 @@ func (t *txn) Record(ctx context.Context, out store.Outcome) error {
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return interpretError(err)
+	return pgerr.Interpret(err)
 }
 
 // recordOptimistic records out for a claim that read nothing: the INSERT of
@@ -605,7 +605,7 @@ func (t *txn) recordError(ctx context.Context, out store.Outcome) error {
 // readRecord reads the results of a record and the COMMIT behind it.
 func readRecord(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
-		if pgErrorCode(err) == invalidTextRepresentation {
+		if pgerr.Code(err) == pgerr.InvalidTextRepresentation {
 			return fmt.Errorf("%w: %w", errNotRecorded, err)
 		}
 		return err

@@ -84,11 +84,11 @@ func TestMigrateConcurrentOnEmptyDatabase(t *testing.T) {
 	}
 }
 
-var key = store.Key{Tenant: "t", Method: "/svc/M", Key: "k"}
+var key = store.Scope{Tenant: "t", Method: "/svc/M", Key: "k"}
 
-func TestClaimCompleteReplay(t *testing.T) {
+func TestClaimRecordReplay(t *testing.T) {
 	s := postgres.New(pgtest.NewPool(t))
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("first claim: %+v, %v", c, err)
 	}
@@ -107,10 +107,10 @@ func TestClaimCompleteReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Release(ctx); err != nil {
-		t.Fatalf("Release after Complete: %v", err)
+		t.Fatalf("Release after Record: %v", err)
 	}
 
-	again, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("other")})
+	again, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("other")})
 	if err != nil || again.Entry == nil {
 		t.Fatalf("second claim: %+v, %v", again, err)
 	}
@@ -126,7 +126,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 func TestReleaseLeavesNothing(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d rows after Release, want 0", n)
 	}
-	c, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim after Release: %+v, %v", c, err)
 	}
@@ -160,7 +160,7 @@ func TestConcurrentClaimsHaveOneOwner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			called.Done()
-			c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 			switch {
 			case err != nil:
 				t.Error(err)
@@ -198,12 +198,12 @@ func TestClaimWaitIsBounded(t *testing.T) {
 		c.Release()
 	}
 	s := postgres.New(pool, postgres.WithLockTimeout(50*time.Millisecond))
-	owner, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	owner, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = owner.Txn.Release(ctx) }()
-	_, err = s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	_, err = s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if !errors.Is(err, store.ErrInUse) {
 		t.Fatalf("claim of a held key: %v, want ErrInUse", err)
 	}
@@ -211,7 +211,7 @@ func TestClaimWaitIsBounded(t *testing.T) {
 	if err := owner.Txn.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim after the owner released: %+v, %v", c, err)
 	}
@@ -224,7 +224,7 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,14 +252,14 @@ func TestErrorOutcomeDiscardsWrites(t *testing.T) {
 func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tx, _ := postgres.TxFromContext(c.Txn.Context(ctx))
 	_, _ = tx.Exec(ctx, `SELECT 1/0`) // a handler that swallows this error
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("r")}); err == nil {
-		t.Fatal("Complete succeeded on an aborted transaction")
+		t.Fatal("Record succeeded on an aborted transaction")
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
@@ -273,7 +273,7 @@ func TestSuccessOnAbortedTransactionCommitsNothing(t *testing.T) {
 func TestHandlerTxLargeObjectsJoinTheClaim(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
-	c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 			s := postgres.New(pool)
 			run := func() error {
 				t.Helper()
-				c, err := s.Claim(ctx, key, store.Request{Fingerprint: []byte("fp")})
+				c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: []byte("fp")})
 				if err != nil || c.Txn == nil {
 					t.Fatalf("claim: %+v, %v; want to own the key", c, err)
 				}
@@ -360,10 +360,10 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 			drop := skipWrites(t, pool)
 			err := run()
 			if err == nil {
-				t.Fatal("Complete succeeded although the record updated no row")
+				t.Fatal("Record succeeded although the record updated no row")
 			}
 			if errors.Is(err, store.ErrInUse) || errors.Is(err, store.ErrLeaseLost) {
-				t.Fatalf("Complete: %v; want an error the interceptor answers UNAVAILABLE", err)
+				t.Fatalf("Record: %v; want an error the interceptor answers UNAVAILABLE", err)
 			}
 			if w, k := rows(); w != 0 || k != 0 {
 				t.Fatalf("after a record that took no row: %d writes and %d keys committed, want none", w, k)
@@ -381,8 +381,8 @@ func TestRecordThatTakesNoRowCommitsNothing(t *testing.T) {
 				t.Fatalf("after the retry: %d writes and %d keys, want %d and 1", w, k, wantWrites)
 			}
 			var status string
-			if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys`).Scan(&status); err != nil || status != "completed" {
-				t.Fatalf("key status %q, %v; want completed", status, err)
+			if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys`).Scan(&status); err != nil || status != "recorded" {
+				t.Fatalf("key status %q, %v; want recorded", status, err)
 			}
 		})
 	}

@@ -30,7 +30,7 @@ type scope struct {
 // same input), of which the id takes bytes 0 to 15 and the lock 16 to 19.
 // Migration 0004 computes the same id in SQL for rows that existed before
 // it.
-func scopeOf(k store.Key) scope {
+func scopeOf(k store.Scope) scope {
 	var buf [320]byte // enough for most keys without an allocation
 	b := buf[:0]
 	for _, s := range [...]string{k.Tenant, k.Method, k.Key} {

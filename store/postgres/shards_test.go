@@ -63,9 +63,9 @@ func ordersOf(t *testing.T, pool *pgxpool.Pool, tenant string) int64 {
 // claimAndWrite claims k and, as a handler would, inserts an order through
 // the claim's transaction, then completes with body. It returns the name of
 // the database the transaction ran on.
-func claimAndWrite(t *testing.T, s *postgres.Store, k store.Key, body string) string {
+func claimAndWrite(t *testing.T, s *postgres.Store, k store.Scope, body string) string {
 	t.Helper()
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v; want a Txn", k, c, err)
 	}
@@ -91,8 +91,8 @@ func currentDatabase(t *testing.T, pool *pgxpool.Pool) string {
 
 func TestShardedClaimRunsOnTheTenantsShard(t *testing.T) {
 	s, a, b := twoShards(t)
-	ka := store.Key{Tenant: alpha, Method: "/svc/M", Key: "k"}
-	kb := store.Key{Tenant: beta, Method: "/svc/M", Key: "k"} // the same key, another tenant
+	ka := store.Scope{Tenant: alpha, Method: "/svc/M", Key: "k"}
+	kb := store.Scope{Tenant: beta, Method: "/svc/M", Key: "k"} // the same key, another tenant
 
 	if db := claimAndWrite(t, s, ka, "alpha's"); db != currentDatabase(t, a) {
 		t.Fatalf("alpha's handler wrote on database %s, want shard 0's, %s", db, currentDatabase(t, a))
@@ -122,8 +122,8 @@ func TestShardedClaimRunsOnTheTenantsShard(t *testing.T) {
 	// in place, and each retry answers with its own shard's.
 	exec(t, a, `UPDATE idempotency_keys SET response = 'from shard 0'`)
 	exec(t, b, `UPDATE idempotency_keys SET response = 'from shard 1'`)
-	for k, want := range map[store.Key]string{ka: "from shard 0", kb: "from shard 1"} {
-		c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	for k, want := range map[store.Scope]string{ka: "from shard 0", kb: "from shard 1"} {
+		c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 		if err != nil || c.Entry == nil || c.Entry.State != store.Recorded {
 			t.Fatalf("retry of %v: %+v, %v; want the completed entry", k, c, err)
 		}
@@ -145,9 +145,9 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 	for i := range 32 {
 		tenant := []string{alpha, beta}[i%2]
 		wg.Go(func() {
-			k := store.Key{Tenant: tenant, Method: "/svc/M", Key: "dup"}
+			k := store.Scope{Tenant: tenant, Method: "/svc/M", Key: "dup"}
 			called.Done()
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if err != nil {
 				t.Error(err)
 				return
@@ -181,8 +181,8 @@ func TestShardedConcurrentDuplicatesExecuteOnce(t *testing.T) {
 func TestShardedLeaseWritesToItsShard(t *testing.T) {
 	clock := newTestClock()
 	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
-	k := store.Key{Tenant: beta, Method: "/svc/Charge", Key: "k"}
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	k := store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "k"}
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease: %+v, %v", lc, err)
 	}
@@ -194,13 +194,13 @@ func TestShardedLeaseWritesToItsShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM idempotency_keys
-WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
-		t.Fatalf("shard 1 holds %d rows of beta's lease with its last step and extended lease, want 1", n)
+WHERE tenant = $1 AND step_names = '{charge_sent}' AND locked_until = $2`, beta, clock.Now().Add(time.Hour)); n != 1 {
+		t.Fatalf("shard 1 holds %d rows of beta's lease with its step and extended lease, want 1", n)
 	}
 	if err := l.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte("charged")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = 'charged'`, beta); n != 1 {
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = 'charged'`, beta); n != 1 {
 		t.Fatalf("shard 1 holds %d recorded rows of beta's lease, want 1", n)
 	}
 	if n := count(t, a, `SELECT count(*) FROM idempotency_keys`); n != 0 {
@@ -209,8 +209,8 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 
 	// Release, on the other shard: a claim with a saved step keeps it
 	// and ends its lease; one without is deleted.
-	ka := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
-	kept, err := s.ClaimLeased(ctx, ka, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	ka := store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "k"}
+	kept, err := s.ClaimLeased(ctx, ka, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Hour})
 	if err != nil || kept.Lease == nil {
 		t.Fatalf("lease: %+v, %v", kept, err)
 	}
@@ -220,8 +220,8 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 	if err := kept.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	gone := store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "gone"}
-	released, err := s.ClaimLeased(ctx, gone, store.Request{Fingerprint: []byte("fp")}, time.Hour)
+	gone := store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "gone"}
+	released, err := s.ClaimLeased(ctx, gone, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Hour})
 	if err != nil || released.Lease == nil {
 		t.Fatalf("lease: %+v, %v", released, err)
 	}
@@ -239,12 +239,12 @@ WHERE tenant = $1 AND recovery_point = 'charge_sent' AND locked_until = $2`, bet
 	}
 
 	// A takeover on the key's shard fences the earlier owner off there.
-	short, err := s.ClaimLeased(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, 100*time.Millisecond)
+	short, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: 100 * time.Millisecond})
 	if err != nil || short.Lease == nil {
 		t.Fatalf("lease: %+v, %v", short, err)
 	}
 	clock.Add(200 * time.Millisecond)
-	taker, err := s.ClaimLeased(ctx, store.Key{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+	taker, err := s.ClaimLeased(ctx, store.Scope{Tenant: beta, Method: "/svc/Charge", Key: "short"}, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 	if err != nil || !taker.TookOver {
 		t.Fatalf("takeover: %+v, %v", taker, err)
 	}
@@ -260,9 +260,9 @@ var completion = &store.Call{Method: "/svc/Charge", Request: []byte("request")}
 
 // abandonLease leases k, kept for completion, for a lease of a millisecond,
 // and leaves it.
-func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
+func abandonLease(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Millisecond)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Millisecond})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -271,9 +271,9 @@ func abandonLease(t *testing.T, s *postgres.Store, k store.Key) {
 // releaseKept leases k, kept for completion, and releases it, as a call
 // that failed transiently before any step does: the claim stays, its
 // lease ended, so Abandoned lists it at once.
-func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
+func releaseKept(t *testing.T, s *postgres.Store, k store.Scope) {
 	t.Helper()
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Hour)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Hour})
 	if err != nil || lc.Lease == nil {
 		t.Fatalf("lease %v: %+v, %v", k, lc, err)
 	}
@@ -285,7 +285,7 @@ func releaseKept(t *testing.T, s *postgres.Store, k store.Key) {
 func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	clock := newTestClock()
 	s, a, b := twoShards(t, postgres.WithClock(clock.Now))
-	for _, k := range []store.Key{
+	for _, k := range []store.Scope{
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a1"},
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a2"},
 		{Tenant: alpha, Method: "/svc/Charge", Key: "a3"},
@@ -301,7 +301,7 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	}
 	// Within a limit, each shard gets its turn.
 	got, err = s.Abandoned(ctx, 0, 2)
-	if err != nil || len(got) != 2 || got[0].Key.Tenant == got[1].Key.Tenant {
+	if err != nil || len(got) != 2 || got[0].Scope.Tenant == got[1].Scope.Tenant {
 		t.Fatalf("Abandoned with limit 2 = %+v, %v; want one call of each shard", got, err)
 	}
 
@@ -309,18 +309,18 @@ func TestShardedAbandonedLooksAtEveryShard(t *testing.T) {
 	// request) records it on its own shard.
 	got, _ = s.Abandoned(ctx, 0, 10)
 	for _, c := range got {
-		lc, err := s.ClaimLeased(ctx, c.Key, store.Request{Fingerprint: c.Fingerprint, Call: &c.Call}, time.Minute)
+		lc, err := s.ClaimLeased(ctx, c.Scope, store.LeaseRequest{Fingerprint: c.Fingerprint, Call: &c.Call, Lease: time.Minute})
 		if err != nil || !lc.TookOver {
-			t.Fatalf("takeover of %v: %+v, %v", c.Key, lc, err)
+			t.Fatalf("takeover of %v: %+v, %v", c.Scope, lc, err)
 		}
-		if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(c.Key.Key)}); err != nil {
+		if err := lc.Lease.Record(ctx, store.Outcome{Code: code.Code_OK, Body: []byte(c.Scope.Key)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, alpha); n != 3 {
+	if n := count(t, a, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, alpha); n != 3 {
 		t.Errorf("shard 0 holds %d of alpha's calls completed, want 3", n)
 	}
-	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'completed' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, beta); n != 1 {
+	if n := count(t, b, `SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND status = 'recorded' AND response = convert_to(key, 'UTF8') AND request_payload IS NULL`, beta); n != 1 {
 		t.Errorf("shard 1 holds %d of beta's calls completed, want 1", n)
 	}
 	if n := keysOf(t, a, beta) + keysOf(t, b, alpha); n != 0 {
@@ -341,11 +341,11 @@ func TestShardedAbandonedSurvivesAFailedShard(t *testing.T) {
 	route := func(tenant string) int { return byName(tenant) }
 	clock := newTestClock()
 	s := postgres.NewSharded([]*pgxpool.Pool{a, down, b}, route, postgres.WithClock(clock.Now))
-	abandonLease(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	abandonLease(t, s, store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
 	clock.Add(20 * time.Millisecond)
 
 	got, err := s.Abandoned(ctx, 0, 10)
-	if len(got) != 1 || got[0].Key.Tenant != alpha {
+	if len(got) != 1 || got[0].Scope.Tenant != alpha {
 		t.Fatalf("Abandoned = %+v, want alpha's call of the shard that answered", got)
 	}
 	if err == nil || !containsAll(err.Error(), "shard 1") {
@@ -355,7 +355,7 @@ func TestShardedAbandonedSurvivesAFailedShard(t *testing.T) {
 
 func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
 	a, b := pgtest.NewPool(t), pgtest.NewPool(t)
-	k := store.Key{Tenant: nowhere, Method: "/svc/M", Key: "k"}
+	k := store.Scope{Tenant: nowhere, Method: "/svc/M", Key: "k"}
 	for name, s := range map[string]*postgres.Store{
 		"negative":     postgres.NewSharded([]*pgxpool.Pool{a, b}, byName),
 		"past the end": postgres.NewSharded([]*pgxpool.Pool{a, b}, func(string) int { return 2 }),
@@ -364,22 +364,22 @@ func TestShardedRouteWithoutShardIsAnError(t *testing.T) {
 		"no shards":    postgres.NewSharded(nil, func(string) int { return 0 }),
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+			c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 			if !errors.Is(err, postgres.ErrNoShard) || c.Txn != nil || c.Entry != nil {
 				t.Fatalf("Claim = %+v, %v; want ErrNoShard", c, err)
 			}
-			for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidKey} {
+			for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidScope} {
 				if errors.Is(err, sentinel) {
 					t.Errorf("Claim's error %v is %v, want none of store's sentinels", err, sentinel)
 				}
 			}
-			lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp")}, time.Minute)
+			lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Minute})
 			if !errors.Is(err, postgres.ErrNoShard) || lc.Lease != nil || lc.Entry != nil {
 				t.Fatalf("Lease = %+v, %v; want ErrNoShard", lc, err)
 			}
 			// A key no store can hold is refused as such, before the route.
-			if _, err := s.Claim(ctx, store.Key{Tenant: nowhere, Method: "/svc/M"}, store.Request{}); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Claim of an invalid key: %v, want ErrInvalidKey", err)
+			if _, err := s.Claim(ctx, store.Scope{Tenant: nowhere, Method: "/svc/M"}, store.ClaimRequest{}); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Claim of an invalid key: %v, want ErrInvalidScope", err)
 			}
 		})
 	}
@@ -424,24 +424,24 @@ func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
 		}
 		return byName(tenant)
 	})
-	k := store.Key{Tenant: "boom", Method: "/svc/M", Key: "k"}
+	k := store.Scope{Tenant: "boom", Method: "/svc/M", Key: "k"}
 	wantPanicError := func(what string, err error) {
 		t.Helper()
 		if !errors.Is(err, postgres.ErrNoShard) || !containsAll(err.Error(), "route panicked", "index out of range") {
 			t.Errorf("%s: %v; want ErrNoShard quoting the route's panic", what, err)
 		}
-		for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidKey} {
+		for _, sentinel := range []error{store.ErrInUse, store.ErrConflict, store.ErrLeaseLost, store.ErrNotReady, store.ErrInvalidScope} {
 			if errors.Is(err, sentinel) {
 				t.Errorf("%s: %v is %v, want none of store's sentinels", what, err, sentinel)
 			}
 		}
 	}
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	wantPanicError("Claim", err)
 	if c.Txn != nil || c.Entry != nil {
 		t.Errorf("Claim = %+v, want nothing", c)
 	}
-	lc, err := s.ClaimLeased(ctx, k, store.Request{Fingerprint: []byte("fp"), Call: completion}, time.Minute)
+	lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Call: completion, Lease: time.Minute})
 	wantPanicError("Lease", err)
 	if lc.Lease != nil || lc.Entry != nil {
 		t.Errorf("Lease = %+v, want nothing", lc)
@@ -449,8 +449,8 @@ func TestShardedRoutePanicIsTheTenantsError(t *testing.T) {
 
 	// The other tenants, the listing of abandoned calls and the schema
 	// check do not call the route for boom, and go on.
-	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
-	if got, err := s.Abandoned(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Key.Tenant != alpha {
+	releaseKept(t, s, store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	if got, err := s.Abandoned(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Scope.Tenant != alpha {
 		t.Errorf("Abandoned = %+v, %v; want alpha's call", got, err)
 	}
 	if err := s.Check(ctx); err != nil {
@@ -530,14 +530,14 @@ func TestShardedBlackholedShardIsBoundedByTheLockTimeout(t *testing.T) {
 	a := pgtest.NewPool(t)
 	dark, accepted := blackholePool(t)
 	s := postgres.NewSharded([]*pgxpool.Pool{a, dark}, byName, postgres.WithLockTimeout(500*time.Millisecond))
-	releaseKept(t, s, store.Key{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
+	releaseKept(t, s, store.Scope{Tenant: alpha, Method: "/svc/Charge", Key: "a1"})
 
 	var (
-		got []store.Abandoned
+		got []store.AbandonedCall
 		err error
 	)
 	within(t, 30*time.Second, "Abandoned", func() { got, err = s.Abandoned(ctx, 0, 10) })
-	if len(got) != 1 || got[0].Key.Tenant != alpha {
+	if len(got) != 1 || got[0].Scope.Tenant != alpha {
 		t.Errorf("Abandoned = %+v, want alpha's call", got)
 	}
 	if err == nil || !containsAll(err.Error(), "shard 1") {
@@ -548,7 +548,7 @@ func TestShardedBlackholedShardIsBoundedByTheLockTimeout(t *testing.T) {
 	}
 
 	within(t, 30*time.Second, "Claim", func() {
-		_, err = s.Claim(ctx, store.Key{Tenant: beta, Method: "/svc/M", Key: "k"}, store.Request{Fingerprint: []byte("fp")})
+		_, err = s.Claim(ctx, store.Scope{Tenant: beta, Method: "/svc/M", Key: "k"}, store.ClaimRequest{Fingerprint: []byte("fp")})
 	})
 	if err == nil {
 		t.Errorf("a claim on the blackholed shard succeeded")

@@ -31,38 +31,31 @@ var defaultSweeperOptions = sweeperOptions{
 }
 
 // A SweeperOption configures a [Sweeper]: [WithInterval], [WithBatchSize],
-// [WithPause], [WithLogger], or an [ObserveOption].
-type SweeperOption interface {
-	applySweeper(*sweeperOptions)
-}
-
-// sweeperOptionFunc is a SweeperOption of the sweeper alone.
-type sweeperOptionFunc func(*sweeperOptions)
-
-func (f sweeperOptionFunc) applySweeper(o *sweeperOptions) { f(o) }
+// [WithPause], [WithLogger], [WithMeterProvider] or [WithTracerProvider].
+type SweeperOption func(*sweeperOptions)
 
 // WithInterval sets how long [Sweeper.Run] waits after the end of one
 // pass before it starts the next. Default: one minute. Non-positive values
 // select the default.
 func WithInterval(d time.Duration) SweeperOption {
-	return sweeperOptionFunc(func(o *sweeperOptions) {
+	return func(o *sweeperOptions) {
 		if d <= 0 {
 			d = defaultSweepInterval
 		}
 		o.interval = d
-	})
+	}
 }
 
 // WithBatchSize sets how many rows one DELETE of a [Sweeper] removes at
 // most, and so how many row locks it holds until it commits. Default: 1000
 // rows. Non-positive values select the default.
 func WithBatchSize(n int) SweeperOption {
-	return sweeperOptionFunc(func(o *sweeperOptions) {
+	return func(o *sweeperOptions) {
 		if n <= 0 {
 			n = defaultSweepBatchSize
 		}
 		o.batchSize = n
-	})
+	}
 }
 
 // WithPause sets the pause between two batches of a [Sweeper]'s pass,
@@ -70,7 +63,7 @@ func WithBatchSize(n int) SweeperOption {
 // up. A pass therefore removes at most about one batch per pause. Default:
 // 100 milliseconds. Zero means no pause; negative values are read as zero.
 func WithPause(d time.Duration) SweeperOption {
-	return sweeperOptionFunc(func(o *sweeperOptions) { o.pause = max(d, 0) })
+	return func(o *sweeperOptions) { o.pause = max(d, 0) }
 }
 
 // Sweeper deletes expired rows of the tables idempotency_keys and
@@ -102,7 +95,7 @@ type Sweeper struct {
 func NewSweeper(pool *pgxpool.Pool, opts ...SweeperOption) *Sweeper {
 	o := defaultSweeperOptions
 	for _, opt := range opts {
-		opt.applySweeper(&o)
+		opt(&o)
 	}
 	return &Sweeper{pool: pool, opts: o, obs: newSweeperObserver(o.observe)}
 }

@@ -43,31 +43,25 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
+// count runs a query of one integer.
+var count = pgtest.Count
 
-// insertKeys inserts n completed idempotency keys named prefix1 … prefixN
+// insertKeys inserts n recorded idempotency keys named prefix1 … prefixN
 // with response "r", spread over 7 tenants and 3 methods (see liveKey).
 // Their expiry is now + expiresIn, minus one millisecond per row, so that
 // no two share an instant. One statement inserts them all.
 func insertKeys(t *testing.T, pool *pgxpool.Pool, prefix string, n int, expiresIn string) {
 	t.Helper()
 	exec(t, pool, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, expires_at)
-SELECT `+pgtest.KeyIDSQL("t", "m", "k")+`, t, m, k, '\x01', 'completed', 0, 'r',
+SELECT `+pgtest.KeyIDSQL("t", "m", "k")+`, t, m, k, '\x01', 'recorded', 0, 'r',
        now() + $2::interval - g * interval '1 ms'
 FROM generate_series(1, $3::int) g,
     LATERAL (SELECT 'tenant-' || (g % 7), '/svc/M' || (g % 3), $1::text || g) v(t, m, k)`, prefix, expiresIn, n)
 }
 
 // liveKey is the key insertKeys made as row i of prefix.
-func liveKey(prefix string, i int) store.Key {
-	return store.Key{
+func liveKey(prefix string, i int) store.Scope {
+	return store.Scope{
 		Tenant: fmt.Sprintf("tenant-%d", i%7),
 		Method: fmt.Sprintf("/svc/M%d", i%3),
 		Key:    fmt.Sprintf("%s%d", prefix, i),
@@ -210,7 +204,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 				start := phase.Load()
 				var err error
 				if i%2 == 0 {
-					err = claimFresh(s, store.Key{Tenant: "tenant-1", Method: "/svc/M1", Key: fmt.Sprintf("fresh-%d-%d", w, i)})
+					err = claimFresh(s, store.Scope{Tenant: "tenant-1", Method: "/svc/M1", Key: fmt.Sprintf("fresh-%d-%d", w, i)})
 				} else {
 					err = claimLive(s, liveKey("live-", 1+(w*7919+i)%liveKeys))
 				}
@@ -258,7 +252,7 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 			fresh.Load(), replays.Load())
 	}
 	checkSwept(t, admin, digest)
-	if n := count(t, admin, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'fresh-%' AND status = 'completed'`); n != freshAll.Load() {
+	if n := count(t, admin, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'fresh-%' AND status = 'recorded'`); n != freshAll.Load() {
 		t.Errorf("%d fresh keys stored, want the %d completed", n, freshAll.Load())
 	}
 
@@ -290,8 +284,8 @@ func TestSweepDeletesExpiredRowsInBatchesWhileClaimsRun(t *testing.T) {
 }
 
 // claimFresh claims a key nobody has and completes it.
-func claimFresh(s *postgres.Store, k store.Key) error {
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+func claimFresh(s *postgres.Store, k store.Scope) error {
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil {
 		return fmt.Errorf("fresh key %s: %w", k.Key, err)
 	}
@@ -305,8 +299,8 @@ func claimFresh(s *postgres.Store, k store.Key) error {
 }
 
 // claimLive claims a live completed key and expects its entry.
-func claimLive(s *postgres.Store, k store.Key) error {
-	c, err := s.Claim(ctx, k, store.Request{Fingerprint: []byte{1}})
+func claimLive(s *postgres.Store, k store.Scope) error {
+	c, err := s.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte{1}})
 	if err != nil {
 		return fmt.Errorf("live key %s: %w", k.Key, err)
 	}
@@ -510,15 +504,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // waitForLockWait waits until a session of pool's database waits for a
-// lock, and fails the test naming who should be waiting if none does
-// within waitLimit.
-func waitForLockWait(t *testing.T, pool *pgxpool.Pool, who string) {
-	t.Helper()
-	waitFor(t, who+" to wait for a lock", func() bool {
-		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
-	})
-}
+// lock.
+var waitForLockWait = pgtest.WaitForLockWait
 
 // TestVacuumDoesNotTruncateKeys checks that vacuuming idempotency_keys after
 // the sweeper emptied it keeps the file (migration 0006): truncating it

@@ -11,12 +11,12 @@ import (
 )
 
 // ErrTxOwned is returned by Commit and Rollback of the transaction from
-// [TxFromContext]: the interceptor commits it, together with the recorded
+// [TxFromContext]: idem's engine commits it, together with the recorded
 // response, when the handler returns.
 var ErrTxOwned = errors.New("postgres: the transaction holds the idempotency key and commits when the handler returns; return an error to discard its writes")
 
 // guardedTx is the handler's view of the claim's transaction: the pgx.Tx
-// that the claim's batch began (pgx.Batch.BeginTx), which the interceptor
+// that the claim's batch began (pgx.Batch.BeginTx), which the engine
 // commits or rolls back itself. Commit and Rollback of the transaction
 // itself are refused with ErrTxOwned; those of a nested transaction
 // (Begin, on a savepoint) go to pgx.
@@ -46,7 +46,7 @@ func (t *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &guardedTx{Tx: inner, closed: t.closed, nested: true}, nil
 }
 
-// Commit returns ErrTxOwned, the interceptor commits; a nested transaction
+// Commit returns ErrTxOwned, the engine commits; a nested transaction
 // releases its savepoint.
 func (t *guardedTx) Commit(ctx context.Context) error {
 	if !t.nested {

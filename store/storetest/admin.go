@@ -9,28 +9,53 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"github.com/idemkit/idem/store"
 )
 
-// admin returns s as a store.Admin, failing the test if it is none.
+// admin returns s as a store.Admin, failing the test if it is none: the
+// Admin cases run only for stores that implement it (see Run).
 func admin(t *testing.T, s store.Store) store.Admin {
 	t.Helper()
 	a, ok := s.(store.Admin)
 	if !ok {
-		t.Fatalf("the store (%T) does not implement store.Admin", s)
+		t.Fatalf("the store (%T) does not implement store.Admin, though the first store built did", s)
 	}
 	return a
 }
 
+// The options of forced actions.
+var (
+	forced       = store.ForgetOptions{Force: true}
+	forcedSettle = store.SettleOptions{Force: true}
+)
+
+// settleStatus is the error an operator settles a key with.
+func settleStatus(msg string) *spb.Status {
+	return &spb.Status{Code: int32(code.Code_FAILED_PRECONDITION), Message: msg}
+}
+
+// settleOutcome is the outcome a Settle with st records.
+func settleOutcome(t *testing.T, st *spb.Status) store.Outcome {
+	t.Helper()
+	out, err := store.SettleOutcome(st)
+	if err != nil {
+		t.Fatalf("SettleOutcome(%v): %v", st, err)
+	}
+	return out
+}
+
 // keyInfo reads k through a, failing the test on an error.
-func keyInfo(t *testing.T, a store.Admin, k store.Key) store.KeyInfo {
+func keyInfo(t *testing.T, a store.Admin, k store.Scope) store.KeyInfo {
 	t.Helper()
 	ki, err := a.Key(t.Context(), k)
 	if err != nil {
 		t.Fatalf("Key(%v): %v", k, err)
 	}
-	if ki.Key != k {
-		t.Errorf("Key(%v) returned the entry of %v", k, ki.Key)
+	if ki.Scope != k {
+		t.Errorf("Key(%v) returned the entry of %v", k, ki.Scope)
 	}
 	return ki
 }
@@ -44,15 +69,16 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 	var (
 		all   []store.KeyInfo
 		after string
-		seen  = map[store.Key]bool{}
+		seen  = map[store.Scope]bool{}
 	)
 	for pages := 0; ; pages++ {
 		if pages > 100 {
 			t.Fatalf("Keys(%+v) never ends", f)
 		}
-		page, next, err := a.Keys(t.Context(), f, after)
+		f.After = after
+		page, next, err := a.Keys(t.Context(), f)
 		if err != nil {
-			t.Fatalf("Keys(%+v, %q): %v", f, after, err)
+			t.Fatalf("Keys(%+v): %v", f, err)
 		}
 		if len(page) > pageSize {
 			t.Fatalf("Keys(%+v) returned %d entries, more than the limit", f, len(page))
@@ -61,12 +87,12 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 			t.Fatalf("Keys(%+v) returned an empty page with a next cursor", f)
 		}
 		for _, ki := range page {
-			if seen[ki.Key] {
-				t.Fatalf("Keys(%+v) returned %v twice", f, ki.Key)
+			if seen[ki.Scope] {
+				t.Fatalf("Keys(%+v) returned %v twice", f, ki.Scope)
 			}
-			seen[ki.Key] = true
+			seen[ki.Scope] = true
 			if n := len(all); n > 0 && ki.CreatedAt.Before(all[n-1].CreatedAt) {
-				t.Errorf("Keys(%+v): %v created at %v comes after one created at %v", f, ki.Key, ki.CreatedAt, all[n-1].CreatedAt)
+				t.Errorf("Keys(%+v): %v created at %v comes after one created at %v", f, ki.Scope, ki.CreatedAt, all[n-1].CreatedAt)
 			}
 			all = append(all, ki)
 		}
@@ -78,19 +104,19 @@ func listAll(t *testing.T, a store.Admin, f store.KeyFilter, pageSize int) []sto
 }
 
 // keysOf returns the keys of list, in its order.
-func keysOf(list []store.KeyInfo) []store.Key {
-	out := make([]store.Key, len(list))
+func keysOf(list []store.KeyInfo) []store.Scope {
+	out := make([]store.Scope, len(list))
 	for i, ki := range list {
-		out[i] = ki.Key
+		out[i] = ki.Scope
 	}
 	return out
 }
 
 // wantKeys fails the test unless got holds exactly want, in any order.
-func wantKeys(t *testing.T, what string, got []store.KeyInfo, want ...store.Key) {
+func wantKeys(t *testing.T, what string, got []store.KeyInfo, want ...store.Scope) {
 	t.Helper()
 	ks := keysOf(got)
-	sortKeys := func(a, b store.Key) int {
+	sortKeys := func(a, b store.Scope) int {
 		return cmpStrings(a.Tenant+"\x00"+a.Method+"\x00"+a.Key, b.Tenant+"\x00"+b.Method+"\x00"+b.Key)
 	}
 	slices.SortFunc(ks, sortKeys)
@@ -123,7 +149,7 @@ func wantLeaseLive(t *testing.T, what string, err error, until time.Time) {
 }
 
 // recordKey claims k atomically and records out.
-func recordKey(t *testing.T, s store.Store, k store.Key, out store.Outcome) {
+func recordKey(t *testing.T, s store.Store, k store.Scope, out store.Outcome) {
 	t.Helper()
 	if err := claimTxn(t, s, k, fp).Record(t.Context(), out); err != nil {
 		t.Fatalf("Record(%v): %v", k, err)
@@ -131,8 +157,8 @@ func recordKey(t *testing.T, s store.Store, k store.Key, out store.Outcome) {
 }
 
 // keyOf returns the suite's key with another key string.
-func keyOf(tenant, method, k string) store.Key {
-	return store.Key{Tenant: tenant, Method: method, Key: k}
+func keyOf(tenant, method, k string) store.Scope {
+	return store.Scope{Tenant: tenant, Method: method, Key: k}
 }
 
 // adminCases exercise store.Admin.
@@ -146,7 +172,7 @@ var adminCases = []testCase{
 		start := cfg.Now()
 
 		recordKey(t, s, recorded, errorOutcome())
-		lc, err := s.ClaimLeased(t.Context(), live, store.Request{Fingerprint: fp, Call: keptCall}, time.Hour)
+		lc, err := s.ClaimLeased(t.Context(), live, store.LeaseRequest{Fingerprint: fp, Call: keptCall, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -159,12 +185,12 @@ var adminCases = []testCase{
 		if err := first.SaveStep(t.Context(), store.Step{Name: "sent", Result: []byte("x")}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: other, TTL: time.Minute}, shortLease); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), expired, store.LeaseRequest{Fingerprint: other, TTL: time.Minute, Lease: shortLease}); err != nil {
 			t.Fatal(err)
 		}
 
 		ki := keyInfo(t, a, recorded)
-		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != errorOutcome().Code ||
+		if ki.State != store.Recorded || ki.Outcome == nil || ki.Outcome.Code != errorOutcome().Code ||
 			!bytes.Equal(ki.Outcome.Body, errorOutcome().Body) || !ki.LeaseUntil.IsZero() || ki.Call != nil || len(ki.Steps) != 0 {
 			t.Errorf("the recorded key: %+v", ki)
 		}
@@ -177,7 +203,7 @@ var adminCases = []testCase{
 		}
 
 		ki = keyInfo(t, a, live)
-		if ki.State != store.KeyInProgress || ki.Outcome != nil || ki.Takeovers != 0 {
+		if ki.State != store.InProgress || ki.Outcome != nil || ki.Takeovers != 0 {
 			t.Errorf("the leased key: %+v", ki)
 		}
 		wantAbout(t, "the live lease's end", ki.LeaseUntil, start.Add(time.Hour))
@@ -191,23 +217,23 @@ var adminCases = []testCase{
 
 		cfg.advance(runOut)
 		ki = keyInfo(t, a, abandoned)
-		if ki.State != store.KeyAbandoned || ki.Outcome != nil || len(ki.Steps) != 1 || ki.Steps[0].Name != "sent" {
+		if ki.State != store.Abandoned || ki.Outcome != nil || len(ki.Steps) != 1 || ki.Steps[0].Name != "sent" {
 			t.Errorf("the abandoned key: %+v", ki)
 		}
 		wantAbout(t, "the abandoned lease's end", ki.LeaseUntil, start.Add(shortLease))
 		second := takeLease(t, s, abandoned, fp, shortLease)
-		if ki := keyInfo(t, a, abandoned); ki.State != store.KeyInProgress || ki.Takeovers != 1 {
+		if ki := keyInfo(t, a, abandoned); ki.State != store.InProgress || ki.Takeovers != 1 {
 			t.Errorf("the key taken over: %+v, want in progress with 1 takeover", ki)
 		}
 		_ = second
 
 		cfg.advance(2 * time.Minute)
 		ki = keyInfo(t, a, expired)
-		if ki.State != store.KeyExpired || !bytes.Equal(ki.Fingerprint, other) {
+		if ki.State != store.Expired || !bytes.Equal(ki.Fingerprint, other) {
 			t.Errorf("the expired key: %+v", ki)
 		}
 		wantAbout(t, "the expired key's expiry", ki.ExpiresAt, start.Add(time.Minute))
-		if ki := keyInfo(t, a, live); ki.State != store.KeyInProgress {
+		if ki := keyInfo(t, a, live); ki.State != store.InProgress {
 			t.Errorf("the key leased for an hour is %s two minutes on, want in progress", ki.State)
 		}
 	}},
@@ -215,7 +241,7 @@ var adminCases = []testCase{
 	{name: "UnknownKeysAreNotFound", run: func(t *testing.T, s store.Store, _ Config) {
 		a := admin(t, s)
 		recordKey(t, s, key, okOutcome("r"))
-		for _, k := range []store.Key{
+		for _, k := range []store.Scope{
 			keyOf(key.Tenant, key.Method, "missing"),
 			keyOf("other-tenant", key.Method, key.Key),
 			keyOf(key.Tenant, "/idem.test.v1.Test/Other", key.Key),
@@ -223,10 +249,10 @@ var adminCases = []testCase{
 			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Key(%v): %v, want ErrNotFound", k, err)
 			}
-			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrNotFound) {
+			if err := a.Forget(t.Context(), k, forced); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Forget(%v): %v, want ErrNotFound", k, err)
 			}
-			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+			if err := a.Settle(t.Context(), k, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Settle(%v): %v, want ErrNotFound", k, err)
 			}
 		}
@@ -241,19 +267,19 @@ var adminCases = []testCase{
 
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		a := admin(t, s)
-		for _, k := range []store.Key{
+		for _, k := range []store.Scope{
 			{Tenant: key.Tenant, Method: "", Key: key.Key},
 			{Tenant: key.Tenant, Method: key.Method, Key: ""},
 			{Tenant: key.Tenant, Method: key.Method, Key: "nul\x00"},
 		} {
-			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Key(%q): %v, want ErrInvalidKey", k, err)
+			if _, err := a.Key(t.Context(), k); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Key(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Forget(t.Context(), k, true); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Forget(%q): %v, want ErrInvalidKey", k, err)
+			if err := a.Forget(t.Context(), k, forced); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Forget(%q): %v, want ErrInvalidScope", k, err)
 			}
-			if err := a.Settle(t.Context(), k, okOutcome("s"), true); !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Settle(%q): %v, want ErrInvalidKey", k, err)
+			if err := a.Settle(t.Context(), k, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Settle(%q): %v, want ErrInvalidScope", k, err)
 			}
 		}
 	}},
@@ -269,12 +295,12 @@ var adminCases = []testCase{
 			"every tenant's, a NUL method": {AllTenants: true, Method: "/nul\x00"},
 			"a method not UTF-8":           {AllTenants: true, Method: "/bad-\xc3"},
 			"a method past its bound":      {AllTenants: true, Method: strings.Repeat("m", store.MaxMethodLength+1)},
-			"a state that is none of them": {AllTenants: true, States: []store.KeyState{store.KeyRecorded, "done"}},
-			"a state with a NUL byte":      {AllTenants: true, States: []store.KeyState{"recorded\x00"}},
+			"a state that is none of them": {AllTenants: true, States: []store.State{store.Recorded, "done"}},
+			"a state with a NUL byte":      {AllTenants: true, States: []store.State{"recorded\x00"}},
 		} {
-			page, next, err := a.Keys(t.Context(), f, "")
-			if !errors.Is(err, store.ErrInvalidKey) {
-				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidKey", name, len(page), next, err)
+			page, next, err := a.Keys(t.Context(), f)
+			if !errors.Is(err, store.ErrInvalidScope) {
+				t.Errorf("Keys of %s: %d entries, next %q, %v; want ErrInvalidScope", name, len(page), next, err)
 			}
 		}
 		// A tenant that AllTenants ignores is not looked at.
@@ -284,7 +310,7 @@ var adminCases = []testCase{
 	{name: "KeysFilterAndPage", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		const lease = "/idem.test.v1.Test/Lease"
-		var mine, theirs, leased []store.Key
+		var mine, theirs, leased []store.Scope
 		for i := range 7 {
 			k := keyOf(key.Tenant, key.Method, fmt.Sprint("k-", i))
 			recordKey(t, s, k, okOutcome(k.Key))
@@ -311,10 +337,10 @@ var adminCases = []testCase{
 		wantKeys(t, "the other tenant's keys", listAll(t, a, store.KeyFilter{Tenant: "other-tenant"}, 2), theirs...)
 		wantKeys(t, "the empty tenant's keys", listAll(t, a, store.KeyFilter{}, 2))
 		wantKeys(t, "the keys of one method", listAll(t, a, store.KeyFilter{AllTenants: true, Method: lease}, 1), leased...)
-		wantKeys(t, "the keys in progress", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyInProgress}}, 1), leased...)
+		wantKeys(t, "the keys in progress", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.State{store.InProgress}}, 1), leased...)
 		wantKeys(t, "the keys recorded of the tenant",
-			listAll(t, a, store.KeyFilter{Tenant: key.Tenant, States: []store.KeyState{store.KeyRecorded, store.KeyExpired}}, 3), mine...)
-		wantKeys(t, "the keys abandoned", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.KeyState{store.KeyAbandoned}}, 3))
+			listAll(t, a, store.KeyFilter{Tenant: key.Tenant, States: []store.State{store.Recorded, store.Expired}}, 3), mine...)
+		wantKeys(t, "the keys abandoned", listAll(t, a, store.KeyFilter{AllTenants: true, States: []store.State{store.Abandoned}}, 3))
 
 		// Creation times: [created of k-2, created of k-5) holds k-2 to k-4.
 		from, to := keyInfo(t, a, mine[2]).CreatedAt, keyInfo(t, a, mine[5]).CreatedAt
@@ -323,18 +349,18 @@ var adminCases = []testCase{
 		wantKeys(t, "the keys created after", listAll(t, a, store.KeyFilter{Tenant: key.Tenant, Method: key.Method, CreatedAfter: from}, 2), mine[2:]...)
 
 		// The default limit and the last page's cursor.
-		page, next, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true}, "")
+		page, next, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true})
 		if err != nil || len(page) != len(all) || next != "" {
 			t.Errorf("Keys without a limit: %d entries, next %q, %v; want %d and no next page", len(page), next, err, len(all))
 		}
 
 		// A cursor the store did not make.
-		_, next, err = a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, "")
+		_, next, err = a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1})
 		if err != nil || next == "" {
 			t.Fatalf("first page of 1: next %q, %v", next, err)
 		}
 		for _, bad := range []string{"not a cursor!", next[:len(next)/2], "e30", "AAAA"} {
-			if _, _, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1}, bad); !errors.Is(err, store.ErrInvalidCursor) {
+			if _, _, err := a.Keys(t.Context(), store.KeyFilter{AllTenants: true, Limit: 1, After: bad}); !errors.Is(err, store.ErrInvalidCursor) {
 				t.Errorf("Keys after %q: %v, want ErrInvalidCursor", bad, err)
 			}
 		}
@@ -343,7 +369,7 @@ var adminCases = []testCase{
 	{name: "ForgetLetsTheKeyRunAfresh", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		recordKey(t, s, key, okOutcome("first"))
-		if err := a.Forget(t.Context(), key, false); err != nil {
+		if err := a.Forget(t.Context(), key, store.ForgetOptions{}); err != nil {
 			t.Fatalf("Forget of a recorded key: %v", err)
 		}
 		if _, err := a.Key(t.Context(), key); !errors.Is(err, store.ErrNotFound) {
@@ -357,12 +383,12 @@ var adminCases = []testCase{
 		// An abandoned lease is forgotten without force, an expired key too.
 		l := takeLease(t, s, leaseKey, fp, shortLease)
 		expired := keyOf(key.Tenant, key.Method, "expired")
-		if _, err := s.ClaimLeased(t.Context(), expired, store.Request{Fingerprint: fp, TTL: time.Minute}, time.Hour); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), expired, store.LeaseRequest{Fingerprint: fp, TTL: time.Minute, Lease: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)
-		for _, k := range []store.Key{leaseKey, expired} {
-			if err := a.Forget(t.Context(), k, false); err != nil {
+		for _, k := range []store.Scope{leaseKey, expired} {
+			if err := a.Forget(t.Context(), k, store.ForgetOptions{}); err != nil {
 				t.Fatalf("Forget(%v): %v", k, err)
 			}
 		}
@@ -378,12 +404,12 @@ var adminCases = []testCase{
 	{name: "ForgetRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		l := takeLease(t, s, leaseKey, fp, longLease)
-		err := a.Forget(t.Context(), leaseKey, false)
+		err := a.Forget(t.Context(), leaseKey, store.ForgetOptions{})
 		wantLeaseLive(t, "Forget of a live lease", err, cfg.Now().Add(longLease))
 		if err := l.SaveStep(t.Context(), store.Step{Name: "kept"}); err != nil {
 			t.Fatalf("SaveStep after a refused Forget: %v", err)
 		}
-		if err := a.Forget(t.Context(), leaseKey, true); err != nil {
+		if err := a.Forget(t.Context(), leaseKey, forced); err != nil {
 			t.Fatalf("forced Forget: %v", err)
 		}
 		if err := l.SaveStep(t.Context(), store.Step{Name: "fenced"}); !errors.Is(err, store.ErrLeaseLost) {
@@ -405,7 +431,7 @@ var adminCases = []testCase{
 
 	{name: "SettleAnAbandonedKey", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
-		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, Call: keptCall}, shortLease)
+		lc, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, Call: keptCall, Lease: shortLease})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(lc), err)
 		}
@@ -414,12 +440,13 @@ var adminCases = []testCase{
 		}
 		expiresAt := lc.ExpiresAt
 		cfg.advance(runOut)
-		settled := errorOutcome()
-		if err := a.Settle(t.Context(), leaseKey, settled, false); err != nil {
+		st := settleStatus("cancelled by an operator")
+		settled := settleOutcome(t, st)
+		if err := a.Settle(t.Context(), leaseKey, st, store.SettleOptions{}); err != nil {
 			t.Fatalf("Settle of an abandoned key: %v", err)
 		}
 		ki := keyInfo(t, a, leaseKey)
-		if ki.State != store.KeyRecorded || ki.Outcome == nil || ki.Outcome.Code != settled.Code ||
+		if ki.State != store.Recorded || ki.Outcome == nil || ki.Outcome.Code != settled.Code ||
 			!bytes.Equal(ki.Outcome.Body, settled.Body) || ki.Call != nil || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
 			t.Errorf("the settled key: %+v", ki)
 		}
@@ -438,12 +465,12 @@ var adminCases = []testCase{
 		}
 		// Recorded already: refused, forced or not.
 		for _, force := range []bool{false, true} {
-			if err := a.Settle(t.Context(), leaseKey, okOutcome("again"), force); !errors.Is(err, store.ErrNotInProgress) {
+			if err := a.Settle(t.Context(), leaseKey, settleStatus("again"), store.SettleOptions{Force: force}); !errors.Is(err, store.ErrNotInProgress) {
 				t.Errorf("Settle (force %v) of a settled key: %v, want ErrNotInProgress", force, err)
 			}
 		}
 		recordKey(t, s, key, okOutcome("r"))
-		if err := a.Settle(t.Context(), key, okOutcome("s"), true); !errors.Is(err, store.ErrNotInProgress) {
+		if err := a.Settle(t.Context(), key, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotInProgress) {
 			t.Errorf("Settle of a recorded key: %v, want ErrNotInProgress", err)
 		}
 		wantRecorded(t, claimEntry(t, s, key, fp), fp, okOutcome("r"))
@@ -452,12 +479,12 @@ var adminCases = []testCase{
 	{name: "SettleRefusesALiveLeaseUnlessForced", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
 		l := takeLease(t, s, leaseKey, fp, longLease)
-		err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), false)
+		err := a.Settle(t.Context(), leaseKey, settleStatus("settled"), store.SettleOptions{})
 		wantLeaseLive(t, "Settle of a live lease", err, cfg.Now().Add(longLease))
-		if ki := keyInfo(t, a, leaseKey); ki.State != store.KeyInProgress {
+		if ki := keyInfo(t, a, leaseKey); ki.State != store.InProgress {
 			t.Errorf("the key after a refused Settle is %s, want in progress", ki.State)
 		}
-		if err := a.Settle(t.Context(), leaseKey, okOutcome("settled"), true); err != nil {
+		if err := a.Settle(t.Context(), leaseKey, settleStatus("settled"), forcedSettle); err != nil {
 			t.Fatalf("forced Settle: %v", err)
 		}
 		if err := l.Extend(t.Context(), longLease); !errors.Is(err, store.ErrLeaseLost) {
@@ -469,7 +496,40 @@ var adminCases = []testCase{
 		if err := l.Record(t.Context(), okOutcome("holder")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Record after a forced Settle: %v, want ErrLeaseLost", err)
 		}
-		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("settled"))
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, settleOutcome(t, settleStatus("settled")))
+	}},
+
+	{name: "SettleRefusesAStatusItCannotRecord", run: func(t *testing.T, s store.Store, cfg Config) {
+		// OK, a code outside gRPC's and the codes clients retry are
+		// refused, forced or not, and change nothing: the lease stays
+		// its holder's.
+		a := admin(t, s)
+		l := takeLease(t, s, leaseKey, fp, shortLease)
+		cfg.advance(runOut)
+		for _, st := range []*spb.Status{
+			nil,
+			{Code: int32(code.Code_OK)},
+			{Code: 17, Message: "no such code"},
+			{Code: -1},
+			{Code: int32(code.Code_ABORTED), Message: "retry"},
+			{Code: int32(code.Code_UNAVAILABLE)},
+			{Code: int32(code.Code_RESOURCE_EXHAUSTED)},
+			{Code: int32(code.Code_DEADLINE_EXCEEDED)},
+			{Code: int32(code.Code_FAILED_PRECONDITION), Message: "not UTF-8: \xff"},
+		} {
+			for _, o := range []store.SettleOptions{{}, forcedSettle} {
+				if err := a.Settle(t.Context(), leaseKey, st, o); !errors.Is(err, store.ErrInvalidStatus) {
+					t.Errorf("Settle(%v, force %v): %v, want ErrInvalidStatus", st, o.Force, err)
+				}
+			}
+		}
+		if ki := keyInfo(t, a, leaseKey); ki.State != store.Abandoned || ki.Outcome != nil {
+			t.Errorf("the key after the refused settles: %+v, want it abandoned", ki)
+		}
+		if err := l.Record(t.Context(), okOutcome("holder")); err != nil {
+			t.Fatalf("the holder's Record after the refused settles: %v", err)
+		}
+		wantRecorded(t, claimEntry(t, s, leaseKey, fp), fp, okOutcome("holder"))
 	}},
 
 	{name: "FencedHolderLosesEveryWrite", run: func(t *testing.T, s store.Store, _ Config) {
@@ -499,7 +559,7 @@ var adminCases = []testCase{
 			// A forced Forget, and the key claimed again by another request.
 			k := keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("forgotten-", i))
 			l := takeLease(t, s, k, fp, longLease)
-			if err := a.Forget(t.Context(), k, true); err != nil {
+			if err := a.Forget(t.Context(), k, forced); err != nil {
 				t.Fatalf("forced Forget: %v", err)
 			}
 			writeAll(t, l, "after a forced Forget", order)
@@ -508,7 +568,7 @@ var adminCases = []testCase{
 			}
 			next := takeLease(t, s, k, other, longLease)
 			writeAll(t, l, "after a forced Forget and a new claim", order)
-			if ki := keyInfo(t, a, k); ki.State != store.KeyInProgress || len(ki.Steps) != 0 || !bytes.Equal(ki.Fingerprint, other) {
+			if ki := keyInfo(t, a, k); ki.State != store.InProgress || len(ki.Steps) != 0 || !bytes.Equal(ki.Fingerprint, other) {
 				t.Errorf("the new claim after the fenced writes: %+v", ki)
 			}
 			if err := next.Record(t.Context(), okOutcome("next")); err != nil {
@@ -519,28 +579,28 @@ var adminCases = []testCase{
 			// A forced Settle.
 			k = keyOf(leaseKey.Tenant, leaseKey.Method, fmt.Sprint("settled-", i))
 			l = takeLease(t, s, k, fp, longLease)
-			if err := a.Settle(t.Context(), k, errorOutcome(), true); err != nil {
+			if err := a.Settle(t.Context(), k, settleStatus("fenced"), forcedSettle); err != nil {
 				t.Fatalf("forced Settle: %v", err)
 			}
 			writeAll(t, l, "after a forced Settle", order)
-			if ki := keyInfo(t, a, k); ki.State != store.KeyRecorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
+			if ki := keyInfo(t, a, k); ki.State != store.Recorded || len(ki.Steps) != 0 || !ki.LeaseUntil.IsZero() {
 				t.Errorf("the settled key after the fenced writes: %+v", ki)
 			}
-			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, settleOutcome(t, settleStatus("fenced")))
 			if err := l.Release(t.Context()); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("Release of the fenced lease: %v, want nil or ErrLeaseLost", err)
 			}
-			wantRecorded(t, claimEntry(t, s, k, fp), fp, errorOutcome())
+			wantRecorded(t, claimEntry(t, s, k, fp), fp, settleOutcome(t, settleStatus("fenced")))
 		}
 	}},
 
 	{name: "SettleOfAnExpiredKeyIsNotFound", run: func(t *testing.T, s store.Store, cfg Config) {
 		a := admin(t, s)
-		if _, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: time.Minute}, shortLease); err != nil {
+		if _, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, TTL: time.Minute, Lease: shortLease}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.advance(2 * time.Minute)
-		if err := a.Settle(t.Context(), leaseKey, okOutcome("s"), true); !errors.Is(err, store.ErrNotFound) {
+		if err := a.Settle(t.Context(), leaseKey, settleStatus("s"), forcedSettle); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("Settle of an expired key: %v, want ErrNotFound", err)
 		}
 	}},

@@ -137,7 +137,7 @@ var claimCases = []testCase{
 		called.Add(n)
 		concurrently(n, func(int) {
 			called.Done()
-			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+			c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -165,7 +165,7 @@ var claimCases = []testCase{
 		warm(t, s, 2)
 		owner := claimTxn(t, s, key, fp)
 		start := time.Now()
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 		waited := time.Since(start)
 		if !isInUse(err) {
 			if c.Txn != nil {
@@ -188,7 +188,7 @@ var claimCases = []testCase{
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		c, err := s.Claim(ctx, key, store.Request{Fingerprint: fp})
+		c, err := s.Claim(ctx, key, store.ClaimRequest{Fingerprint: fp})
 		waited := time.Since(start)
 		if err == nil {
 			if c.Txn != nil {
@@ -214,7 +214,7 @@ var claimCases = []testCase{
 		}()
 		concurrently(n, func(int) {
 			called.Done()
-			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+			c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -257,7 +257,7 @@ var claimCases = []testCase{
 
 	{name: "ExpiryIsClaimTimePlusTTL", run: func(t *testing.T, s store.Store, cfg Config) {
 		before := cfg.Now()
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
 		}
@@ -271,7 +271,7 @@ var claimCases = []testCase{
 			t.Errorf("the entry expires at %v, %v from the claim's %v", e.ExpiresAt, d, c.ExpiresAt)
 		}
 
-		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
@@ -282,7 +282,7 @@ var claimCases = []testCase{
 	{name: "RequestTTLOverridesTheStores", run: func(t *testing.T, s store.Store, cfg Config) {
 		const ttl = time.Second // the store's is an hour
 		before := cfg.Now()
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp, TTL: ttl})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp, TTL: ttl})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("claim: %s, %v", describeClaim(c), err)
 		}
@@ -290,7 +290,7 @@ var claimCases = []testCase{
 		if err := c.Txn.Record(t.Context(), okOutcome("first")); err != nil {
 			t.Fatal(err)
 		}
-		l, err := s.ClaimLeased(t.Context(), leaseKey, store.Request{Fingerprint: fp, TTL: ttl}, time.Minute)
+		l, err := s.ClaimLeased(t.Context(), leaseKey, store.LeaseRequest{Fingerprint: fp, TTL: ttl, Lease: time.Minute})
 		if err != nil || l.Lease == nil {
 			t.Fatalf("lease: %s, %v", describeLeasedClaim(l), err)
 		}
@@ -315,7 +315,7 @@ var claimCases = []testCase{
 		called.Add(n)
 		concurrently(n, func(int) {
 			called.Done()
-			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+			c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -338,7 +338,7 @@ var claimCases = []testCase{
 	}},
 
 	{name: "KeysAreScopedByTenantMethodAndKey", run: func(t *testing.T, s store.Store, _ Config) {
-		keys := []store.Key{
+		keys := []store.Scope{
 			key,
 			{Tenant: "other-tenant", Method: key.Method, Key: key.Key},
 			{Tenant: key.Tenant, Method: "/idem.test.v1.Test/Other", Key: key.Key},
@@ -363,9 +363,9 @@ var claimCases = []testCase{
 			wantRecorded(t, claimEntry(t, s, k, fp), fp, okOutcome(k.Tenant+"|"+k.Method+"|"+k.Key))
 		}
 		// A held key does not make another one wait.
-		_ = claimTxn(t, s, store.Key{Tenant: "a/b", Method: "c", Key: "e"}, fp)
+		_ = claimTxn(t, s, store.Scope{Tenant: "a/b", Method: "c", Key: "e"}, fp)
 		start := time.Now()
-		_ = claimTxn(t, s, store.Key{Tenant: "a", Method: "b/c", Key: "e"}, fp)
+		_ = claimTxn(t, s, store.Scope{Tenant: "a", Method: "b/c", Key: "e"}, fp)
 		if waited := time.Since(start); waited > 2*time.Second {
 			t.Errorf("claim of a free key took %v while another key was held", waited)
 		}
@@ -374,7 +374,7 @@ var claimCases = []testCase{
 	{name: "LiveLeaseIsNeverClaimed", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, time.Minute)
 		for _, f := range [][]byte{fp, other} {
-			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: f})
+			c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: f})
 			switch {
 			case isInUse(err):
 			case err != nil:
@@ -399,7 +399,7 @@ var claimCases = []testCase{
 		l := takeLease(t, s, key, fp, 200*time.Millisecond)
 		cfg.advance(400 * time.Millisecond)
 		// Only ClaimLeased takes a run-out lease over; an atomic claim does not.
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp})
 		switch {
 		case isInUse(err):
 		case err != nil:

@@ -29,24 +29,30 @@
 // out, a wait that ends with its context, an owner that releases while
 // others wait, many claims of an expired key, and claims of a leased key.
 //
-// Leased claims ([store.Store.ClaimLeased] and [store.Lease]): a free key, a live
-// lease, a run-out lease taken over with its steps (or not, for
+// Leased claims ([store.Store.ClaimLeased] and [store.Lease]): a free key,
+// a live lease, a run-out lease taken over with its steps (or not, for
 // another fingerprint), which takeovers report (and which claims do not),
-// Extend, fencing of a stale owner's every write
-// (also after the key was released and leased afresh), Record and
-// Release, many takeovers at once, expiry, a recorded key, and a lease that
-// waits for an atomic claim.
+// Extend, fencing of a stale holder's every write (also after the key was
+// released and leased afresh), Record and Release, many takeovers at once,
+// expiry, a recorded key, and a lease that waits for an atomic claim.
+// Steps: every step kept in the order first saved, a step saved again in
+// its place, the bounds, and steps across takeovers.
 //
-// Operators ([store.Admin], for stores that implement it; the cases fail
-// for a store that does not): listing by tenant, every tenant, method,
-// state and creation time, page after page, and a cursor the store did
-// not make; reading a key in each state; Forget and Settle of recorded,
-// abandoned, expired and unknown keys; a live lease refused unless
-// forced, and a forced action fencing the lease's holder; invalid keys.
+// The optional parts run exactly when the store implements them, as the
+// first store built shows; Run logs each that does not apply. Finishing
+// ([store.Finishing]): an abandoned lease listed with its kept call, after
+// its grace, spaced by its takeovers; a released claim kept for a
+// finisher; a recorded or expired call not listed. Operators
+// ([store.Admin]): listing by tenant, every tenant, method, state and
+// creation time, page after page, and a cursor the store did not make;
+// reading a key in each state; Forget and Settle of recorded, abandoned,
+// expired and unknown keys; a live lease refused unless forced, and a
+// forced action fencing the lease's holder; a status Settle cannot
+// record; invalid keys and filters.
 //
-// Keys ([store.Key.Validate]): keys at the length bounds and of non-ASCII
+// Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid
-// UTF-8 or with a NUL byte are refused with [store.ErrInvalidKey].
+// UTF-8 or with a NUL byte are refused with [store.ErrInvalidScope].
 //
 // # Time
 //

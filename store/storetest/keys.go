@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// keyCases exercise the rules of store.Key.Validate, in Claim and in
+// keyCases exercise the rules of store.Scope.Validate, in Claim and in
 // ClaimLeased.
 var keyCases = []testCase{
 	{name: "KeysWithinTheRulesAreHeld", run: func(t *testing.T, s store.Store, _ Config) {
@@ -32,18 +32,18 @@ var keyCases = []testCase{
 			})
 		}
 		// A non-ASCII tenant is its own scope, apart from its ASCII look-alike.
-		ascii := store.Key{Tenant: "Zurich", Method: key.Method, Key: key.Key}
+		ascii := store.Scope{Tenant: "Zurich", Method: key.Method, Key: key.Key}
 		txn := claimTxn(t, s, ascii, other)
 		if err := txn.Record(t.Context(), okOutcome("ascii")); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
-		wantRecorded(t, claimEntry(t, s, store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
+		wantRecorded(t, claimEntry(t, s, store.Scope{Tenant: "Zürich", Method: key.Method, Key: key.Key}, fp), fp, okOutcome("atomic"))
 	}},
 
 	{name: "InvalidKeysAreRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		for _, k := range invalidKeys() {
 			t.Run(k.name, func(t *testing.T) {
-				c, err := s.Claim(t.Context(), k.key, store.Request{Fingerprint: fp})
+				c, err := s.Claim(t.Context(), k.key, store.ClaimRequest{Fingerprint: fp})
 				if c.Txn != nil {
 					_ = c.Txn.Release(context.Background())
 				}
@@ -51,7 +51,7 @@ var keyCases = []testCase{
 				if c.Txn != nil || c.Entry != nil {
 					t.Errorf("Claim of an invalid key = %s, want neither", describeClaim(c))
 				}
-				lc, err := s.ClaimLeased(t.Context(), k.key, store.Request{Fingerprint: fp}, time.Minute)
+				lc, err := s.ClaimLeased(t.Context(), k.key, store.LeaseRequest{Fingerprint: fp, Lease: time.Minute})
 				if lc.Lease != nil {
 					_ = lc.Lease.Release(context.Background())
 				}
@@ -69,57 +69,57 @@ var keyCases = []testCase{
 
 type namedKey struct {
 	name  string
-	key   store.Key
+	key   store.Scope
 	field string // the field an invalid key breaks the rule of
 }
 
-// validKeys are keys at the bounds of store.Key.Validate and keys of
+// validKeys are keys at the bounds of store.Scope.Validate and keys of
 // non-ASCII text: every store must hold them.
 func validKeys() []namedKey {
 	return []namedKey{
-		{name: "AllAtTheirBounds", key: store.Key{
+		{name: "AllAtTheirBounds", key: store.Scope{
 			Tenant: strings.Repeat("t", store.MaxTenantLength),
 			Method: "/" + strings.Repeat("m", store.MaxMethodLength-1),
 			Key:    strings.Repeat("k", store.MaxKeyLength),
 		}},
-		{name: "EmptyTenant", key: store.Key{Method: key.Method, Key: key.Key}},
-		{name: "NonASCIITenant", key: store.Key{Tenant: "Zürich", Method: key.Method, Key: key.Key}},
+		{name: "EmptyTenant", key: store.Scope{Method: key.Method, Key: key.Key}},
+		{name: "NonASCIITenant", key: store.Scope{Tenant: "Zürich", Method: key.Method, Key: key.Key}},
 		// 85 three-byte characters: 255 bytes.
-		{name: "NonASCIITenantAtItsBound", key: store.Key{Tenant: strings.Repeat("東", store.MaxTenantLength/3), Method: key.Method, Key: key.Key}},
-		{name: "NonASCIIMethodAndKey", key: store.Key{Tenant: key.Tenant, Method: "/idem.test.v1.Tést/Dö", Key: "ключ-1"}},
+		{name: "NonASCIITenantAtItsBound", key: store.Scope{Tenant: strings.Repeat("東", store.MaxTenantLength/3), Method: key.Method, Key: key.Key}},
+		{name: "NonASCIIMethodAndKey", key: store.Scope{Tenant: key.Tenant, Method: "/idem.test.v1.Tést/Dö", Key: "ключ-1"}},
 	}
 }
 
-// invalidKeys are keys past the bounds of store.Key.Validate, or with text
+// invalidKeys are keys past the bounds of store.Scope.Validate, or with text
 // that is not UTF-8 or holds a NUL byte.
 func invalidKeys() []namedKey {
-	with := func(name, field string, f func(k *store.Key)) namedKey {
+	with := func(name, field string, f func(k *store.Scope)) namedKey {
 		k := key
 		f(&k)
 		return namedKey{name: name, key: k, field: field}
 	}
 	return []namedKey{
-		with("TenantPastItsBound", "tenant", func(k *store.Key) { k.Tenant = strings.Repeat("t", store.MaxTenantLength+1) }),
-		with("Tenant10KB", "tenant", func(k *store.Key) { k.Tenant = strings.Repeat("t", 10<<10) }),
-		with("TenantNotUTF8", "tenant", func(k *store.Key) { k.Tenant = "bad-\xff\xfe" }),
-		with("TenantWithNUL", "tenant", func(k *store.Key) { k.Tenant = "ten\x00ant" }),
-		with("EmptyMethod", "method", func(k *store.Key) { k.Method = "" }),
-		with("MethodPastItsBound", "method", func(k *store.Key) { k.Method = "/" + strings.Repeat("m", store.MaxMethodLength) }),
-		with("MethodNotUTF8", "method", func(k *store.Key) { k.Method = "/idem.test.v1.Test/\xff" }),
-		with("MethodWithNUL", "method", func(k *store.Key) { k.Method = "/idem.test.v1.Test/Do\x00" }),
-		with("EmptyKey", "key", func(k *store.Key) { k.Key = "" }),
-		with("KeyPastItsBound", "key", func(k *store.Key) { k.Key = strings.Repeat("k", store.MaxKeyLength+1) }),
-		with("KeyNotUTF8", "key", func(k *store.Key) { k.Key = "caf\xe9" }),
-		with("KeyWithNUL", "key", func(k *store.Key) { k.Key = "key\x00" }),
+		with("TenantPastItsBound", "tenant", func(k *store.Scope) { k.Tenant = strings.Repeat("t", store.MaxTenantLength+1) }),
+		with("Tenant10KB", "tenant", func(k *store.Scope) { k.Tenant = strings.Repeat("t", 10<<10) }),
+		with("TenantNotUTF8", "tenant", func(k *store.Scope) { k.Tenant = "bad-\xff\xfe" }),
+		with("TenantWithNUL", "tenant", func(k *store.Scope) { k.Tenant = "ten\x00ant" }),
+		with("EmptyMethod", "method", func(k *store.Scope) { k.Method = "" }),
+		with("MethodPastItsBound", "method", func(k *store.Scope) { k.Method = "/" + strings.Repeat("m", store.MaxMethodLength) }),
+		with("MethodNotUTF8", "method", func(k *store.Scope) { k.Method = "/idem.test.v1.Test/\xff" }),
+		with("MethodWithNUL", "method", func(k *store.Scope) { k.Method = "/idem.test.v1.Test/Do\x00" }),
+		with("EmptyKey", "key", func(k *store.Scope) { k.Key = "" }),
+		with("KeyPastItsBound", "key", func(k *store.Scope) { k.Key = strings.Repeat("k", store.MaxKeyLength+1) }),
+		with("KeyNotUTF8", "key", func(k *store.Scope) { k.Key = "caf\xe9" }),
+		with("KeyWithNUL", "key", func(k *store.Scope) { k.Key = "key\x00" }),
 	}
 }
 
-// wantInvalidKey fails the test unless err wraps store.ErrInvalidKey and
+// wantInvalidKey fails the test unless err wraps store.ErrInvalidScope and
 // names field.
 func wantInvalidKey(t *testing.T, op string, err error, field string) {
 	t.Helper()
-	if !errors.Is(err, store.ErrInvalidKey) {
-		t.Errorf("%s: %v, want an error wrapping store.ErrInvalidKey", op, err)
+	if !errors.Is(err, store.ErrInvalidScope) {
+		t.Errorf("%s: %v, want an error wrapping store.ErrInvalidScope", op, err)
 		return
 	}
 	if !strings.Contains(err.Error(), field) {

@@ -26,7 +26,7 @@ const (
 var leaseCases = []testCase{
 	{name: "FreeKeyGivesLease", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
-		wantNoLastStep(t, l)
+		wantSteps(t, l)
 		if err := l.Record(t.Context(), okOutcome("r")); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
@@ -51,7 +51,7 @@ var leaseCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+			c, err := s.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp, Lease: longLease})
 			switch {
 			case err != nil:
 				r.err(err)
@@ -82,10 +82,10 @@ var leaseCases = []testCase{
 			}
 		}
 		copy(data, "XXXX") // the store kept its own copy
-		wantLastStep(t, first, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
+		wantSteps(t, first, store.Step{Name: "created"}, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
 		cfg.advance(runOut)
 		second := takeLease(t, s, key, fp, longLease)
-		wantLastStep(t, second, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
+		wantSteps(t, second, store.Step{Name: "created"}, store.Step{Name: "charge_sent", Result: []byte("ch_1")})
 		// The takeover holds the new lease length.
 		e := leaseEntry(t, s, key, fp, longLease)
 		wantInProgress(t, e, fp)
@@ -123,11 +123,11 @@ var leaseCases = []testCase{
 		if err := third.Lease.Record(t.Context(), okOutcome("third")); err != nil {
 			t.Fatal(err)
 		}
-		if c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease); err != nil || c.TookOver {
+		if c, err := s.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp, Lease: longLease}); err != nil || c.TookOver {
 			t.Errorf("ClaimLeased of a recorded key = %s, %v; want its entry and no takeover", describeLeasedClaim(c), err)
 		}
 		// A key released without a saved step is free again.
-		released := store.Key{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
+		released := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: "key-2"}
 		fresh := takeLeasedClaim(t, s, released, fp, longLease)
 		if err := fresh.Lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
@@ -175,12 +175,12 @@ var leaseCases = []testCase{
 			write func(ctx context.Context, l store.Lease) error
 			// check runs after the stale write, before the new owner
 			// records, and sees that the write changed nothing.
-			check func(t *testing.T, k store.Key, owner store.Lease)
+			check func(t *testing.T, k store.Scope, owner store.Lease)
 		}{
 			{
 				name:  "Extend",
 				write: func(ctx context.Context, l store.Lease) error { return l.Extend(ctx, 10*longLease) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					e := leaseEntry(t, s, k, fp, longLease)
 					wantInProgress(t, e, fp)
 					if e.LeaseRemaining > longLease {
@@ -193,14 +193,14 @@ var leaseCases = []testCase{
 				write: func(ctx context.Context, l store.Lease) error {
 					return l.SaveStep(ctx, store.Step{Name: "stale"})
 				},
-				check: func(t *testing.T, k store.Key, owner store.Lease) {
+				check: func(t *testing.T, k store.Scope, owner store.Lease) {
 					// Let the new owner's lease run out, and take over again:
-					// the point is the new owner's.
+					// the steps are the first owner's and the new owner's.
 					if err := owner.Extend(t.Context(), 0); err != nil {
 						t.Fatalf("Extend: %v", err)
 					}
 					third := takeLease(t, s, k, fp, longLease)
-					wantLastStep(t, third, store.Step{Name: "second"})
+					wantSteps(t, third, store.Step{Name: "first"}, store.Step{Name: "second"})
 					if err := third.Release(t.Context()); err != nil {
 						t.Fatal(err)
 					}
@@ -209,14 +209,14 @@ var leaseCases = []testCase{
 			{
 				name:  "Record",
 				write: func(ctx context.Context, l store.Lease) error { return l.Record(ctx, okOutcome("stale")) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
 				},
 			},
 			{
 				name:  "Release",
 				write: func(ctx context.Context, l store.Lease) error { return l.Release(ctx) },
-				check: func(t *testing.T, k store.Key, _ store.Lease) {
+				check: func(t *testing.T, k store.Scope, _ store.Lease) {
 					wantInProgress(t, leaseEntry(t, s, k, fp, longLease), fp)
 				},
 			},
@@ -342,10 +342,8 @@ var leaseCases = []testCase{
 		if !retry.TookOver {
 			t.Errorf("the retry after a Release did not take the key over: the released lease was extended")
 		}
-		wantLastStep(t, retry.Lease, point)
-		if steps := retry.Lease.Steps(); len(steps) != 1 {
-			t.Errorf("the retry's steps: %v, want only the one saved before the Release", steps)
-		}
+		// Only the step saved before the Release.
+		wantSteps(t, retry.Lease, point)
 		if err := retry.Lease.Record(t.Context(), okOutcome("retry")); err != nil {
 			t.Fatal(err)
 		}
@@ -361,7 +359,7 @@ var leaseCases = []testCase{
 			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
 		again := takeLease(t, s, key, other, longLease)
-		wantNoLastStep(t, again)
+		wantSteps(t, again)
 		if err := again.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -384,7 +382,7 @@ var leaseCases = []testCase{
 		// retry of this one takes over at once and resumes.
 		wantInProgress(t, leaseEntry(t, s, key, other, longLease), fp)
 		again := takeLease(t, s, key, fp, longLease)
-		wantLastStep(t, again, point)
+		wantSteps(t, again, point)
 		if err := l.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Record after Release: %v, want ErrLeaseLost", err)
 		}
@@ -413,14 +411,14 @@ var leaseCases = []testCase{
 		const n = 20
 		var r tally
 		concurrently(n, func(int) {
-			c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+			c, err := s.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp, Lease: longLease})
 			switch {
 			case err != nil:
 				r.err(err)
 			case c.Lease != nil:
 				r.owner()
 				t.Cleanup(func() { _ = c.Lease.Release(context.Background()) })
-				if p, ok := c.Lease.LastStep(); !ok || p.Name != "charge_sent" {
+				if steps := c.Lease.Steps(); len(steps) != 1 || steps[0].Name != "charge_sent" {
 					r.err(errors.New("the takeover lost the saved step"))
 				}
 			default:
@@ -453,7 +451,7 @@ var leaseCases = []testCase{
 			t.Errorf("the lease of an expired key reports a takeover")
 		}
 		l := c.Lease
-		wantNoLastStep(t, l)
+		wantSteps(t, l)
 		if err := stale.Record(t.Context(), okOutcome("stale")); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Record of the expired lease after the key was leased again: %v, want ErrLeaseLost", err)
 		}
@@ -478,7 +476,7 @@ var leaseCases = []testCase{
 			}
 		}
 		fresh := takeLease(t, s, key, fp, longLease)
-		wantNoLastStep(t, fresh)
+		wantSteps(t, fresh)
 	}},
 
 	{name: "LeaseWaitsForAtomicOwner", cfg: Config{TTL: time.Hour, LockTimeout: 5 * time.Second}, run: func(t *testing.T, s store.Store, _ Config) {
@@ -504,7 +502,7 @@ var leaseCases = []testCase{
 					if c.Lease == nil {
 						t.Fatalf("Lease = %s, want a Lease", describeLeasedClaim(c))
 					}
-					wantNoLastStep(t, c.Lease)
+					wantSteps(t, c.Lease)
 				},
 			},
 		} {
@@ -519,7 +517,7 @@ var leaseCases = []testCase{
 				calling, leased := make(chan struct{}), make(chan result, 1)
 				go func() {
 					close(calling)
-					c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fp}, longLease)
+					c, err := s.ClaimLeased(t.Context(), k, store.LeaseRequest{Fingerprint: fp, Lease: longLease})
 					leased <- result{c, err}
 				}()
 				<-calling
@@ -550,7 +548,7 @@ var leaseCases = []testCase{
 		warm(t, s, 2)
 		_ = claimTxn(t, s, key, fp)
 		start := time.Now()
-		c, err := s.ClaimLeased(t.Context(), key, store.Request{Fingerprint: fp}, longLease)
+		c, err := s.ClaimLeased(t.Context(), key, store.LeaseRequest{Fingerprint: fp, Lease: longLease})
 		waited := time.Since(start)
 		if !isInUse(err) {
 			if c.Lease != nil {
@@ -594,9 +592,9 @@ var leaseCases = []testCase{
 				t.Errorf("LeaseRemaining %v: Extend with an ended context extended the lease", e.LeaseRemaining)
 			}
 			if want != nil {
-				wantLastStep(t, l, *want)
+				wantSteps(t, l, *want)
 			} else {
-				wantNoLastStep(t, l)
+				wantSteps(t, l)
 			}
 			// Release works regardless, so that it can be deferred from a
 			// request whose caller has gone.
@@ -605,13 +603,13 @@ var leaseCases = []testCase{
 			}
 			if withStep {
 				again := takeLease(t, s, k, fp, longLease) // the lease ended at once
-				wantLastStep(t, again, *want)
+				wantSteps(t, again, *want)
 				if err := again.Release(t.Context()); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				again := takeLease(t, s, k, other, longLease) // the claim was deleted
-				wantNoLastStep(t, again)
+				wantSteps(t, again)
 			}
 		}
 	}},
@@ -619,12 +617,12 @@ var leaseCases = []testCase{
 	{name: "InvalidStepIsRefused", run: func(t *testing.T, s store.Store, _ Config) {
 		l := takeLease(t, s, key, fp, longLease)
 		// At the bounds: saved.
-		last := store.Step{Name: "étape_✓", Result: []byte("d")}
-		for _, p := range []store.Step{
+		saved := []store.Step{
 			{Name: "charge_sent", Result: bytes.Repeat([]byte{0xff}, store.MaxStepResultBytes)},
 			{Name: strings.Repeat("s", store.MaxStepLength)},
-			last,
-		} {
+			{Name: "étape_✓", Result: []byte("d")},
+		}
+		for _, p := range saved {
 			if err := l.SaveStep(t.Context(), p); err != nil {
 				t.Fatalf("SaveStep(%d-byte step, %d bytes of data): %v", len(p.Name), len(p.Result), err)
 			}
@@ -644,13 +642,13 @@ var leaseCases = []testCase{
 				t.Errorf("SaveStep with %s: %v, want ErrInvalidStep", name, err)
 			}
 		}
-		wantLastStep(t, l, last)
-		// The stored point is the last valid one: a retry resumes from it.
+		wantSteps(t, l, saved...)
+		// The steps kept are the valid ones: a retry resumes from them.
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		again := takeLease(t, s, key, fp, longLease)
-		wantLastStep(t, again, last)
+		wantSteps(t, again, saved...)
 	}},
 
 	{name: "LeaseIsSafeForConcurrentUse", run: func(t *testing.T, s store.Store, _ Config) {
@@ -663,7 +661,7 @@ var leaseCases = []testCase{
 					err = l.Extend(t.Context(), longLease)
 				} else {
 					err = l.SaveStep(t.Context(), store.Step{Name: "step", Result: []byte{byte(i), byte(j)}})
-					_, _ = l.LastStep()
+					_ = l.Steps()
 				}
 				if err != nil {
 					errs.err(err)

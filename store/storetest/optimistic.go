@@ -7,14 +7,14 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// optimisticCases exercise claims with Request.Optimistic set, which a
+// optimisticCases exercise claims with ClaimRequest.Optimistic set, which a
 // store may read before the handler or not: either way a key's recorded
 // outcome stands, and a free key is recorded; an expired key is recorded
 // by the optimistic claim or, after its ErrConflict, by an atomic claim.
 var optimisticCases = []testCase{
 	{name: "FreeKeyRecords", run: func(t *testing.T, s store.Store, cfg Config) {
 		claimed := cfg.Now()
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: fp, Optimistic: true})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: fp, Optimistic: true})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("optimistic Claim of a free key = %s, %v; want a Txn", describeClaim(c), err)
 		}
@@ -32,7 +32,7 @@ var optimisticCases = []testCase{
 			t.Fatal(err)
 		}
 		for _, f := range [][]byte{fp, other} {
-			c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: f, Optimistic: true})
+			c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: f, Optimistic: true})
 			switch {
 			case err != nil:
 				t.Fatalf("optimistic Claim of a recorded key: %v", err)
@@ -55,7 +55,7 @@ var optimisticCases = []testCase{
 			t.Fatal(err)
 		}
 		cfg.advance(cfg.TTL + 1)
-		c, err := s.Claim(t.Context(), key, store.Request{Fingerprint: other, Optimistic: true})
+		c, err := s.Claim(t.Context(), key, store.ClaimRequest{Fingerprint: other, Optimistic: true})
 		if err != nil || c.Txn == nil {
 			t.Fatalf("optimistic Claim of an expired key = %s, %v; want a Txn", describeClaim(c), err)
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,20 +69,50 @@ func (c *clock) advance(d time.Duration) {
 // case as a parallel subtest of t with a new, empty store of its own.
 // newStore is called from the subtest with that subtest's t, and should
 // register any cleanup there.
+//
+// The cases of the optional interfaces, [store.Finishing] and
+// [store.Admin], run exactly when the stores newStore builds implement
+// them (as the first one built shows); Run logs each group that does not
+// apply.
 func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 	t.Helper()
+	var (
+		mu    sync.Mutex
+		first store.Store // the first store built, whose type says which optional groups apply
+	)
+	build := func(t *testing.T, cfg Config) store.Store {
+		s := newStore(t, cfg)
+		mu.Lock()
+		if first == nil {
+			first = s
+		}
+		mu.Unlock()
+		return s
+	}
 	for _, group := range []struct {
 		name  string
 		cases []testCase
+		// part is the optional interface the cases test; nil for the
+		// Store every store implements.
+		part *optional
 	}{
-		{"Claim", claimCases},
-		{"Optimistic", optimisticCases},
-		{"Lease", leaseCases},
-		{"Key", keyCases},
-		{"Steps", stepCases},
-		{"Finishing", finishingCases},
-		{"Admin", adminCases},
+		{"Claim", claimCases, nil},
+		{"Optimistic", optimisticCases, nil},
+		{"Lease", leaseCases, nil},
+		{"Key", keyCases, nil},
+		{"Steps", stepCases, nil},
+		{"Finishing", finishingCases, finishingPart},
+		{"Admin", adminCases, adminPart},
 	} {
+		if group.part != nil {
+			mu.Lock()
+			s := first
+			mu.Unlock()
+			if s == nil || !group.part.implements(s) {
+				t.Logf("the %s cases do not apply: the store (%T) does not implement %s", group.name, s, group.part.name)
+				continue
+			}
+		}
 		t.Run(group.name, func(t *testing.T) {
 			for _, c := range group.cases {
 				t.Run(c.name, func(t *testing.T) {
@@ -94,13 +126,25 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 					}
 					cfg.clock = &clock{now: clockStart}
 					cfg.Now = cfg.clock.Now
-					s := newStore(t, cfg)
+					s := build(t, cfg)
 					c.run(t, s, cfg)
 				})
 			}
 		})
 	}
 }
+
+// optional is an optional interface of the store contract, which callers
+// discover by a type assertion.
+type optional struct {
+	name       string
+	implements func(store.Store) bool
+}
+
+var (
+	finishingPart = &optional{"store.Finishing", func(s store.Store) bool { _, ok := s.(store.Finishing); return ok }}
+	adminPart     = &optional{"store.Admin", func(s store.Store) bool { _, ok := s.(store.Admin); return ok }}
+)
 
 type testCase struct {
 	name string
@@ -110,14 +154,14 @@ type testCase struct {
 
 // The keys and fingerprints of the cases.
 var (
-	key   = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Do", Key: "key-1"}
+	key   = store.Scope{Tenant: "tenant", Method: "/idem.test.v1.Test/Do", Key: "key-1"}
 	fp    = []byte("\x01fingerprint-one")
 	other = []byte("\x01fingerprint-two")
 )
 
 // leaseKey is a key of its own for cases that lease beside an atomic
 // claim of key.
-var leaseKey = store.Key{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
+var leaseKey = store.Scope{Tenant: "tenant", Method: "/idem.test.v1.Test/Lease", Key: "key-1"}
 
 // wantAbout fails the test unless got is want, to the second: times of
 // the case's clock, which a store may keep less precisely.
@@ -141,9 +185,9 @@ func warm(t *testing.T, s store.Store, n int) {
 	for range rounds {
 		var txns []store.Txn
 		for i := range n {
-			k := store.Key{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
+			k := store.Scope{Tenant: key.Tenant, Method: key.Method, Key: fmt.Sprint("warm-", i)}
 			var c store.Claim
-			if c, err = s.Claim(t.Context(), k, store.Request{Fingerprint: fp}); err != nil {
+			if c, err = s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fp}); err != nil {
 				break
 			}
 			if c.Txn != nil {
@@ -176,9 +220,9 @@ func errorOutcome() store.Outcome {
 
 // claimTxn claims k and fails the test unless it gets a Txn. The Txn is
 // released when the test ends, which does nothing once it has finished.
-func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) store.Txn {
+func claimTxn(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) store.Txn {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
+	c, err := s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want a Txn", k, err)
 	}
@@ -190,9 +234,9 @@ func claimTxn(t *testing.T, s store.Store, k store.Key, fingerprint []byte) stor
 }
 
 // claimEntry claims k and fails the test unless it gets an Entry.
-func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *store.Entry {
+func claimEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte) *store.Entry {
 	t.Helper()
-	c, err := s.Claim(t.Context(), k, store.Request{Fingerprint: fingerprint})
+	c, err := s.Claim(t.Context(), k, store.ClaimRequest{Fingerprint: fingerprint})
 	if err != nil {
 		t.Fatalf("Claim(%v): %v, want an Entry", k, err)
 	}
@@ -207,15 +251,15 @@ func claimEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte) *s
 
 // takeLease leases k and fails the test unless it gets a Lease. The Lease is
 // released when the test ends, which does nothing once it has finished.
-func takeLease(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.Lease {
+func takeLease(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) store.Lease {
 	t.Helper()
 	return takeLeasedClaim(t, s, k, fingerprint, d).Lease
 }
 
 // takeLeasedClaim is takeLease, returning the whole claim.
-func takeLeasedClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) store.LeasedClaim {
+func takeLeasedClaim(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) store.LeasedClaim {
 	t.Helper()
-	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.LeaseRequest{Fingerprint: fingerprint, Lease: d})
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want a Lease", k, err)
 	}
@@ -227,9 +271,9 @@ func takeLeasedClaim(t *testing.T, s store.Store, k store.Key, fingerprint []byt
 }
 
 // leaseEntry leases k and fails the test unless it gets an Entry.
-func leaseEntry(t *testing.T, s store.Store, k store.Key, fingerprint []byte, d time.Duration) *store.Entry {
+func leaseEntry(t *testing.T, s store.Store, k store.Scope, fingerprint []byte, d time.Duration) *store.Entry {
 	t.Helper()
-	c, err := s.ClaimLeased(t.Context(), k, store.Request{Fingerprint: fingerprint}, d)
+	c, err := s.ClaimLeased(t.Context(), k, store.LeaseRequest{Fingerprint: fingerprint, Lease: d})
 	if err != nil {
 		t.Fatalf("Lease(%v): %v, want an Entry", k, err)
 	}
@@ -272,41 +316,39 @@ func wantInProgress(t *testing.T, e *store.Entry, fingerprint []byte) {
 	}
 }
 
-// wantNoLastStep fails the test if l holds a saved step.
-func wantNoLastStep(t *testing.T, l store.Lease) {
+// wantSteps fails the test unless l's steps are want, in order.
+func wantSteps(t *testing.T, l store.Lease, want ...store.Step) {
 	t.Helper()
-	if p, ok := l.LastStep(); ok {
-		t.Errorf("LastStep() = %s, want none", describeStep(p))
+	got := l.Steps()
+	if !slices.EqualFunc(got, want, func(a, b store.Step) bool {
+		return a.Name == b.Name && bytes.Equal(a.Result, b.Result)
+	}) {
+		t.Errorf("Steps() = %s, want %s", describeSteps(got), describeSteps(want))
 	}
 }
 
-// wantLastStep fails the test unless the step l saved last is p.
-func wantLastStep(t *testing.T, l store.Lease, p store.Step) {
-	t.Helper()
-	got, ok := l.LastStep()
-	if !ok || got.Name != p.Name || !bytes.Equal(got.Result, p.Result) {
-		t.Errorf("LastStep() = %s, %v; want %s", describeStep(got), ok, describeStep(p))
+// describeSteps shows steps with at most the first 32 bytes of each name
+// and result.
+func describeSteps(steps []store.Step) string {
+	out := make([]string, len(steps))
+	for i, p := range steps {
+		step, data := p.Name, p.Result
+		if len(step) > 32 {
+			step = step[:32] + "..."
+		}
+		if len(data) > 32 {
+			data = append(data[:32:32], "..."...)
+		}
+		out[i] = fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Name), data, len(p.Result))
 	}
-}
-
-// describeStep shows p with at most the first 32 bytes of its name and
-// result.
-func describeStep(p store.Step) string {
-	step, data := p.Name, p.Result
-	if len(step) > 32 {
-		step = step[:32] + "..."
-	}
-	if len(data) > 32 {
-		data = append(data[:32:32], "..."...)
-	}
-	return fmt.Sprintf("{Step: %q (%d bytes), Data: %q (%d bytes)}", step, len(p.Name), data, len(p.Result))
+	return "[" + strings.Join(out, ", ") + "]"
 }
 
 func describeEntry(e *store.Entry) string {
 	if e == nil {
 		return "<nil>"
 	}
-	state := fmt.Sprintf("state %d", e.State)
+	state := fmt.Sprintf("state %q", e.State)
 	switch e.State {
 	case store.Recorded:
 		state = "recorded"

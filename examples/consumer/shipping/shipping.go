@@ -2,7 +2,7 @@
 // consumer that creates one shipment per OrderPlaced event, however often
 // the broker delivers it. The producer gives each event an id and sends it
 // as the Nats-Msg-Id header; the consumer records the id with
-// postgres.Inbox in the transaction that inserts the shipment, and
+// inbox.Inbox in the transaction that inserts the shipment, and
 // acknowledges the message only after that transaction commits.
 package shipping
 
@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 //go:embed schema.sql
@@ -39,7 +40,7 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) error {
 const ConsumerName = "shipping"
 
 // Retention is how long the consumer's inbox keeps a processed message's
-// id (postgres.WithRetention): 7 days, which must outlast the broker's
+// id (inbox.WithRetention): 7 days, which must outlast the broker's
 // redelivery window (see CheckRetention).
 const Retention = 7 * 24 * time.Hour
 
@@ -134,15 +135,15 @@ func CheckRetention(s jetstream.StreamConfig, c jetstream.ConsumerConfig, retent
 
 // Consumer applies OrderPlaced events.
 type Consumer struct {
-	inbox *postgres.Inbox
+	inbox *inbox.Inbox
 }
 
 // NewConsumer returns a consumer that records shipments and processed
 // message ids in db, keeping the ids for Retention unless opts say
 // otherwise.
-func NewConsumer(db *pgxpool.Pool, opts ...postgres.InboxOption) *Consumer {
-	opts = append([]postgres.InboxOption{postgres.WithRetention(Retention)}, opts...)
-	return &Consumer{inbox: postgres.NewInbox(db, ConsumerName, opts...)}
+func NewConsumer(db *pgxpool.Pool, opts ...inbox.Option) *Consumer {
+	opts = append([]inbox.Option{inbox.WithRetention(Retention)}, opts...)
+	return &Consumer{inbox: inbox.New(db, ConsumerName, opts...)}
 }
 
 // Apply inserts the shipment of msg and records its id, in one
@@ -167,13 +168,13 @@ func (c *Consumer) Apply(ctx context.Context, msg jetstream.Msg) (duplicate bool
 // Handle applies msg and then acknowledges it, waiting for the server to
 // confirm the ack. A message that fails is negatively acknowledged and
 // delivered again, unless its id is one the inbox can never store
-// (postgres.ErrInvalidMessageID, a missing id included): every delivery of
+// (inbox.ErrInvalidMessageID, a missing id included): every delivery of
 // it would fail alike, so it is terminated instead, which JetStream never
 // redelivers and reports in a MSG_TERMINATED advisory, a dead letter.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (duplicate bool, err error) {
 	duplicate, err = c.Apply(ctx, msg)
 	switch {
-	case errors.Is(err, postgres.ErrInvalidMessageID):
+	case errors.Is(err, inbox.ErrInvalidMessageID):
 		return false, errors.Join(err, msg.Term())
 	case err != nil:
 		return false, errors.Join(err, msg.Nak())

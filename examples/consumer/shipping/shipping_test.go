@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/examples/consumer/shipping"
-	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
 
@@ -334,7 +334,7 @@ func TestMessageWithUnstorableID(t *testing.T) {
 	for name, id := range map[string]string{
 		"no id":        "",
 		"2 KB id":      strings.Repeat("i", 2<<10),
-		"longest id+1": strings.Repeat("i", postgres.MaxMessageIDLength+1),
+		"longest id+1": strings.Repeat("i", inbox.MaxMessageIDLength+1),
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -355,7 +355,7 @@ func TestMessageWithUnstorableID(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = shipping.NewConsumer(pool).Handle(ctx, fetchOne(t, cons, 10*time.Second))
-			if !errors.Is(err, postgres.ErrInvalidMessageID) || (id == "") != errors.Is(err, postgres.ErrNoMessageID) {
+			if !errors.Is(err, inbox.ErrInvalidMessageID) || (id == "") != errors.Is(err, inbox.ErrNoMessageID) {
 				t.Fatalf("err = %v, want ErrInvalidMessageID (ErrNoMessageID without an id)", err)
 			}
 			if n := count(t, pool, `SELECT count(*) FROM shipments`) + count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {

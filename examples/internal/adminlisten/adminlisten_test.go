@@ -32,8 +32,8 @@ import (
 func TestTokenAuthorizer(t *testing.T) {
 	st := memory.New()
 	ctx := t.Context()
-	k := store.Key{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
-	c, err := st.Claim(ctx, k, store.Request{Fingerprint: []byte("fp")})
+	k := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
+	c, err := st.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim: %+v, %v", c, err)
 	}

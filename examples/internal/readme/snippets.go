@@ -19,6 +19,7 @@ import (
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 // server is the payments server of the usage snippet.
@@ -73,13 +74,13 @@ func dial(target string, creds credentials.TransportCredentials) (*grpc.ClientCo
 }
 
 func consume(ctx context.Context, pool *pgxpool.Pool, msg jetstream.Msg, msgID, orderID string) error {
-	inbox := postgres.NewInbox(pool, "shipping") // ids kept 7 days: postgres.WithRetention
-	duplicate, err := inbox.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
+	in := inbox.New(pool, "shipping") // ids kept 7 days: inbox.WithRetention
+	duplicate, err := in.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, orderID)
 		return err
 	})
 	switch {
-	case errors.Is(err, postgres.ErrInvalidMessageID):
+	case errors.Is(err, inbox.ErrInvalidMessageID):
 		return msg.Term() // an id no delivery can store: dead-letter, never redeliver
 	case err != nil:
 		return msg.Nak() // not acknowledged: the broker redelivers

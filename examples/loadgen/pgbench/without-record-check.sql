@@ -9,6 +9,6 @@ SELECT status, request_hash, response_code, response, response_not_cached, expir
 INSERT INTO payments (tenant_id, customer_id, amount_cents, currency, note, request_key) VALUES ('acme', 'cus_000000000001', 1001, 'EUR', 'order 1', 'k' || :k) RETURNING id::text, created_at;
 \startpipeline
 SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '5000', true);
-INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at) VALUES (md5('k' || :k)::uuid, 'acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, 'completed', 0, '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, false, now() + 86400 * interval '1 second');
+INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, status, response_code, response, response_not_cached, expires_at) VALUES (md5('k' || :k)::uuid, 'acme', '/payments.v1.PaymentService/CreatePayment', 'k' || :k, '\x01abababababababababababababababababababababababababababababababab'::bytea, 'recorded', 0, '\xabababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab'::bytea, false, now() + 86400 * interval '1 second');
 COMMIT;
 \endpipeline

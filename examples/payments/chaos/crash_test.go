@@ -123,7 +123,7 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	var stored []byte
 	var code int
 	err = pool.QueryRow(ctx, `SELECT response, response_code FROM idempotency_keys
-		WHERE tenant = 'acme' AND key = 'order-1' AND status = 'completed'`).Scan(&stored, &code)
+		WHERE tenant = 'acme' AND key = 'order-1' AND status = 'recorded'`).Scan(&stored, &code)
 	if err != nil || code != int(codes.OK) {
 		t.Fatalf("recorded outcome: code %d, %v; want a completed OK", code, err)
 	}

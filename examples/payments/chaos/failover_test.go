@@ -131,7 +131,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		s := scope{o.tenant, o.key}
 		k, present := before.keys[s]
 		ids := before.payments[s]
-		if present && k.status != "completed" {
+		if present && k.status != "recorded" {
 			fail(o, "key row %q, want completed", k.status)
 		}
 		// The property that makes atomic mode safe across any failover:
@@ -190,7 +190,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		first, again := o.answers[0], o.answers[1]
 		s := scope{o.tenant, o.key}
 		ids := after.payments[s]
-		if k := after.keys[s]; k.status != "completed" {
+		if k := after.keys[s]; k.status != "recorded" {
 			fail(o, "key row %+v after the retry, want completed", k)
 		}
 		if o.valid {

@@ -371,7 +371,7 @@ func checkInvariants(t *testing.T, pool *pgxpool.Pool, ops []*op) {
 			fail("%v", o.err)
 			continue
 		}
-		if k, ok := keys[s]; !ok || k.status != "completed" {
+		if k, ok := keys[s]; !ok || k.status != "recorded" {
 			fail("idempotency key row %+v (present %v), want completed", k, ok)
 		}
 		ids := payments[s]

@@ -278,7 +278,7 @@ func duplicateStorm(t *testing.T, s *inProcess, rounds int) {
 	var payments, keys int
 	err := s.pool.QueryRow(context.Background(), `SELECT
 		(SELECT count(*) FROM payments WHERE request_key LIKE 'storm-%' AND request_key NOT LIKE '%-other'),
-		(SELECT count(*) FROM idempotency_keys WHERE key LIKE 'storm-%' AND key NOT LIKE '%-other' AND status = 'completed' AND response_code = 0)`).Scan(&payments, &keys)
+		(SELECT count(*) FROM idempotency_keys WHERE key LIKE 'storm-%' AND key NOT LIKE '%-other' AND status = 'recorded' AND response_code = 0)`).Scan(&payments, &keys)
 	if err != nil {
 		t.Fatal(err)
 	}

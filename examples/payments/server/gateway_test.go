@@ -216,7 +216,7 @@ func TestCurlSession(t *testing.T) {
 	if err := srv.pool.QueryRow(t.Context(), `SELECT
 		(SELECT count(*) FROM payments WHERE tenant_id = 'acme' AND request_key = 'order-1'),
 		(SELECT count(*) FROM payments),
-		(SELECT count(*) FROM idempotency_keys WHERE tenant = 'acme' AND key = 'order-1' AND status = 'completed')`,
+		(SELECT count(*) FROM idempotency_keys WHERE tenant = 'acme' AND key = 'order-1' AND status = 'recorded')`,
 	).Scan(&payments, &total, &keys); err != nil {
 		t.Fatal(err)
 	}

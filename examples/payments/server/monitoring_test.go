@@ -32,6 +32,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 // monitoringDir holds the Grafana dashboard and the Prometheus alerting
@@ -87,9 +88,9 @@ func TestMonitoringNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopSide()
-	inbox := postgres.NewInbox(pool, "monitoring-test", postgres.WithMeterProvider(sideMP))
+	in := inbox.New(pool, "monitoring-test", inbox.WithMeterProvider(sideMP))
 	for _, want := range []bool{false, true} { // processed, then duplicate
-		if dup, err := inbox.ProcessOnce(ctx, "m-1", func(pgx.Tx) error { return nil }); err != nil || dup != want {
+		if dup, err := in.ProcessOnce(ctx, "m-1", func(pgx.Tx) error { return nil }); err != nil || dup != want {
 			t.Fatalf("ProcessOnce: duplicate %v, %v; want duplicate %v", dup, err, want)
 		}
 	}
@@ -264,7 +265,7 @@ func instrumentNames(t *testing.T, pool *pgxpool.Pool) map[string]bool {
 	}
 	interceptor.UnaryClientInterceptor(idem.WithMeterProvider(mp))
 	postgres.NewSweeper(pool, postgres.WithMeterProvider(mp))
-	postgres.NewInbox(pool, "monitoring-test", postgres.WithMeterProvider(mp))
+	inbox.New(pool, "monitoring-test", inbox.WithMeterProvider(mp))
 
 	namer := otlptranslator.NewMetricNamer("", otlptranslator.UnderscoreEscapingWithSuffixes)
 	names := map[string]bool{}

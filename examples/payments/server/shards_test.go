@@ -100,7 +100,7 @@ func TestServerShards(t *testing.T) {
 			var payments, keys int
 			if err := pool.QueryRow(callCtx, `SELECT
     (SELECT count(*) FROM payments WHERE tenant_id = $1 AND id::text = $2),
-    (SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'pay-1' AND status = 'completed')`,
+    (SELECT count(*) FROM idempotency_keys WHERE tenant = $1 AND key = 'pay-1' AND status = 'recorded')`,
 				tenant, ids[j]).Scan(&payments, &keys); err != nil {
 				t.Fatal(err)
 			}

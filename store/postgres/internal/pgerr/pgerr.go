@@ -1,4 +1,6 @@
-package postgres
+// Package pgerr translates PostgreSQL's errors into the sentinel errors of
+// package store, for the key store and the inbox of store/postgres alike.
+package pgerr
 
 import (
 	"errors"
@@ -11,23 +13,28 @@ import (
 
 // SQLSTATE codes idem reacts to, named as in github.com/jackc/pgerrcode.
 const (
-	uniqueViolation      = "23505"
+	UniqueViolation      = "23505"
 	lockNotAvailable     = "55P03"
 	serializationFailure = "40001"
 	deadlockDetected     = "40P01"
 
-	invalidTextRepresentation = "22P02"
+	InvalidTextRepresentation = "22P02"
 
 	// A schema older than the store's statements: a table, a column or the
-	// primary key an ON CONFLICT names is not there.
+	// primary key an ON CONFLICT names is not there, or the status
+	// constraint refuses the status the store writes.
 	undefinedTable         = "42P01"
 	undefinedColumn        = "42703"
 	invalidColumnReference = "42P10"
+	checkViolation         = "23514"
 )
 
-// pgErrorCode returns the SQLSTATE of err, or "" if err is not from
-// PostgreSQL.
-func pgErrorCode(err error) string {
+// statusCheck is the name of the constraint on the status of
+// idempotency_keys, which refuses 'recorded' before migration 0008.
+const statusCheck = "idempotency_keys_status_check"
+
+// Code returns the SQLSTATE of err, or "" if err is not from PostgreSQL.
+func Code(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
@@ -38,7 +45,7 @@ func pgErrorCode(err error) string {
 // keyTablePrimaryKey is the name of the primary key of idempotency_keys.
 const keyTablePrimaryKey = "idempotency_keys_pkey"
 
-// interpretError translates PostgreSQL errors into the sentinel errors of
+// Interpret translates PostgreSQL errors into the sentinel errors of
 // package store by SQLSTATE, keeping the original error in the chain. A
 // lock_not_available is a wait of idem's that the lock timeout ended (for
 // another claim of the key, a key's row someone holds, a table lock) or a
@@ -46,7 +53,7 @@ const keyTablePrimaryKey = "idempotency_keys_pkey"
 // violation counts as a conflict only on the key table's primary key: a
 // claim that got past the key's lock met the row another request
 // committed.
-func interpretError(err error) error {
+func Interpret(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
@@ -56,16 +63,20 @@ func interpretError(err error) error {
 		return fmt.Errorf("%w: %w", store.ErrInUse, err)
 	case serializationFailure, deadlockDetected:
 		return fmt.Errorf("%w: %w", store.ErrConflict, err)
-	case uniqueViolation:
+	case UniqueViolation:
 		if pgErr.ConstraintName == keyTablePrimaryKey {
 			return fmt.Errorf("%w: %w", store.ErrConflict, err)
 		}
 	case undefinedTable, undefinedColumn, invalidColumnReference:
-		return fmt.Errorf("%w: %w", errSchema, err)
+		return fmt.Errorf("%w: %w", ErrSchema, err)
+	case checkViolation:
+		if pgErr.ConstraintName == statusCheck {
+			return fmt.Errorf("%w: %w", ErrSchema, err)
+		}
 	}
 	return err
 }
 
-// errSchema is the store.ErrNotReady of a database whose schema is missing
+// ErrSchema is the store.ErrNotReady of a database whose schema is missing
 // or outdated.
-var errSchema = fmt.Errorf("%w: idem's tables are missing or outdated in this database; apply them with postgres.Migrate (see Store.Check)", store.ErrNotReady)
+var ErrSchema = fmt.Errorf("%w: idem's tables are missing or outdated in this database; apply them with postgres.Migrate (see Store.Check)", store.ErrNotReady)

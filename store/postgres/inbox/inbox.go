@@ -1,19 +1,17 @@
-package postgres
+package inbox
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// defaultRetention is how long an [Inbox] keeps a processed message's id by
-// default.
-const defaultRetention = 7 * 24 * time.Hour
+	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/internal/pgerr"
+)
 
 // MaxMessageIDLength is the longest message id, in bytes, that an [Inbox]
 // accepts. With the longest consumer name (255 bytes) it still fits the
@@ -31,7 +29,7 @@ const maxConsumerNameLength = 255
 // delivery of the message fails the same way, so dead-letter it (for NATS
 // JetStream, Term) rather than have it redelivered (Nak). Nothing was
 // written.
-var ErrInvalidMessageID = errors.New("postgres: invalid message id")
+var ErrInvalidMessageID = errors.New("inbox: invalid message id")
 
 // ErrNoMessageID is returned by [Inbox.ProcessOnce] for a message without
 // an id. It is an [ErrInvalidMessageID]: errors.Is(err,
@@ -52,75 +50,42 @@ func checkText(s string, limit int) string {
 	return ""
 }
 
-type inboxOptions struct {
-	retention time.Duration
-	observe   observeOptions
-}
-
-// An InboxOption configures an [Inbox]: [WithRetention], or an
-// [ObserveOption].
-type InboxOption interface {
-	applyInbox(*inboxOptions)
-}
-
-// inboxOptionFunc is an InboxOption of the inbox alone.
-type inboxOptionFunc func(*inboxOptions)
-
-func (f inboxOptionFunc) applyInbox(o *inboxOptions) { f(o) }
-
-// WithRetention sets how long the id of a processed message is kept
-// (processed_messages.expires_at = processing time + d). It must exceed
-// the longest time after which the broker can still deliver the message
-// again: its redelivery window (for JetStream, the stream's max age or
-// ack wait × max deliveries, whichever ends first) and the time a producer
-// may retry a publish. A sweeper deletes rows past expires_at; until it
-// does, the row still marks the message processed. Default: 7 days.
-// Non-positive values select the default.
-func WithRetention(d time.Duration) InboxOption {
-	return inboxOptionFunc(func(o *inboxOptions) {
-		if d <= 0 {
-			d = defaultRetention
-		}
-		o.retention = d
-	})
-}
-
 // Inbox makes the side effects of an at-least-once message consumer happen
 // once per message: it records each processed message's id in the table
 // processed_messages, in the transaction that applies the message. Create
-// it with [NewInbox]; it is safe for concurrent use.
+// it with [New]; it is safe for concurrent use.
 type Inbox struct {
-	db        Beginner
+	db        postgres.Beginner
 	consumer  string
 	retention float64 // seconds
 	err       error   // why consumer cannot be stored, if it cannot
-	obs       *inboxObserver
+	obs       *observer
 }
 
-// NewInbox returns the inbox of the named consumer on db, usually a
-// *pgxpool.Pool that [Migrate] has set up. The consumer name scopes message
-// ids: consumers that each apply every message (a mailer and a ledger
+// New returns the inbox of the named consumer on db, usually a
+// *pgxpool.Pool that [postgres.Migrate] has set up. Message ids are kept
+// per consumer name: consumers that each apply every message (a mailer and a ledger
 // reading the same stream) need distinct names, while replicas of one
 // consumer share theirs. The name follows the rule of message ids (see
 // [ErrInvalidMessageID]) with at most 255 bytes; with any other, every
 // ProcessOnce fails with an error that says so, and that is not an
 // ErrInvalidMessageID, since the messages are not at fault.
-func NewInbox(db Beginner, consumer string, opts ...InboxOption) *Inbox {
-	o := inboxOptions{retention: defaultRetention}
+func New(db postgres.Beginner, consumer string, opts ...Option) *Inbox {
+	o := defaultOptions
 	for _, opt := range opts {
-		opt.applyInbox(&o)
+		opt(&o)
 	}
-	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds(), obs: newInboxObserver(o.observe, consumer)}
+	in := &Inbox{db: db, consumer: consumer, retention: o.retention.Seconds(), obs: newObserver(o, consumer)}
 	if consumer == "" {
-		in.err = errors.New("postgres: the inbox needs a consumer name")
+		in.err = errors.New("inbox: the inbox needs a consumer name")
 	} else if why := checkText(consumer, maxConsumerNameLength); why != "" {
-		in.err = fmt.Errorf("postgres: the inbox's consumer name cannot be stored: %s", why)
+		in.err = fmt.Errorf("inbox: the consumer name cannot be stored: %s", why)
 	}
 	return in
 }
 
 // errDuplicate rolls back the transaction of a message processed before.
-var errDuplicate = errors.New("postgres: message already processed")
+var errDuplicate = errors.New("inbox: message already processed")
 
 const insertProcessed = `INSERT INTO processed_messages (consumer, message_id, expires_at)
 VALUES ($1, $2, now() + $3 * interval '1 second')
@@ -136,7 +101,7 @@ const processedBefore = `SELECT EXISTS (SELECT FROM processed_messages WHERE con
 
 // errIDNotRecorded reports an insert into processed_messages that neither
 // wrote the row nor met an existing one.
-var errIDNotRecorded = errors.New("postgres: the insert into processed_messages wrote no row and none is there (a trigger or rule on the table drops it?); the message is not processed")
+var errIDNotRecorded = errors.New("inbox: the insert into processed_messages wrote no row and none is there (a trigger or rule on the table drops it?); the message is not processed")
 
 // ProcessOnce applies the message whose producer-assigned id is messageID,
 // unless this consumer already has. In one transaction it inserts the id
@@ -198,7 +163,7 @@ func (in *Inbox) ProcessOnce(ctx context.Context, messageID string, fn func(pgx.
 		return true, nil
 	}
 	if err != nil {
-		return false, interpretError(err)
+		return false, pgerr.Interpret(err)
 	}
 	return false, nil
 }

@@ -1,4 +1,4 @@
-package postgres_test
+package inbox_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/store/postgres/inbox"
 )
 
 func ExampleInbox_ProcessOnce() {
@@ -23,17 +24,17 @@ func ExampleInbox_ProcessOnce() {
 		log.Fatal(err)
 	}
 	// The broker redelivers for at most a day; keep ids for a week.
-	inbox := postgres.NewInbox(pool, "shipping", postgres.WithRetention(7*24*time.Hour))
+	in := inbox.New(pool, "shipping", inbox.WithRetention(7*24*time.Hour))
 
 	// For each delivery: the id is the one the producer assigned (for NATS
 	// JetStream, the Nats-Msg-Id header), never a broker sequence number.
 	handle := func(ctx context.Context, msgID, orderID string, ack, deadLetter func() error) error {
-		_, err := inbox.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
+		_, err := in.ProcessOnce(ctx, msgID, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, orderID)
 			return err
 		})
 		switch {
-		case errors.Is(err, postgres.ErrInvalidMessageID):
+		case errors.Is(err, inbox.ErrInvalidMessageID):
 			return deadLetter() // no delivery can store this id (JetStream: Term)
 		case err != nil:
 			return err // no ack: the broker redelivers

@@ -1,8 +1,10 @@
-package postgres_test
+package inbox_test
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,9 +14,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/store/postgres"
+	internalpgtest "github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/store/postgres/inbox"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 )
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+var ctx = context.Background()
+
+// count runs a query of one integer.
+var count = internalpgtest.Count
 
 // newInboxDB returns a pool on a fresh migrated database with a table for
 // the consumer's side effects.
@@ -37,14 +47,14 @@ func ship(id, consumer string) func(pgx.Tx) error {
 
 func TestInboxProcessesOnce(t *testing.T) {
 	pool := newInboxDB(t)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 
-	dup, err := inbox.ProcessOnce(ctx, "order-1", ship("order-1", "shipping"))
+	dup, err := in.ProcessOnce(ctx, "order-1", ship("order-1", "shipping"))
 	if err != nil || dup {
 		t.Fatalf("first delivery: duplicate=%v err=%v, want false, nil", dup, err)
 	}
 	var ran bool
-	dup, err = inbox.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { ran = true; return nil })
+	dup, err = in.ProcessOnce(ctx, "order-1", func(pgx.Tx) error { ran = true; return nil })
 	if err != nil || !dup {
 		t.Fatalf("redelivery: duplicate=%v err=%v, want true, nil", dup, err)
 	}
@@ -56,7 +66,7 @@ func TestInboxProcessesOnce(t *testing.T) {
 	}
 
 	// Another consumer of the same message applies it on its own.
-	other := postgres.NewInbox(pool, "ledger")
+	other := inbox.New(pool, "ledger")
 	if dup, err := other.ProcessOnce(ctx, "order-1", ship("order-1", "ledger")); err != nil || dup {
 		t.Fatalf("other consumer: duplicate=%v err=%v, want false, nil", dup, err)
 	}
@@ -67,10 +77,10 @@ func TestInboxProcessesOnce(t *testing.T) {
 
 func TestInboxFailureRecordsNothing(t *testing.T) {
 	pool := newInboxDB(t)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	boom := errors.New("warehouse down")
 
-	_, err := inbox.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
+	_, err := in.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
 		if err := ship("order-2", "shipping")(tx); err != nil {
 			return err
 		}
@@ -85,7 +95,7 @@ func TestInboxFailureRecordsNothing(t *testing.T) {
 				t.Fatal("panic did not propagate")
 			}
 		}()
-		_, _ = inbox.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
+		_, _ = in.ProcessOnce(ctx, "order-2", func(tx pgx.Tx) error {
 			_ = ship("order-2", "shipping")(tx)
 			panic("handler bug")
 		})
@@ -94,7 +104,7 @@ func TestInboxFailureRecordsNothing(t *testing.T) {
 		t.Fatalf("a failed message left %d rows behind", n)
 	}
 	// The redelivery runs it.
-	if dup, err := inbox.ProcessOnce(ctx, "order-2", ship("order-2", "shipping")); err != nil || dup {
+	if dup, err := in.ProcessOnce(ctx, "order-2", ship("order-2", "shipping")); err != nil || dup {
 		t.Fatalf("redelivery after failure: duplicate=%v err=%v, want false, nil", dup, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM shipments`); n != 1 {
@@ -115,11 +125,11 @@ func TestInboxRefusesIDsItCannotStore(t *testing.T) {
 		consumer, id string
 		ok           bool
 	}{
-		"longest id, incompressible":                {"shipping", incompressible(postgres.MaxMessageIDLength), true},
-		"longest id and consumer name":              {longest, incompressible(postgres.MaxMessageIDLength), true},
-		"longest id, two-byte characters":           {"shipping", strings.Repeat("é", postgres.MaxMessageIDLength/2), true},
-		"one byte too long":                         {"shipping", incompressible(postgres.MaxMessageIDLength + 1), false},
-		"one byte too long, two-byte characters":    {"shipping", "x" + strings.Repeat("é", postgres.MaxMessageIDLength/2), false},
+		"longest id, incompressible":                {"shipping", incompressible(inbox.MaxMessageIDLength), true},
+		"longest id and consumer name":              {longest, incompressible(inbox.MaxMessageIDLength), true},
+		"longest id, two-byte characters":           {"shipping", strings.Repeat("é", inbox.MaxMessageIDLength/2), true},
+		"one byte too long":                         {"shipping", incompressible(inbox.MaxMessageIDLength + 1), false},
+		"one byte too long, two-byte characters":    {"shipping", "x" + strings.Repeat("é", inbox.MaxMessageIDLength/2), false},
 		"3 KB, incompressible":                      {"shipping", incompressible(3 << 10), false},
 		"invalid UTF-8":                             {"shipping", "bad-\xff\xfe", false},
 		"Latin-1, not UTF-8":                        {"shipping", "caf\xe9", false},
@@ -129,9 +139,9 @@ func TestInboxRefusesIDsItCannotStore(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var ran bool
 			rows := count(t, pool, `SELECT count(*) FROM processed_messages`)
-			dup, err := postgres.NewInbox(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { ran = true; return nil })
+			dup, err := inbox.New(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { ran = true; return nil })
 			if !c.ok {
-				if !errors.Is(err, postgres.ErrInvalidMessageID) || ran || dup {
+				if !errors.Is(err, inbox.ErrInvalidMessageID) || ran || dup {
 					t.Fatalf("err = %v, ran = %v, duplicate = %v; want ErrInvalidMessageID and no side effect", err, ran, dup)
 				}
 				if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != rows {
@@ -142,7 +152,7 @@ func TestInboxRefusesIDsItCannotStore(t *testing.T) {
 			if err != nil || !ran || dup {
 				t.Fatalf("err = %v, ran = %v, duplicate = %v; want the message processed", err, ran, dup)
 			}
-			if dup, err := postgres.NewInbox(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { return nil }); err != nil || !dup {
+			if dup, err := inbox.New(pool, c.consumer).ProcessOnce(ctx, c.id, func(pgx.Tx) error { return nil }); err != nil || !dup {
 				t.Fatalf("redelivery: duplicate = %v, err = %v; want a duplicate", dup, err)
 			}
 		})
@@ -152,8 +162,8 @@ func TestInboxRefusesIDsItCannotStore(t *testing.T) {
 func TestInboxRequiresMessageID(t *testing.T) {
 	pool := newInboxDB(t)
 	var ran bool
-	_, err := postgres.NewInbox(pool, "shipping").ProcessOnce(ctx, "", func(pgx.Tx) error { ran = true; return nil })
-	if !errors.Is(err, postgres.ErrNoMessageID) || !errors.Is(err, postgres.ErrInvalidMessageID) || ran {
+	_, err := inbox.New(pool, "shipping").ProcessOnce(ctx, "", func(pgx.Tx) error { ran = true; return nil })
+	if !errors.Is(err, inbox.ErrNoMessageID) || !errors.Is(err, inbox.ErrInvalidMessageID) || ran {
 		t.Fatalf("err = %v, ran = %v; want ErrNoMessageID, an ErrInvalidMessageID, and no side effect", err, ran)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM processed_messages`); n != 0 {
@@ -173,14 +183,14 @@ func TestInboxRefusesConsumerNamesItCannotStore(t *testing.T) {
 		"256 bytes":      strings.Repeat("c", 256),
 		"invalid UTF-8":  "ship\xffping",
 		"NUL byte":       "ship\x00ping",
-		"1 KB, like ids": incompressible(postgres.MaxMessageIDLength),
+		"1 KB, like ids": incompressible(inbox.MaxMessageIDLength),
 	} {
 		t.Run(name, func(t *testing.T) {
-			inbox := postgres.NewInbox(pool, consumer)
+			in := inbox.New(pool, consumer)
 			for _, id := range []string{"order-3", "", "bad-\xff"} {
 				var ran bool
-				_, err := inbox.ProcessOnce(ctx, id, func(pgx.Tx) error { ran = true; return nil })
-				if err == nil || errors.Is(err, postgres.ErrInvalidMessageID) || ran {
+				_, err := in.ProcessOnce(ctx, id, func(pgx.Tx) error { ran = true; return nil })
+				if err == nil || errors.Is(err, inbox.ErrInvalidMessageID) || ran {
 					t.Fatalf("message %q: err = %v, ran = %v; want an error about the consumer name, not the id", id, err, ran)
 				}
 				if !strings.Contains(err.Error(), "consumer name") {
@@ -209,7 +219,7 @@ func incompressible(n int) string {
 // still open wait for it.
 func TestInboxConcurrentDuplicates(t *testing.T) {
 	pool := newInboxDB(t)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	const copies = 20
 	var (
 		wg, called sync.WaitGroup
@@ -222,7 +232,7 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			called.Done()
-			dup, err := inbox.ProcessOnce(ctx, "order-4", func(tx pgx.Tx) error {
+			dup, err := in.ProcessOnce(ctx, "order-4", func(tx pgx.Tx) error {
 				runs.Add(1)
 				called.Wait() // hold the row until every copy was delivered
 				return ship("order-4", "shipping")(tx)
@@ -252,11 +262,11 @@ func TestInboxConcurrentDuplicates(t *testing.T) {
 // delivery that then fails processes the message itself.
 func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 	pool := newInboxDB(t)
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	holding, fail := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
-		_, err := inbox.ProcessOnce(ctx, "order-5", func(pgx.Tx) error {
+		_, err := in.ProcessOnce(ctx, "order-5", func(pgx.Tx) error {
 			close(holding)
 			<-fail
 			return errors.New("crashed")
@@ -268,7 +278,7 @@ func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 	second := make(chan bool, 1)
 	var secondRan atomic.Bool
 	go func() {
-		dup, err := inbox.ProcessOnce(ctx, "order-5", func(tx pgx.Tx) error {
+		dup, err := in.ProcessOnce(ctx, "order-5", func(tx pgx.Tx) error {
 			secondRan.Store(true)
 			return ship("order-5", "shipping")(tx)
 		})
@@ -278,7 +288,7 @@ func TestInboxWaiterTakesOverAfterRollback(t *testing.T) {
 		second <- dup
 	}()
 	// Wait until the duplicate is blocked on the first one's row.
-	waitForLockWait(t, pool, "the duplicate")
+	internalpgtest.WaitForLockWait(t, pool, "the duplicate")
 	close(fail)
 	if err := <-first; err == nil {
 		t.Fatal("first delivery succeeded, want its error")
@@ -296,14 +306,14 @@ func TestInboxRetention(t *testing.T) {
 	const week = 7 * 24 * time.Hour // the default, as WithRetention documents it
 	for _, c := range []struct {
 		consumer string
-		opts     []postgres.InboxOption
+		opts     []inbox.Option
 		want     time.Duration
 	}{
 		{"default", nil, week},
-		{"thirty-days", []postgres.InboxOption{postgres.WithRetention(30 * 24 * time.Hour)}, 30 * 24 * time.Hour},
-		{"non-positive", []postgres.InboxOption{postgres.WithRetention(0)}, week},
+		{"thirty-days", []inbox.Option{inbox.WithRetention(30 * 24 * time.Hour)}, 30 * 24 * time.Hour},
+		{"non-positive", []inbox.Option{inbox.WithRetention(0)}, week},
 	} {
-		if _, err := postgres.NewInbox(pool, c.consumer, c.opts...).ProcessOnce(ctx, "m", func(pgx.Tx) error { return nil }); err != nil {
+		if _, err := inbox.New(pool, c.consumer, c.opts...).ProcessOnce(ctx, "m", func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		var processedAt, expiresAt time.Time
@@ -328,9 +338,9 @@ CREATE FUNCTION drop_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN N
 CREATE TRIGGER drop_row BEFORE INSERT ON processed_messages FOR EACH ROW EXECUTE FUNCTION drop_row()`); err != nil {
 		t.Fatal(err)
 	}
-	inbox := postgres.NewInbox(pool, "shipping")
+	in := inbox.New(pool, "shipping")
 	var ran bool
-	dup, err := inbox.ProcessOnce(ctx, "order-9", func(pgx.Tx) error { ran = true; return nil })
+	dup, err := in.ProcessOnce(ctx, "order-9", func(pgx.Tx) error { ran = true; return nil })
 	if dup || err == nil {
 		t.Fatalf("duplicate=%v err=%v, want false and an error", dup, err)
 	}

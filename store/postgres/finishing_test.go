@@ -14,13 +14,13 @@ import (
 // TestAbandonedListsADamagedRowFlagged: a row whose kept metadata or
 // method cannot be read is listed with Unreadable set, and the other rows
 // as usual. Before, one such row failed the whole list ("a list kept in
-// idempotency_keys is malformed"), and no call could be completed.
+// idempotency_keys is malformed"), and no call could be finished.
 func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	s := postgres.New(pool)
 	kept := &store.Call{Method: "/svc/Charge", Request: []byte("request"), Metadata: map[string][]string{"x-user": {"u-7"}}}
-	for _, k := range []string{"healthy", "bad-metadata", "no-method", "unpaired-headers"} {
-		lc, err := s.ClaimLeased(ctx, store.Key{Tenant: "t", Method: "/svc/Charge", Key: k}, store.Request{Fingerprint: []byte("fp"), Call: kept}, time.Hour)
+	for _, k := range []string{"healthy", "null-header-name", "no-method", "unpaired-headers"} {
+		lc, err := s.ClaimLeased(ctx, store.Scope{Tenant: "t", Method: "/svc/Charge", Key: k}, store.LeaseRequest{Fingerprint: []byte("fp"), Call: kept, Lease: time.Hour})
 		if err != nil || lc.Lease == nil {
 			t.Fatalf("lease %s: %+v, %v", k, lc, err)
 		}
@@ -28,7 +28,7 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	exec(t, pool, `UPDATE idempotency_keys SET request_metadata = '\xff' WHERE key = 'bad-metadata'`)
+	exec(t, pool, `UPDATE idempotency_keys SET request_header_names = '{NULL}', request_header_values = '{x}' WHERE key = 'null-header-name'`)
 	exec(t, pool, `UPDATE idempotency_keys SET request_method = NULL WHERE key = 'no-method'`)
 	exec(t, pool, `UPDATE idempotency_keys SET request_header_values = NULL WHERE key = 'unpaired-headers'`)
 
@@ -36,17 +36,17 @@ func TestAbandonedListsADamagedRowFlagged(t *testing.T) {
 	if err != nil || len(list) != 4 {
 		t.Fatalf("Abandoned = %+v, %v; want the 4 calls", list, err)
 	}
-	byKey := map[string]store.Abandoned{}
+	byKey := map[string]store.AbandonedCall{}
 	for _, a := range list {
-		byKey[a.Key.Key] = a
+		byKey[a.Scope.Key] = a
 	}
 	if a := byKey["healthy"]; a.Unreadable != nil || a.Call.Method != kept.Method || !slices.Equal(a.Call.Metadata["x-user"], []string{"u-7"}) {
 		t.Errorf("the healthy call is listed as %+v", a)
 	}
-	for k, column := range map[string]string{"bad-metadata": "request_metadata", "no-method": "request_method",
+	for k, column := range map[string]string{"null-header-name": "request_header_names", "no-method": "request_method",
 		"unpaired-headers": "request_header_values"} {
 		a := byKey[k]
-		if a.Unreadable == nil || a.Key.Tenant != "t" || string(a.Fingerprint) != "fp" {
+		if a.Unreadable == nil || a.Scope.Tenant != "t" || string(a.Fingerprint) != "fp" {
 			t.Errorf("%s is listed as %+v; want it flagged unreadable, with its key and fingerprint", k, a)
 		} else if !strings.Contains(a.Unreadable.Error(), column) {
 			t.Errorf("%s's error %q does not name the damaged column, %s", k, a.Unreadable, column)
