@@ -7,12 +7,12 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// TestDeriveKeyVectors pins the derivation: child keys are stored by the
-// services a request calls, so a change would make every retry in flight
-// during an upgrade act again. The vectors were computed independently, as
-// SHA-256 over tenant, method, key and step, each preceded by its length in
-// bytes as a big-endian uint64.
-func TestDeriveKeyVectors(t *testing.T) {
+// TestStepKeyVectors pins the derivation of a step's child key
+// (ChildKey): child keys are stored by the services a request calls, so a
+// change would make every retry in flight during an upgrade act again. The
+// vectors were computed independently, as SHA-256 over tenant, method, key
+// and step, each preceded by its length in bytes as a big-endian uint64.
+func TestStepKeyVectors(t *testing.T) {
 	for _, v := range []struct {
 		tenant, method, key, step string
 		want                      string
@@ -35,18 +35,18 @@ func TestDeriveKeyVectors(t *testing.T) {
 		{"", "", "parent:charge", "", "a994ccfff0b009ecc3e60d2b4557bad6ff7d57d0276c32aa4f93cbe284bcd5ba"},
 		{"", "", "parent", "charge", "471136eba5a40cb66c71d74c289eb49ddcc87b2eb994bd0c3443928bcd02ec40"},
 	} {
-		got := DeriveKey(store.Scope{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
+		got := stepKey(store.Scope{Tenant: v.tenant, Method: v.method, Key: v.key}, v.step)
 		if got != v.want {
-			t.Errorf("DeriveKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
+			t.Errorf("stepKey(%q, %q, %q, %q) = %s, want %s", v.tenant, v.method, v.key, v.step, got, v.want)
 		}
-		if err := ValidateKey(got); err != nil {
+		if err := validateKey(got); err != nil {
 			t.Errorf("derived key %s is not a valid key: %v", got, err)
 		}
 	}
 }
 
 // TestCallKeyVectors pins the key of a call that names no step, which is
-// stored downstream as DeriveKey's are. The vectors were computed
+// stored downstream as a step's are. The vectors were computed
 // independently, as SHA-256 over tenant, method, key, "call", the method
 // called and the ordinal in decimal, each preceded by its length in bytes
 // as a big-endian uint64.
@@ -69,7 +69,7 @@ func TestCallKeyVectors(t *testing.T) {
 		if got != v.want {
 			t.Errorf("callKey(%q, %q, %q, %q, %d) = %s, want %s", v.tenant, v.method, v.key, v.called, v.n, got, v.want)
 		}
-		if err := ValidateKey(got); err != nil {
+		if err := validateKey(got); err != nil {
 			t.Errorf("call key %s is not a valid key: %v", got, err)
 		}
 	}
@@ -83,7 +83,7 @@ func TestStepNamesNeverMeetCallKeys(t *testing.T) {
 	const charge = "/provider.v1.ProviderService/Charge"
 	call := callKey(parent, charge, 1)
 	for _, step := range []string{charge + "#1", "call", charge, "1", "call" + charge + "1"} {
-		if DeriveKey(parent, step) == call {
+		if stepKey(parent, step) == call {
 			t.Errorf("the step %q derives the key of the first call to %s", step, charge)
 		}
 	}
@@ -99,8 +99,8 @@ func TestChildKey(t *testing.T) {
 	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
 	ctx := withRequestKey(context.Background(), parent)
 	k, ok := ChildKey(ctx, "charge")
-	if !ok || k != DeriveKey(parent, "charge") {
-		t.Fatalf("ChildKey = %q, %v; want %s, true", k, ok, DeriveKey(parent, "charge"))
+	if !ok || k != stepKey(parent, "charge") {
+		t.Fatalf("ChildKey = %q, %v; want %s, true", k, ok, stepKey(parent, "charge"))
 	}
 	if key, ok := KeyFromContext(ctx); !ok || key != "order-1" {
 		t.Fatalf("KeyFromContext = %q, %v; want order-1, true", key, ok)

@@ -1,7 +1,10 @@
 // Package idem makes mutating calls safe to retry: it is the
 // transport-neutral core that idem's adapters (gRPC in package interceptor,
 // Connect in idemconnect, HTTP/JSON through grpc-gateway in idemgateway)
-// put in front of a service.
+// put in front of a service. It is what a server or client author writes
+// against: the engine and its options, the per-method policy, steps and
+// child keys, the finisher, the results and the error. What only an
+// adapter needs is in package [github.com/idemkit/idem/transport].
 //
 // A client attaches an idempotency key (gRPC metadata [KeyHeader], the
 // HTTP header [HTTPKeyHeader]) to a call. The [Engine] claims the key in a
@@ -9,6 +12,38 @@
 // that outcome, byte for byte, to every retry with the same key. A retry can
 // therefore never apply a side effect twice, whether it comes from the
 // client, a load balancer, a mesh or the transport's own retry policy.
+//
+// # Terms
+//
+// Each word below means one thing, in the code, the docs, the proto, the
+// idem command and the metrics:
+//
+//   - key: the string a client sends to name one operation, the same on
+//     every retry of it ([KeyHeader]).
+//   - scope: where a key is kept, (tenant, method or its scope name, key);
+//     the same key in two scopes names two operations.
+//   - claim: taking a key for one execution of the handler.
+//   - record: storing a call's outcome under its key, once.
+//   - replay: answering a retry from the recorded outcome.
+//   - lease: the time-bound hold of a claim in leased mode, with its
+//     fencing token.
+//   - step: a named unit of work of a leased handler ([Step]), whose result
+//     is saved and never run twice.
+//   - child key: the key of a call a keyed handler makes, derived from its
+//     request's scope ([ChildKey]).
+//   - finish: running an abandoned leased call to its end on the server
+//     ([Finisher]).
+//   - settle: the operator's action that records an error under a key
+//     still in progress, for its retries to replay (the admin service's
+//     SettleKey).
+//   - forget: the operator's action that deletes a key, so that its next
+//     call runs afresh.
+//   - outcome: what a call's handler produced, a response or an error, as
+//     recorded and replayed.
+//   - result: how idem ended a call ([Result]; the metric attribute
+//     idem.result), for instance executed, replayed or in_use.
+//   - fingerprint: the hash of the request that tells a retry from another
+//     request under the same key.
 //
 // # Usage
 //
@@ -27,16 +62,18 @@
 // that holds the key, from postgres.TxFromContext, so the key, the writes and
 // the recorded response commit together or not at all.
 //
-// Defaults: a lease of 60 s ([WithLeased]), a retry delay of 1 s
+// Defaults: a lease of 60 s ([MethodPolicy]), a retry delay of 1 s
 // ([WithRetryDelay]), responses recorded up to 1 MiB
 // ([WithMaxStoredResponseBytes]); a [Finisher] passes every 10 s, takes
 // over calls whose lease ran out 30 s ago, 100 at a time, gives up after 8
-// attempts, and bounds its list by 10 s and each attempt by 1 min
-// ([FinisherConfig]).
+// attempts, and bounds its list by its interval and each attempt by 1 min
+// ([FinisherOption]).
 //
 // # Which methods are keyed
 //
-// Policy lives in the .proto file and is read from the method descriptor:
+// Policy lives in the .proto file and is read from the method descriptor,
+// or, for a method whose .proto file the server does not own, is set in Go
+// with [WithMethodPolicy], which replaces the option wholesale:
 //
 //   - option (idem.v1.method).key_required = true: a call without a key
 //     fails with INVALID_ARGUMENT.
@@ -64,7 +101,7 @@
 // store's TTL, or for the method's own, (idem.v1.method).ttl; the first
 // answer and every replay tell the client when its key expires, in the
 // header [ExpiresHeader] (RFC 3339). Streaming methods take no key: the
-// adapters refuse one with INVALID_ARGUMENT ([StreamKeyRefused]).
+// adapters refuse one with INVALID_ARGUMENT.
 // A scope that no store can hold (a tenant over 255 bytes, or one that is
 // not valid UTF-8 or holds a NUL byte; the rule of store.Scope.Validate) is
 // refused before anything is claimed, with INVALID_ARGUMENT and ErrorInfo
@@ -73,7 +110,7 @@
 // Fields marked (idem.v1.field).fingerprint_exclude, such as trace ids, are
 // left out of the request fingerprint; metadata never enters it.
 //
-// # Outcomes
+// # Status codes
 //
 // As gRPC status codes (Connect uses the same; HTTP/JSON through
 // grpc-gateway gets the statuses of package idemgateway):
@@ -115,7 +152,7 @@
 // is extended every third of its length while it runs, and the outcome is
 // recorded only if the token is still the key's. A method is leased by its
 // option (idem.v1.method).mode = MODE_LEASED (with an optional lease), or by
-// [WithLeased]. A duplicate that arrives while the lease runs gets ABORTED
+// [WithMethodPolicy]. A duplicate that arrives while the lease runs gets ABORTED
 // with the lease's remaining time (at most 30 s) as its RetryInfo delay. Once
 // a lease has run out, a retry with the same request takes the key over and
 // resumes after the last [Step] the handler saved; the earlier worker can
@@ -145,7 +182,7 @@
 // A leased handler runs each side effect as a [Step]: once per call,
 // however often the call is taken over, with the step's result saved and
 // returned to later attempts, and the step's child key on its outbound
-// calls. Methods that opt in ((idem.v1.method).finish, or [WithFinish])
+// calls. Methods that opt in ((idem.v1.method).finish, or [MethodPolicy].Finish)
 // keep their request with the leased claim, and a [Finisher]
 // ([NewFinisher]) finishes those whose callers are gone: it takes an abandoned
 // call over as a retry would and runs it, from its last step, to the end,
@@ -157,7 +194,7 @@
 // reaches its first caller but is recorded as "not cached", with the small
 // reference its method's [Loader] returns, if it has one. A retry then gets
 // the response the Loader rebuilds, or, for a method declared safe to run
-// twice ([WithRerunWhenNotCached], or rerun_when_not_cached in its option),
+// twice (rerun_when_not_cached in its option, or [MethodPolicy].RerunWhenNotCached),
 // a second run of the handler; otherwise FAILED_PRECONDITION with ErrorInfo
 // reason IDEMPOTENCY_RESPONSE_NOT_CACHED. Recorded errors are not capped.
 //
@@ -172,10 +209,10 @@
 // map fields or extensions, re-encoding a decoded message reproduces them, so
 // the handler's own message (first call) and a decoded copy (replays) pass
 // through the interceptors outside idem as usual. For types with maps or
-// extensions, whose entry order protobuf leaves open, [Answer.WireMessage]
-// is an empty message of the response type that carries the recorded bytes
-// as unknown fields, which the gRPC and Connect adapters send; interceptors
-// outside idem then see no fields set.
+// extensions, whose entry order protobuf leaves open, the gRPC and Connect
+// adapters send an empty message of the response type that carries the
+// recorded bytes as unknown fields; interceptors outside idem then see no
+// fields set.
 // The recorded bytes carry the call's status code and a CRC-32C checksum of
 // code and payload. A recorded outcome that idem cannot vouch for is never
 // sent: one that no longer decodes, whose code is not a gRPC code (0 to 16)
@@ -187,16 +224,16 @@
 //
 // # Transports
 //
-// The [Engine] is transport-neutral: an adapter hands [Engine.Handle] a
-// [Call] and the handler, and sends the [Answer] and the error it returns,
-// an [*Error] (a google.rpc.Status) for idem's own answers, in its
-// transport's way. The gRPC adapter
+// The [Engine] is transport-neutral: an adapter hands it each call and the
+// handler, through package [github.com/idemkit/idem/transport], and sends
+// the answer and the error, an [*Error] (a google.rpc.Status) for idem's
+// own answers, in its transport's way. The gRPC adapter
 // ([github.com/idemkit/idem/interceptor]), the Connect adapter
 // (github.com/idemkit/idem/interceptor/idemconnect) and, through the gRPC
 // adapter, the grpc-gateway adapter (module
 // github.com/idemkit/idem/interceptor/idemgateway) use one engine, so that
 // a call and its retry over another transport are one operation.
-// [ParseHTTPKey] reads the IETF Idempotency-Key header. [WithOutcomeHook]
+// Over HTTP the key is the IETF draft's header [HTTPKeyHeader]. [WithReportHook]
 // sees how each call went, whatever its transport.
 //
 // # Errors and logging
@@ -218,47 +255,92 @@
 //   - metrics, through the OpenTelemetry metric API ([WithMeterProvider],
 //     by default the global provider): the counter idem.server.requests
 //     with attributes rpc.method ("pkg.Service/Method"), idem.mode and
-//     idem.outcome; the histograms idem.claim.duration and
+//     idem.result; the histograms idem.claim.duration and
 //     idem.record.duration, in seconds, waits on a busy key included; the
 //     counters idem.lease.takeovers and idem.lease.extensions. Outgoing
-//     keys ([OutgoingKeys], under the client interceptors) are counted in
+//     keys (the client adapters', see "Calling other services") are counted in
 //     idem.client.keys, with attributes rpc.method and idem.key.source
 //     (generated, derived, caller).
 //   - traces: the call's span in the context (started by a stats handler
-//     such as otelgrpc's) gets the attributes idem.outcome, idem.replayed
+//     such as otelgrpc's) gets the attributes idem.result, idem.replayed
 //     and idem.mode, and the events idem.key_in_use (with idem.claim.wait,
 //     the seconds the claim waited) and idem.lease.takeover; when that
 //     span is recorded, the store calls run in its child spans idem.claim
 //     and idem.record ([WithTracerProvider], by default the global
 //     provider).
-//   - logs: the gRPC adapter adds the fields idem.outcome and idem.replayed
+//   - logs: the gRPC adapter adds the fields idem.result and idem.replayed
 //     to the fields of go-grpc-middleware v2's logging interceptor, which
 //     prints them on its "finished call" line, when it comes before idem in
 //     the chain (see package interceptor).
-//   - the outcome hook ([WithOutcomeHook]), with the method, the mode, the
-//     result, whether the answer was replayed, and the durations.
+//   - the report hook ([WithReportHook]), with a [Report] of the method,
+//     the mode, the result, whether the answer was replayed, and the
+//     durations.
 //
 // # Calling other services
 //
-// [OutgoingKeys] gives each outgoing call of a keyed method its key; the
-// client adapters (interceptor.UnaryClientInterceptor, idemconnect's
-// interceptor) use it. Outside a keyed handler it gives each call a new
-// UUID, unless the caller set one ([ContextWithKey], the metadata, or the
-// request's field marked (idem.v1.field).key). When that field is empty,
-// the key idem attaches goes there too, on a copy of the request, as
-// Google's client libraries fill a request_id (AIP-4235); see
-// [OutgoingKeys].
-// Inside a keyed handler it derives a child key from the request's whole
-// scope, its tenant, method and key, and a step: [DeriveKey](request,
-// step), where step is the name set with [ContextWithStep] (or [Step]); a
-// call that names no step is keyed by the method it calls and its ordinal
-// among the request's calls to it (the second call to CreatePayment, say),
-// from a tuple that no step name hashes like. A retried request therefore
-// sends the same child keys in the same order and the services it calls
-// replay instead of repeating. Two calls never share a key, nor do two
-// operations that share a key string in different tenants or methods. The
-// request's own key is never forwarded: a handler that copies its incoming
-// metadata to its outgoing calls sends keyed methods their child keys and
-// other methods no key. [ChildKey] gives a handler the child key of a step
-// for calls over other transports (HTTP, a provider's SDK).
+// The client adapters (interceptor.UnaryClientInterceptor,
+// idemconnect.NewClientInterceptor), configured with [ClientOption]s,
+// attach an idempotency key to each outgoing call of a keyed method, once
+// per logical call, so that every retry made below them carries the same
+// key. A method is keyed when its descriptor says
+// (idem.v1.method).key_required or [WithKeyedMethods] selects it;
+// IDEMPOTENT and NO_SIDE_EFFECTS methods never are. The key is, in order
+// of precedence:
+//
+//  0. the key the request carries in its field marked (idem.v1.field).key
+//     (a request_id, as AIP-155 has it), when that field is set: it is the
+//     call's key, on every retry, and idem attaches none of its own (the
+//     caller's metadata goes as it is, less the key of the request being
+//     handled). An empty field changes nothing, nor does one that holds the
+//     key of the request being handled (a handler that sends on the
+//     message it was sent), which is never forwarded;
+//  1. the key set with [ContextWithKey], sent as it is (to optional-key
+//     methods too);
+//  2. a key the caller put in the outgoing metadata ([KeyHeader]), sent as
+//     it is, unless it is the key of the request being handled, which is
+//     never forwarded and is replaced as in 3;
+//  3. inside a keyed handler (see [KeyFromContext]), a child key of the
+//     request's whole scope, its tenant, method and key: for a call made in
+//     a [Step], the step's, [ChildKey](ctx, step); else one keyed by the
+//     method called and the call's ordinal among this request's calls to
+//     that method (the second call to CreatePayment, say), from a tuple
+//     that no step name hashes like. A retried request therefore sends the
+//     same child keys in the same order, and the services it calls replay
+//     instead of repeating. Calls whose order may vary between runs of the
+//     handler (concurrent ones, say) send a child key of their own, as 1:
+//     [ContextWithKey](ctx, key) with key from ChildKey(ctx, step);
+//  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
+//     keys land near each other in the server's index).
+//
+// Two calls never share a key, nor do two operations that share a key
+// string in different tenants or methods. The request's own key is never
+// forwarded, on any method: a handler that copies its incoming metadata to
+// its outgoing context, or its request's key field to the request it
+// sends, sends a keyed method its child key, and an IDEMPOTENT,
+// NO_SIDE_EFFECTS or unselected optional-key method no key at all (in a
+// copy of the request whose key field is cleared). [ChildKey] gives a
+// handler the child key of a step for calls over other transports (HTTP, a
+// provider's SDK).
+//
+// When the key is idem's (1, 3 or 4) and the method's request has an empty
+// field marked (idem.v1.field).key (or one that holds the key of the
+// request being handled), the key also goes in that field, as Google's
+// client libraries fill a request_id (AIP-4235). The call carries it
+// twice, in the field and in the metadata: idem's server accepts the two
+// because they are the same, and a server or proxy that reads only one of
+// them still reads the call's key. The field is set on a copy of the
+// request (proto.Clone), which the adapter sends: the caller's message is
+// never changed. A message shared between goroutines is never written to,
+// and one sent again, or used as a template for other calls, makes another
+// logical call, with a key of its own (a filled field would silently make
+// it a replay of the first). The retries below the adapter (grpc-go's
+// retryPolicy, which resends the first attempt's bytes; a retry
+// interceptor placed after idem's, which sends the same copy again) keep
+// the filled key. A caller that retries by calling again, above the
+// adapter, sets the field (or [ContextWithKey]) itself, and keeps it. The
+// key idem generates for the field is the UUIDv7 of 4, one key for both
+// places: idem's server takes any key, and a version 7 UUID is a UUID to
+// an API that asks for one. An API that declares its field
+// (google.api.field_info).format = UUID4 and checks the version should
+// have its callers fill the field.
 package idem

@@ -15,15 +15,16 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/idemkit/idem/fingerprint"
+	"github.com/idemkit/idem/internal/bridge"
 	"github.com/idemkit/idem/store"
 )
 
 // Engine runs keyed unary calls for a transport: it checks the key, claims
 // it in the store, runs the handler, records its outcome and replays it.
-// Each transport's adapter is an Engine behind that transport's API: the
-// gRPC interceptor (package interceptor), the connect-go interceptor
-// (package idemconnect), and, through the gRPC server it proxies to,
-// grpc-gateway (package idemgateway). So every transport serves one
+// Each transport's adapter puts an Engine behind that transport's API:
+// grpc-go's (package interceptor), connect-go's (package idemconnect),
+// and, through the gRPC server it proxies to, grpc-gateway's (package
+// idemgateway). So every transport serves one
 // contract, with one store, one fingerprint and one scope: a gRPC call and
 // its retry over HTTP are the same operation.
 //
@@ -58,92 +59,33 @@ func New(s store.Store, opts ...Option) (*Engine, error) {
 	}, nil
 }
 
-// Call is one unary call as its transport received it.
-type Call struct {
-	// Method is the full method name, "/pkg.Service/Method".
-	Method string
-	// Keys are the values of the call's idempotency key as the transport
-	// carried them, decoded from its syntax (gRPC metadata [KeyHeader], an
-	// HTTP Idempotency-Key header): none when it carried none. More than one
-	// value is refused.
-	Keys []string
-	// KeyError, when set, says why the transport could not decode the key
-	// it carried from its syntax (an HTTP Idempotency-Key header that is
-	// neither a Structured Field String nor a bare token, see
-	// [ParseHTTPKey]). The call is refused as a key [ValidateKey] refuses
-	// is, on every method, and Keys is not read.
-	KeyError error
-	// Request is the request message.
-	Request proto.Message
-	// Header is the request metadata, with lower-case names (gRPC metadata
-	// as it is; HTTP headers lower-cased, -bin values decoded). The
-	// [WithTenant] function reads it, and a method that may be finished
-	// keeps the entries [WithFinishHeaders] names.
-	Header map[string][]string
-	// Status reads the google.rpc.Status an error of the transport's
-	// carries (a gRPC status error, a *connect.Error), and reports false
-	// for an error that carries none. idem reads the handler's errors with
-	// it (to classify and record them), and passes on as they are the
-	// errors that carry one from the [WithTenant] function and a
-	// [Loader]. Nil reads only an [*Error].
-	Status func(error) (*spb.Status, bool)
-}
-
-// Reply is what a handler answered: its message (nil with an error) and
-// the response metadata it set, which is recorded with the outcome and
-// replayed with it.
-type Reply struct {
-	// Message is the response (nil with an error).
-	Message proto.Message
-	// Header and Trailer are the response metadata the handler set, with
-	// lower-case names.
+// answer is what the transport sends back for a call, besides the error:
+// [bridge.Answer] with idem's Result, and the message a binary protobuf
+// codec sends (see transport.Answer.WireMessage).
+type answer struct {
+	Message         proto.Message
 	Header, Trailer map[string][]string
-}
-
-// Handler runs the handler of a call with ctx, which carries what idem
-// hands the handler (the key's transaction, its lease, its scope for
-// outbound calls).
-type Handler func(ctx context.Context) (Reply, error)
-
-// Answer is what the transport sends back for a call, besides the error
-// Handle returns.
-type Answer struct {
-	// Message is the response, decoded (nil with an error).
-	Message proto.Message
-	// Header and Trailer are the response metadata idem adds to what the
-	// handler set itself: the replay marker ([ReplayedHeader]) and, on a
-	// replay, the metadata the handler had set. Send them.
-	Header, Trailer map[string][]string
-	// Result is how idem settled the call.
-	Result Result
-
+	Result          Result
 	// wire is Message as a binary protobuf codec must send it, when that
-	// differs from Message: see WireMessage.
+	// differs from Message: the recorded bytes, exactly, for response
+	// types whose encoding is not canonical (maps, extensions), carried as
+	// the unknown fields of an empty message.
 	wire proto.Message
 }
 
-// WireMessage returns the response to hand to a binary protobuf codec: the
-// recorded bytes, exactly, for response types whose encoding is not
-// canonical (maps, extensions), carried as the unknown fields of an empty
-// message; Message otherwise. A transport that encodes differently (JSON)
-// sends Message.
-func (a Answer) WireMessage() proto.Message {
-	if a.wire != nil {
-		return a.wire
-	}
-	return a.Message
-}
-
-// Handle runs call: the handler once per key, its recorded outcome to every
+// handle runs call: the handler once per key, its recorded outcome to every
 // retry. Its error is the handler's own, returned as the handler returned
 // it, or an [*Error] of idem's (its own refusals and a recorded error
 // replayed), which the transport maps to its wire. It reports the call's
-// outcome to the metrics, traces and hook ([WithOutcomeHook]).
-func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, error) {
+// result to the metrics, traces and hook ([WithReportHook]). Transports
+// reach it through transport.Handle.
+func (e *Engine) handle(ctx context.Context, call bridge.Call, h bridge.Handler) (answer, error) {
 	c := &callState{engine: e, method: call.Method, started: time.Now(), statusOf: call.Status}
 	run, _ := ctx.Value(finishCtxKey{}).(*finishRun)
 	c.finishing = run != nil
-	ans, err := e.handle(ctx, c, call, run, h)
+	// The method value h.Run does not escape: only the transport's own
+	// handler behind it does.
+	ans, err := e.run(ctx, c, call, run, h.Run)
 	c.result = ans.Result
 	c.replayed = ans.Result == ResultReplayed || ans.Result == ResultRebuilt
 	if run != nil {
@@ -152,6 +94,9 @@ func (e *Engine) Handle(ctx context.Context, call Call, h Handler) (Answer, erro
 	e.report(ctx, c)
 	return ans, err
 }
+
+// handler runs the handler of a call, as [bridge.Handler.Run].
+type handler func(ctx context.Context) (bridge.Reply, error)
 
 // callState follows one call to its outcome.
 type callState struct {
@@ -194,12 +139,12 @@ func (c *callState) handlerStatus(err error) *spb.Status {
 	return &spb.Status{Code: int32(code.Code_UNKNOWN), Message: err.Error()}
 }
 
-// refuse is the answer of a call idem settled as r without running it.
-func refuse(r Result, err error) (Answer, error) {
-	return Answer{Result: r}, err
+// refuse is the answer of a call idem ended as r without running it.
+func refuse(r Result, err error) (answer, error) {
+	return answer{Result: r}, err
 }
 
-func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finishRun, h Handler) (Answer, error) {
+func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *finishRun, h handler) (answer, error) {
 	m := e.methods.lookup(call.Method)
 	c.m = m
 	c.mode = ModeAtomic
@@ -287,7 +232,7 @@ func (e *Engine) handle(ctx context.Context, c *callState, call Call, run *finis
 // anything, and otherwise answers the failure as atomic mode does,
 // recording a deterministic error and releasing the key on any other,
 // without running the handler again.
-func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler, optimistic bool, failed *failure) (Answer, error) {
+func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h handler, optimistic bool, failed *failure) (answer, error) {
 	cctx, t := e.obs.start(ctx, c, spanClaim)
 	claim, err := e.store.Claim(cctx, c.key, store.ClaimRequest{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim += t.end(err)
@@ -307,7 +252,7 @@ func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h Handler,
 	run := h
 	if optimistic {
 		c.optimistic = true
-		run = func(ctx context.Context) (Reply, error) {
+		run = func(ctx context.Context) (bridge.Reply, error) {
 			r, err := h(ctx)
 			if err != nil && ctx.Err() == nil {
 				return r, &failure{reply: r, err: err}
@@ -337,14 +282,14 @@ var errTaken = errors.New("idem: the key was taken by another request")
 // A handler that fails after its caller has gone is answered at once, as
 // in atomic mode: nobody waits for the answer.
 type failure struct {
-	reply Reply
+	reply bridge.Reply
 	err   error
 }
 
 func (f *failure) Error() string { return f.err.Error() }
 
 // handler answers as the handler that failed did, without running it.
-func (f *failure) handler(context.Context) (Reply, error) { return f.reply, f.err }
+func (f *failure) handler(context.Context) (bridge.Reply, error) { return f.reply, f.err }
 
 // keyFrom returns the call's key and whether it carried one. A key that is
 // present but invalid is an error naming the rule it breaks.
@@ -353,30 +298,30 @@ func keyFrom(keys []string) (key string, ok bool, err error) {
 	case 0:
 		return "", false, nil
 	case 1:
-		return keys[0], true, ValidateKey(keys[0])
+		return keys[0], true, validateKey(keys[0])
 	}
 	return "", true, errTooManyKeys(len(keys))
 }
 
 // tenant returns the call's tenant: the one a Finisher kept with the call,
 // or the resolver's.
-func (e *Engine) tenant(ctx context.Context, call Call, run *finishRun) (string, error) {
+func (e *Engine) tenant(ctx context.Context, call bridge.Call, run *finishRun) (string, error) {
 	if run != nil {
 		return run.tenant, nil
 	}
 	return e.opts.tenant(ctx, call.Header)
 }
 
-// finishing returns what a Finisher needs to run call again: its method,
-// its request in deterministic encoding, and the request metadata
-// [WithFinishHeaders] names.
-func (e *Engine) finishing(call Call) (*store.Call, error) {
+// finishing returns what a Finisher needs to run call, of method m, again:
+// its method, its request in deterministic encoding, and the request
+// metadata m's policy names (FinishHeaders).
+func (e *Engine) finishing(m *method, call bridge.Call) (*store.Call, error) {
 	req, err := proto.MarshalOptions{Deterministic: true}.Marshal(call.Request)
 	if err != nil {
 		return nil, err
 	}
 	c := &store.Call{Method: call.Method, Request: req, Metadata: map[string][]string{}}
-	for _, k := range e.opts.finishHeaders {
+	for _, k := range m.finishHeaders {
 		if v := call.Header[k]; len(v) > 0 {
 			c.Metadata[k] = v
 		}
@@ -388,7 +333,7 @@ func (e *Engine) finishing(call Call) (*store.Call, error) {
 // else the one its request carries in the field marked
 // (idem.v1.field).key. A request field and a transport key that differ are
 // refused, with the status the client gets.
-func requestKeys(m *method, call Call) ([]string, error) {
+func requestKeys(m *method, call bridge.Call) ([]string, error) {
 	msg, fd := keyField(m, call.Request)
 	if fd == nil {
 		return call.Keys, nil
@@ -398,7 +343,7 @@ func requestKeys(m *method, call Call) ([]string, error) {
 	case v == "":
 		return call.Keys, nil
 	case len(call.Keys) == 0:
-		if err := ValidateKey(v); err != nil {
+		if err := validateKey(v); err != nil {
 			return nil, invalidKey(fmt.Sprintf("the request's field %s %v", fieldName(m.keyField), err))
 		}
 		return []string{v}, nil
@@ -418,9 +363,9 @@ func fieldName(fd protoreflect.FieldDescriptor) string {
 }
 
 // passThrough runs a call idem stands aside from.
-func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
+func (e *Engine) passThrough(ctx context.Context, h handler) (answer, error) {
 	r, err := h(ctx)
-	return Answer{Message: r.Message, Result: ResultPassthrough}, err
+	return answer{Message: r.Message, Result: ResultPassthrough}, err
 }
 
 // lease runs a call in leased mode: the claim is committed before the
@@ -436,12 +381,12 @@ func (e *Engine) passThrough(ctx context.Context, h Handler) (Answer, error) {
 // succeeded or failed deterministically fails, the claim stays in progress
 // and its lease runs out on its own, so that a retry takes the call over
 // (resuming after its recorded steps) rather than running it afresh.
-func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, h Handler) (Answer, error) {
+func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call bridge.Call, h handler) (answer, error) {
 	m, key := c.m, c.key
 	r := store.LeaseRequest{Fingerprint: fp, TTL: m.ttl, Lease: m.lease}
 	if m.finish {
 		var err error
-		if r.Call, err = e.finishing(call); err != nil {
+		if r.Call, err = e.finishing(m, call); err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the request for finishing failed", err))
 		}
 	}
@@ -477,7 +422,7 @@ func (e *Engine) lease(ctx context.Context, c *callState, fp []byte, call Call, 
 	stop := e.heartbeat(bctx, key, l, m.lease, cancel)
 	defer stop() // when the handler panics
 	rec := &leaseRecorder{lease: l, stop: stop}
-	ans, err := e.execute(hctx, c, func(ctx context.Context) (Reply, error) {
+	ans, err := e.execute(hctx, c, func(ctx context.Context) (bridge.Reply, error) {
 		r, err := h(ctx)
 		release = err != nil && !e.opts.classifier(c.handlerStatus(err))
 		return r, err
@@ -519,11 +464,11 @@ type recorder interface {
 
 // execute runs the handler and records its outcome in rec. On an error it
 // records nothing and leaves the claim to the caller's deferred release.
-func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recorder) (Answer, error) {
+func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recorder) (answer, error) {
 	m, key := c.m, c.key
 	r, herr := h(ctx)
 	if f, ok := herr.(*failure); ok {
-		return Answer{}, f // for atomic, which learns what the key holds first
+		return answer{}, f // for atomic, which learns what the key holds first
 	}
 	if herr != nil {
 		st := c.handlerStatus(herr)
@@ -537,7 +482,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 		if a, err := e.record(ctx, c, rec, store.Outcome{Code: code.Code(st.GetCode()), Body: body}); err != nil {
 			return a, err
 		}
-		return Answer{Header: expiresHeader(c.expires), Result: ResultExecuted}, herr
+		return answer{Header: expiresHeader(c.expires), Result: ResultExecuted}, herr
 	}
 	if r.Message == nil {
 		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the handler returned no response message"))
@@ -559,7 +504,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 	if a, err := e.record(ctx, c, rec, out); err != nil {
 		return a, err
 	}
-	ans := Answer{Message: r.Message, Header: expiresHeader(c.expires), Result: ResultExecuted}
+	ans := answer{Message: r.Message, Header: expiresHeader(c.expires), Result: ResultExecuted}
 	if m.raw {
 		ans.wire = rawMessage(m, payload)
 	}
@@ -569,15 +514,15 @@ func (e *Engine) execute(ctx context.Context, c *callState, h Handler, rec recor
 // record records out in rec, timing it. A failure is returned as the
 // status the client gets, except a leased call's, which is passed on as it
 // is, for lease to report (and log).
-func (e *Engine) record(ctx context.Context, c *callState, rec recorder, out store.Outcome) (Answer, error) {
+func (e *Engine) record(ctx context.Context, c *callState, rec recorder, out store.Outcome) (answer, error) {
 	rctx, t := e.obs.start(ctx, c, spanRecord)
 	err := rec.Record(rctx, out)
 	c.record = t.end(err)
 	if err == nil {
-		return Answer{}, nil
+		return answer{}, nil
 	}
 	if c.optimistic && errors.Is(err, store.ErrConflict) {
-		return Answer{}, errTaken
+		return answer{}, errTaken
 	}
 	if _, leased := rec.(*leaseRecorder); leased || errors.Is(err, store.ErrLeaseLost) {
 		return refuse(ResultStoreError, err)
@@ -647,7 +592,7 @@ func (e *Engine) heartbeat(ctx context.Context, key store.Scope, l store.Lease, 
 }
 
 // replay answers a call whose key another request took.
-func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte, en *store.Entry) (Answer, error) {
+func (e *Engine) replay(ctx context.Context, c *callState, h handler, fp []byte, en *store.Entry) (answer, error) {
 	m, key := c.m, c.key
 	if !bytes.Equal(en.Fingerprint, fp) {
 		return refuse(ResultReused, keyReused())
@@ -667,7 +612,7 @@ func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte,
 		e.log(ctx, slog.LevelError, "idem: the recorded outcome cannot be replayed", key, err)
 		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the recorded outcome of this request is unreadable"))
 	}
-	ans := Answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer, Result: ResultReplayed}
+	ans := answer{Header: replayHeader(rec.header, en.ExpiresAt), Trailer: rec.trailer, Result: ResultReplayed}
 	if en.Outcome.Code != 0 {
 		return ans, &Error{status: rec.msg.(*spb.Status)}
 	}
@@ -682,7 +627,7 @@ func (e *Engine) replay(ctx context.Context, c *callState, h Handler, fp []byte,
 const maxLeaseRetryDelay = 30 * time.Second
 
 // rebuild answers a retry of a call whose response was too large to record.
-func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, en *store.Entry) (Answer, error) {
+func (e *Engine) rebuild(ctx context.Context, c *callState, h handler, en *store.Entry) (answer, error) {
 	m, key := c.m, c.key
 	switch {
 	case m.loader != nil:
@@ -693,10 +638,10 @@ func (e *Engine) rebuild(ctx context.Context, c *callState, h Handler, en *store
 			}
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_UNAVAILABLE, "rebuilding the response failed", err))
 		}
-		return Answer{Message: resp, Header: replayHeader(nil, en.ExpiresAt), Result: ResultRebuilt}, nil
+		return answer{Message: resp, Header: replayHeader(nil, en.ExpiresAt), Result: ResultRebuilt}, nil
 	case m.rerun:
 		r, err := h(ctx)
-		return Answer{Message: r.Message, Result: ResultRerun}, err
+		return answer{Message: r.Message, Result: ResultRerun}, err
 	}
 	return refuse(ResultNotCached, notCached())
 }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
-	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 // New checks the per-method options against the protobuf registry, so a
@@ -23,10 +23,10 @@ import (
 // store keeps idem's contract within one process (tests, a single
 // replica); production servers use store/postgres.
 func ExampleNew() {
-	_, err := idem.New(memory.New(), idem.WithLeased(time.Minute, "/test.v1.TestService/Doo"))
+	_, err := idem.New(memory.New(), idem.WithMethodPolicy("/test.v1.TestService/Doo", idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 	fmt.Println(err != nil)
 
-	e, err := idem.New(memory.New(), idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName))
+	e, err := idem.New(memory.New(), idem.WithMethodPolicy(testv1.TestService_Do_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -34,47 +34,10 @@ func ExampleNew() {
 	// Output: true
 }
 
-// A transport's adapter hands Handle each unary call and sends back what it
-// returns. This one is called directly with a key and a request: a call, a
-// retry of it, and a reuse of its key for another request.
-func ExampleEngine_Handle() {
-	e, err := idem.New(memory.New())
-	if err != nil {
-		log.Fatal(err)
-	}
-	executions := 0
-	call := func(key, value string) {
-		req := &testv1.MaybeRequest{Value: value}
-		ans, err := e.Handle(context.Background(), idem.Call{
-			Method:  testv1.TestService_Maybe_FullMethodName,
-			Keys:    []string{key},
-			Request: req,
-			Header:  map[string][]string{idem.KeyHeader: {key}},
-		}, func(ctx context.Context) (idem.Reply, error) {
-			executions++
-			return idem.Reply{Message: &testv1.MaybeResponse{Value: req.GetValue(), Execution: int64(executions)}}, nil
-		})
-		var ie *idem.Error
-		if errors.As(err, &ie) {
-			fmt.Println(ans.Result, code.Code(ie.Status().GetCode()))
-			return
-		}
-		fmt.Println(ans.Result, ans.Message.(*testv1.MaybeResponse).GetExecution(), ans.Header[idem.ReplayedHeader])
-	}
-	call("order-1", "10 EUR")
-	call("order-1", "10 EUR") // a retry: replayed
-	call("order-1", "99 EUR") // the same key for another request
-	fmt.Println("executions:", executions)
-	// Output:
-	// executed 1 []
-	// replayed 1 [true]
-	// reused FAILED_PRECONDITION
-	// executions: 1
-}
-
 // Scope keys by the authenticated caller. A real server reads the identity
 // its authentication interceptor verified; this stand-in trusts a header.
-// The same key from two tenants names two operations.
+// The same key from two tenants names two operations. The calls go
+// through transport.Handle, as an adapter hands them to the engine.
 func ExampleWithTenant() {
 	tenant := func(ctx context.Context, header map[string][]string) (string, error) {
 		if v := header["x-tenant-id"]; len(v) == 1 {
@@ -87,13 +50,13 @@ func ExampleWithTenant() {
 		log.Fatal(err)
 	}
 	for _, t := range []string{"acme", "globex", "acme"} {
-		ans, _ := e.Handle(context.Background(), idem.Call{
+		ans, _ := transport.Handle(context.Background(), e, transport.Call{
 			Method:  testv1.TestService_Maybe_FullMethodName,
 			Keys:    []string{"order-1"},
 			Request: &testv1.MaybeRequest{Value: "10 EUR"},
 			Header:  map[string][]string{"x-tenant-id": {t}},
-		}, func(ctx context.Context) (idem.Reply, error) {
-			return idem.Reply{Message: &testv1.MaybeResponse{Value: t}}, nil
+		}, func(ctx context.Context) (transport.Reply, error) {
+			return transport.Reply{Message: &testv1.MaybeResponse{Value: t}}, nil
 		})
 		fmt.Println(t, ans.Result)
 	}
@@ -126,24 +89,6 @@ func ExampleKeyFromContext() {
 	_ = handler
 }
 
-func ExampleValidateKey() {
-	fmt.Println(idem.ValidateKey("2f1c6b0e-4a53-4f5e-9b7a-1d2c3e4f5a6b"))
-	fmt.Println(idem.ValidateKey("has space"))
-	// Output:
-	// <nil>
-	// must be visible ASCII (0x21-0x7E), got byte 0x20 at offset 3
-}
-
-func ExampleDeriveKey() {
-	// The payment provider gets its own key for the "charge" step of the
-	// Checkout request that tenant acme keyed "order-7f3a", the same on
-	// every retry of that request and different from the children of
-	// "order-7f3a" in any other tenant or method.
-	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-7f3a"}
-	fmt.Println(idem.DeriveKey(parent, "charge"))
-	// Output: b710463d8d6589451baefeda0a9ef1576c53787e46f30a8113f2f406ab1d7774
-}
-
 func ExampleChildKey() {
 	// A keyed handler that charges a provider over HTTP sends the child key
 	// of its "charge" step, so that a retried request charges once.
@@ -158,84 +103,69 @@ func ExampleChildKey() {
 	_ = handler
 }
 
-// OutgoingKeys is what the client adapters (interceptor.UnaryClientInterceptor,
-// idemconnect's interceptor) call for each outgoing call; a client over
-// another transport calls it the same way and sends the request and the
-// keys it returns.
-func ExampleOutgoingKeys() {
-	keys := idem.NewOutgoingKeys()
-	req := &testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"}
-
-	// Outside a keyed handler, a call the caller keyed itself keeps its key.
-	// CreatePaymentRequest carries its key in request_id, marked
-	// (idem.v1.field).key: the request to send is a copy with the key
-	// there too, and the caller's message is left as it was.
-	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	send, k, err := keys.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
-	fmt.Println(k, err)
-	fmt.Printf("%q %q\n", send.(*testv1.CreatePaymentRequest).GetRequestId(), req.GetRequestId())
-
-	// A key the caller set that is not a key fails the call before it is sent.
-	_, _, err = keys.For(idem.ContextWithKey(context.Background(), "has space"),
-		testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
-	fmt.Println(err)
-	// Output:
-	// [invoice-2024-0042] <nil>
-	// "invoice-2024-0042" ""
-	// INVALID_ARGUMENT: idem: key set with ContextWithKey: must be visible ASCII (0x21-0x7E), got byte 0x20 at offset 3
-}
-
 func ExampleContextWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
 	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	_, keys, _ := idem.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+	_, keys, _ := transport.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
 		&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"}, nil)
 	fmt.Println(keys)
 	// Output: [invoice-2024-0042]
 }
 
-func ExampleContextWithStep() {
-	// Inside a keyed handler, name the steps whose order may vary; here two
-	// charges run concurrently, so per-method ordinals would not be stable
-	// across a retry of the request. Each charge carries the request's
-	// child key for its step, idem.ChildKey(ctx, step).
+// Inside a keyed handler, calls whose order may vary between runs of the
+// handler carry keys of their own: here two charges run concurrently, so
+// per-method ordinals would not be stable across a retry of the request.
+// Each charge carries the request's child key for its step.
+func ExampleChildKey_concurrentCalls() {
 	e, err := idem.New(memory.New())
 	if err != nil {
 		log.Fatal(err)
 	}
-	outgoing := idem.NewOutgoingKeys() // as the client adapters hold it
-	charge := func(ctx context.Context, cents int64) []string {
-		_, keys, _ := outgoing.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+	outgoing := transport.NewOutgoingKeys() // as the client adapters hold it
+	charge := func(ctx context.Context, step string, cents int64) []string {
+		key, _ := idem.ChildKey(ctx, step)
+		_, keys, _ := outgoing.For(idem.ContextWithKey(ctx, key), testv1.PaymentService_CreatePayment_FullMethodName,
 			&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: cents, Currency: "EUR"}, nil)
 		return keys // sent with the call
 	}
-	_, _ = e.Handle(context.Background(), idem.Call{
+	_, _ = transport.Handle(context.Background(), e, transport.Call{
 		Method:  testv1.TestService_Maybe_FullMethodName,
 		Keys:    []string{"order-1"},
 		Request: &testv1.MaybeRequest{Value: "checkout"},
-	}, func(ctx context.Context) (idem.Reply, error) {
+	}, func(ctx context.Context) (transport.Reply, error) {
 		goods := make(chan []string)
-		go func() { goods <- charge(idem.ContextWithStep(ctx, "charge-goods"), 1250) }()
-		shipping := charge(idem.ContextWithStep(ctx, "charge-shipping"), 490)
+		go func() { goods <- charge(ctx, "charge-goods", 1250) }()
+		shipping := charge(ctx, "charge-shipping", 490)
 		want, _ := idem.ChildKey(ctx, "charge-goods")
 		fmt.Println((<-goods)[0] == want, len(shipping))
-		return idem.Reply{Message: &testv1.MaybeResponse{}}, nil
+		return transport.Reply{Message: &testv1.MaybeResponse{}}, nil
 	})
 	// Output: true 1
 }
 
-func ExampleWithLeased() {
-	// Checkout calls a payment provider, which no database transaction can
-	// roll back: hold its keys with a two-minute lease instead.
-	_ = idem.WithLeased(2*time.Minute, "/shop.v1.Shop/Checkout")
-}
-
-func ExampleWithOptimistic() {
-	// CreatePayment writes only through the claim's transaction and is
-	// rarely retried: let its first executions skip the read of the key,
-	// and its retries pay a rolled-back run of the handler instead.
-	_ = idem.WithOptimistic("/payments.v1.PaymentService/CreatePayment")
+func ExampleWithMethodPolicy() {
+	_ = []idem.Option{
+		// Checkout calls a payment provider, which no database transaction
+		// can roll back: hold its keys with a two-minute lease instead, and
+		// let a Finisher finish the calls whose callers are gone, with the
+		// caller's user id kept for the handler.
+		idem.WithMethodPolicy("/shop.v1.Shop/Checkout", idem.MethodPolicy{
+			KeyRequired:   true,
+			Mode:          idem.ModeLeased,
+			Lease:         2 * time.Minute,
+			Finish:        true,
+			FinishHeaders: []string{"x-user-id"},
+		}),
+		// CreatePayment writes only through the claim's transaction and is
+		// rarely retried: let its first executions skip the read of the
+		// key, and its retries pay a rolled-back run of the handler
+		// instead.
+		idem.WithMethodPolicy("/payments.v1.PaymentService/CreatePayment", idem.MethodPolicy{
+			KeyRequired: true,
+			Mode:        idem.ModeOptimistic,
+		}),
+	}
 }
 
 func ExampleStep() {
@@ -261,34 +191,34 @@ func ExampleStep() {
 
 // A call whose worker died after its charge step is finished by a
 // Finisher, which runs the handler again past the saved step; the caller's
-// retry then replays the outcome. Over gRPC, interceptor.FinisherRegistrar
-// does the registering.
+// retry then replays the outcome. The calls go through transport.Handle
+// and transport.RegisterFinish, as an adapter runs them; over gRPC,
+// interceptor.FinisherRegistrar does the registering.
 func ExampleNewFinisher() {
 	e, err := idem.New(memory.New(),
-		idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName),
-		idem.WithFinish(testv1.TestService_Do_FullMethodName))
+		idem.WithMethodPolicy(testv1.TestService_Do_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	if err != nil {
 		log.Fatal(err)
 	}
 	charges, runs := 0, 0
-	handler := func(req *testv1.DoRequest) idem.Handler {
-		return func(ctx context.Context) (idem.Reply, error) {
+	handler := func(req *testv1.DoRequest) transport.Handler {
+		return func(ctx context.Context) (transport.Reply, error) {
 			runs++
 			id, err := idem.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
 				charges++
 				return []byte("ch_1"), nil
 			})
 			if err != nil {
-				return idem.Reply{}, err
+				return transport.Reply{}, err
 			}
 			if runs == 1 {
-				return idem.Reply{}, errors.New("the worker died") // transient: the claim stays for a takeover
+				return transport.Reply{}, errors.New("the worker died") // transient: the claim stays for a takeover
 			}
-			return idem.Reply{Message: &testv1.DoResponse{Value: string(id)}}, nil
+			return transport.Reply{Message: &testv1.DoResponse{Value: string(id)}}, nil
 		}
 	}
-	call := func(ctx context.Context, req *testv1.DoRequest, header map[string][]string) (idem.Answer, error) {
-		return e.Handle(ctx, idem.Call{
+	call := func(ctx context.Context, req *testv1.DoRequest, header map[string][]string) (transport.Answer, error) {
+		return transport.Handle(ctx, e, transport.Call{
 			Method:  testv1.TestService_Do_FullMethodName,
 			Keys:    header[idem.KeyHeader],
 			Request: req,
@@ -296,11 +226,11 @@ func ExampleNewFinisher() {
 		}, handler(req))
 	}
 
-	f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: -1}) // no grace, for the example
+	f, err := idem.NewFinisher(e, idem.WithGrace(0)) // no grace, for the example
 	if err != nil {
 		log.Fatal(err)
 	}
-	f.Handle(testv1.TestService_Do_FullMethodName, func(ctx context.Context, req proto.Message, header map[string][]string) error {
+	transport.RegisterFinish(f, testv1.TestService_Do_FullMethodName, func(ctx context.Context, e *idem.Engine, req proto.Message, header map[string][]string) error {
 		_, err := call(ctx, req.(*testv1.DoRequest), header)
 		return err
 	})
@@ -338,10 +268,10 @@ func (l paymentLoader) Load(ctx context.Context, ref []byte) (proto.Message, err
 	return &testv1.CreatePaymentResponse{Payment: p}, nil
 }
 
-func ExampleWithLoader() {
+func ExampleLoader() {
 	var loader idem.Loader = paymentLoader{}
 	_ = []idem.Option{
 		idem.WithMaxStoredResponseBytes(64 << 10),
-		idem.WithLoader(testv1.PaymentService_CreatePayment_FullMethodName, loader),
+		idem.WithMethodPolicy(testv1.PaymentService_CreatePayment_FullMethodName, idem.MethodPolicy{KeyRequired: true, Loader: loader}),
 	}
 }

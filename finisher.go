@@ -13,84 +13,19 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemkit/idem/internal/bridge"
 	"github.com/idemkit/idem/store"
 )
 
-// ReasonNotFinished is the ErrorInfo reason recorded for a leased call that
-// a [Finisher] gave up on: it was abandoned by its caller and failed every
-// attempt to finish it, or what was kept of it cannot be read. Its steps
-// may be partly done.
-const ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
-
-// ResultUnreadable: a Finisher could not read what was kept of an abandoned
-// call (its row is damaged, or its request is not a request of its
-// method), so the call cannot be run again; it was recorded as failed
-// (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_FINISHED) and the problem
-// logged at ERROR.
-const ResultUnreadable Result = "unreadable"
-
-// FinisherConfig configures a [Finisher]. A zero field selects its
-// default; so does a negative one, except Grace.
-type FinisherConfig struct {
-	// Interval is how long [Finisher.Run] waits between passes.
-	// Default: 10 s.
-	Interval time.Duration
-	// Grace is how long after a lease ran out a call counts as abandoned,
-	// for its own retry to take it over first; it doubles after each
-	// attempt to finish the call that failed. Default: 30 s. A negative
-	// Grace means none: a call counts as abandoned as soon as its lease
-	// ran out, and failed attempts add no wait.
-	Grace time.Duration
-	// BatchSize is how many calls a pass takes on at most. Default: 100.
-	BatchSize int
-	// MaxAttempts is after how many takeovers of a call (by retries or
-	// finishers) a finisher gives up on it and records it as failed.
-	// Default: 8.
-	MaxAttempts int
-	// ListTimeout bounds how long a pass waits for the store's list of
-	// abandoned calls; a store of several databases (postgres.NewSharded)
-	// asks them all at once, so this bounds each of them. Default: 10 s.
-	ListTimeout time.Duration
-	// AttemptTimeout bounds each attempt to finish one call: its context's
-	// deadline, for the handler and idem's store calls. Default: 1 min.
-	AttemptTimeout time.Duration
-}
-
-// withDefaults returns c with its zero fields set to their defaults, and a
-// negative Grace to none.
-func (c FinisherConfig) withDefaults() FinisherConfig {
-	set := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	set(&c.Interval, 10*time.Second)
-	switch {
-	case c.Grace == 0:
-		c.Grace = 30 * time.Second
-	case c.Grace < 0:
-		c.Grace = 0
-	}
-	set(&c.ListTimeout, 10*time.Second)
-	set(&c.AttemptTimeout, time.Minute)
-	if c.BatchSize <= 0 {
-		c.BatchSize = 100
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 8
-	}
-	return c
-}
-
 // Finisher finishes leased calls whose callers are gone: a call of a method
-// that opted in ((idem.v1.method).finish, or [WithFinish]) whose lease ran
+// that opted in ((idem.v1.method).finish, or [MethodPolicy].Finish) whose lease ran
 // out and which nobody took over within a grace period is taken over as a
 // retry would (a new fencing token, the same request, kept with the
 // claim), and its handler is run through the [Engine], after its recorded
 // steps, to the end. Its outcome is recorded, so the caller's retry, if it
 // ever comes, replays it.
 //
-// Each transport registers the handlers it serves with [Finisher.Handle]:
+// Each transport registers the handlers it serves with it:
 // interceptor.FinisherRegistrar takes a gRPC service as a grpc.Server
 // does, idemconnect.FinishHandler a Connect handler. Run one Finisher per
 // replica, as the sweeper: finishers skip each other's calls, and the
@@ -108,43 +43,50 @@ func (c FinisherConfig) withDefaults() FinisherConfig {
 // wait for the grace.
 //
 // The handler runs with the tenant and the request metadata
-// ([WithFinishHeaders]) kept with the call, and the call's key. Idem's
-// metrics, logs and outcome hook see the run, with [Outcome].Finishing
+// (finish_headers, [MethodPolicy].FinishHeaders) kept with the call, and the call's key. Idem's
+// metrics, logs and report hook see the run, with [Report].Finishing
 // set.
 //
 // A Finisher is safe for concurrent use.
 type Finisher struct {
 	engine *Engine
 	store  store.Finishing
-	cfg    FinisherConfig
+	opts   finisherOptions
 
 	mu       sync.Mutex
-	handlers map[string]FinishFunc // by full method
+	handlers map[string]bridge.FinishFunc // by full method
 }
 
-// FinishFunc runs one abandoned call of a method again, through its
-// transport's handler and the [Engine]: req is its kept request, header
-// its kept request metadata with its key ([KeyHeader]). Run ctx as it is
-// down to [Engine.Handle], which reads the run from it. Its error is the
-// call's, as Handle returned it.
-type FinishFunc func(ctx context.Context, req proto.Message, header map[string][]string) error
-
-// NewFinisher returns a Finisher of the calls e serves. e's store must
-// keep what finishing needs (store.Finishing); both of idem's stores do.
-func NewFinisher(e *Engine, cfg FinisherConfig) (*Finisher, error) {
+// NewFinisher returns a Finisher of the calls e serves, configured with
+// opts. e's store must keep what finishing needs (store.Finishing); both of
+// idem's stores do. An option given a value it does not take (a negative
+// grace, an interval, batch size, attempt count or attempt timeout that is
+// not positive) is an error naming it.
+func NewFinisher(e *Engine, opts ...FinisherOption) (*Finisher, error) {
+	o := finisherOptions{
+		interval:       defaultFinishInterval,
+		grace:          defaultFinishGrace,
+		batchSize:      defaultFinishBatchSize,
+		maxAttempts:    defaultFinishMaxAttempts,
+		attemptTimeout: defaultFinishAttemptTimeout,
+	}
+	for _, opt := range opts {
+		opt.applyFinisher(&o)
+	}
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
 	cs, ok := e.store.(store.Finishing)
 	if !ok {
 		return nil, fmt.Errorf("idem: the store (%T) does not keep calls to finish", e.store)
 	}
-	return &Finisher{engine: e, store: cs, cfg: cfg.withDefaults(), handlers: map[string]FinishFunc{}}, nil
+	return &Finisher{engine: e, store: cs, opts: o, handlers: map[string]bridge.FinishFunc{}}, nil
 }
 
-// Engine returns the Engine the Finisher runs calls through.
-func (f *Finisher) Engine() *Engine { return f.engine }
-
-// Handle registers run as the way to run again the calls of fullMethod
-// ("/pkg.Service/Method"). A method registered twice keeps the later run.
-func (f *Finisher) Handle(fullMethod string, run FinishFunc) {
+// register registers run as the way to run again the calls of fullMethod
+// ("/pkg.Service/Method"): transport.RegisterFinish. A method registered
+// twice keeps the later run.
+func (f *Finisher) register(fullMethod string, run bridge.FinishFunc) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.handlers[fullMethod] = run
@@ -156,7 +98,7 @@ func (f *Finisher) Handle(fullMethod string, run FinishFunc) {
 type finishCtxKey struct{}
 
 // finishRun is one Finisher's run of a call: the tenant kept with it, and
-// the result the Engine settled it with.
+// the result the Engine ended it with.
 type finishRun struct {
 	tenant string
 	result Result
@@ -166,8 +108,8 @@ type finishRun struct {
 // calls, one after the other, and returns how many it finished (recorded an
 // outcome for, a recorded failure included). A call another finisher or a
 // retry holds is skipped; a call that fails transiently is left for a later
-// pass. The error reports a failure to list the calls (within
-// ListTimeout); the calls the store listed all the same (those of the
+// pass. The error reports a failure to list the calls (within the
+// interval, [WithInterval]); the calls the store listed all the same (those of the
 // shards that answered, for a store of several databases) are taken on
 // first.
 func (f *Finisher) Finish(ctx context.Context) (int, error) {
@@ -184,16 +126,17 @@ func (f *Finisher) Finish(ctx context.Context) (int, error) {
 	return done, err
 }
 
-// list returns the abandoned calls to take on, within the list timeout.
+// list returns the abandoned calls to take on, within the interval: a
+// pass never waits on the list for longer than the next pass would.
 func (f *Finisher) list(ctx context.Context) (list []store.AbandonedCall, err error) {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.ListTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.interval)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			list, err = nil, fmt.Errorf("idem: listing abandoned calls panicked: %v", p)
 		}
 	}()
-	return f.store.Abandoned(ctx, f.cfg.Grace, f.cfg.BatchSize)
+	return f.store.Abandoned(ctx, f.opts.grace, f.opts.batchSize)
 }
 
 // Run finishes at once and then again every interval, until ctx ends. A
@@ -204,7 +147,7 @@ func (f *Finisher) Run(ctx context.Context) error {
 		if _, err := f.Finish(ctx); err != nil && ctx.Err() == nil {
 			f.engine.log(ctx, slog.LevelError, "idem: listing abandoned calls failed", store.Scope{}, err)
 		}
-		t := time.NewTimer(f.cfg.Interval)
+		t := time.NewTimer(f.opts.interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -213,11 +156,6 @@ func (f *Finisher) Run(ctx context.Context) error {
 		}
 	}
 }
-
-// ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
-// nothing was kept for a finisher: its method does not opt in to finish
-// ((idem.v1.method).finish, or [WithFinish]).
-var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
 
 // FinishKey finishes the abandoned call of k now, without waiting for the
 // grace that [Finisher.Finish] leaves its retry: it takes the call over as
@@ -234,7 +172,7 @@ var ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: it
 // run it again. Otherwise its error is the attempt's, the call left for a
 // later pass: an [*Error] with code ABORTED when a retry or another
 // finisher took the call over first, FAILED_PRECONDITION when its method
-// is not registered with f, or the handler's error, as [Engine.Handle]
+// is not registered with f, or the handler's error, as the engine
 // returned it, when it failed transiently.
 func (f *Finisher) FinishKey(ctx context.Context, k store.Scope) error {
 	ad, ok := f.engine.store.(store.Admin)
@@ -268,7 +206,7 @@ func (f *Finisher) attempt(ctx context.Context, a store.AbandonedCall) (err erro
 			f.engine.log(ctx, slog.LevelError, "idem: finishing an abandoned call panicked; it is tried again later", a.Scope, fmt.Errorf("%v", p))
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.attemptTimeout)
 	defer cancel()
 	return f.finish(ctx, a)
 }
@@ -279,7 +217,7 @@ func (f *Finisher) finish(ctx context.Context, a store.AbandonedCall) error {
 	if a.Unreadable != nil {
 		return f.setAside(ctx, a, a.Unreadable)
 	}
-	if a.Takeovers >= f.cfg.MaxAttempts {
+	if a.Takeovers >= f.opts.maxAttempts {
 		return f.giveUp(ctx, a)
 	}
 	method := a.Call.Method
@@ -316,13 +254,13 @@ func (f *Finisher) finish(ctx context.Context, a store.AbandonedCall) error {
 }
 
 // call runs run, turning a panic of the handler into an error.
-func (f *Finisher) call(ctx context.Context, run FinishFunc, req proto.Message, header map[string][]string) (err error) {
+func (f *Finisher) call(ctx context.Context, run bridge.FinishFunc, req proto.Message, header map[string][]string) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = NewError(code.Code_INTERNAL, fmt.Sprintf("idem: the handler panicked: %v", p))
 		}
 	}()
-	return run(ctx, req, header)
+	return run(ctx, f.engine, req, header)
 }
 
 // requestOf decodes the kept request of a call of fullMethod into a new

@@ -31,9 +31,9 @@ func FuzzValidateKey(f *testing.F) {
 	f.Add("order-1")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, key string) {
-		err := ValidateKey(key)
+		err := validateKey(key)
 		if want := validKey.MatchString(key); (err == nil) != want {
-			t.Fatalf("ValidateKey(%q) = %v, want valid %v", key, err, want)
+			t.Fatalf("validateKey(%q) = %v, want valid %v", key, err, want)
 		}
 		got, ok, callErr := keyFrom([]string{key})
 		if !ok || got != key || (callErr == nil) != (err == nil) {

@@ -7,7 +7,7 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// Metadata keys of idem.
+// Metadata keys and HTTP headers of idem.
 const (
 	// KeyHeader is the request metadata key that carries the idempotency
 	// key: exactly one value of 1 to 255 visible ASCII characters
@@ -20,12 +20,19 @@ const (
 	// and every replay, when the key stops counting: RFC 3339, UTC (for
 	// example 2026-12-01T20:15:04Z). A retry after it runs the call again.
 	ExpiresHeader = "idempotency-key-expires"
+
+	// HTTPKeyHeader carries the idempotency key of an HTTP request (Connect,
+	// a grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names
+	// it.
+	HTTPKeyHeader = "Idempotency-Key"
+	// HTTPReplayedHeader is set to "true" on a replayed HTTP response.
+	HTTPReplayedHeader = "Idempotent-Replayed"
 )
 
-// ValidateKey reports whether key is an acceptable idempotency key: 1 to
+// validateKey reports whether key is an acceptable idempotency key: 1 to
 // [store.MaxKeyLength] (255) bytes, each visible ASCII (0x21 to 0x7E). Its
-// error says what is wrong, without the key.
-func ValidateKey(key string) error {
+// error says what is wrong, without the key. It is transport.ValidateKey.
+func validateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("must not be empty")
 	}

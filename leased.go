@@ -9,10 +9,17 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// ErrNotLeased is returned by [Step] outside a call in leased
-// mode: an atomic call's writes commit all together or not at all, so it
-// has no steps to resume from.
-var ErrNotLeased = errors.New("idem: steps need a call in leased mode")
+// Errors of idem's that a program tests for with errors.Is.
+var (
+	// ErrNotLeased is returned by [Step] outside a call in leased mode: an
+	// atomic call's writes commit all together or not at all, so it has no
+	// steps to resume from.
+	ErrNotLeased = errors.New("idem: steps need a call in leased mode")
+	// ErrNotFinishable reports, from [Finisher.FinishKey], a call of which
+	// nothing was kept for a finisher: its method does not opt in to finish
+	// ((idem.v1.method).finish, or [MethodPolicy].Finish).
+	ErrNotFinishable = errors.New("idem: nothing was kept to finish the call: its method does not opt in to finish")
+)
 
 type leaseCtxKey struct{}
 
@@ -70,8 +77,8 @@ func (l *callLease) confirm(ctx context.Context, name string) error {
 // Step runs fn as the step called name of the leased call handled in ctx,
 // once for the call however often it is taken over. On the call's first
 // run it runs fn, with a context whose outbound calls carry the step's
-// child key ([ContextWithStep], so that a provider deduplicates a step that
-// ran but whose result was lost), saves fn's result under
+// child key ([ChildKey](ctx, name), so that a provider deduplicates a step
+// that ran but whose result was lost), saves fn's result under
 // name, among the call's steps ([store.Lease.Steps]), and returns it. When
 // the call was taken over after an earlier attempt saved the step, a retry
 // or a [Finisher], it returns the saved result without running fn. Every
@@ -128,7 +135,7 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte
 	if err := l.confirm(ctx, name); err != nil {
 		return nil, err
 	}
-	data, err := fn(ContextWithStep(ctx, name))
+	data, err := fn(withStep(ctx, name))
 	if err != nil {
 		return nil, err
 	}

@@ -16,7 +16,8 @@ import (
 	"github.com/idemkit/idem/store"
 )
 
-// instrumentationScope names the meter and the tracer of the interceptors.
+// instrumentationScope names the meter and the tracer of the engine and of
+// the client adapters' keys.
 const instrumentationScope = "github.com/idemkit/idem"
 
 // The attributes idem sets on metrics, spans and log lines. None of them
@@ -24,7 +25,7 @@ const instrumentationScope = "github.com/idemkit/idem"
 const (
 	attrMethod    = "rpc.method"
 	attrMode      = "idem.mode"
-	attrOutcome   = "idem.outcome"
+	attrResult    = "idem.result"
 	attrReplayed  = "idem.replayed"
 	attrKeySource = "idem.key.source"
 	attrClaimWait = "idem.claim.wait"
@@ -35,8 +36,8 @@ const (
 // to ten seconds (a long wait on a busy key).
 var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
-// WithMeterProvider sets the OpenTelemetry meter provider of the
-// interceptors' metrics (see the package documentation, "Metrics, traces
+// WithMeterProvider sets the OpenTelemetry meter provider of idem's
+// metrics, the engine's and the client adapters' (see the package documentation, "Metrics, traces
 // and logs"). Default: the global provider, [otel.GetMeterProvider], which
 // forwards to the provider a program sets later with otel.SetMeterProvider;
 // nil selects the default.
@@ -57,7 +58,7 @@ func (o observeOption) apply(e *options)             { o.engine(e) }
 func (o observeOption) applyClient(c *clientOptions) { o.client(c) }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider of the spans
-// the server interceptor starts around claiming a key (idem.claim) and
+// the engine starts around claiming a key (idem.claim) and
 // recording an outcome (idem.record), as children of the call's own span
 // (the one in the context, started by a stats handler such as otelgrpc's)
 // when that span is recorded. The attributes and events idem puts on the
@@ -78,11 +79,11 @@ type observer struct {
 
 	// Attribute sets, built once per combination: calls of one method
 	// share them instead of allocating their own.
-	outcomeAttrs sync.Map // outcomeAttrKey → []metric.AddOption
-	methodAttrs  sync.Map // methodAttrKey → *methodAttrs
+	resultAttrs sync.Map // resultAttrKey → []metric.AddOption
+	methodAttrs sync.Map // methodAttrKey → *methodAttrs
 }
 
-type outcomeAttrKey struct {
+type resultAttrKey struct {
 	method string
 	mode   Mode
 	result Result
@@ -128,7 +129,7 @@ func newObserver(o *options) *observer {
 	obs := &observer{
 		tracer: tp.Tracer(instrumentationScope),
 		requests: counter("idem.server.requests", "{request}",
-			"Calls idem settled, by method, mode and outcome."),
+			"Calls idem ended, by method, mode and result."),
 		claim: histogram("idem.claim.duration",
 			"How long claiming an idempotency key took, waits on a busy key included."),
 		record: histogram("idem.record.duration",
@@ -168,24 +169,24 @@ func (o *observer) attrsOf(method string, mode Mode) *methodAttrs {
 	return a.(*methodAttrs)
 }
 
-func (o *observer) outcomeAttrsOf(c *callState) []metric.AddOption {
-	k := outcomeAttrKey{c.method, c.mode, c.result}
-	if a, ok := o.outcomeAttrs.Load(k); ok {
+func (o *observer) resultAttrsOf(c *callState) []metric.AddOption {
+	k := resultAttrKey{c.method, c.mode, c.result}
+	if a, ok := o.resultAttrs.Load(k); ok {
 		return a.([]metric.AddOption)
 	}
 	set := attribute.NewSet(
 		attribute.String(attrMethod, methodName(c.method)),
 		attribute.String(attrMode, string(c.mode)),
-		attribute.String(attrOutcome, string(c.result)),
+		attribute.String(attrResult, string(c.result)),
 	)
-	a, _ := o.outcomeAttrs.LoadOrStore(k, []metric.AddOption{metric.WithAttributeSet(set)})
+	a, _ := o.resultAttrs.LoadOrStore(k, []metric.AddOption{metric.WithAttributeSet(set)})
 	return a.([]metric.AddOption)
 }
 
-// observe counts the settled call c, records its durations, sets its
-// outcome on the call's span and on go-grpc-middleware's log fields.
+// observe counts the ended call c, records its durations and sets its
+// result on the call's span.
 func (o *observer) observe(ctx context.Context, c *callState) {
-	o.requests.Add(ctx, 1, o.outcomeAttrsOf(c)...)
+	o.requests.Add(ctx, 1, o.resultAttrsOf(c)...)
 	a := o.attrsOf(c.method, c.mode)
 	if c.claim > 0 {
 		o.claim.Record(ctx, c.claim.Seconds(), a.record...)
@@ -198,7 +199,7 @@ func (o *observer) observe(ctx context.Context, c *callState) {
 	}
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(
-			attribute.String(attrOutcome, string(c.result)),
+			attribute.String(attrResult, string(c.result)),
 			attribute.Bool(attrReplayed, c.replayed),
 			attribute.String(attrMode, string(c.mode)),
 		)

@@ -23,7 +23,7 @@ const (
 	sourceCaller keySource = "caller"
 )
 
-// clientObserver holds the instruments of a client interceptor.
+// clientObserver holds the instruments of a client adapter's keys.
 type clientObserver struct {
 	keys  metric.Int64Counter
 	attrs sync.Map // clientAttrKey → []metric.AddOption
@@ -41,7 +41,7 @@ func newClientObserver(o *clientOptions) *clientObserver {
 	}
 	keys, err := mp.Meter(instrumentationScope).Int64Counter("idem.client.keys",
 		metric.WithUnit("{call}"),
-		metric.WithDescription("Calls the idem client interceptor sent with an idempotency key, by method and where the key came from."))
+		metric.WithDescription("Calls an idem client adapter sent with an idempotency key, by method and where the key came from."))
 	if err != nil {
 		otel.Handle(err)
 	}

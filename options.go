@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,19 +41,13 @@ type options struct {
 	retryDelay  time.Duration
 	fingerprint []fingerprint.Option
 
-	leases     map[string]time.Duration // leased methods and their leases (0: default)
-	optimistic map[string]bool          // methods in optimistic mode
-	maxStored  int
-	loaders    map[string]Loader
-	rerun      map[string]bool
+	policies  map[string]MethodPolicy // by full method, replacing the descriptors'
+	maxStored int
 
 	logger  *slog.Logger // nil: slog.Default()
 	verbose bool
 
-	hook func(context.Context, Outcome)
-
-	finish        map[string]bool // methods whose leased calls a Finisher may finish
-	finishHeaders []string        // request metadata kept for it
+	hook func(context.Context, Report)
 
 	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
 	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()
@@ -68,11 +63,7 @@ func evaluateOptions(opts []Option) *options {
 		classifier: deterministic,
 		retryDelay: defaultRetryDelay,
 		maxStored:  defaultMaxStored,
-		leases:     map[string]time.Duration{},
-		optimistic: map[string]bool{},
-		loaders:    map[string]Loader{},
-		rerun:      map[string]bool{},
-		finish:     map[string]bool{},
+		policies:   map[string]MethodPolicy{},
 	}
 	for _, opt := range opts {
 		opt.apply(o)
@@ -157,48 +148,11 @@ func WithFingerprintOptions(opts ...fingerprint.Option) Option {
 	return optionFunc(func(o *options) { o.fingerprint = append(o.fingerprint, opts...) })
 }
 
-// WithLeased puts the named methods ("/pkg.Service/Method") in leased mode,
-// holding their keys for lease (0 selects the method's proto option
-// (idem.v1.method).lease, else 60 s). The same is declared in the .proto
-// file with option (idem.v1.method).mode = MODE_LEASED. See the package
-// documentation for when to choose it. Default: every method is atomic.
-func WithLeased(lease time.Duration, fullMethods ...string) Option {
-	return optionFunc(func(o *options) {
-		for _, m := range fullMethods {
-			o.leases[m] = max(lease, 0)
-		}
-	})
-}
-
-// WithOptimistic puts the named methods ("/pkg.Service/Method") in
-// optimistic mode: as in atomic mode, the handler's writes and the outcome
-// commit in one transaction, but the key is not read before the handler
-// runs. The outcome's record writes the key's row only where there is
-// none; where another request has written it, the handler's writes are
-// rolled back and the call claims the key as in atomic mode: it answers
-// from that request's outcome, as a retry would, or, where the row has
-// expired, runs the handler again. A first execution saves the read, the
-// table lock and the key's lock of atomic mode; a retry of a recorded key,
-// or a duplicate running alongside, costs a run of the handler that is
-// rolled back, and a replay answers after the handler instead of at once.
-// Choose it only for handlers whose every effect is in the transaction
-// (no call to another service, no message sent) and whose retries are
-// rare; BENCHMARKS.md has the figures. The same is declared in the .proto
-// file with option (idem.v1.method).mode = MODE_OPTIMISTIC. A method in
-// leased mode, by [WithLeased] or its .proto, stays leased. Default: none.
-func WithOptimistic(fullMethods ...string) Option {
-	return optionFunc(func(o *options) {
-		for _, m := range fullMethods {
-			o.optimistic[m] = true
-		}
-	})
-}
-
 // WithMaxStoredResponseBytes caps the size of a response recorded for
 // replay. A larger response reaches its first caller as usual, but is
 // recorded as "not cached": a retry gets it rebuilt by the method's
-// [Loader] ([WithLoader]), or runs the handler again where the method is
-// declared safe to ([WithRerunWhenNotCached]), or else fails with
+// [Loader] ([MethodPolicy].Loader), or runs the handler again where the
+// method is declared safe to (RerunWhenNotCached), or else fails with
 // FAILED_PRECONDITION. Recorded errors are not capped. Default: 1 MiB;
 // n <= 0 selects the default.
 func WithMaxStoredResponseBytes(n int) Option {
@@ -225,53 +179,71 @@ type Loader interface {
 	Load(ctx context.Context, ref []byte) (proto.Message, error)
 }
 
-// WithLoader sets the [Loader] of the method fullMethod
-// ("/pkg.Service/Method"). Default: none.
-func WithLoader(fullMethod string, l Loader) Option {
-	return optionFunc(func(o *options) { o.loaders[fullMethod] = l })
+// MethodPolicy is the idempotency policy of one method, as its option
+// (idem.v1.method) states it in the .proto file, field by field, plus what
+// only Go can hold (a [Loader]). [WithMethodPolicy] sets it for a method
+// whose .proto file carries no policy, or one the server must decide. A
+// zero field means its default, as an unset field of the option does.
+type MethodPolicy struct {
+	// KeyRequired refuses calls without an idempotency key, with
+	// INVALID_ARGUMENT. Default: a call without a key runs untouched.
+	KeyRequired bool
+	// Mode is how the method's keys are held while its handler runs:
+	// [ModeAtomic], [ModeLeased] or [ModeOptimistic] (the package
+	// documentation says when to choose each). Default: ModeAtomic.
+	Mode Mode
+	// Lease is how long a leased call holds its key before a retry may
+	// take it over (ModeLeased only). Set it well above the method's p99
+	// latency; the engine extends it while the handler runs. Default: 60 s.
+	Lease time.Duration
+	// TTL is how long the method's keys are kept. Make it longer than any
+	// client's retry window. Default: the store's (24 h for idem's stores).
+	TTL time.Duration
+	// Scope names the method's keys instead of its full name: keys are
+	// kept under (tenant, scope, key), and child keys derive from it. Set
+	// it before renaming a package, service or method, to the old full
+	// name, so that keys in flight across the deploy keep their answers.
+	// Two methods must never share a scope. Default: the full method name.
+	Scope string
+	// Finish lets a [Finisher] finish the method's leased calls when
+	// their callers are gone (ModeLeased only): the claim also keeps the
+	// request, and the request metadata FinishHeaders names, until the
+	// outcome is recorded. A call that fails transiently then keeps its
+	// claim and request, with its lease ended, rather than releasing the
+	// key: a retry takes it over, or else the finisher does. The request
+	// can hold personal data: it is kept only for these methods, and
+	// dropped once the outcome is recorded. Default: off.
+	Finish bool
+	// FinishHeaders names the request metadata (such as "x-user-id")
+	// kept with a call a Finisher may finish, for its handler to read when
+	// the finisher runs it: what identifies the caller, say. Names are
+	// matched lower-case. The tenant is always kept. Default: none.
+	FinishHeaders []string
+	// RerunWhenNotCached declares the method safe to run twice: a retry
+	// whose recorded response was too large to keep
+	// ([WithMaxStoredResponseBytes]), and which has no Loader, runs the
+	// handler again as a plain call (no key is held and, with the
+	// PostgreSQL store, no transaction is handed to it). Default: off; the
+	// retry fails with FAILED_PRECONDITION.
+	RerunWhenNotCached bool
+	// Loader rebuilds, for a retry, a response too large to record.
+	// Default: none.
+	Loader Loader
 }
 
-// WithRerunWhenNotCached declares the named methods safe to run twice: a
-// retry whose recorded response was too large to keep, and which has no
-// [Loader], runs the handler again as a plain call (no key is held and, with
-// the PostgreSQL store, no transaction is handed to it). The same is
-// declared in the .proto file with option
-// (idem.v1.method).rerun_when_not_cached = true. Default: none.
-func WithRerunWhenNotCached(fullMethods ...string) Option {
-	return optionFunc(func(o *options) {
-		for _, m := range fullMethods {
-			o.rerun[m] = true
-		}
-	})
-}
-
-// WithFinish lets a [Finisher] finish the leased calls of the named
-// methods ("/pkg.Service/Method") when their callers are gone: the claim
-// also keeps the request, and the request metadata named with
-// [WithFinishHeaders], until the outcome is recorded. The same is declared
-// in the .proto file with option (idem.v1.method).finish = true. It has no
-// effect on methods in atomic mode, whose calls are never left half done.
-// A call of these methods that fails transiently keeps its claim and
-// request, with its lease ended, rather than releasing the key: a retry
-// takes it over, or else the finisher does. The request can hold personal
-// data: it is kept only for these methods, and dropped once the outcome is
-// recorded. Default: none.
-func WithFinish(fullMethods ...string) Option {
-	return optionFunc(func(o *options) {
-		for _, m := range fullMethods {
-			o.finish[m] = true
-		}
-	})
-}
-
-// WithFinishHeaders names the request metadata (lower-case names, such as
-// "x-user-id") kept with a call a [Finisher] may finish, for its handler to
-// read when the finisher runs it: what identifies the caller, say. The
-// tenant is always kept. Default: none.
-func WithFinishHeaders(names ...string) Option {
-	return optionFunc(func(o *options) {
-		for _, k := range names {
-			o.finishHeaders = append(o.finishHeaders, strings.ToLower(k))
-		}
-	})
+// WithMethodPolicy sets the policy of the method fullMethod
+// ("/pkg.Service/Method"), in place of its option (idem.v1.method): the
+// whole option, so that a field left zero here means its default, never
+// the value the .proto file gives. A method marked idempotency_level =
+// IDEMPOTENT or NO_SIDE_EFFECTS still bypasses idem. [New] fails when
+// fullMethod is not a unary method of a service in the protobuf registry,
+// or when p holds a value no field takes (a Mode that is not one of
+// idem's, a negative Lease or TTL). A method set twice keeps the later
+// policy. Default: every method's policy is its option's.
+func WithMethodPolicy(fullMethod string, p MethodPolicy) Option {
+	p.FinishHeaders = slices.Clone(p.FinishHeaders)
+	for i, k := range p.FinishHeaders {
+		p.FinishHeaders[i] = strings.ToLower(k)
+	}
+	return optionFunc(func(o *options) { o.policies[fullMethod] = p })
 }

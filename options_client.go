@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// clientOptions are the options of [OutgoingKeys].
+// clientOptions are the options of a client's outgoing keys.
 type clientOptions struct {
 	keyed         func(context.Context, string) bool
 	meterProvider metric.MeterProvider // nil: otel.GetMeterProvider()
@@ -21,7 +21,7 @@ func evaluateClientOptions(opts []ClientOption) *clientOptions {
 }
 
 // A ClientOption configures the keys a client attaches to its calls
-// ([NewOutgoingKeys], and the client interceptors built on it).
+// (interceptor.UnaryClientInterceptor, idemconnect.NewClientInterceptor).
 type ClientOption interface {
 	applyClient(*clientOptions)
 }

@@ -56,15 +56,17 @@ type method struct {
 	keyField protoreflect.FieldDescriptor
 	// streaming methods are refused keys.
 	streaming bool
-	// finish keeps a leased call's request for a Finisher.
-	finish bool
+	// finish keeps a leased call's request for a Finisher, with the
+	// request metadata finishHeaders names (lower-case).
+	finish        bool
+	finishHeaders []string
 }
 
 // methods caches policies by full method name.
 type methods struct {
 	files *protoregistry.Files
 	types *protoregistry.Types
-	opts  *options // per-method options, which override the descriptor
+	opts  *options // per-method policies, which replace the descriptor's
 	cache sync.Map // string -> *method
 }
 
@@ -82,29 +84,30 @@ func (ms *methods) lookup(fullMethod string) *method {
 		return m.(*method)
 	}
 	m := ms.resolve(fullMethod)
-	if lease, ok := ms.opts.leases[fullMethod]; ok {
-		m.leased = true
-		if lease > 0 {
-			m.lease = lease
-		}
-	}
-	if ms.opts.optimistic[fullMethod] {
-		m.optimistic = true
-	}
-	if m.leased {
-		m.optimistic = false
+	if p, ok := ms.opts.policies[fullMethod]; ok {
+		m.setPolicy(p)
 	}
 	if m.lease <= 0 {
 		m.lease = defaultLease
 	}
-	m.loader = ms.opts.loaders[fullMethod]
-	m.rerun = m.rerun || ms.opts.rerun[fullMethod]
-	m.finish = m.finish || ms.opts.finish[fullMethod]
 	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
 	return actual.(*method)
 }
 
-// resolve reads the policy of "/pkg.Service/Method" from the registry. A
+// setPolicy sets m's policy to p, in place of its descriptor's.
+func (m *method) setPolicy(p MethodPolicy) {
+	m.required = p.KeyRequired
+	m.leased = p.Mode == ModeLeased
+	m.optimistic = p.Mode == ModeOptimistic
+	m.lease = p.Lease
+	m.ttl = p.TTL
+	m.scope = p.Scope
+	m.finish = p.Finish
+	m.finishHeaders = p.FinishHeaders
+	m.rerun = p.RerunWhenNotCached
+	m.loader = p.Loader
+}
+
 // findMethod returns the descriptor of fullMethod ("/pkg.Service/Method")
 // in files.
 func findMethod(files *protoregistry.Files, fullMethod string) (protoreflect.MethodDescriptor, error) {
@@ -120,44 +123,40 @@ func findMethod(files *protoregistry.Files, fullMethod string) (protoreflect.Met
 	return md, nil
 }
 
-// check returns an error naming every method the per-method options name
-// that is not a unary method of a service in the protobuf registry: a
+// check returns an error naming every method a [WithMethodPolicy] names
+// that is not a unary method of a service in the protobuf registry (a
 // misspelt name would otherwise leave its method without the policy meant
-// for it, silently.
+// for it, silently), and every value of a policy that no field takes.
 func (ms *methods) check() error {
 	var errs []error
-	seen := map[string]bool{}
-	checkOne := func(option, fullMethod string) {
-		if seen[option+fullMethod] {
-			return
+	for _, name := range slices.Sorted(maps.Keys(ms.opts.policies)) {
+		p := ms.opts.policies[name]
+		bad := func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("idem: WithMethodPolicy(%q): "+format, append([]any{name}, args...)...))
 		}
-		seen[option+fullMethod] = true
-		m := ms.resolve(fullMethod)
+		m := ms.resolve(name)
 		switch {
 		case !m.found:
-			errs = append(errs, fmt.Errorf("idem: %s names %q, which is not a method of a service in the protobuf registry (want \"/pkg.Service/Method\", and the service's generated package imported)", option, fullMethod))
+			bad("not a method of a service in the protobuf registry (want \"/pkg.Service/Method\", and the service's generated package imported)")
 		case m.streaming:
-			errs = append(errs, fmt.Errorf("idem: %s names %q, which streams; idem keys unary methods", option, fullMethod))
+			bad("the method streams; idem keys unary methods")
 		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(ms.opts.leases)) {
-		checkOne("WithLeased", name)
-	}
-	for _, name := range slices.Sorted(maps.Keys(ms.opts.optimistic)) {
-		checkOne("WithOptimistic", name)
-	}
-	for _, name := range slices.Sorted(maps.Keys(ms.opts.loaders)) {
-		checkOne("WithLoader", name)
-	}
-	for _, name := range slices.Sorted(maps.Keys(ms.opts.rerun)) {
-		checkOne("WithRerunWhenNotCached", name)
-	}
-	for _, name := range slices.Sorted(maps.Keys(ms.opts.finish)) {
-		checkOne("WithFinish", name)
+		switch p.Mode {
+		case "", ModeAtomic, ModeLeased, ModeOptimistic:
+		default:
+			bad("Mode %q is not one of idem's modes (%s, %s, %s)", p.Mode, ModeAtomic, ModeLeased, ModeOptimistic)
+		}
+		if p.Lease < 0 {
+			bad("Lease %v is negative (zero means the default, 60 s)", p.Lease)
+		}
+		if p.TTL < 0 {
+			bad("TTL %v is negative (zero means the store's default)", p.TTL)
+		}
 	}
 	return errors.Join(errs...)
 }
 
+// resolve reads the policy of "/pkg.Service/Method" from the registry. A
 // method the registry does not know takes a key when the client sends one.
 func (ms *methods) resolve(fullMethod string) *method {
 	md, err := findMethod(ms.files, fullMethod)
@@ -179,6 +178,9 @@ func (ms *methods) resolve(fullMethod string) *method {
 			m.ttl = p.GetTtl().AsDuration()
 			m.scope = p.GetScope()
 			m.finish = p.GetFinish()
+			for _, k := range p.GetFinishHeaders() {
+				m.finishHeaders = append(m.finishHeaders, strings.ToLower(k))
+			}
 		}
 	}
 	m.streaming = md.IsStreamingClient() || md.IsStreamingServer()

@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Result is how idem settled a call: every call the server interceptor sees
-// ends in exactly one.
+// Result is how idem ended a call: every call the engine handles ends in
+// exactly one. It is the attribute idem.result of idem's metrics and
+// spans, and [Report].Result.
 type Result string
 
 // The results of a call.
@@ -53,6 +54,12 @@ const (
 	// recorded it as failed (FAILED_PRECONDITION, reason
 	// IDEMPOTENCY_NOT_FINISHED).
 	ResultNotFinished Result = "not_finished"
+	// ResultUnreadable: a Finisher could not read what was kept of an
+	// abandoned call (its row is damaged, or its request is not a request
+	// of its method), so the call cannot be run again; it was recorded as
+	// failed (FAILED_PRECONDITION, reason IDEMPOTENCY_NOT_FINISHED) and the
+	// problem logged at ERROR.
+	ResultUnreadable Result = "unreadable"
 )
 
 // Mode is how a method's key is held while its handler runs.
@@ -70,62 +77,61 @@ const (
 	ModeOptimistic Mode = "optimistic"
 )
 
-// Outcome describes how one call went, for [WithOutcomeHook]. It never
+// Report describes how one call went, for [WithReportHook]. It never
 // holds the key, the tenant or the request.
-type Outcome struct {
+type Report struct {
 	// Method is the call's full method name.
 	Method string
 	// Mode is the method's mode.
 	Mode Mode
-	// Result is how idem settled the call.
+	// Result is how idem ended the call.
 	Result Result
 	// Replayed reports that the answer was a recorded one (replayed, or
 	// rebuilt by a Loader), not the handler's.
 	Replayed bool
-	// Claim is how long claiming the key took, waits included; zero when
-	// the call claimed nothing.
-	Claim time.Duration
-	// Record is how long recording the outcome took; zero when nothing was
-	// recorded.
-	Record time.Duration
+	// ClaimDuration is how long claiming the key took, waits included;
+	// zero when the call claimed nothing.
+	ClaimDuration time.Duration
+	// RecordDuration is how long recording the outcome took; zero when
+	// nothing was recorded.
+	RecordDuration time.Duration
 	// Duration is how long the whole call took in idem, handler included.
 	Duration time.Duration
 	// Finishing reports that a [Finisher] ran the call, its caller gone.
 	Finishing bool
 }
 
-// WithOutcomeHook sets a function called once per call the server
-// interceptor sees, when idem has settled it, with how it went: to count
-// replays in business metrics, say. It runs on the call's goroutine, after
-// the answer is decided and before it is sent, so keep it quick. A hook that
-// panics does not change the call's answer; the panic is logged. Default:
-// none.
-func WithOutcomeHook(hook func(ctx context.Context, o Outcome)) Option {
+// WithReportHook sets a function called once per call the engine handles,
+// when idem has ended it, with how it went: to count replays in business
+// metrics, say. It runs on the call's goroutine, after the answer is
+// decided and before it is sent, so keep it quick. A hook that panics does
+// not change the call's answer; the panic is logged. Default: none.
+func WithReportHook(hook func(ctx context.Context, r Report)) Option {
 	return optionFunc(func(o *options) { o.hook = hook })
 }
 
-// report records the outcome of c: in the metrics, on the call's span,
-// and to the hook.
+// report reports how c ended: in the metrics, on the call's span, and to
+// the hook.
 func (e *Engine) report(ctx context.Context, c *callState) {
 	e.obs.observe(ctx, c)
 	hook := e.opts.hook
 	if hook == nil {
 		return
 	}
-	o := Outcome{
-		Method:    c.method,
-		Mode:      c.mode,
-		Result:    c.result,
-		Replayed:  c.replayed,
-		Claim:     c.claim,
-		Record:    c.record,
-		Duration:  time.Since(c.started),
-		Finishing: c.finishing,
+	r := Report{
+		Method:         c.method,
+		Mode:           c.mode,
+		Result:         c.result,
+		Replayed:       c.replayed,
+		ClaimDuration:  c.claim,
+		RecordDuration: c.record,
+		Duration:       time.Since(c.started),
+		Finishing:      c.finishing,
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			e.log(ctx, slog.LevelError, "idem: the outcome hook panicked", c.key, fmt.Errorf("%v", p))
+			e.log(ctx, slog.LevelError, "idem: the report hook panicked", c.key, fmt.Errorf("%v", p))
 		}
 	}()
-	hook(ctx, o)
+	hook(ctx, r)
 }

@@ -43,20 +43,31 @@ const (
 	// with every retry of it.
 	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
 	// ReasonKeyInvalid: the call's idempotency key is malformed (see
-	// [ValidateKey]; in an HTTP header, [ParseHTTPKey]), sent more than
+	// [KeyHeader]; in an HTTP header, [HTTPKeyHeader]), sent more than
 	// once, or differs from the request's key field; the BadRequest
-	// violation on idempotency-key says what is wrong.
+	// violation on idempotency-key says what is wrong. So is a key sent to
+	// a streaming method.
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonScopeInvalid: the call's scope (its tenant, as the server's
 	// [WithTenant] function found it, or its method) cannot hold an
 	// idempotency key; see store.Scope.Validate. The same call fails again.
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
+	// ReasonStepsUnreadable: a leased call's saved steps cannot be read
+	// (store.ErrCorrupt), answered with DATA_LOSS: its steps may have run,
+	// so it is not run again, and retrying does not help until an operator
+	// has checked it and deleted its key (see the README, "Operations").
+	ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
+	// ReasonNotFinished: a leased call that a [Finisher] gave up on, as
+	// recorded and replayed: it was abandoned by its caller and failed
+	// every attempt to finish it, or what was kept of it cannot be read.
+	// Its steps may be partly done.
+	ReasonNotFinished = "IDEMPOTENCY_NOT_FINISHED"
 )
 
 // Error is idem's answer to a call it refused or could not run, and a
 // recorded error it replays: a google.rpc.Status, which each transport
 // sends in its own way (a gRPC status, a Connect error, an HTTP problem).
-// [Engine.Handle] returns it, package admin answers with it, and [NewError]
+// The engine answers with it, package admin answers with it, and [NewError]
 // makes one; programs see it through their transport.
 type Error struct {
 	status *spb.Status
@@ -178,7 +189,7 @@ func scopeInvalid(err error) error {
 // storeError maps an error of the store, met while doing something for key
 // (claiming, leasing, recording), to the status the client sees. A failure
 // of the store left nothing behind, so each of them may be retried.
-func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err error) (Answer, error) {
+func (e *Engine) storeError(ctx context.Context, c *callState, doing string, err error) (answer, error) {
 	key := c.key
 	switch {
 	case errors.Is(err, store.ErrInUse):
@@ -243,13 +254,6 @@ func errTooManyKeys(n int) error {
 	return fmt.Errorf("must have exactly one value, got %d", n)
 }
 
-// ReasonStepsUnreadable is the ErrorInfo reason of a leased call whose
-// saved steps cannot be read (store.ErrCorrupt), answered with DATA_LOSS:
-// its steps may have run, so it is not run again, and retrying does not
-// help until an operator has checked it and deleted its key (see the
-// README, "Operations").
-const ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
-
 // stepsUnreadable logs, at ERROR with its scope, and answers a leased call
 // whose key's saved steps the store could not read.
 func (e *Engine) stepsUnreadable(ctx context.Context, c *callState, err error) error {
@@ -273,12 +277,4 @@ func keysDiffer(field string) error {
 			{Field: KeyHeader, Description: "differs from the idempotency key in the request's field " + field},
 		}},
 		&errdetails.ErrorInfo{Reason: ReasonKeyInvalid, Domain: Domain})
-}
-
-// StreamKeyRefused is the answer to a streaming call that carries an
-// idempotency key: INVALID_ARGUMENT, as a malformed key is, since idem
-// makes unary calls safe to retry and a key sent to a stream would
-// otherwise be ignored without a word. fullMethod names the method.
-func StreamKeyRefused(fullMethod string) *Error {
-	return invalidKey("idempotency keys apply to unary methods, and " + fullMethod + " streams").(*Error)
 }

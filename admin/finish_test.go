@@ -59,13 +59,13 @@ func testFinishKey(t *testing.T, w wire) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
 	st := memory.New(memory.WithClock(clock))
-	engine, err := idem.New(st, idem.WithLeased(time.Minute, doMethod), idem.WithFinish(doMethod))
+	engine, err := idem.New(st, idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The default grace (30 s) has not passed on the store's clock when
 	// FinishKey runs: only FinishKey can finish the call here.
-	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+	f, err := idem.NewFinisher(engine)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestOversizedResponseWithLoader(t *testing.T) {
 	loader := &valueLoader{e: &e}
 	e = newEnv(t, setup{opts: []idem.Option{
 		idem.WithMaxStoredResponseBytes(64),
-		idem.WithLoader(maybeMethod, loader),
+		idem.WithMethodPolicy(maybeMethod, idem.MethodPolicy{Loader: loader}),
 	}})
 	first, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big})
 	if err != nil || first.GetValue() != big {
@@ -92,7 +92,7 @@ func TestOversizedResponseWithoutLoader(t *testing.T) {
 func TestOversizedResponseRerun(t *testing.T) {
 	e := newEnv(t, setup{opts: []idem.Option{
 		idem.WithMaxStoredResponseBytes(64),
-		idem.WithRerunWhenNotCached(maybeMethod),
+		idem.WithMethodPolicy(maybeMethod, idem.MethodPolicy{RerunWhenNotCached: true}),
 	}})
 	for range 2 {
 		if _, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: big}); err != nil {

@@ -10,14 +10,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
 // idempotency key ([idem.KeyHeader]) to each call of a keyed method, once
 // per logical call: every retry made below it (go-grpc-middleware's retry
 // interceptor placed after it in the chain, or grpc-go's own retryPolicy)
-// carries the same key. [idem.OutgoingKeys] gives the rules: which methods
-// are keyed, and which key each call gets.
+// carries the same key. Package idem's documentation, "Calling other services", gives the rules:
+// which methods are keyed, and which key each call gets.
 //
 // When the key is idem's and the method's request has an empty field marked
 // (idem.v1.field).key (a request_id), the key also goes in that field, as
@@ -29,7 +30,7 @@ import (
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
 func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientInterceptor {
-	k := idem.NewOutgoingKeys(opts...)
+	k := transport.NewOutgoingKeys(opts...)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx, opts = trackAttempts(ctx, opts)
 		md, _ := metadata.FromOutgoingContext(ctx)

@@ -21,6 +21,7 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 // TestClientSendsTheRequestFieldKey: a call whose request carries its key in
@@ -109,10 +110,10 @@ func keyedHandlerContext(t *testing.T, key string) context.Context {
 	t.Helper()
 	e := newEngine(t, memory.New())
 	got := make(chan context.Context, 1)
-	call := idem.Call{Method: methodDo, Keys: []string{key}, Request: &testv1.DoRequest{Value: "parent"}}
-	_, err := e.Handle(t.Context(), call, func(ctx context.Context) (idem.Reply, error) {
+	call := transport.Call{Method: methodDo, Keys: []string{key}, Request: &testv1.DoRequest{Value: "parent"}}
+	_, err := transport.Handle(t.Context(), e, call, func(ctx context.Context) (transport.Reply, error) {
 		got <- ctx
-		return idem.Reply{Message: &testv1.DoResponse{}}, nil
+		return transport.Reply{Message: &testv1.DoResponse{}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)

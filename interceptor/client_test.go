@@ -485,7 +485,7 @@ func TestRetryDelay(t *testing.T) {
 }
 
 // relay is an upstream TestService whose Do calls the downstream service:
-// Do twice, Do under a named step, Do with the parent key copied into the
+// Do twice, Do with the child key of a step it names, Do with the parent key copied into the
 // outgoing metadata, then Maybe and Read, which take no key. Its first
 // execution then fails transiently, so the retried request repeats every
 // call.
@@ -503,7 +503,8 @@ func (r *relay) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoRespon
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "first"}); return err },
 		func() error { _, err := r.down.Do(ctx, &testv1.DoRequest{Value: "second"}); return err },
 		func() error {
-			_, err := r.down.Do(idem.ContextWithStep(ctx, "named"), &testv1.DoRequest{Value: "named"})
+			named, _ := idem.ChildKey(ctx, "named")
+			_, err := r.down.Do(idem.ContextWithKey(ctx, named), &testv1.DoRequest{Value: "named"})
 			return err
 		},
 		func() error {
@@ -572,7 +573,7 @@ func testClientDerivesChildKeys(t *testing.T, via string) {
 	want := []string{
 		callKey(scope, methodDo, 1),
 		callKey(scope, methodDo, 2),
-		idem.DeriveKey(scope, "named"),
+		stepKey(scope, "named"),
 		callKey(scope, methodDo, 3),
 	}
 	var got, fields []string
@@ -636,7 +637,8 @@ func (f *fanout) call(ctx context.Context, value string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := f.down.Do(idem.ContextWithStep(ctx, "charge"), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
+	charge, _ := idem.ChildKey(ctx, "charge")
+	if _, err := f.down.Do(idem.ContextWithKey(ctx, charge), &testv1.DoRequest{Value: value + "/charge"}); err != nil {
 		return 0, err
 	}
 	method, _ := grpc.Method(ctx)
@@ -735,7 +737,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	seen := map[string]bool{}
 	for i, op := range ops {
 		scope := store.Scope{Tenant: op.tenant, Method: op.method, Key: parent}
-		want := []string{callKey(scope, methodDo, 1), idem.DeriveKey(scope, "charge")}
+		want := []string{callKey(scope, methodDo, 1), stepKey(scope, "charge")}
 		if got := up.child(op.tenant, op.method); got != want[1] {
 			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
 		}

@@ -1,7 +1,10 @@
 // Package interceptor is idem's gRPC adapter: it runs the mutating unary
 // calls of a grpc-go server through an [idem.Engine], so that they are safe
 // to retry, and attaches idempotency keys on the client side. Package idem
-// describes the flow, the status codes, the modes and the options.
+// describes the flow, the status codes, the modes and the options; a
+// program needs it and this package only. The adapter is built on package
+// [github.com/idemkit/idem/transport], as each of idem's adapters is, and
+// is the shortest example of one.
 //
 // # Server
 //
@@ -34,7 +37,7 @@
 // [PushbackTrailer], so that grpc-go's own retry policy waits as long as
 // the server asks.
 //
-// The fields idem.outcome and idem.replayed are added to the fields of
+// The fields idem.result and idem.replayed are added to the fields of
 // go-grpc-middleware v2's logging interceptor, which prints them on its
 // "finished call" line, when it comes before idem in the chain. It keeps
 // its fields in the context it hands down the chain, where idem adds its
@@ -51,7 +54,7 @@
 // [FinisherRegistrar] registers a server's services with an [idem.Finisher],
 // which runs abandoned leased calls again through the same chain:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
 //	go f.Run(ctx)
 //
@@ -70,7 +73,7 @@
 // # Client
 //
 // [UnaryClientInterceptor] attaches keys to the calls of keyed methods, as
-// [idem.OutgoingKeys] gives them: a new key per logical call, or a child key
+// package idem's documentation ("Calling other services") gives them: a new key per logical call, or a child key
 // derived from the request being handled. A request whose field marked
 // (idem.v1.field).key (a request_id) is empty carries the key there as
 // well, on a copy of the message, as AIP-4235 has client libraries fill it;

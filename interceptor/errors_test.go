@@ -134,7 +134,7 @@ func TestStorageErrorsStayInTheLog(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := c.setup
 			if c.leased {
-				s.opts = append(s.opts, idem.WithLeased(time.Minute, do))
+				s.opts = append(s.opts, idem.WithMethodPolicy(do, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 			}
 			e := newEnv(t, s)
 			if c.provoke != nil {
@@ -266,7 +266,7 @@ func (failingLoader) Load(context.Context, []byte) (proto.Message, error) {
 func TestLoaderErrorsStayInTheLog(t *testing.T) {
 	e := newEnv(t, setup{opts: []idem.Option{
 		idem.WithMaxStoredResponseBytes(8),
-		idem.WithLoader(maybeMethod, failingLoader{}),
+		idem.WithMethodPolicy(maybeMethod, idem.MethodPolicy{Loader: failingLoader{}}),
 	}})
 	req := &testv1.MaybeRequest{Value: strings.Repeat("x", 20)}
 	if _, err := e.client.Maybe(asTenant("k"), req); err != nil {
@@ -312,7 +312,7 @@ func TestMissingSchemaIsNotRetriable(t *testing.T) {
 		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
 			var s setup
 			if leased {
-				s.opts = []idem.Option{idem.WithLeased(time.Minute, testv1.TestService_Do_FullMethodName)}
+				s.opts = []idem.Option{idem.WithMethodPolicy(testv1.TestService_Do_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}
 			}
 			e := newEnv(t, s)
 			if _, err := e.pool.Exec(context.Background(), `DROP TABLE idempotency_keys`); err != nil {

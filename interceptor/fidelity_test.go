@@ -134,7 +134,7 @@ func TestMethodScopeAndTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantExpires(t, header, start.Add(time.Second))
-		if want := idem.DeriveKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
+		if want := stepKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
 			t.Errorf("child key %s, want %s, derived from the method's scope", child, want)
 		}
 		if e.pool != nil {

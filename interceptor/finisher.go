@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // FinisherRegistrar returns a grpc.ServiceRegistrar that registers the
@@ -18,7 +19,7 @@ import (
 // grpc.Server registers them, so that f can run their abandoned calls
 // again: register the same implementations with it as with the server.
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	paymentsv1.RegisterPaymentServiceServer(interceptor.FinisherRegistrar(f), svc)
 //	go f.Run(ctx)
 //
@@ -28,7 +29,7 @@ import (
 // reports the method, and grpc.SetHeader, grpc.SendHeader and
 // grpc.SetTrailer work; the metadata set is recorded with the outcome and
 // replayed to a retry, as on a call the server receives. The incoming
-// metadata is what was kept with the call ([idem.WithFinishHeaders]) and
+// metadata is what was kept with the call ([idem.MethodPolicy].FinishHeaders) and
 // its key. What still differs: there is no peer (peer.FromContext reports
 // none), no credentials and no transport, so nothing is sent; the deadline
 // is the attempt's bound, not a client's; and the server's stats handlers
@@ -43,12 +44,11 @@ type registrar struct {
 }
 
 func (r *registrar) RegisterService(desc *grpc.ServiceDesc, impl any) {
-	e := r.f.Engine()
-	chain := append(append([]grpc.UnaryServerInterceptor(nil), r.interceptors...), UnaryServerInterceptor(e))
 	for _, md := range desc.Methods {
 		method := "/" + desc.ServiceName + "/" + md.MethodName
 		handler := md.Handler
-		r.f.Handle(method, func(ctx context.Context, req proto.Message, header map[string][]string) error {
+		transport.RegisterFinish(r.f, method, func(ctx context.Context, e *idem.Engine, req proto.Message, header map[string][]string) error {
+			chain := append(append([]grpc.UnaryServerInterceptor(nil), r.interceptors...), UnaryServerInterceptor(e))
 			ctx = metadata.NewIncomingContext(ctx, metadata.MD(header))
 			ctx = grpc.NewContextWithServerTransportStream(ctx, &finishStream{method: method})
 			dec := func(v any) error {

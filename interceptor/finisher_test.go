@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 // provider stands for a payment provider that deduplicates charges by the
@@ -38,7 +39,7 @@ type provider struct {
 
 // providerKeys gives the key each charge carries, as idem's client
 // interceptors would: the child key of the step that Step names in ctx.
-var providerKeys = idem.NewOutgoingKeys()
+var providerKeys = transport.NewOutgoingKeys()
 
 func (p *provider) charge(ctx context.Context) string {
 	_, keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
@@ -71,14 +72,14 @@ type finishable struct {
 	finisherLog *logBuffer
 }
 
-// outcomeLog keeps the outcomes of the calls a finisher ran, as the
-// outcome hook saw them.
+// outcomeLog keeps the reports of the calls a finisher ran, as the
+// report hook saw them.
 type outcomeLog struct {
 	mu   sync.Mutex
-	seen []idem.Outcome
+	seen []idem.Report
 }
 
-func (l *outcomeLog) hook(_ context.Context, o idem.Outcome) {
+func (l *outcomeLog) hook(_ context.Context, o idem.Report) {
 	if !o.Finishing {
 		return
 	}
@@ -100,13 +101,12 @@ func (l *outcomeLog) results() []idem.Result {
 
 func eachFinishableStore(t *testing.T, f func(t *testing.T, c *finishable)) {
 	t.Helper()
-	eachFinishableStoreWith(t, idem.FinisherConfig{}, f)
+	eachFinishableStoreWith(t, nil, f)
 }
 
 // eachFinishableStoreWith is eachFinishableStore with the finisher
-// configured by cfg, whose zero Grace and MaxAttempts select the tests'
-// own (no grace, three attempts).
-func eachFinishableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *testing.T, c *finishable)) {
+// configured by opts, after the tests' own (no grace, three attempts).
+func eachFinishableStoreWith(t *testing.T, opts []idem.FinisherOption, f func(t *testing.T, c *finishable)) {
 	t.Helper()
 	for _, mem := range []bool{false, true} {
 		name := "postgres"
@@ -114,24 +114,21 @@ func eachFinishableStoreWith(t *testing.T, cfg idem.FinisherConfig, f func(t *te
 			name = "memory"
 		}
 		t.Run(name, func(t *testing.T) {
-			f(t, newFinishable(t, mem, cfg))
+			f(t, newFinishable(t, mem, opts))
 		})
 	}
 }
 
 // newFinishable returns a finishable Do on store/memory, or, unless mem,
-// on PostgreSQL, with a finisher configured by cfg (a zero Grace and
-// MaxAttempts select no grace and three attempts) that runs ics around its
-// calls.
-func newFinishable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.UnaryServerInterceptor) *finishable {
+// on PostgreSQL, with a finisher configured by fopts, after three attempts
+// and newFinisher's own options, that runs ics around its calls.
+func newFinishable(t *testing.T, mem bool, fopts []idem.FinisherOption, ics ...grpc.UnaryServerInterceptor) *finishable {
 	t.Helper()
 	outcomes := &outcomeLog{}
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
-		idem.WithFinishHeaders("x-user"),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true, FinishHeaders: []string{"x-user"}}),
 		idem.WithTenant(tenantFromMetadata),
-		idem.WithOutcomeHook(outcomes.hook),
+		idem.WithReportHook(outcomes.hook),
 	}
 	var st store.Store
 	s := setup{memory: mem, opts: opts}
@@ -146,10 +143,8 @@ func newFinishable(t *testing.T, mem bool, cfg idem.FinisherConfig, ics ...grpc.
 	e := newEnv(t, s)
 	log := &logBuffer{}
 	engine := newEngine(t, st, append(opts, idem.WithLogger(log.logger()))...)
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 3
-	}
-	c := newFinisher(t, engine, cfg, e.svc, ics...)
+	fopts = append([]idem.FinisherOption{idem.WithMaxAttempts(3)}, fopts...)
+	c := newFinisher(t, engine, fopts, e.svc, ics...)
 	return &finishable{env: e, finisher: c, engine: engine, store: st, outcomes: outcomes, finisherLog: log}
 }
 
@@ -242,7 +237,7 @@ func TestFinishersAndALateRetryRace(t *testing.T) {
 			return nil
 		})
 		abandon(t, c, "order-2")
-		other := newFinisher(t, c.engine, idem.FinisherConfig{}, c.svc)
+		other := newFinisher(t, c.engine, nil, c.svc)
 		var wg sync.WaitGroup
 		var retryErr error
 		wg.Go(func() {
@@ -370,7 +365,7 @@ func TestFinisherGivesUpAfterItsAttempts(t *testing.T) {
 }
 
 func TestStepRunsOncePerCall(t *testing.T) {
-	s := setup{opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}}
+	s := setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}}
 	eachStore(t, s, func(t *testing.T, e *env) {
 		p := &provider{}
 		var fail atomic.Bool
@@ -447,7 +442,7 @@ func logLine(log string, subs ...string) string {
 // the same pass. Before, the one row failed every pass's listing, and no
 // call was finished at all.
 func TestFinisherSetsAsideAnUnreadableCall(t *testing.T) {
-	c := newFinishable(t, false, idem.FinisherConfig{})
+	c := newFinishable(t, false, nil)
 	c.svc.setHook(crashFirstRun(nil))
 	const secret = "card-4242-4242-4242"
 	for _, k := range []string{"u-1", "u-2", "u-3"} {
@@ -548,28 +543,24 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 // finishableOpts are the server options of the finisher tests that
 // build their own store.
 var finishableOpts = []idem.Option{
-	idem.WithLeased(time.Minute, doMethod),
-	idem.WithFinish(doMethod),
+	idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 	idem.WithTenant(tenantFromMetadata),
 }
 
 // newFinisherOn returns a finisher of e's service on st, configured by
-// cfg (a zero Grace selects none), logging to log.
-func newFinisherOn(t *testing.T, e *env, st store.Store, log *logBuffer, cfg idem.FinisherConfig) *idem.Finisher {
+// opts as newFinisher does, logging to log.
+func newFinisherOn(t *testing.T, e *env, st store.Store, log *logBuffer, opts ...idem.FinisherOption) *idem.Finisher {
 	t.Helper()
 	engine := newEngine(t, st, append(slices.Clone(finishableOpts), idem.WithLogger(log.logger()))...)
-	return newFinisher(t, engine, cfg, e.svc)
+	return newFinisher(t, engine, opts, e.svc)
 }
 
-// newFinisher returns a finisher on engine configured by cfg (a zero Grace
-// selects none, as a negative one does), with svc registered on it through
-// interceptor.FinisherRegistrar, behind ics.
-func newFinisher(t *testing.T, engine *idem.Engine, cfg idem.FinisherConfig, svc testv1.TestServiceServer, ics ...grpc.UnaryServerInterceptor) *idem.Finisher {
+// newFinisher returns a finisher on engine with no grace (a call is
+// abandoned once its lease ran out) and then opts, with svc registered on
+// it through interceptor.FinisherRegistrar, behind ics.
+func newFinisher(t *testing.T, engine *idem.Engine, opts []idem.FinisherOption, svc testv1.TestServiceServer, ics ...grpc.UnaryServerInterceptor) *idem.Finisher {
 	t.Helper()
-	if cfg.Grace == 0 {
-		cfg.Grace = -1 // no grace: a call is abandoned once its lease ran out
-	}
-	f, err := idem.NewFinisher(engine, cfg)
+	f, err := idem.NewFinisher(engine, append([]idem.FinisherOption{idem.WithGrace(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +585,7 @@ func TestFinisherSurvivesAPanickingRoute(t *testing.T) {
 	st := postgres.NewSharded(shards, route)
 	e := serveEnv(t, setup{opts: finishableOpts}, nil, st)
 	log := &logBuffer{}
-	finisher := newFinisherOn(t, e, st, log, idem.FinisherConfig{MaxAttempts: 1})
+	finisher := newFinisherOn(t, e, st, log, idem.WithMaxAttempts(1))
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -648,7 +639,7 @@ func TestFinisherSurvivesAPanicInOneCall(t *testing.T) {
 	ps := &panickyStore{Store: memory.New()}
 	e := serveEnv(t, setup{memory: true, opts: finishableOpts}, nil, ps)
 	log := &logBuffer{}
-	finisher := newFinisherOn(t, e, ps, log, idem.FinisherConfig{MaxAttempts: 1})
+	finisher := newFinisherOn(t, e, ps, log, idem.WithMaxAttempts(1))
 	e.svc.setHook(crashFirstRun(nil))
 	for _, tenant := range []string{"boom", "alpha"} {
 		_, err := e.client.Do(forTenant(tenant, tenant+"-1"), &testv1.DoRequest{Value: tenant})
@@ -771,7 +762,7 @@ func TestFinisherFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 	dark, accepted := blackholePool(t)
 	st := postgres.NewSharded([]*pgxpool.Pool{healthy, dark}, shardOf, postgres.WithLockTimeout(time.Hour))
 	e := serveEnv(t, setup{opts: finishableOpts}, nil, st)
-	finisher := newFinisherOn(t, e, st, &logBuffer{}, idem.FinisherConfig{ListTimeout: 2 * time.Second})
+	finisher := newFinisherOn(t, e, st, &logBuffer{}, idem.WithInterval(2*time.Second))
 	e.svc.setHook(crashFirstRun(nil))
 	for _, key := range []string{"order-1", "order-2"} {
 		_, err := e.client.Do(forTenant("alpha", key), &testv1.DoRequest{Value: "alpha"})
@@ -798,7 +789,7 @@ func TestFinisherFinishesHealthyShardsBesideABlackholedOne(t *testing.T) {
 // later pass; the pass goes on and finishes the other call. Before, the
 // pass waited for the hung handler as long as its context lasted.
 func TestFinisherBoundsEachAttempt(t *testing.T) {
-	eachFinishableStoreWith(t, idem.FinisherConfig{AttemptTimeout: time.Second}, func(t *testing.T, c *finishable) {
+	eachFinishableStoreWith(t, []idem.FinisherOption{idem.WithAttemptTimeout(time.Second)}, func(t *testing.T, c *finishable) {
 		var cut atomic.Bool
 		c.svc.setHook(crashFirstRun(func(ctx context.Context, key string) error {
 			if key == "hung" {
@@ -891,7 +882,7 @@ func TestFinisherRunsItsInterceptors(t *testing.T) {
 		note("inner done: " + status.Code(err).String())
 		return resp, err
 	}
-	c := newFinishable(t, true, idem.FinisherConfig{}, outer, inner)
+	c := newFinishable(t, true, nil, outer, inner)
 	c.svc.setHook(crashFirstRun(func(ctx context.Context, _ string) error {
 		user, _ := ctx.Value(userKey{}).(string)
 		note("handler as " + user)

@@ -370,9 +370,23 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 // computed here from that documented layout rather than by idem's own code,
 // so that a change of the layout shows.
 func callKey(parent store.Scope, method string, n int) string {
+	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
+}
+
+// stepKey is the child key of the step named step of the keyed request
+// parent, as idem.ChildKey documents it: the hex-encoded SHA-256 of
+// parent's tenant, method and key and step, each part preceded by its
+// length as callKey's are.
+func stepKey(parent store.Scope, step string) string {
+	return derived(parent.Tenant, parent.Method, parent.Key, step)
+}
+
+// derived is the hex-encoded SHA-256 of parts, each preceded by its length
+// in bytes as a big-endian uint64.
+func derived(parts ...string) string {
 	h := sha256.New()
 	var l [8]byte
-	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+	for _, s := range parts {
 		binary.BigEndian.PutUint64(l[:], uint64(len(s)))
 		h.Write(l[:])
 		h.Write([]byte(s))

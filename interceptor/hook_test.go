@@ -15,16 +15,16 @@ import (
 // hookRecorder keeps the outcomes a hook saw.
 type hookRecorder struct {
 	mu  sync.Mutex
-	got []idem.Outcome
+	got []idem.Report
 }
 
-func (r *hookRecorder) hook(_ context.Context, o idem.Outcome) {
+func (r *hookRecorder) hook(_ context.Context, o idem.Report) {
 	r.mu.Lock()
 	r.got = append(r.got, o)
 	r.mu.Unlock()
 }
 
-func (r *hookRecorder) take() []idem.Outcome {
+func (r *hookRecorder) take() []idem.Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	got := r.got
@@ -32,9 +32,9 @@ func (r *hookRecorder) take() []idem.Outcome {
 	return got
 }
 
-func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
+func TestReportHookSeesEachCallOnce(t *testing.T) {
 	rec := &hookRecorder{}
-	eachStore(t, setup{opts: []idem.Option{idem.WithOutcomeHook(rec.hook)}}, func(t *testing.T, e *env) {
+	eachStore(t, setup{opts: []idem.Option{idem.WithReportHook(rec.hook)}}, func(t *testing.T, e *env) {
 		rec.take()
 		for _, c := range []struct {
 			name     string
@@ -62,23 +62,23 @@ func TestOutcomeHookSeesEachCallOnce(t *testing.T) {
 			if o.Result != c.want || o.Replayed != c.replayed || o.Mode != idem.ModeAtomic || o.Method == "" {
 				t.Errorf("%s: outcome %+v, want result %s, replayed %v, atomic", c.name, o, c.want, c.replayed)
 			}
-			if c.want == idem.ResultExecuted && (o.Claim <= 0 || o.Record <= 0) {
-				t.Errorf("%s: claim %v and record %v, want both measured", c.name, o.Claim, o.Record)
+			if c.want == idem.ResultExecuted && (o.ClaimDuration <= 0 || o.RecordDuration <= 0) {
+				t.Errorf("%s: claim %v and record %v, want both measured", c.name, o.ClaimDuration, o.RecordDuration)
 			}
 		}
 	})
 }
 
-func TestPanickingOutcomeHookLeavesTheAnswer(t *testing.T) {
-	hook := func(context.Context, idem.Outcome) { panic("hook bug") }
-	eachStore(t, setup{opts: []idem.Option{idem.WithOutcomeHook(hook)}}, func(t *testing.T, e *env) {
+func TestPanickingReportHookLeavesTheAnswer(t *testing.T) {
+	hook := func(context.Context, idem.Report) { panic("hook bug") }
+	eachStore(t, setup{opts: []idem.Option{idem.WithReportHook(hook)}}, func(t *testing.T, e *env) {
 		resp, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 		if err != nil || resp.GetValue() != "v" {
 			t.Fatalf("call with a panicking hook: %v, %v", resp, err)
 		}
 		_, err = e.client.Do(context.Background(), &testv1.DoRequest{Value: "v"})
 		wantCode(t, err, codes.InvalidArgument)
-		if log := e.log.String(); !strings.Contains(log, "outcome hook panicked") {
+		if log := e.log.String(); !strings.Contains(log, "report hook panicked") {
 			t.Errorf("the panic was not logged:\n%s", log)
 		}
 	})

@@ -29,7 +29,7 @@ import (
 const doMethod = testv1.TestService_Do_FullMethodName
 
 func leasedEnv(t *testing.T, lease time.Duration, opts ...idem.Option) *env {
-	return newEnv(t, setup{opts: append([]idem.Option{idem.WithLeased(lease, doMethod)}, opts...)})
+	return newEnv(t, setup{opts: append([]idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})}, opts...)})
 }
 
 // wantRetryDelay returns the RetryInfo delay of an ABORTED answer.
@@ -116,7 +116,7 @@ func TestLeasedErrors(t *testing.T) {
 func TestLeasedLiveLease(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	st, beats := beating(func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) })
-	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
+	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})}})
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var once sync.Once
@@ -390,7 +390,7 @@ func TestLeasedTransientErrorKeepsSteps(t *testing.T) {
 // short that the heartbeat beats every millisecond.
 func TestLeasedHeartbeatAfterRecord(t *testing.T) {
 	st, beats := beating(func(pool *pgxpool.Pool) store.Store { return postgres.New(pool) })
-	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithLeased(3*time.Millisecond, doMethod)}})
+	e := newEnv(t, setup{store: st, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 3 * time.Millisecond})}})
 	e.svc.setHook(func(context.Context, string) error {
 		// Let the heartbeat beat.
 		before := beats.beats.Load()
@@ -447,7 +447,7 @@ func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, 
 func TestLeasedRecordsAfterClientDeadline(t *testing.T) {
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}})
 			var calls, charges atomic.Int32
 			clientGone := make(chan struct{})
 			e.svc.setHook(func(ctx context.Context, _ string) error {
@@ -499,7 +499,7 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
 			newStore, beats := beating(st.new)
-			e := newEnv(t, setup{store: newStore, opts: []idem.Option{idem.WithLeased(lease, doMethod)}})
+			e := newEnv(t, setup{store: newStore, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})}})
 			started, gone, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var finishOnce sync.Once
 			finishHandler := func() { finishOnce.Do(func() { close(finish) }) }
@@ -596,7 +596,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 				}
 				e := newEnv(t, setup{
 					store: func(pool *pgxpool.Pool) store.Store { return &failingRecord{Store: newStore(pool)} },
-					opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
+					opts:  []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})},
 				})
 				e.svc.setHook(func(context.Context, string) error { return outcome.err })
 				_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
@@ -657,7 +657,7 @@ func TestStepRefusesInvalidPoint(t *testing.T) {
 	}
 	for _, st := range leaseStores {
 		t.Run(st.name, func(t *testing.T) {
-			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
+			e := newEnv(t, setup{store: st.new, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}})
 			var (
 				mu    sync.Mutex
 				errs  = map[string]error{}

@@ -1,45 +1,37 @@
 package interceptor_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-
-	"google.golang.org/protobuf/proto"
+	"time"
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
 )
 
-// nopLoader is a Loader that is never called.
-type nopLoader struct{}
-
-func (nopLoader) Reference(context.Context, proto.Message) ([]byte, error) { return nil, nil }
-func (nopLoader) Load(context.Context, []byte) (proto.Message, error)      { return nil, nil }
-
-// TestNewRefusesMethodsItCannotKey: an option that names a method the
-// protobuf registry does not know (a misspelt name), or a streaming method,
-// fails idem.New with an error naming the option and the method, rather
-// than being ignored; a unary method of a registered service is accepted.
+// TestNewRefusesMethodsItCannotKey: a policy that names a method the
+// protobuf registry does not know (a misspelt name), or a streaming
+// method, or that holds a value no field takes, fails idem.New with an
+// error naming the option, the method and what is wrong, rather than being
+// ignored; a policy of a unary method of a registered service is accepted.
 func TestNewRefusesMethodsItCannotKey(t *testing.T) {
 	const unknown = "/nope.v1.S/M"
 	watch := testv1.TestService_Watch_FullMethodName
+	leased := idem.MethodPolicy{Mode: idem.ModeLeased}
 	for _, c := range []struct {
 		name   string
 		opt    idem.Option
 		want   []string // in the error
 		refuse bool
 	}{
-		{"unknown, WithLeased", idem.WithLeased(0, unknown), []string{"WithLeased", unknown, "not a method"}, true},
-		{"unknown, WithOptimistic", idem.WithOptimistic(unknown), []string{"WithOptimistic", unknown, "not a method"}, true},
-		{"streaming, WithOptimistic", idem.WithOptimistic(watch), []string{"WithOptimistic", watch, "streams"}, true},
-		{"unknown, WithLoader", idem.WithLoader(unknown, nopLoader{}), []string{"WithLoader", unknown}, true},
-		{"unknown, WithRerunWhenNotCached", idem.WithRerunWhenNotCached(unknown), []string{"WithRerunWhenNotCached", unknown}, true},
-		{"unknown, WithFinish", idem.WithFinish(unknown), []string{"WithFinish", unknown}, true},
-		{"streaming, WithLeased", idem.WithLeased(0, watch), []string{"WithLeased", watch, "streams"}, true},
-		{"streaming, WithFinish", idem.WithFinish(watch), []string{"WithFinish", watch, "streams"}, true},
-		{"unary", idem.WithLeased(0, doMethod), nil, false},
+		{"unknown", idem.WithMethodPolicy(unknown, leased), []string{"WithMethodPolicy", unknown, "not a method"}, true},
+		{"streaming", idem.WithMethodPolicy(watch, leased), []string{"WithMethodPolicy", watch, "streams"}, true},
+		{"unknown mode", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: "LEASED"}), []string{"WithMethodPolicy", doMethod, `Mode "LEASED"`}, true},
+		{"negative lease", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeLeased, Lease: -time.Second}), []string{doMethod, "Lease -1s is negative"}, true},
+		{"negative TTL", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{TTL: -time.Second}), []string{doMethod, "TTL -1s is negative"}, true},
+		{"unary", idem.WithMethodPolicy(doMethod, leased), nil, false},
+		{"zero", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{}), nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e, err := idem.New(memory.New(), c.opt)
@@ -61,7 +53,7 @@ func TestNewRefusesMethodsItCannotKey(t *testing.T) {
 	}
 
 	// Every method at fault is named, in one error.
-	_, err := idem.New(memory.New(), idem.WithLeased(0, unknown, watch, doMethod))
+	_, err := idem.New(memory.New(), idem.WithMethodPolicy(unknown, leased), idem.WithMethodPolicy(watch, leased), idem.WithMethodPolicy(doMethod, leased))
 	if err == nil || !strings.Contains(err.Error(), unknown) || !strings.Contains(err.Error(), watch) || strings.Contains(err.Error(), doMethod) {
 		t.Errorf("New's error %v, want one that names %s and %s, not %s", err, unknown, watch, doMethod)
 	}

@@ -85,13 +85,13 @@ func TestOutcomeOnTheFinishedCallLine(t *testing.T) {
 		want []string
 	}{
 		{"first call", func() error { _, err := client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err },
-			[]string{"idem.outcome=executed", "idem.replayed=false"}},
+			[]string{"idem.result=executed", "idem.replayed=false"}},
 		{"retry", func() error { _, err := client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); return err },
-			[]string{"idem.outcome=replayed", "idem.replayed=true"}},
+			[]string{"idem.result=replayed", "idem.replayed=true"}},
 		{"other request", func() error { _, err := client.Do(withKey("k"), &testv1.DoRequest{Value: "w"}); return err },
-			[]string{"idem.outcome=reused", "grpc.code=FailedPrecondition"}},
+			[]string{"idem.result=reused", "grpc.code=FailedPrecondition"}},
 		{"no side effects", func() error { _, err := client.Read(withKey("r"), &testv1.ReadRequest{Value: "v"}); return err },
-			[]string{"idem.outcome=passthrough"}},
+			[]string{"idem.result=passthrough"}},
 	} {
 		_ = c.call()
 		lines := log.finished()
@@ -103,8 +103,8 @@ func TestOutcomeOnTheFinishedCallLine(t *testing.T) {
 				t.Errorf("%s: finished-call line lacks %s: %s", c.name, w, lines[0])
 			}
 		}
-		if strings.Count(lines[0], "idem.outcome=") != 1 {
-			t.Errorf("%s: want one idem.outcome field: %s", c.name, lines[0])
+		if strings.Count(lines[0], "idem.result=") != 1 {
+			t.Errorf("%s: want one idem.result field: %s", c.name, lines[0])
 		}
 	}
 }
@@ -129,7 +129,7 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	inUse := make(chan struct{})
 	var once sync.Once
 	rec := &hookRecorder{}
-	hook := func(ctx context.Context, o idem.Outcome) {
+	hook := func(ctx context.Context, o idem.Report) {
 		rec.hook(ctx, o)
 		if o.Result == idem.ResultInUse {
 			once.Do(func() { close(inUse) })
@@ -139,7 +139,7 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	client := serveChain(t, svc, []grpc.UnaryServerInterceptor{
 		trailers.unary,
 		interceptor.UnaryServerInterceptor(newEngine(t, memory.New(memory.WithLockTimeout(50*time.Millisecond)),
-			idem.WithRetryDelay(delay), idem.WithOutcomeHook(hook))),
+			idem.WithRetryDelay(delay), idem.WithReportHook(hook))),
 	}, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
 		"name": [{"service": "idem.test.v1.TestService"}],
 		"retryPolicy": {

@@ -17,13 +17,13 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 )
 
-// outcomes keeps what an outcome hook saw.
+// outcomes keeps what a report hook saw.
 type outcomes struct {
 	mu  sync.Mutex
-	all []idem.Outcome
+	all []idem.Report
 }
 
-func (o *outcomes) hook(_ context.Context, out idem.Outcome) {
+func (o *outcomes) hook(_ context.Context, out idem.Report) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.all = append(o.all, out)
@@ -47,7 +47,7 @@ func (o *outcomes) results(mode idem.Mode) map[idem.Result]int {
 // replayed; a retry with another request gets the key-reused error.
 func TestOptimisticRetriesReplay(t *testing.T) {
 	var seen outcomes
-	e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod), idem.WithOutcomeHook(seen.hook)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
 	codec := newRawCodec()
 	var header metadata.MD
 	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec), grpc.Header(&header))
@@ -96,7 +96,7 @@ func TestOptimisticRetriesReplay(t *testing.T) {
 // deterministic error in optimistic mode, without its write, and replays
 // it to a retry whose handler would now succeed.
 func TestOptimisticErrorIsRecordedAndReplayed(t *testing.T) {
-	e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 	e.svc.setHook(func(context.Context, string) error { return status.Error(codes.InvalidArgument, "bad value") })
 	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 	first := wantCode(t, err, codes.InvalidArgument)
@@ -120,7 +120,7 @@ func TestOptimisticErrorIsRecordedAndReplayed(t *testing.T) {
 // IN_USE; one write stands.
 func TestOptimisticDuplicatesShareOneExecution(t *testing.T) {
 	const callers = 12
-	e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+	e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 	e.svc.setHook(func(context.Context, string) error {
 		if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never ran")
@@ -159,7 +159,7 @@ func TestOptimisticDuplicatesShareOneExecution(t *testing.T) {
 // write is rolled back, and replays.
 func TestOptimisticModeFromTheProto(t *testing.T) {
 	var seen outcomes
-	e := newEnv(t, setup{opts: []idem.Option{idem.WithOutcomeHook(seen.hook)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithReportHook(seen.hook)}})
 	for range 2 {
 		if _, err := e.client.Optimistic(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
 			t.Fatal(err)
@@ -182,7 +182,7 @@ func TestOptimisticModeFromTheProto(t *testing.T) {
 func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 	t.Run("retries", func(t *testing.T) {
 		var seen outcomes
-		e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod), idem.WithOutcomeHook(seen.hook)}})
+		e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
 		uniqueEffects(t, e)
 		codec := newRawCodec()
 		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec))
@@ -213,7 +213,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 	})
 	t.Run("duplicates", func(t *testing.T) {
 		const callers = 8
-		e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+		e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 		uniqueEffects(t, e)
 		// Every caller starts its write before the first commits: the
 		// duplicates' writes wait for the first's row, then fail.
@@ -253,7 +253,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		// retry answers from the key, having learnt it in one claim, not
 		// by recording its own error first.
 		tracer := &roundTrips{}
-		e := newEnv(t, setup{tracer: tracer, poolSize: 1, opts: []idem.Option{idem.WithOptimistic(doMethod)}})
+		e := newEnv(t, setup{tracer: tracer, poolSize: 1, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 		uniqueEffects(t, e)
 		e.svc.setHook(nil)
 		idle := func() bool { return e.pool.Stat().IdleConns() == 1 }
@@ -316,7 +316,7 @@ func uniqueEffects(t *testing.T, e *env) {
 // with that error as it is, keeps nothing, and its retry runs afresh.
 func TestOptimisticTransientFailureReleases(t *testing.T) {
 	var seen outcomes
-	e := newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod), idem.WithOutcomeHook(seen.hook)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
 	e.svc.setHook(func(context.Context, string) error { return status.Error(codes.Unavailable, "the ledger is down") })
 	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 	if st := wantCode(t, err, codes.Unavailable); st.Message() != "the ledger is down" {

@@ -23,7 +23,7 @@ func TestStepNamedLikeAnOrdinalGetsItsOwnKey(t *testing.T) {
 	down := &testService{pool: downPool}
 	downRec, downAddr := serve(t, downPool, down)
 	provider := dial(t, downAddr, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
-	e := newEnv(t, setup{memory: true, opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
+	e := newEnv(t, setup{memory: true, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}})
 	var executions []int64
 	e.svc.setHook(func(ctx context.Context, _ string) error {
 		resp, err := provider.Do(ctx, &testv1.DoRequest{Value: "charge 10 EUR"})

@@ -33,7 +33,7 @@ func incompressible(n int) string {
 // a non-retriable INVALID_ARGUMENT that names the rule, and nothing runs or
 // is written.
 func TestTenantsTheStoreCannotHoldAreRefused(t *testing.T) {
-	e := newEnv(t, setup{opts: []idem.Option{idem.WithLeased(time.Minute, maybeMethod)}})
+	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(maybeMethod, idem.MethodPolicy{Mode: idem.ModeLeased, Lease: time.Minute})}})
 	call := func(method, tenant, key string) error {
 		ctx := metadata.AppendToOutgoingContext(withKey(key), "x-tenant-id", tenant)
 		if method == maybeMethod {
@@ -90,7 +90,7 @@ func TestTenantBytesClientsCannotSend(t *testing.T) {
 	for _, leased := range []bool{false, true} {
 		opts := []idem.Option{idem.WithTenant(tenantFromMetadata)}
 		if leased {
-			opts = append(opts, idem.WithLeased(time.Minute, info.FullMethod))
+			opts = append(opts, idem.WithMethodPolicy(info.FullMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 		}
 		intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool), opts...))
 		call := func(tenant, key string, handler grpc.UnaryHandler) (any, error) {

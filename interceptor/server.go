@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // PushbackTrailer is the trailer in which idem tells grpc-go's retry policy
@@ -36,20 +37,20 @@ func UnaryServerInterceptor(e *idem.Engine) grpc.UnaryServerInterceptor {
 func serve(ctx context.Context, e *idem.Engine, method string, req any, handler grpc.UnaryHandler) (any, error) {
 	msg, _ := req.(proto.Message)
 	md, _ := metadata.FromIncomingContext(ctx)
-	call := idem.Call{
+	call := transport.Call{
 		Method:  method,
 		Keys:    md.Get(idem.KeyHeader),
 		Request: msg,
 		Header:  md,
 		Status:  grpcStatus,
 	}
-	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
+	ans, err := transport.Handle(ctx, e, call, func(ctx context.Context) (transport.Reply, error) {
 		cs := &capturingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
 		if cs.ServerTransportStream != nil {
 			ctx = grpc.NewContextWithServerTransportStream(ctx, cs)
 		}
 		resp, err := handler(ctx, req)
-		r := idem.Reply{Header: cs.header, Trailer: cs.trailer}
+		r := transport.Reply{Header: cs.header, Trailer: cs.trailer}
 		if err != nil {
 			return r, err
 		}
@@ -79,7 +80,7 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 	// would make a new context, which that line never sees). Without a
 	// logging interceptor before idem there are no fields to add to.
 	if logging.ExtractFields(ctx) != nil {
-		logging.AddFields(ctx, logging.Fields{"idem.outcome", string(ans.Result),
+		logging.AddFields(ctx, logging.Fields{"idem.result", string(ans.Result),
 			"idem.replayed", ans.Result == idem.ResultReplayed || ans.Result == idem.ResultRebuilt})
 	}
 	if err != nil {
@@ -135,7 +136,7 @@ func (s *capturingStream) SetTrailer(md metadata.MD) error {
 func StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if len(metadata.ValueFromIncomingContext(ss.Context(), idem.KeyHeader)) > 0 {
-			return status.ErrorProto(idem.StreamKeyRefused(info.FullMethod).Status())
+			return status.ErrorProto(transport.StreamKeyRefused(info.FullMethod).Status())
 		}
 		return handler(srv, ss)
 	}

@@ -418,7 +418,7 @@ func TestExpiredKeyRunsAgain(t *testing.T) {
 // the expired row, and the atomic claim that follows takes it over and
 // runs the handler again.
 func TestOptimisticExpiredKeyRunsAgain(t *testing.T) {
-	expiredKeyRunsAgain(t, newEnv(t, setup{opts: []idem.Option{idem.WithOptimistic(doMethod)}}))
+	expiredKeyRunsAgain(t, newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}}))
 }
 
 // expiredKeyRunsAgain expires a key e's server recorded, and calls it

@@ -114,13 +114,12 @@ func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	shards := twoShardDatabases(t)
 	st := postgres.NewSharded(shards, shardOf)
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
 	engine := newEngine(t, st, opts...)
-	finisher := newFinisher(t, engine, idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, engine, nil, e.svc)
 
 	// Each tenant's first run dies, as a crashed worker's would; the
 	// finisher's run finishes it.
@@ -189,12 +188,11 @@ func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 		return map[string]int{"alpha": 0, "beta": 2}[tenant]
 	})
 	opts := []idem.Option{
-		idem.WithLeased(time.Minute, doMethod),
-		idem.WithFinish(doMethod),
+		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
 		idem.WithTenant(tenantFromMetadata),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	finisher := newFinisher(t, newEngine(t, st, opts...), idem.FinisherConfig{}, e.svc)
+	finisher := newFinisher(t, newEngine(t, st, opts...), nil, e.svc)
 	var crashed sync.Map
 	e.svc.setHook(func(_ context.Context, value string) error {
 		if _, again := crashed.LoadOrStore(value, true); !again {

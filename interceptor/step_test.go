@@ -94,7 +94,7 @@ func TestStepNotRunAfterLeaseLost(t *testing.T) {
 			stalling := &stallStore{}
 			e := newEnv(t, setup{
 				store: func(pool *pgxpool.Pool) store.Store { stalling.Store = st.new(pool); return stalling },
-				opts:  []idem.Option{idem.WithLeased(lease, doMethod)},
+				opts:  []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})},
 			})
 			var (
 				s        steps
@@ -182,7 +182,7 @@ func TestStepChecksTheLeaseBeforeRunning(t *testing.T) {
 			e := newEnv(t, setup{
 				memory:      mem,
 				memoryStore: memory.New(memory.WithClock(clock.now)),
-				opts:        []idem.Option{idem.WithLeased(lease, doMethod)},
+				opts:        []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: lease})},
 			})
 			// runOut ends A's lease, by the store's clock.
 			runOut := func() {

@@ -206,7 +206,7 @@ func TestStoresScopeKeysByTenant(t *testing.T) {
 }
 
 func TestStoresLeasedRunOnceAndReplay(t *testing.T) {
-	s := setup{opts: []idem.Option{idem.WithLeased(time.Minute, doMethod)}}
+	s := setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}}
 	eachStore(t, s, func(t *testing.T, e *env) {
 		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"})
 		if err != nil {

@@ -14,20 +14,21 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 func TestHandleKeyError(t *testing.T) {
 	rec := &hookRecorder{}
-	e := newEngine(t, memory.New(), idem.WithOutcomeHook(rec.hook))
+	e := newEngine(t, memory.New(), idem.WithReportHook(rec.hook))
 	ran := 0
-	h := func(context.Context) (idem.Reply, error) {
+	h := func(context.Context) (transport.Reply, error) {
 		ran++
-		return idem.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+		return transport.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
 	}
 	reason := errors.New("the quoted key has no closing double quote")
 
-	call := idem.Call{Method: testv1.TestService_Do_FullMethodName, KeyError: reason, Request: &testv1.DoRequest{Value: "v"}}
-	_, err := e.Handle(t.Context(), call, h)
+	call := transport.Call{Method: testv1.TestService_Do_FullMethodName, KeyError: reason, Request: &testv1.DoRequest{Value: "v"}}
+	_, err := transport.Handle(t.Context(), e, call, h)
 	st := wantCode(t, grpcError(err), codes.InvalidArgument)
 	var violation *errdetails.BadRequest_FieldViolation
 	for _, d := range st.Details() {
@@ -47,8 +48,8 @@ func TestHandleKeyError(t *testing.T) {
 
 	// A method without side effects ignores a well-formed key, not a
 	// malformed one.
-	call = idem.Call{Method: testv1.TestService_Read_FullMethodName, KeyError: reason, Request: &testv1.ReadRequest{Value: "v"}}
-	_, err = e.Handle(t.Context(), call, h)
+	call = transport.Call{Method: testv1.TestService_Read_FullMethodName, KeyError: reason, Request: &testv1.ReadRequest{Value: "v"}}
+	_, err = transport.Handle(t.Context(), e, call, h)
 	wantCode(t, grpcError(err), codes.InvalidArgument)
 	if ran != 0 {
 		t.Fatalf("exempt method: the handler ran %d times for a malformed key", ran)
@@ -59,7 +60,7 @@ func TestHandleKeyError(t *testing.T) {
 }
 
 func TestOutgoingKeys(t *testing.T) {
-	k := idem.NewOutgoingKeys()
+	k := transport.NewOutgoingKeys()
 	ctx := t.Context()
 	do, read, maybe := testv1.TestService_Do_FullMethodName, testv1.TestService_Read_FullMethodName, testv1.TestService_Maybe_FullMethodName
 
@@ -94,19 +95,19 @@ func TestOutgoingKeys(t *testing.T) {
 	// Inside a keyed handler: a child key, and never the request's own key.
 	e := newEngine(t, memory.New())
 	var inside [][]string
-	call := idem.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
-	_, err = e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
+	call := transport.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
+	_, err = transport.Handle(ctx, e, call, func(ctx context.Context) (transport.Reply, error) {
 		for _, c := range []struct {
 			method string
 			sent   []string
 		}{{do, nil}, {do, []string{"parent"}}, {read, []string{"parent", "other"}}} {
 			_, keys, err := k.For(ctx, c.method, nil, c.sent)
 			if err != nil {
-				return idem.Reply{}, err
+				return transport.Reply{}, err
 			}
 			inside = append(inside, keys)
 		}
-		return idem.Reply{Message: &testv1.DoResponse{}}, nil
+		return transport.Reply{Message: &testv1.DoResponse{}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)

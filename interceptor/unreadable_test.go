@@ -76,7 +76,7 @@ func (failingLeaseStore) ClaimLeased(context.Context, store.Scope, store.LeaseRe
 func TestTransientLeaseFailureIsNotDataLoss(t *testing.T) {
 	e := newEnv(t, setup{memory: true,
 		memoryStore: failingLeaseStore{memory.New()},
-		opts:        []idem.Option{idem.WithLeased(time.Minute, doMethod)}})
+		opts:        []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})}})
 	err := callErr(e, "k")
 	wantCode(t, err, codes.Unavailable)
 	if retryDelay(err) == nil {

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/checkout/checkoutsvc"
 	providerv1 "github.com/idemkit/idem/examples/gen/provider/v1"
 	"github.com/idemkit/idem/examples/internal/adminlisten"
@@ -31,7 +30,7 @@ func (s *system) serveAdmin(lis net.Listener, token string) (stop func(), err er
 		return nil, err
 	}
 	svc := checkoutsvc.New(s.checkoutDB, providerv1.NewProviderServiceClient(conn))
-	finisher, err := checkoutsvc.NewFinisher(svc, nil, idem.FinisherConfig{})
+	finisher, err := checkoutsvc.NewFinisher(svc, nil)
 	if err != nil {
 		conn.Close()
 		return nil, err

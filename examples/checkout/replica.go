@@ -109,7 +109,7 @@ func serveReplica() error {
 		})
 	}
 	// The server and the finisher run Checkout with the same options.
-	opts := []idem.Option{idem.WithOutcomeHook(func(ctx context.Context, o idem.Outcome) {
+	opts := []idem.Option{idem.WithReportHook(func(ctx context.Context, o idem.Report) {
 		runner, key := runnerCall, "-"
 		if o.Finishing {
 			runner = runnerFinisher
@@ -125,10 +125,7 @@ func serveReplica() error {
 		return err
 	}
 	finisher, err := checkoutsvc.NewFinisher(checkoutsvc.New(pool, provider, hook(runnerFinisher)), opts,
-		// A zero Grace selects the default (30 s): a grace of 0 (take an
-		// abandoned call over as soon as its lease ran out) is the least
-		// positive one.
-		idem.FinisherConfig{Grace: max(grace, time.Nanosecond), Interval: finishInterval})
+		idem.WithGrace(grace), idem.WithInterval(finishInterval))
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -24,7 +27,6 @@ import (
 	checkoutv1 "github.com/idemkit/idem/examples/gen/checkout/v1"
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
 	"github.com/idemkit/idem/interceptor"
-	"github.com/idemkit/idem/store"
 )
 
 // What every checkout of the example buys.
@@ -268,11 +270,17 @@ type rows struct {
 }
 
 // chargeKey is the key of the provider call that the checkout keyed key
-// makes: its child key for checkoutsvc.StepCharge. The checkout server has
-// no tenants, so every request is in the empty one.
+// makes: its child key for checkoutsvc.StepCharge, as idem.ChildKey derives
+// it, the hex-encoded SHA-256 of the checkout's tenant, method and key and
+// the step, each preceded by its length in bytes as a big-endian uint64.
+// The checkout server has no tenants, so every request is in the empty one.
 func chargeKey(key string) string {
-	parent := store.Scope{Method: checkoutv1.CheckoutService_Checkout_FullMethodName, Key: key}
-	return idem.DeriveKey(parent, checkoutsvc.StepCharge)
+	h := sha256.New()
+	for _, s := range []string{"", checkoutv1.CheckoutService_Checkout_FullMethodName, key, checkoutsvc.StepCharge} {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		h.Write([]byte(s))
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func (s *system) rows(ctx context.Context, key string) (rows, error) {

@@ -134,13 +134,13 @@ func newIdemServer(pool *pgxpool.Pool, h *handler, opts ...idem.Option) (*grpc.S
 // the outcome is recorded by an UPDATE of its own. The lease is far above
 // any request's latency, so no heartbeat runs during a request.
 func newLeasedServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
-	return newIdemServer(pool, h, idem.WithLeased(60*time.Second, createPayment)) // idem's default lease
+	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 60 * time.Second})) // idem's default lease
 }
 
 // newOptimisticServer is newIdemServer with CreatePayment in optimistic
 // mode.
 func newOptimisticServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
-	return newIdemServer(pool, h, idem.WithOptimistic(createPayment))
+	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}))
 }
 
 type naiveTxKey struct{}

@@ -83,9 +83,12 @@ func orderScope(orderKey string) store.Scope {
 }
 
 // childKey is the key of the call PlaceOrder makes as step when its own key
-// is orderKey: the child key of the order's tenant, method and key.
+// is orderKey, as idem.ChildKey derives it: the hex-encoded SHA-256 of the
+// order's tenant, method and key and step, each preceded by its length in
+// bytes as a big-endian uint64.
 func childKey(orderKey, step string) string {
-	return idem.DeriveKey(orderScope(orderKey), step)
+	parent := orderScope(orderKey)
+	return derived(parent.Tenant, parent.Method, parent.Key, step)
 }
 
 // callKey is the key of the n-th call to method that PlaceOrder makes
@@ -95,8 +98,14 @@ func childKey(orderKey, step string) string {
 // by its length in bytes as a big-endian uint64.
 func callKey(orderKey, method string, n int) string {
 	parent := orderScope(orderKey)
+	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
+}
+
+// derived is the hex-encoded SHA-256 of parts, each preceded by its length
+// in bytes as a big-endian uint64.
+func derived(parts ...string) string {
 	h := sha256.New()
-	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+	for _, s := range parts {
 		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
 		h.Write([]byte(s))
 	}

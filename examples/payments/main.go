@@ -1,7 +1,7 @@
 // Binary payments demonstrates exactly-once payments with idem: it starts
 // the example PaymentService on a loopback port against a fresh PostgreSQL
 // database, plays the situations that double-charge a naive server, prints
-// what each call got, the rows that exist afterwards and the outcomes idem
+// what each call got, the rows that exist afterwards and the results idem
 // counted in its metrics, and exits non-zero if any invariant breaks.
 //
 //	go run ./examples/payments
@@ -242,18 +242,18 @@ func (d *demo) play(ctx context.Context, w io.Writer) error {
 	// What idem counted: every call that ran the handler (the first of each
 	// key, the one whose response was lost, the recorded validation
 	// error), every replay, every duplicate told to retry, the reused key.
-	outcomes, err := d.outcomes(ctx)
+	results, err := d.results(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "idem outcomes of CreatePayment: executed=%d replayed=%d in_use=%d reused=%d\n",
-		outcomes["executed"], outcomes["replayed"], outcomes["in_use"], outcomes["reused"])
+	fmt.Fprintf(w, "idem results of CreatePayment: executed=%d replayed=%d in_use=%d reused=%d\n",
+		results["executed"], results["replayed"], results["in_use"], results["reused"])
 	want := map[string]int64{"executed": 4, "replayed": 1 + copies - 1 + 1, "in_use": int64(st.aborted), "reused": 1}
-	for outcome, n := range want {
-		d.check(outcomes[outcome] == n, "idem counted %d calls %s, want %d", outcomes[outcome], outcome, n)
+	for result, n := range want {
+		d.check(results[result] == n, "idem counted %d calls %s, want %d", results[result], result, n)
 	}
-	for outcome, n := range outcomes {
-		d.check(want[outcome] != 0, "idem counted %d calls %s, want none", n, outcome)
+	for result, n := range results {
+		d.check(want[result] != 0, "idem counted %d calls %s, want none", n, result)
 	}
 
 	if len(d.failed) > 0 {
@@ -263,9 +263,9 @@ func (d *demo) play(ctx context.Context, w io.Writer) error {
 	return nil
 }
 
-// outcomes returns the counts of idem.server.requests for CreatePayment,
-// by outcome, read from the in-process metric reader.
-func (d *demo) outcomes(ctx context.Context) (map[string]int64, error) {
+// results returns the counts of idem.server.requests for CreatePayment,
+// by result, read from the in-process metric reader.
+func (d *demo) results(ctx context.Context) (map[string]int64, error) {
 	var rm metricdata.ResourceMetrics
 	if err := d.metrics.Collect(ctx, &rm); err != nil {
 		return nil, err
@@ -279,9 +279,9 @@ func (d *demo) outcomes(ctx context.Context) (map[string]int64, error) {
 			}
 			for _, dp := range sum.DataPoints {
 				method, _ := dp.Attributes.Value("rpc.method")
-				outcome, _ := dp.Attributes.Value("idem.outcome")
+				result, _ := dp.Attributes.Value("idem.result")
 				if method.AsString() == "payments.v1.PaymentService/CreatePayment" {
-					out[outcome.AsString()] += dp.Value
+					out[result.AsString()] += dp.Value
 				}
 			}
 		}

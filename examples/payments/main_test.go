@@ -17,7 +17,7 @@ func TestDemo(t *testing.T) {
 	if err := run(ctx, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	for _, want := range []string{"retry after loss", "order-1003=1", "order-1004=0", "idem outcomes of CreatePayment: executed=4 replayed=51", "every invariant held"} {
+	for _, want := range []string{"retry after loss", "order-1003=1", "order-1004=0", "idem results of CreatePayment: executed=4 replayed=51", "every invariant held"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -10,14 +10,15 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // NewClientInterceptor returns a client interceptor that attaches an
 // idempotency key to each call of a keyed method, once per logical call,
 // as [github.com/idemkit/idem/interceptor.UnaryClientInterceptor] does for
-// grpc-go, with the same options and rules ([idem.OutgoingKeys]): a new
-// UUIDv7 outside a handler, a key derived from the request's inside a keyed
-// handler ([idem.DeriveKey]), the key set with [idem.ContextWithKey], or
+// grpc-go, with the same options and rules (package idem's documentation, "Calling
+// other services"): a new UUIDv7 outside a handler, a key derived from the
+// request's inside a keyed handler ([idem.ChildKey]), the key set with [idem.ContextWithKey], or
 // the caller's own header; never the key of the request being handled. A request that carries its key in
 // its field marked (idem.v1.field).key (a request_id) gets no key of idem's:
 // the field's is the call's key, on every attempt. When that field is empty
@@ -31,7 +32,7 @@ import (
 //
 // The key goes in the request header Idempotency-Key: on Connect and
 // gRPC-Web as a Structured Field String, as the IETF draft writes it
-// ([idem.FormatHTTPKey]); on gRPC as it is, as metadata
+// ([transport.FormatHTTPKey]); on gRPC as it is, as metadata
 // idempotency-key, which a grpc-go server with idem's interceptor reads as
 // it is. The two are one HTTP header field, so a call carries one of them,
 // never both. Keys the caller set in the header are read the same way. (A
@@ -41,11 +42,11 @@ import (
 //
 // Streaming calls are not intercepted. Used on a handler, it does nothing.
 func NewClientInterceptor(opts ...idem.ClientOption) connect.Interceptor {
-	return &clientInterceptor{keys: idem.NewOutgoingKeys(opts...)}
+	return &clientInterceptor{keys: transport.NewOutgoingKeys(opts...)}
 }
 
 type clientInterceptor struct {
-	keys *idem.OutgoingKeys
+	keys *transport.OutgoingKeys
 }
 
 func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -60,7 +61,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 		if protocol != connect.ProtocolGRPC && len(values) > 0 {
 			sent = make([]string, len(values))
 			for n, v := range values {
-				k, err := idem.ParseHTTPKey(v)
+				k, err := transport.ParseHTTPKey(v)
 				if err != nil {
 					k = v // malformed: compared, and sent, as it is
 				}
@@ -92,7 +93,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 }
 
 // keysFor returns the message to send for req and its keys, given the keys
-// sent, as [idem.OutgoingKeys.For] decides them once per logical call: an
+// sent, as [transport.OutgoingKeys.For] decides them once per logical call: an
 // attempt of a [NewRetryInterceptor] placed before this interceptor sends
 // what the call's first attempt sent.
 func (c *clientInterceptor) keysFor(ctx context.Context, req connect.AnyRequest, sent []string) (any, []string, error) {
@@ -144,7 +145,7 @@ func setKeys(h http.Header, keys []string, protocol string) {
 	if protocol != connect.ProtocolGRPC {
 		values = make([]string, len(keys))
 		for n, k := range keys {
-			values[n] = idem.FormatHTTPKey(k)
+			values[n] = transport.FormatHTTPKey(k)
 		}
 	}
 	setValues(h, values)

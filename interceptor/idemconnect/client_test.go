@@ -149,7 +149,8 @@ func testClientDerivesChildKeys(t *testing.T, downstream *env, p protocol, via s
 		msg.RequestId = parentKey
 		out := connect.NewRequest(msg)
 		out.Header().Set(idem.HTTPKeyHeader, p.header(parentKey))
-		refund, err := payments.CallUnary(idem.ContextWithStep(ctx, "refund"), out)
+		refundKey, _ := idem.ChildKey(ctx, "refund")
+		refund, err := payments.CallUnary(idem.ContextWithKey(ctx, refundKey), out)
 		if err != nil {
 			return nil, err
 		}
@@ -185,7 +186,7 @@ func testClientDerivesChildKeys(t *testing.T, downstream *env, p protocol, via s
 	}
 
 	parent := store.Scope{Tenant: "acme", Method: do, Key: key}
-	want := []string{callKey(parent, createPayment, 1), idem.DeriveKey(parent, "refund")}
+	want := []string{callKey(parent, createPayment, 1), stepKey(parent, "refund")}
 	n, keys := downstream.svc.executions()
 	if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
 		t.Errorf("downstream executions with keys %q, want %q", got, want)
@@ -238,8 +239,21 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 // hex-encoded SHA-256 of the parent's tenant, method and key, "call",
 // method and n, each preceded by its length as a big-endian uint64.
 func callKey(parent store.Scope, method string, n int) string {
+	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
+}
+
+// stepKey is the child key of the step named step of the request parent,
+// as idem.ChildKey documents it: the hex-encoded SHA-256 of the parent's
+// tenant, method and key and step, each preceded as callKey's are.
+func stepKey(parent store.Scope, step string) string {
+	return derived(parent.Tenant, parent.Method, parent.Key, step)
+}
+
+// derived is the hex-encoded SHA-256 of parts, each preceded by its length
+// as a big-endian uint64.
+func derived(parts ...string) string {
 	h := sha256.New()
-	for _, s := range []string{parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n)} {
+	for _, s := range parts {
 		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
 		h.Write([]byte(s))
 	}

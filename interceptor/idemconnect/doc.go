@@ -5,8 +5,10 @@
 //
 // It is a package of idem's module: connect-go requires only protobuf and
 // go-cmp, so programs that use idem with grpc-go only build none of it, and
-// it builds on idem's transport-neutral core (package [idem]), so a
-// Connect-only program builds none of grpc-go.
+// it builds on idem's transport-neutral core (package [idem], through the
+// adapters' package [github.com/idemkit/idem/transport]), so a
+// Connect-only program builds none of grpc-go. A program needs package
+// idem and this package only.
 //
 // # Handlers
 //
@@ -86,11 +88,11 @@
 //
 // # Abandoned calls
 //
-// A leased call of a method that may be finished ([idem.WithFinish]) whose
+// A leased call of a method that may be finished ([idem.MethodPolicy].Finish) whose
 // caller went away is finished by an [idem.Finisher], through the handler
 // registered with [FinishHandler]:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
 //	go f.Run(ctx)
 //

@@ -9,22 +9,22 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // FinishHandler registers with f the way to run again the abandoned calls
 // of procedure ("/pkg.Service/Method"), a unary Connect method served by
 // fn, so that a Connect-only program has its abandoned calls finished:
 //
-//	f, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+//	f, err := idem.NewFinisher(engine)
 //	idemconnect.FinishHandler(f, paymentsv1connect.PaymentServiceCreatePaymentProcedure, svc.CreatePayment)
 //	go f.Run(ctx)
 //
 // A run calls fn through f's Engine, as NewInterceptor does, with a request
-// whose header holds what was kept with the call ([idem.WithFinishHeaders])
+// whose header holds what was kept with the call ([idem.MethodPolicy].FinishHeaders)
 // and its key; no other interceptor runs, and the request has no peer.
 func FinishHandler[Req, Res any](f *idem.Finisher, procedure string, fn func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) {
-	e := f.Engine()
-	f.Handle(procedure, func(ctx context.Context, msg proto.Message, header map[string][]string) error {
+	transport.RegisterFinish(f, procedure, func(ctx context.Context, e *idem.Engine, msg proto.Message, header map[string][]string) error {
 		m, ok := any(msg).(*Req)
 		if !ok {
 			return connect.NewError(connect.CodeInternal, errFinishType(procedure, msg))

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 // abandoning is a leased CreatePayment whose first execution is abandoned
@@ -76,18 +77,16 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 			if name == "postgres" {
 				s = postgres.New(pgtest.NewPool(t))
 			}
-			outcomes := make(chan idem.Outcome, 10)
+			outcomes := make(chan idem.Report, 10)
 			e := newEngine(t, s,
-				idem.WithOutcomeHook(func(_ context.Context, o idem.Outcome) { outcomes <- o }),
-				idem.WithLeased(2*time.Second, createPayment),
-				idem.WithFinish(createPayment),
-				idem.WithFinishHeaders("x-user-id", "x-trace-bin"))
+				idem.WithReportHook(func(_ context.Context, o idem.Report) { outcomes <- o }),
+				idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 2 * time.Second, Finish: true, FinishHeaders: []string{"x-user-id", "x-trace-bin"}}))
 			svc := &abandoning{entered: make(chan struct{})}
 			url := serveMux(t, serveMuxFor(createPayment, connect.NewUnaryHandler(createPayment, svc.createPayment,
 				connect.WithInterceptors(idemconnect.NewInterceptor(e)))))
 			client := connect.NewClient[testv1.CreatePaymentRequest, testv1.CreatePaymentResponse](http.DefaultClient, url+createPayment)
 			request := func() *connect.Request[testv1.CreatePaymentRequest] {
-				req := keyed(payment(1250), idem.FormatHTTPKey("k1"))
+				req := keyed(payment(1250), transport.FormatHTTPKey("k1"))
 				req.Header().Set("X-User-Id", "u-7")
 				req.Header().Set("X-Trace-Bin", connect.EncodeBinaryHeader([]byte{0, 't', 0xff}))
 				return req
@@ -115,7 +114,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 				t.Fatalf("the abandoned call's outcome %+v, want transient", o)
 			}
 
-			f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: time.Millisecond})
+			f, err := idem.NewFinisher(e, idem.WithGrace(time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}

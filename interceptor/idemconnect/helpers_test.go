@@ -31,6 +31,7 @@ import (
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -75,7 +76,7 @@ func (p protocol) header(key string) string {
 	if p.grpc {
 		return key
 	}
-	return idem.FormatHTTPKey(key)
+	return transport.FormatHTTPKey(key)
 }
 
 // service implements the procedures. Each execution of CreatePayment

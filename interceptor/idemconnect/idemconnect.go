@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/retryhint"
+	"github.com/idemkit/idem/transport"
 )
 
 // NewInterceptor returns a handler interceptor that runs each keyed unary
@@ -26,7 +27,7 @@ import (
 //
 // The key is read from the request header Idempotency-Key: on Connect and
 // gRPC-Web as the IETF draft writes it (a quoted Structured Field String,
-// or a bare token; see [idem.ParseHTTPKey]), on gRPC as metadata
+// or a bare token; see [transport.ParseHTTPKey]), on gRPC as metadata
 // idempotency-key carries it, as it is. The tenant resolver
 // ([idem.WithTenant]) gets the request headers as gRPC metadata would
 // carry them (lower-case names, -bin values decoded), so that one resolver
@@ -49,7 +50,7 @@ func (i *handlerInterceptor) WrapStreamingClient(next connect.StreamingClientFun
 func (i *handlerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		if len(conn.RequestHeader().Values(idem.HTTPKeyHeader)) > 0 {
-			return connectError(idem.StreamKeyRefused(conn.Spec().Procedure).Status())
+			return connectError(transport.StreamKeyRefused(conn.Spec().Procedure).Status())
 		}
 		return next(ctx, conn)
 	}
@@ -74,15 +75,19 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 		header[idem.KeyHeader] = keys
 	}
 	msg, _ := req.Any().(proto.Message)
-	call := idem.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header, Status: connectStatus}
+	call := transport.Call{Method: procedure, Keys: keys, KeyError: malformed, Request: msg, Header: header, Status: connectStatus}
 
-	var (
-		resp connect.AnyResponse // the handler's response, when it ran
+	// What the handler returned, when it ran. The handler's closure reaches
+	// the engine through a function variable, so it and the variables it
+	// writes live on the heap: one variable is one object there, not two.
+	var ran struct {
+		resp connect.AnyResponse // the handler's response
 		herr error               // the handler's error, as it returned it
-	)
-	ans, err := e.Handle(ctx, call, func(ctx context.Context) (idem.Reply, error) {
-		resp, herr = next(ctx, req)
-		r := idem.Reply{}
+	}
+	ans, err := transport.Handle(ctx, e, call, func(ctx context.Context) (transport.Reply, error) {
+		ran.resp, ran.herr = next(ctx, req)
+		resp, herr := ran.resp, ran.herr
+		r := transport.Reply{}
 		if herr != nil {
 			var ce *connect.Error
 			if errors.As(herr, &ce) {
@@ -105,9 +110,9 @@ func serve(ctx context.Context, e *idem.Engine, procedure string, req connect.An
 		err = connect.NewError(connect.CodeInternal, errors.New("idem: no response message to send"))
 	}
 	if err != nil {
-		return nil, errorOf(err, herr, ans, protocol)
+		return nil, errorOf(err, ran.herr, ans, protocol)
 	}
-	return responseOf(ans, resp, binaryProto(req)), nil
+	return responseOf(ans, ran.resp, binaryProto(req)), nil
 }
 
 // join returns the entries of a and b together.
@@ -137,7 +142,7 @@ func requestKeys(h http.Header, protocol string) ([]string, error) {
 	}
 	keys := make([]string, len(values))
 	for n, v := range values {
-		k, err := idem.ParseHTTPKey(v)
+		k, err := transport.ParseHTTPKey(v)
 		if err != nil {
 			return nil, err
 		}
@@ -180,8 +185,8 @@ func addMetadata(h http.Header, md map[string][]string) {
 // responseOf returns the response to send for ans: the handler's own, resp,
 // when ans answers with its message, else a new one carrying resp's
 // metadata, if any. binary tells a binary protobuf codec, which must send
-// the message as it was recorded ([idem.Answer.WireMessage]).
-func responseOf(ans idem.Answer, resp connect.AnyResponse, binary bool) connect.AnyResponse {
+// the message as it was recorded ([transport.Answer.WireMessage]).
+func responseOf(ans transport.Answer, resp connect.AnyResponse, binary bool) connect.AnyResponse {
 	msg := ans.Message
 	if binary {
 		msg = ans.WireMessage()
@@ -236,7 +241,7 @@ func binaryProto(req connect.AnyRequest) bool {
 // RFC 9110's Retry-After, which the IETF draft answers a key in use with,
 // for plain HTTP clients: the handler's as well as idem's, so that a
 // recorded error and its replays say the same.
-func errorOf(err, herr error, ans idem.Answer, protocol string) error {
+func errorOf(err, herr error, ans transport.Answer, protocol string) error {
 	ie, idems := idemsAnswer(err, herr)
 	st := statusOf(err)
 	if idems {

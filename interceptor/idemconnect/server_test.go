@@ -22,6 +22,7 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
+	"github.com/idemkit/idem/transport"
 )
 
 // eachStore runs f on a server of each store, PostgreSQL and store/memory,
@@ -501,7 +502,7 @@ func TestHandlerErrorWrappingIdemsIsTheHandlers(t *testing.T) {
 	e := newEnv(t, setup{memory: true})
 	e.svc.setHook(func(context.Context, int) error {
 		ce := connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("the ledger refused the call: %w", idem.StreamKeyRefused("/ledger.v1.Ledger/Watch")))
+			fmt.Errorf("the ledger refused the call: %w", transport.StreamKeyRefused("/ledger.v1.Ledger/Watch")))
 		ce.Meta().Set("X-Decline", "ledger")
 		return ce
 	})

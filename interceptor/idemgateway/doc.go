@@ -11,8 +11,11 @@
 // ([github.com/idemkit/idem/interceptor.UnaryServerInterceptor]) does the
 // work, with the same engine, store, fingerprint and scope as for gRPC
 // clients: a call over gRPC and its retry over HTTP are one operation, and
-// the retry gets the recorded response, rendered as JSON. This package only translates: the key from HTTP to
-// gRPC metadata, idem's response headers back, and idem's errors to HTTP.
+// the retry gets the recorded response, rendered as JSON. This package
+// only translates: the key from HTTP to gRPC metadata (read with
+// [github.com/idemkit/idem/transport.ParseHTTPKey], as idem's Connect
+// adapter reads it), idem's response headers back, and idem's errors to
+// HTTP.
 //
 // # Usage
 //
@@ -49,7 +52,7 @@
 // The bare form that many clients send is taken too, when it is one token
 // (Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324); both name the
 // same key, which must then follow idem's rule (1 to 255 visible ASCII
-// characters; see [idem.ParseHTTPKey]). A value that holds more than
+// characters; see [transport.ParseHTTPKey]). A value that holds more than
 // one key (order-1,order-2, as a proxy joins two header lines, or a list of
 // Strings) or a String with parameters is malformed. [KeyMiddleware] parses the
 // header before the call and hands the gRPC server the key itself, in

@@ -34,6 +34,7 @@ import (
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
+	"github.com/idemkit/idem/transport"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -602,7 +603,7 @@ func TestMixedTransports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := e.create(t, transfer, "Idempotency-Key", idem.FormatHTTPKey("mixed-1"))
+		r := e.create(t, transfer, "Idempotency-Key", transport.FormatHTTPKey("mixed-1"))
 		if r.status != http.StatusOK || r.header.Get(idem.HTTPReplayedHeader) != "true" {
 			t.Fatalf("HTTP retry: %d %q %s", r.status, r.header.Get(idem.HTTPReplayedHeader), r.body)
 		}

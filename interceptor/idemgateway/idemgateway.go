@@ -9,6 +9,7 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/transport"
 )
 
 // ServeMuxOptions returns the options that serve idem's contract on a
@@ -27,7 +28,7 @@ func ServeMuxOptions() []runtime.ServeMuxOption {
 }
 
 // KeyMiddleware parses the request's Idempotency-Key header
-// ([idem.HTTPKeyHeader]) with [idem.ParseHTTPKey] and passes
+// ([idem.HTTPKeyHeader]) with [transport.ParseHTTPKey] and passes
 // the request on with the key itself as the header's value, for
 // [IncomingHeaderMatcher] to hand to the gRPC server. A malformed value, or
 // more than one Idempotency-Key header, is answered with 400 and a problem
@@ -44,7 +45,7 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 			writeProblem(w, headerInvalid("sent "+strconv.Itoa(len(values))+" times; send exactly one"))
 			return
 		}
-		key, err := idem.ParseHTTPKey(values[0])
+		key, err := transport.ParseHTTPKey(values[0])
 		if err != nil {
 			writeProblem(w, headerInvalid(err.Error()))
 			return

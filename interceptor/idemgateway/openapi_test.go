@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemgateway"
+	"github.com/idemkit/idem/transport"
 )
 
 // openAPIDocuments are OpenAPI v2 documents that protoc-gen-idem-openapiv2
@@ -37,7 +38,7 @@ var openAPIDocuments = []string{
 // refusals are idem's errors, by reason, as the server sends them
 // (status.go and finisher.go of package idem): a keyed operation may get
 // any of them, those of leased calls too, since a server can lease any
-// method (idem.WithLeased).
+// method (idem.WithMethodPolicy).
 var refusals = map[string]error{
 	idem.ReasonKeyMissing:        statusErr(codes.InvalidArgument, idemInfo(idem.ReasonKeyMissing), keyViolation("missing")),
 	idem.ReasonKeyInvalid:        statusErr(codes.InvalidArgument, idemInfo(idem.ReasonKeyInvalid), keyViolation("must not be empty")),
@@ -101,7 +102,7 @@ func TestOpenAPI(t *testing.T) {
 }
 
 // checkKeyRules checks the key rules that description gives against
-// idem.ValidateKey, at their bounds.
+// transport.ValidateKey, at their bounds.
 func checkKeyRules(t *testing.T, description string) {
 	m := regexp.MustCompile(`(\d+) to (\d+) characters of visible ASCII \(0x([0-9A-F]{2}) to 0x([0-9A-F]{2})\)`).FindStringSubmatch(description)
 	if m == nil {
@@ -124,7 +125,7 @@ func checkKeyRules(t *testing.T, description string) {
 		{string(rune(lo - 1)), false},
 		{string(rune(hi + 1)), false},
 	} {
-		if err := idem.ValidateKey(c.key); (err == nil) != c.valid {
+		if err := transport.ValidateKey(c.key); (err == nil) != c.valid {
 			t.Errorf("the description says %q; ValidateKey(%q) = %v", m[0], c.key, err)
 		}
 	}

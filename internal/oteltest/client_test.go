@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 const (
@@ -49,10 +50,10 @@ func TestClientKeysAreCountedBySource(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := &testv1.DoRequest{Value: "v"}
-	_, err = e.Handle(bg, idem.Call{Method: methodDo, Keys: []string{"key-" + secret + "-parent"}, Request: req},
-		func(ctx context.Context) (idem.Reply, error) {
+	_, err = transport.Handle(bg, e, transport.Call{Method: methodDo, Keys: []string{"key-" + secret + "-parent"}, Request: req},
+		func(ctx context.Context) (transport.Reply, error) {
 			call(ctx, methodDo)
-			return idem.Reply{Message: &testv1.DoResponse{}}, nil
+			return transport.Reply{Message: &testv1.DoResponse{}}, nil
 		})
 	if err != nil {
 		t.Fatal(err)

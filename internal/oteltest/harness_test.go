@@ -123,19 +123,19 @@ func diff(before, after metrics) map[string]map[string]point {
 	return out
 }
 
-// hookRecorder keeps the outcomes an outcome hook saw.
+// hookRecorder keeps the reports a report hook saw.
 type hookRecorder struct {
 	mu  sync.Mutex
-	got []idem.Outcome
+	got []idem.Report
 }
 
-func (r *hookRecorder) hook(_ context.Context, o idem.Outcome) {
+func (r *hookRecorder) hook(_ context.Context, o idem.Report) {
 	r.mu.Lock()
 	r.got = append(r.got, o)
 	r.mu.Unlock()
 }
 
-func (r *hookRecorder) take() []idem.Outcome {
+func (r *hookRecorder) take() []idem.Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	got := r.got

@@ -22,6 +22,7 @@ import (
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
+	"github.com/idemkit/idem/transport"
 )
 
 const (
@@ -58,7 +59,7 @@ func (h *harness) engine(t *testing.T, s store.Store, opts ...idem.Option) *idem
 	e, err := idem.New(s, append([]idem.Option{
 		idem.WithMeterProvider(h.tel.mp),
 		idem.WithTracerProvider(h.tel.tp),
-		idem.WithOutcomeHook(h.hooks.hook),
+		idem.WithReportHook(h.hooks.hook),
 		idem.WithTenant(func(context.Context, map[string][]string) (string, error) { return tenant, nil }),
 		// The store errors of the cases are meant.
 		idem.WithLogger(slog.New(slog.DiscardHandler)),
@@ -89,13 +90,13 @@ func (c *clock) advance(d time.Duration) {
 
 // call runs a call of method with keys and req through e, in a span of its
 // own that stands for the transport's server span, and returns the span.
-func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler idem.Handler) (idem.Answer, error, sdktrace.ReadOnlySpan) {
+func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.Message, handler transport.Handler) (transport.Answer, error, sdktrace.ReadOnlySpan) {
 	// A transport hands the engine a request decoded for the call, whose
 	// key field the engine fills in from the metadata's key: the cases
 	// reuse theirs across calls with other keys.
 	req = proto.Clone(req)
 	ctx, span := h.tel.tp.Tracer("test").Start(context.Background(), "server")
-	ans, err := e.Handle(ctx, idem.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
+	ans, err := transport.Handle(ctx, e, transport.Call{Method: method, Keys: keys, Request: req, Status: grpcStatus}, handler)
 	span.End()
 	ended := h.tel.spans.Ended()
 	for i := len(ended) - 1; i >= 0; i-- {
@@ -107,16 +108,16 @@ func (h *harness) call(e *idem.Engine, method string, keys []string, req proto.M
 }
 
 // echo is a handler of Do that answers req's value.
-func echo(req *testv1.DoRequest) idem.Handler {
-	return func(context.Context) (idem.Reply, error) {
-		return idem.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
+func echo(req *testv1.DoRequest) transport.Handler {
+	return func(context.Context) (transport.Reply, error) {
+		return transport.Reply{Message: &testv1.DoResponse{Value: req.GetValue(), Execution: 1}}, nil
 	}
 }
 
 // fail is a handler that fails with code c.
-func fail(c codes.Code) idem.Handler {
-	return func(context.Context) (idem.Reply, error) {
-		return idem.Reply{}, status.Error(c, "failed")
+func fail(c codes.Code) transport.Handler {
+	return func(context.Context) (transport.Reply, error) {
+		return transport.Reply{}, status.Error(c, "failed")
 	}
 }
 
@@ -147,7 +148,7 @@ type want struct {
 // nothing else: one count of idem.server.requests with its method, mode
 // and outcome, its durations, one outcome to the hook, and the attributes,
 // events and child spans of its span.
-func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answer, error, sdktrace.ReadOnlySpan)) {
+func (h *harness) check(t *testing.T, name string, w want, act func() (transport.Answer, error, sdktrace.ReadOnlySpan)) {
 	t.Helper()
 	h.hooks.take()
 	before := h.tel.collect(t)
@@ -162,7 +163,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answ
 	rpc := method[1:]
 	byMode := attrs("rpc.method", rpc, "idem.mode", string(w.mode))
 	reqs := changed["idem.server.requests"]
-	wantKey := attrs("rpc.method", rpc, "idem.mode", string(w.mode), "idem.outcome", string(w.result))
+	wantKey := attrs("rpc.method", rpc, "idem.mode", string(w.mode), "idem.result", string(w.result))
 	if p, ok := reqs[wantKey]; len(reqs) != 1 || !ok || p.value != 1 {
 		t.Errorf("%s: idem.server.requests moved %v, want exactly one count of {%s}", name, describe(reqs), wantKey)
 	}
@@ -194,7 +195,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answ
 	}
 	o := got[0]
 	if o.Method != method || o.Mode != w.mode || o.Result != w.result || o.Replayed != w.replayed ||
-		(o.Claim > 0) != w.claim || (o.Record > 0) != w.record || o.Duration <= 0 {
+		(o.ClaimDuration > 0) != w.claim || (o.RecordDuration > 0) != w.record || o.Duration <= 0 {
 		t.Errorf("%s: the hook saw %+v, want %+v", name, o, w)
 	}
 
@@ -203,7 +204,7 @@ func (h *harness) check(t *testing.T, name string, w want, act func() (idem.Answ
 	for _, kv := range span.Attributes() {
 		sa[kv.Key] = kv.Value
 	}
-	if sa["idem.outcome"].AsString() != string(w.result) || sa["idem.mode"].AsString() != string(w.mode) ||
+	if sa["idem.result"].AsString() != string(w.result) || sa["idem.mode"].AsString() != string(w.mode) ||
 		sa["idem.replayed"].Type() != attribute.BOOL || sa["idem.replayed"].AsBool() != w.replayed {
 		t.Errorf("%s: span attributes %v, want outcome %s, mode %s, replayed %v", name, span.Attributes(), w.result, w.mode, w.replayed)
 	}
@@ -309,32 +310,32 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	req := &testv1.DoRequest{Value: "v"}
 	keys := func(k string) []string { return []string{"key-" + secret + "-" + k} }
 
-	h.check(t, "first call", want{mode: "atomic", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "first call", want{mode: "atomic", result: idem.ResultExecuted, claim: true, record: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
-	h.check(t, "retry", want{mode: "atomic", result: idem.ResultReplayed, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "retry", want{mode: "atomic", result: idem.ResultReplayed, replayed: true, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), req, echo(req))
 	})
 	other := &testv1.DoRequest{Value: "other"}
-	h.check(t, "key reused", want{mode: "atomic", result: idem.ResultReused, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "key reused", want{mode: "atomic", result: idem.ResultReused, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("1"), other, echo(other))
 	})
-	h.check(t, "invalid key", want{mode: "atomic", result: idem.ResultInvalidKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "invalid key", want{mode: "atomic", result: idem.ResultInvalidKey}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, []string{"a " + secret}, req, echo(req))
 	})
-	h.check(t, "missing key", want{mode: "atomic", result: idem.ResultMissingKey}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "missing key", want{mode: "atomic", result: idem.ResultMissingKey}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, nil, req, echo(req))
 	})
 	read := &testv1.ReadRequest{Value: "v"}
-	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: idem.ResultPassthrough}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
-		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (idem.Reply, error) {
-			return idem.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
+	h.check(t, "no side effects", want{method: methodRead, mode: "atomic", result: idem.ResultPassthrough}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
+		return h.call(atomic, methodRead, keys("read"), read, func(context.Context) (transport.Reply, error) {
+			return transport.Reply{Message: &testv1.ReadResponse{Value: "v"}}, nil
 		})
 	})
-	h.check(t, "transient error", want{mode: "atomic", result: idem.ResultTransient, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "transient error", want{mode: "atomic", result: idem.ResultTransient, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(atomic, methodDo, keys("2"), req, fail(codes.Unavailable))
 	})
-	h.check(t, "store down", want{mode: "atomic", result: idem.ResultStoreError, claim: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "store down", want{mode: "atomic", result: idem.ResultStoreError, claim: true, retryDelay: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(h.engine(t, failingStore{h.mem}), methodDo, keys("3"), req, echo(req))
 	})
 
@@ -342,44 +343,44 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	small := idem.WithMaxStoredResponseBytes(1)
 	notCached := h.engine(t, nil, small)
 	h.call(notCached, methodDo, keys("4"), req, echo(req))
-	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "not cached", want{mode: "atomic", result: idem.ResultNotCached, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(notCached, methodDo, keys("4"), req, echo(req))
 	})
-	rebuilt := h.engine(t, nil, small, idem.WithLoader(methodDo, refLoader{}))
+	rebuilt := h.engine(t, nil, small, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Loader: refLoader{}}))
 	h.call(rebuilt, methodDo, keys("5"), req, echo(req))
-	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rebuilt", want{mode: "atomic", result: idem.ResultRebuilt, replayed: true, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rebuilt, methodDo, keys("5"), req, echo(req))
 	})
-	rerun := h.engine(t, nil, small, idem.WithRerunWhenNotCached(methodDo))
+	rerun := h.engine(t, nil, small, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, RerunWhenNotCached: true}))
 	h.call(rerun, methodDo, keys("6"), req, echo(req))
-	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "rerun", want{mode: "atomic", result: idem.ResultRerun, claim: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(rerun, methodDo, keys("6"), req, echo(req))
 	})
 
 	// Leased mode.
-	leased := idem.WithLeased(time.Minute, methodDo)
+	leased := idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute})
 	lease := h.engine(t, nil, leased)
-	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "leased call", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(lease, methodDo, keys("7"), req, echo(req))
 	})
 	// A duplicate while the first call runs.
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		h.call(lease, methodDo, keys("8"), req, func(context.Context) (idem.Reply, error) {
+		h.call(lease, methodDo, keys("8"), req, func(context.Context) (transport.Reply, error) {
 			close(entered)
 			<-release
-			return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+			return transport.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 		})
 	}()
 	<-entered
 	h.check(t, "key in use", want{mode: "leased", result: idem.ResultInUse, claim: true, events: []string{"idem.key_in_use"}, retryDelay: true},
-		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("8"), req, echo(req))
 		})
 	close(release)
 	<-done
-	h.check(t, "lease lost", want{mode: "leased", result: idem.ResultLeaseLost, claim: true, record: true, retryDelay: true}, func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+	h.check(t, "lease lost", want{mode: "leased", result: idem.ResultLeaseLost, claim: true, record: true, retryDelay: true}, func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 		return h.call(h.engine(t, losingStore{h.mem}, leased), methodDo, keys("9"), req, echo(req))
 	})
 	// A lease that ran out under an earlier worker is taken over.
@@ -393,7 +394,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	}
 	h.clock.advance(2 * time.Second)
 	h.check(t, "takeover", want{mode: "leased", result: idem.ResultExecuted, claim: true, record: true, takeover: true, events: []string{"idem.lease.takeover"}},
-		func() (idem.Answer, error, sdktrace.ReadOnlySpan) {
+		func() (transport.Answer, error, sdktrace.ReadOnlySpan) {
 			return h.call(lease, methodDo, keys("10"), req, echo(req))
 		})
 
@@ -401,7 +402,7 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 	// reaches: see TestAbandonedCallGivenUpIsReported.
 	seen := map[idem.Result]bool{}
 	for _, p := range h.tel.collect(t)["idem.server.requests"] {
-		v, _ := p.attrs.Value("idem.outcome")
+		v, _ := p.attrs.Value("idem.result")
 		seen[idem.Result(v.AsString())] = true
 	}
 	for _, r := range []idem.Result{
@@ -421,19 +422,19 @@ func TestEveryOutcomeIsReportedOnce(t *testing.T) {
 // extension in idem.lease.extensions.
 func TestLeaseExtensionsAreCounted(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(t, memory.New(), idem.WithLeased(30*time.Millisecond, methodDo))
+	e := h.engine(t, memory.New(), idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 30 * time.Millisecond}))
 	req := &testv1.DoRequest{Value: "v"}
 	key := attrs("rpc.method", rpcDo, "idem.mode", "leased")
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (idem.Reply, error) {
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret}, req, func(ctx context.Context) (transport.Reply, error) {
 		// Run until the heartbeat has extended the lease twice.
 		for h.tel.collect(t)["idem.lease.extensions"][key].value < 2 {
 			select {
 			case <-ctx.Done():
-				return idem.Reply{}, ctx.Err()
+				return transport.Reply{}, ctx.Err()
 			case <-time.After(5 * time.Millisecond):
 			}
 		}
-		return idem.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
+		return transport.Reply{Message: &testv1.DoResponse{Value: "v"}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -450,18 +451,18 @@ func TestPanickingHookLeavesTheAnswerAndTheMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	e, err := idem.New(memory.New(),
 		idem.WithMeterProvider(tel.mp),
-		idem.WithOutcomeHook(func(context.Context, idem.Outcome) { panic("hook bug") }),
+		idem.WithReportHook(func(context.Context, idem.Report) { panic("hook bug") }),
 		idem.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := &testv1.DoRequest{Value: "v"}
 	for i, want := range []idem.Result{idem.ResultExecuted, idem.ResultReplayed} {
-		ans, err := e.Handle(context.Background(), idem.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
+		ans, err := transport.Handle(context.Background(), e, transport.Call{Method: methodDo, Keys: []string{"k"}, Request: req}, echo(req))
 		if err != nil || ans.Message.(*testv1.DoResponse).GetValue() != "v" {
 			t.Fatalf("call %d with a panicking hook: %v, %v", i, ans.Message, err)
 		}
-		key := attrs("rpc.method", rpcDo, "idem.mode", "atomic", "idem.outcome", string(want))
+		key := attrs("rpc.method", rpcDo, "idem.mode", "atomic", "idem.result", string(want))
 		if n := tel.collect(t)["idem.server.requests"][key].value; n != 1 {
 			t.Errorf("call %d: %d counts of {%s}, want 1", i, n, key)
 		}
@@ -482,20 +483,20 @@ func (unavailable) Do(context.Context, *testv1.DoRequest) (*testv1.DoResponse, e
 // takeover), and the call it gives up on as not_finished, once.
 func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	h := newHarness(t)
-	e := h.engine(t, nil, idem.WithLeased(time.Minute, methodDo), idem.WithFinish(methodDo))
+	e := h.engine(t, nil, idem.WithMethodPolicy(methodDo, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}))
 	req := &testv1.DoRequest{Value: "v"}
 	// A call that passed a step and then failed leaves its claim, its
 	// lease ended, for a finisher.
-	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (idem.Reply, error) {
+	_, err, _ := h.call(e, methodDo, []string{"key-" + secret + "-abandoned"}, req, func(ctx context.Context) (transport.Reply, error) {
 		if _, err := idem.Step(ctx, "charge", func(context.Context) ([]byte, error) { return []byte("ch_1"), nil }); err != nil {
-			return idem.Reply{}, err
+			return transport.Reply{}, err
 		}
-		return idem.Reply{}, status.Error(codes.Unavailable, "worker lost")
+		return transport.Reply{}, status.Error(codes.Unavailable, "worker lost")
 	})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("the abandoned call: %v, want UNAVAILABLE", err)
 	}
-	f, err := idem.NewFinisher(e, idem.FinisherConfig{Grace: time.Millisecond, MaxAttempts: 1})
+	f, err := idem.NewFinisher(e, idem.WithGrace(time.Millisecond), idem.WithMaxAttempts(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,7 +512,7 @@ func TestAbandonedCallGivenUpIsReported(t *testing.T) {
 	}
 	changed := diff(before, h.tel.collect(t))
 	leased := func(outcome string) string {
-		return attrs("rpc.method", rpcDo, "idem.mode", "leased", "idem.outcome", outcome)
+		return attrs("rpc.method", rpcDo, "idem.mode", "leased", "idem.result", outcome)
 	}
 	reqs := changed["idem.server.requests"]
 	if len(reqs) != 2 || reqs[leased("transient")].value != 1 || reqs[leased("not_finished")].value != 1 {

@@ -269,9 +269,9 @@ func TestOperationsWalkthrough(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^response: +payments\.v1\.CreatePaymentResponse \{"payment":\{"amountCents":"1250",.*"id":"` + payment + `"`).MatchString(out) {
 		t.Errorf("idem keys get shows no recorded response naming payment %s", payment)
 	}
-	for _, outcome := range []string{"executed", "replayed"} {
-		if !regexp.MustCompile(`(?m)^idem_server_requests_total\{.*idem_outcome="` + outcome + `".*rpc_method="payments\.v1\.PaymentService/CreatePayment"\} 1$`).MatchString(out) {
-			t.Errorf("the metrics count no CreatePayment %s once", outcome)
+	for _, result := range []string{"executed", "replayed"} {
+		if !regexp.MustCompile(`(?m)^idem_server_requests_total\{.*idem_result="` + result + `".*rpc_method="payments\.v1\.PaymentService/CreatePayment"\} 1$`).MatchString(out) {
+			t.Errorf("the metrics count no CreatePayment %s once", result)
 		}
 	}
 	ctx := context.Background()

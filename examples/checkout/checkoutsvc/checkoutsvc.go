@@ -42,7 +42,7 @@
 // the same way, and records its outcome, answer or deterministic error,
 // which the client's retry, if it comes while the key lives, gets
 // replayed. Checkout reads nothing from the request's metadata, so the
-// finisher keeps none (idem.WithFinishHeaders would name it).
+// finisher keeps none (finish_headers would name it).
 package checkoutsvc
 
 import (
@@ -167,7 +167,7 @@ func New(pool *pgxpool.Pool, provider providerv1.ProviderServiceClient, opts ...
 // NewServer returns a gRPC server with svc registered behind panic recovery
 // and idem on svc's database. Checkout's proto options put it in leased
 // mode with a 2 s lease, finishable; opts may override them
-// ([idem.WithLeased]).
+// ([idem.WithMethodPolicy]).
 func NewServer(svc *Service, opts ...idem.Option) (*grpc.Server, error) {
 	engine, err := idem.New(postgres.New(svc.pool), opts...)
 	if err != nil {
@@ -186,13 +186,13 @@ func NewServer(svc *Service, opts ...idem.Option) (*grpc.Server, error) {
 // NewFinisher returns a finisher of the checkouts abandoned on svc's
 // database, with svc registered: run it (Run) on every replica. opts must
 // be the server's ([NewServer]), so that it runs Checkout as the server
-// would; cfg sets its grace and pace.
-func NewFinisher(svc *Service, opts []idem.Option, cfg idem.FinisherConfig) (*idem.Finisher, error) {
+// would; fopts set its grace and pace.
+func NewFinisher(svc *Service, opts []idem.Option, fopts ...idem.FinisherOption) (*idem.Finisher, error) {
 	engine, err := idem.New(postgres.New(svc.pool), opts...)
 	if err != nil {
 		return nil, err
 	}
-	f, err := idem.NewFinisher(engine, cfg)
+	f, err := idem.NewFinisher(engine, fopts...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,8 +33,8 @@ func logged(logger logging.Logger, engine *idem.Engine) grpc.ServerOption {
 }
 
 func hooked(replayedPayments metric.Int64Counter) idem.Option {
-	return idem.WithOutcomeHook(func(ctx context.Context, o idem.Outcome) {
-		if o.Replayed {
+	return idem.WithReportHook(func(ctx context.Context, r idem.Report) {
+		if r.Replayed {
 			replayedPayments.Add(ctx, 1) // the customer retried; nothing was charged again
 		}
 	})

@@ -47,7 +47,7 @@ func (c *checkout) Checkout(ctx context.Context, req *checkoutv1.CheckoutRequest
 }
 
 func runFinisher(ctx context.Context, engine *idem.Engine, svc *checkout) error {
-	finisher, err := idem.NewFinisher(engine, idem.FinisherConfig{}) // the server's engine
+	finisher, err := idem.NewFinisher(engine) // the server's engine
 	if err != nil {
 		return err
 	}

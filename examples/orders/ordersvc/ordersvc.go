@@ -133,7 +133,8 @@ func (s *Service) PlaceOrder(ctx context.Context, req *ordersv1.PlaceOrderReques
 		return nil, err
 	}
 
-	res, err := s.inventory.Reserve(idem.ContextWithStep(out, ReserveStep),
+	reserveKey, _ := idem.ChildKey(ctx, ReserveStep)
+	res, err := s.inventory.Reserve(idem.ContextWithKey(out, reserveKey),
 		&inventoryv1.ReserveRequest{Sku: req.GetSku(), Quantity: req.GetQuantity()})
 	if err != nil {
 		return nil, err

@@ -284,7 +284,7 @@ func serveMetrics(lis net.Listener) (mp metric.MeterProvider, stop func(), err e
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg),
 		// idem.server.requests becomes idem_server_requests_total, and the
-		// attribute idem.outcome the label idem_outcome.
+		// attribute idem.result the label idem_result.
 		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
 	if err != nil {
 		return nil, nil, err

@@ -65,9 +65,9 @@ func TestServer(t *testing.T) {
 
 	// The metrics count one execution and one replay.
 	metrics := get(t, "http://"+metricsLis.Addr().String()+"/metrics")
-	for _, outcome := range []string{"executed", "replayed"} {
-		if v := sample(metrics, "idem_server_requests_total", `idem_outcome="`+outcome+`"`, `rpc_method="payments.v1.PaymentService/CreatePayment"`); v != "1" {
-			t.Errorf("idem_server_requests_total{idem_outcome=%q} = %q, want 1; metrics:\n%s", outcome, v, metrics)
+	for _, result := range []string{"executed", "replayed"} {
+		if v := sample(metrics, "idem_server_requests_total", `idem_result="`+result+`"`, `rpc_method="payments.v1.PaymentService/CreatePayment"`); v != "1" {
+			t.Errorf("idem_server_requests_total{idem_result=%q} = %q, want 1; metrics:\n%s", result, v, metrics)
 		}
 	}
 	if !strings.Contains(metrics, "idem_claim_duration_seconds_bucket{") {

@@ -49,8 +49,8 @@ var producedElsewhere = map[string]string{
 	"idem_lease_extensions_total": "produced only in leased mode, by the heartbeat of a handler that outlives a third of its lease",
 }
 
-// results are the values of idem_outcome on idem_server_requests_total.
-// The inbox's (processed, duplicate) come from the scrape.
+// results are the values of idem_result on idem_server_requests_total.
+// The inbox's idem_outcome (processed, duplicate) come from the scrape.
 var results = []idem.Result{
 	idem.ResultExecuted, idem.ResultReplayed, idem.ResultInUse, idem.ResultReused,
 	idem.ResultInvalidKey, idem.ResultMissingKey, idem.ResultPassthrough, idem.ResultNotCached,
@@ -64,8 +64,8 @@ var results = []idem.Result{
 // client interceptor and an inbox on a meter provider the example's
 // exporter serves, scrapes both, and fails if the dashboard, the alerting
 // rules or their tests name an idem_ or rpc_ metric or label that is
-// neither exposed nor listed in producedElsewhere, or an idem_outcome that
-// idem does not report.
+// neither exposed nor listed in producedElsewhere, an idem_result that idem
+// does not report, or an idem_outcome the inbox does not.
 func TestMonitoringNames(t *testing.T) {
 	ctx, cancelCalls := context.WithTimeout(context.Background(), time.Minute)
 	defer cancelCalls()
@@ -138,9 +138,9 @@ func TestMonitoringNames(t *testing.T) {
 	}
 	exposed := scrape(served)
 	exposed.add(scrape(get(t, "http://"+sideLis.Addr().String()+"/metrics")))
-	for outcome := range exposed.outcomes {
-		if !slices.Contains(results, idem.Result(outcome)) && outcome != "processed" && outcome != "duplicate" {
-			t.Errorf("the endpoints expose idem_outcome %q, which this test does not know; add it to results", outcome)
+	for result := range exposed.values["idem_result"] {
+		if !slices.Contains(results, idem.Result(result)) {
+			t.Errorf("the endpoints expose idem_result %q, which this test does not know; add it to results", result)
 		}
 	}
 
@@ -174,10 +174,14 @@ func TestMonitoringNames(t *testing.T) {
 				t.Errorf("%s names %s, which is no metric or label the example exposes, nor in producedElsewhere", file, name)
 			}
 		}
-		for _, m := range outcomeRE.FindAllStringSubmatch(text, -1) {
-			for _, outcome := range strings.Split(m[1], "|") {
-				if !slices.Contains(results, idem.Result(outcome)) && !exposed.outcomes[outcome] {
-					t.Errorf("%s matches idem_outcome %q, which idem does not report (results: %v)", file, outcome, results)
+		for _, m := range matcherRE.FindAllStringSubmatch(text, -1) {
+			label := m[1]
+			for _, v := range strings.Split(m[2], "|") {
+				switch {
+				case label == "idem_result" && !slices.Contains(results, idem.Result(v)):
+					t.Errorf("%s matches idem_result %q, which idem does not report (results: %v)", file, v, results)
+				case label == "idem_outcome" && !exposed.values[label][v]:
+					t.Errorf("%s matches idem_outcome %q, which the inbox does not report (exposed: %v)", file, v, slices.Sorted(maps.Keys(exposed.values[label])))
 				}
 			}
 		}
@@ -186,32 +190,47 @@ func TestMonitoringNames(t *testing.T) {
 }
 
 // nameRE matches the names of idem's metrics and labels and of the rpc_
-// labels; outcomeRE a matcher of idem_outcome in PromQL, escaped in JSON
-// or not.
+// labels; matcherRE a matcher of idem_result (the server's results) or
+// idem_outcome (the inbox's) in PromQL, escaped in JSON or not.
 var (
 	nameRE    = regexp.MustCompile(`\b(?:idem|rpc)_[a-z0-9_]+`)
-	outcomeRE = regexp.MustCompile(`idem_outcome\s*(?:=~|!~|!=|=)\s*\\?"([^"\\]*)`)
+	matcherRE = regexp.MustCompile(`(idem_result|idem_outcome)\s*(?:=~|!~|!=|=)\s*\\?"([^"\\]*)`)
 )
 
 // exposition is what a scrape exposes: the names of samples and metric
-// families, the label names, and the values of idem_outcome.
+// families, the label names, and the values of idem_result and
+// idem_outcome, by label.
 type exposition struct {
-	names, labels, outcomes map[string]bool
+	names, labels map[string]bool
+	values        map[string]map[string]bool
 }
 
 func (e exposition) add(o exposition) {
-	for _, m := range []struct{ to, from map[string]bool }{{e.names, o.names}, {e.labels, o.labels}, {e.outcomes, o.outcomes}} {
+	for _, m := range []struct{ to, from map[string]bool }{{e.names, o.names}, {e.labels, o.labels}} {
 		for k := range m.from {
 			m.to[k] = true
 		}
 	}
+	for label, vs := range o.values {
+		for v := range vs {
+			e.value(label, v)
+		}
+	}
+}
+
+// value records v as a value of label.
+func (e exposition) value(label, v string) {
+	if e.values[label] == nil {
+		e.values[label] = map[string]bool{}
+	}
+	e.values[label][v] = true
 }
 
 var labelRE = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
 
 // scrape reads the Prometheus text format text.
 func scrape(text string) exposition {
-	e := exposition{names: map[string]bool{}, labels: map[string]bool{}, outcomes: map[string]bool{}}
+	e := exposition{names: map[string]bool{}, labels: map[string]bool{}, values: map[string]map[string]bool{}}
 	for line := range strings.Lines(text) {
 		line = strings.TrimSpace(line)
 		if family, ok := strings.CutPrefix(line, "# TYPE "); ok {
@@ -227,8 +246,8 @@ func scrape(text string) exposition {
 		set, _, _ := strings.Cut(rest, "}")
 		for _, l := range labelRE.FindAllStringSubmatch(set, -1) {
 			e.labels[l[1]] = true
-			if l[1] == "idem_outcome" {
-				e.outcomes[l[2]] = true
+			if l[1] == "idem_result" || l[1] == "idem_outcome" {
+				e.value(l[1], l[2])
 			}
 		}
 	}

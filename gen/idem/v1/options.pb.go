@@ -5,7 +5,7 @@
 // source: idem/v1/options.proto
 
 // Package idem.v1 declares the options that put idempotency policy into a
-// service's .proto files, where the interceptor reads it from the method and
+// service's .proto files, where idem's engine reads it from the method and
 // field descriptors.
 
 package idemv1
@@ -120,8 +120,8 @@ type MethodPolicy struct {
 	Mode Mode `protobuf:"varint,2,opt,name=mode,proto3,enum=idem.v1.Mode" json:"mode,omitempty"`
 	// lease is how long a leased call holds its key before a retry may take
 	// it over (MODE_LEASED only). Set it well above the method's p99 latency;
-	// the interceptor extends it while the handler runs. Unset means the
-	// interceptor's default (60 s).
+	// the engine extends it while the handler runs. Unset means the engine's
+	// default (60 s).
 	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// rerun_when_not_cached declares the method safe to run twice: a retry
 	// whose recorded response was too large to keep runs the handler again
@@ -146,7 +146,12 @@ type MethodPolicy struct {
 	// finisher (idem.Finisher) takes abandoned calls over and runs them to
 	// the end. The request can hold personal data; it is kept only for
 	// methods that set this.
-	Finish        bool `protobuf:"varint,7,opt,name=finish,proto3" json:"finish,omitempty"`
+	Finish bool `protobuf:"varint,7,opt,name=finish,proto3" json:"finish,omitempty"`
+	// finish_headers names the request metadata kept with a call that a
+	// finisher may finish (finish), for its handler to read when the
+	// finisher runs it: what identifies the caller, say ("x-user-id").
+	// Lower-case names; the tenant is always kept. Unset means none.
+	FinishHeaders []string `protobuf:"bytes,8,rep,name=finish_headers,json=finishHeaders,proto3" json:"finish_headers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -228,6 +233,13 @@ func (x *MethodPolicy) GetFinish() bool {
 		return x.Finish
 	}
 	return false
+}
+
+func (x *MethodPolicy) GetFinishHeaders() []string {
+	if x != nil {
+		return x.FinishHeaders
+	}
+	return nil
 }
 
 // FieldPolicy is the per-field policy, set with
@@ -334,7 +346,7 @@ var File_idem_v1_options_proto protoreflect.FileDescriptor
 
 const file_idem_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x93\x02\n" +
+	"\x15idem/v1/options.proto\x12\aidem.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xba\x02\n" +
 	"\fMethodPolicy\x12!\n" +
 	"\fkey_required\x18\x01 \x01(\bR\vkeyRequired\x12!\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\r.idem.v1.ModeR\x04mode\x12/\n" +
@@ -342,7 +354,8 @@ const file_idem_v1_options_proto_rawDesc = "" +
 	"\x15rerun_when_not_cached\x18\x04 \x01(\bR\x12rerunWhenNotCached\x12+\n" +
 	"\x03ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
 	"\x05scope\x18\x06 \x01(\tR\x05scope\x12\x16\n" +
-	"\x06finish\x18\a \x01(\bR\x06finish\"P\n" +
+	"\x06finish\x18\a \x01(\bR\x06finish\x12%\n" +
+	"\x0efinish_headers\x18\b \x03(\tR\rfinishHeaders\"P\n" +
 	"\vFieldPolicy\x12/\n" +
 	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\bR\x03key*S\n" +

@@ -58,7 +58,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	finisher, err := idem.NewFinisher(engine, idem.FinisherConfig{})
+	finisher, err := idem.NewFinisher(engine)
 	if err != nil {
 		log.Fatal(err)
 	}

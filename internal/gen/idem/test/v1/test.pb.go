@@ -740,14 +740,16 @@ const file_idem_test_v1_test_proto_rawDesc = "" +
 	"\x05value\x18\x01 \x01(\tR\x05value\"B\n" +
 	"\fReadResponse\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1c\n" +
-	"\texecution\x18\x02 \x01(\x03R\texecution2\xb5\x03\n" +
+	"\texecution\x18\x02 \x01(\x03R\texecution2\x8a\x04\n" +
 	"\vTestService\x12?\n" +
 	"\x02Do\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\x06\xe2\x9c\x1e\x02\b\x01\x12@\n" +
 	"\x05Maybe\x12\x1a.idem.test.v1.MaybeRequest\x1a\x1b.idem.test.v1.MaybeResponse\x12B\n" +
 	"\x04Read\x12\x19.idem.test.v1.ReadRequest\x1a\x1a.idem.test.v1.ReadResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\aRenamed\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\x18\xe2\x9c\x1e\x14\b\x01*\x02\b\x012\fidem.test.Do\x12I\n" +
 	"\n" +
-	"Optimistic\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\b\xe2\x9c\x1e\x04\b\x01\x10\x03\x12<\n" +
+	"Optimistic\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\b\xe2\x9c\x1e\x04\b\x01\x10\x03\x12S\n" +
+	"\n" +
+	"Finishable\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse\"\x12\xe2\x9c\x1e\x0e\b\x01\x10\x028\x01B\x06X-User\x12<\n" +
 	"\x05Watch\x12\x17.idem.test.v1.DoRequest\x1a\x18.idem.test.v1.DoResponse0\x01B:Z8github.com/idemkit/idem/internal/gen/idem/test/v1;testv1b\x06proto3"
 
 var (
@@ -791,15 +793,17 @@ var file_idem_test_v1_test_proto_depIdxs = []int32{
 	6,  // 9: idem.test.v1.TestService.Read:input_type -> idem.test.v1.ReadRequest
 	2,  // 10: idem.test.v1.TestService.Renamed:input_type -> idem.test.v1.DoRequest
 	2,  // 11: idem.test.v1.TestService.Optimistic:input_type -> idem.test.v1.DoRequest
-	2,  // 12: idem.test.v1.TestService.Watch:input_type -> idem.test.v1.DoRequest
-	3,  // 13: idem.test.v1.TestService.Do:output_type -> idem.test.v1.DoResponse
-	5,  // 14: idem.test.v1.TestService.Maybe:output_type -> idem.test.v1.MaybeResponse
-	7,  // 15: idem.test.v1.TestService.Read:output_type -> idem.test.v1.ReadResponse
-	3,  // 16: idem.test.v1.TestService.Renamed:output_type -> idem.test.v1.DoResponse
-	3,  // 17: idem.test.v1.TestService.Optimistic:output_type -> idem.test.v1.DoResponse
-	3,  // 18: idem.test.v1.TestService.Watch:output_type -> idem.test.v1.DoResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
+	2,  // 12: idem.test.v1.TestService.Finishable:input_type -> idem.test.v1.DoRequest
+	2,  // 13: idem.test.v1.TestService.Watch:input_type -> idem.test.v1.DoRequest
+	3,  // 14: idem.test.v1.TestService.Do:output_type -> idem.test.v1.DoResponse
+	5,  // 15: idem.test.v1.TestService.Maybe:output_type -> idem.test.v1.MaybeResponse
+	7,  // 16: idem.test.v1.TestService.Read:output_type -> idem.test.v1.ReadResponse
+	3,  // 17: idem.test.v1.TestService.Renamed:output_type -> idem.test.v1.DoResponse
+	3,  // 18: idem.test.v1.TestService.Optimistic:output_type -> idem.test.v1.DoResponse
+	3,  // 19: idem.test.v1.TestService.Finishable:output_type -> idem.test.v1.DoResponse
+	3,  // 20: idem.test.v1.TestService.Watch:output_type -> idem.test.v1.DoResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name

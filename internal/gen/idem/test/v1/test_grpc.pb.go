@@ -27,6 +27,7 @@ const (
 	TestService_Read_FullMethodName       = "/idem.test.v1.TestService/Read"
 	TestService_Renamed_FullMethodName    = "/idem.test.v1.TestService/Renamed"
 	TestService_Optimistic_FullMethodName = "/idem.test.v1.TestService/Optimistic"
+	TestService_Finishable_FullMethodName = "/idem.test.v1.TestService/Finishable"
 	TestService_Watch_FullMethodName      = "/idem.test.v1.TestService/Watch"
 )
 
@@ -48,6 +49,9 @@ type TestServiceClient interface {
 	Renamed(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
 	// Optimistic is Do in optimistic mode.
 	Optimistic(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
+	// Finishable is Do in leased mode, finished by a finisher, which keeps
+	// the request metadata x-user (named in upper case, matched lower-case).
+	Finishable(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error)
 	// Watch streams; keys do not apply to it.
 	Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error)
 }
@@ -110,6 +114,16 @@ func (c *testServiceClient) Optimistic(ctx context.Context, in *DoRequest, opts 
 	return out, nil
 }
 
+func (c *testServiceClient) Finishable(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (*DoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DoResponse)
+	err := c.cc.Invoke(ctx, TestService_Finishable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *testServiceClient) Watch(ctx context.Context, in *DoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DoResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
@@ -147,6 +161,9 @@ type TestServiceServer interface {
 	Renamed(context.Context, *DoRequest) (*DoResponse, error)
 	// Optimistic is Do in optimistic mode.
 	Optimistic(context.Context, *DoRequest) (*DoResponse, error)
+	// Finishable is Do in leased mode, finished by a finisher, which keeps
+	// the request metadata x-user (named in upper case, matched lower-case).
+	Finishable(context.Context, *DoRequest) (*DoResponse, error)
 	// Watch streams; keys do not apply to it.
 	Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error
 	mustEmbedUnimplementedTestServiceServer()
@@ -173,6 +190,9 @@ func (UnimplementedTestServiceServer) Renamed(context.Context, *DoRequest) (*DoR
 }
 func (UnimplementedTestServiceServer) Optimistic(context.Context, *DoRequest) (*DoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Optimistic not implemented")
+}
+func (UnimplementedTestServiceServer) Finishable(context.Context, *DoRequest) (*DoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Finishable not implemented")
 }
 func (UnimplementedTestServiceServer) Watch(*DoRequest, grpc.ServerStreamingServer[DoResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -288,6 +308,24 @@ func _TestService_Optimistic_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_Finishable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).Finishable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_Finishable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).Finishable(ctx, req.(*DoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(DoRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -325,6 +363,10 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Optimistic",
 			Handler:    _TestService_Optimistic_Handler,
+		},
+		{
+			MethodName: "Finishable",
+			Handler:    _TestService_Finishable_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,4 +1,4 @@
-package idem
+package transport
 
 import (
 	"strings"

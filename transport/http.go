@@ -1,19 +1,10 @@
-package idem
+package transport
 
 import (
 	"fmt"
 	"strings"
 
 	"github.com/dunglas/httpsfv"
-)
-
-// HTTP header names of idem, for transports that speak HTTP (Connect, a
-// grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names them.
-const (
-	// HTTPKeyHeader carries the idempotency key of an HTTP request.
-	HTTPKeyHeader = "Idempotency-Key"
-	// HTTPReplayedHeader is set to "true" on a replayed response.
-	HTTPReplayedHeader = "Idempotent-Replayed"
 )
 
 // ParseHTTPKey returns the idempotency key an Idempotency-Key header value
