@@ -4,7 +4,8 @@ package pgtest
 
 import "syscall"
 
-// pgBouncerProcAttr runs PgBouncer as u (nil: as this process's user).
-// Only Linux can tie PgBouncer's life to this process's; elsewhere a test
-// binary that is killed leaves it running.
-func pgBouncerProcAttr(u *osUser) *syscall.SysProcAttr { return sysProcAttr(u, false) }
+// daemonProcAttr runs a daemon (PgBouncer, etcd, Patroni, HAProxy) as u
+// (nil: as this process's user), in a new session if setsid. Only Linux
+// can tie a daemon's life to this process's; elsewhere a test binary that
+// is killed leaves it running.
+func daemonProcAttr(u *osUser, setsid bool) *syscall.SysProcAttr { return sysProcAttr(u, setsid) }
