@@ -2,10 +2,16 @@ package pgtest
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A Link is a TCP proxy on a loopback port in front of one address, for
@@ -24,8 +30,9 @@ import (
 // else runs on it) and exist only on Linux; a Link needs none of that and
 // affects exactly the connections that go through it.
 type Link struct {
-	lis    net.Listener
-	target string
+	lis     net.Listener
+	network string
+	target  string
 
 	mu     sync.Mutex
 	healed chan struct{} // closed while the link forwards
@@ -44,19 +51,58 @@ type linked struct {
 const linkDialTimeout = 5 * time.Second
 
 // NewLink starts a link on a free loopback port in front of target, a
-// host:port, forwarding. The caller must call [Link.Close].
+// TCP host:port, forwarding. The caller must call [Link.Close].
 func NewLink(target string) (*Link, error) {
+	return newLink("tcp", target)
+}
+
+// LinkTo starts a link in front of the PostgreSQL server that connString
+// reaches (over TCP or a Unix socket) and returns it with a connection
+// string like connString that goes through it. The link is closed when tb
+// has finished.
+func LinkTo(tb testing.TB, connString string) (*Link, string) {
+	tb.Helper()
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		tb.Fatalf("pgtest: parse connection string: %v", err)
+	}
+	network, target := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, target = "unix", filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	}
+	l, err := newLink(network, target)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(l.Close)
+	// As withDatabase does: the last of a repeated setting counts.
+	through := strings.TrimLeft(connString+" host=127.0.0.1 port="+strconv.Itoa(l.Port()), " ")
+	if isURL(connString) {
+		sep := "?"
+		if strings.Contains(connString, "?") {
+			sep = "&"
+		}
+		through = connString + sep + "host=127.0.0.1&port=" + strconv.Itoa(l.Port())
+	}
+	if got, err := pgconn.ParseConfig(through); err != nil || got.Host != "127.0.0.1" || int(got.Port) != l.Port() {
+		tb.Fatalf("pgtest: a connection string through the link: %q reaches %v (%v)", through, got, err)
+	}
+	return l, through
+}
+
+func newLink(network, target string) (*Link, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	l := &Link{
-		lis:    lis,
-		target: target,
-		healed: make(chan struct{}),
-		closed: make(chan struct{}),
-		conns:  make(map[net.Conn]struct{}),
-		open:   make(map[*linked]struct{}),
+		lis:     lis,
+		network: network,
+		target:  target,
+		healed:  make(chan struct{}),
+		closed:  make(chan struct{}),
+		conns:   make(map[net.Conn]struct{}),
+		open:    make(map[*linked]struct{}),
 	}
 	close(l.healed)
 	l.wg.Add(1)
@@ -202,7 +248,7 @@ func (l *Link) handle(c net.Conn) {
 	if !l.forward(lc) {
 		return
 	}
-	t, err := net.DialTimeout("tcp", l.target, linkDialTimeout)
+	t, err := net.DialTimeout(l.network, l.target, linkDialTimeout)
 	if err != nil {
 		return // the client sees its connection closed, as a refused one
 	}
