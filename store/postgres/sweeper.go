@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -202,7 +203,12 @@ func (s *Sweeper) sweep(ctx context.Context, t sweepTable) (deleted int64, err e
 func (s *Sweeper) batch(ctx context.Context, t sweepTable) (int64, error) {
 	bctx, cancel := context.WithTimeout(ctx, s.opts.batchTimeout)
 	defer cancel()
-	tag, err := s.pool.Exec(bctx, t.delete, s.opts.batchSize)
+	conn, err := s.pool.Acquire(bctx)
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = conn.Exec(bctx, t.delete, s.opts.batchSize)
+		release(conn)
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(bctx.Err(), context.DeadlineExceeded) {
 		return 0, fmt.Errorf("no answer within %v: %w", s.opts.batchTimeout, err)
 	}
