@@ -1,8 +1,8 @@
 // Package pgtest is the PostgreSQL machinery of idem's own tests, demos
 // and load generator: it finds a server, or starts a throwaway one, and
 // hands out isolated databases with idem's schema already applied; it also
-// starts servers that tests may break, a PgBouncer in front of one, and a
-// primary with a standby. It is internal: users test their handlers with
+// starts servers that tests may break, a PgBouncer in front of one, a
+// primary with a standby, and an HA cluster under Patroni. It is internal: users test their handlers with
 // the small public package store/postgres/pgtest, which is built on it.
 //
 // # Finding a server
@@ -77,6 +77,20 @@
 // read-write, and [Replicated.KillPrimary] and [Replicated.Promote] fail
 // the primary over while clients keep using it; [NewReplicated] does the
 // first two for a test and stops both servers when it ends.
+//
+// # HA clusters
+//
+// Tests of idem under an HA manager need the manager: [StartHA] (and
+// [NewHA] for a test) starts an etcd, three PostgreSQL members under
+// Patroni, synchronous_mode on or off, and an HAProxy that routes to the
+// leader by Patroni's REST health check, all on loopback ports, from the
+// programs on the machine (Debian's patroni, etcd-server and haproxy; a
+// missing one fails the test with what to install). [HACluster.Kill],
+// [HACluster.Switchover], [HACluster.Failover] and [HACluster.Partition]
+// are what happens to such a cluster; [HACluster.WaitHealthy] and
+// [HACluster.WaitWritable] wait for what Patroni's REST API and a new
+// connection through HAProxy say. A partition cuts the [Link]s, TCP
+// proxies that can stop forwarding, in front of the member.
 //
 // # Programs
 //

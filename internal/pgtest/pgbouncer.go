@@ -67,6 +67,11 @@ type PgBouncerOptions struct {
 	// before PgBouncer fails its query and disconnects it. Zero means
 	// PgBouncer's default, 120 s.
 	QueryWaitTimeout time.Duration
+	// ServerLoginRetry is PgBouncer's server_login_retry, rounded up to
+	// whole seconds: how long it waits, after it failed to connect to the
+	// server, before it tries again; meanwhile its clients' queries wait.
+	// Zero means PgBouncer's default, 15 s.
+	ServerLoginRetry time.Duration
 }
 
 // PgBouncer is a PgBouncer process in transaction pooling mode in front of
@@ -182,7 +187,7 @@ func startPgBouncer(ctx context.Context, s *Server, bin string, backend *pgconn.
 	cmd.Dir = dir
 	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = pgBouncerProcAttr(runAs)
+	cmd.SysProcAttr = daemonProcAttr(runAs, false)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -231,7 +236,9 @@ pidfile = %s
 log_connections = 0
 log_disconnections = 0
 `, target, b.host, b.port, opts.PoolSize, opts.MaxClientConn, tlsMode,
-		b.logFile, filepath.Join(b.dir, "pgbouncer.pid")) + queryWaitTimeout(opts.QueryWaitTimeout)
+		b.logFile, filepath.Join(b.dir, "pgbouncer.pid")) +
+		secondsSetting("query_wait_timeout", opts.QueryWaitTimeout) +
+		secondsSetting("server_login_retry", opts.ServerLoginRetry)
 }
 
 // iniValue quotes v as a value of a [databases] entry of pgbouncer.ini,
@@ -240,13 +247,13 @@ func iniValue(v string) string {
 	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
 }
 
-// queryWaitTimeout returns the query_wait_timeout line for d, or nothing
-// for zero.
-func queryWaitTimeout(d time.Duration) string {
+// secondsSetting returns the line of setting name, in whole seconds, for
+// d rounded up, or nothing for zero.
+func secondsSetting(name string, d time.Duration) string {
 	if d <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("query_wait_timeout = %d\n", int((d+time.Second-1)/time.Second))
+	return fmt.Sprintf("%s = %d\n", name, int((d+time.Second-1)/time.Second))
 }
 
 // requiresTLS reports whether cfg connects only over TLS (sslmode=require

@@ -19,3 +19,5 @@ func ownedBy(fs.FileInfo, *osUser) bool { return false }
 func killGroup(int) error { return errors.New("killing a process group needs a Unix-like system") }
 
 func processAlive(int) bool { return false }
+
+func killGroupOf(int) error { return errors.New("killing a process group needs a Unix-like system") }

@@ -54,3 +54,17 @@ func processAlive(pid int) bool {
 	}
 	return true
 }
+
+// killGroupOf sends SIGKILL to every process of the process group pid
+// belongs to (which pid need not lead), or to pid alone when that group is
+// this process's own.
+func killGroupOf(pid int) error {
+	pgid, err := syscall.Getpgid(pid)
+	if err != nil {
+		return err
+	}
+	if pgid == syscall.Getpgrp() {
+		return syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return syscall.Kill(-pgid, syscall.SIGKILL)
+}

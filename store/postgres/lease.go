@@ -154,8 +154,8 @@ func (s *Store) lease(ctx context.Context, pool *pgxpool.Pool, sc scope, key sto
 	}
 	now := s.now()
 	// A connection left inside a transaction by a failed batch is closed,
-	// not reused, by Release.
-	defer conn.Release()
+	// not reused (see release).
+	defer release(conn)
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
 		{SQL: lockKey, Arguments: []any{sc.id, lockClass, sc.lock, key.Tenant, key.Method, key.Key, now}},
 		{SQL: leaseClaim, Arguments: append(append([]any{sc.id, key.Tenant, key.Method, key.Key, r.Fingerprint, s.ttlOf(r.TTL).Seconds(), r.Lease.Seconds(), token},
@@ -348,7 +348,7 @@ func (s *Store) abandonedOn(ctx context.Context, pool *pgxpool.Pool, grace time.
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Release()
+	defer release(conn)
 	rows, err := conn.Query(ctx, abandoned, grace.Seconds(), limit, s.now())
 	if err != nil {
 		return nil, pgerr.Interpret(err)

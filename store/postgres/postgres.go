@@ -432,10 +432,10 @@ func scanEntry(row pgx.Row) (*foundEntry, error) {
 }
 
 // abandon rolls back whatever transaction conn has open and returns conn to
-// the pool. A connection that cannot be rolled back is closed by the pool
-// instead of being reused, which ends its transaction too.
+// the pool (see release). A connection that cannot be rolled back is
+// closed instead of being reused, which ends its transaction too.
 func abandon(ctx context.Context, conn *pgxpool.Conn) error {
-	defer conn.Release()
+	defer release(conn)
 	if conn.Conn().PgConn().TxStatus() == 'I' {
 		return nil
 	}
@@ -447,6 +447,25 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) error {
 
 // cleanupTimeout bounds a ROLLBACK sent after the request's context ended.
 const cleanupTimeout = 5 * time.Second
+
+// release returns conn to its pool, or, if pgx has closed it (its server
+// stopped answering, or a context ended in the middle of a statement),
+// takes it out of the pool at once. pgxpool keeps the place of a closed
+// connection it destroys until pgx has finished closing it, and pgx waits
+// up to 15 s for a server that no longer answers (a primary cut off by a
+// network partition, its connection neither answering nor closed) to take
+// a cancel request and the connection's end: with a pool of a few
+// connections, the store would wait that long for one, although the
+// server that new connections reach (through a proxy, or the next host of
+// a multi-host connection string) answers. pgx still finishes closing the
+// connection, in the background.
+func release(conn *pgxpool.Conn) {
+	if conn.Conn().IsClosed() {
+		conn.Hijack()
+		return
+	}
+	conn.Release()
+}
 
 // txn is an owned claim: the open transaction that holds the key's lock.
 type txn struct {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -15,19 +16,23 @@ const (
 	defaultSweepInterval  = time.Minute
 	defaultSweepBatchSize = 1000
 	defaultSweepPause     = 100 * time.Millisecond
+	// sweepBatchTimeout bounds each batch's DELETE (see [Sweeper.Sweep]).
+	sweepBatchTimeout = 30 * time.Second
 )
 
 type sweeperOptions struct {
-	interval  time.Duration
-	batchSize int
-	pause     time.Duration
-	observe   observeOptions
+	interval     time.Duration
+	batchSize    int
+	pause        time.Duration
+	batchTimeout time.Duration
+	observe      observeOptions
 }
 
 var defaultSweeperOptions = sweeperOptions{
-	interval:  defaultSweepInterval,
-	batchSize: defaultSweepBatchSize,
-	pause:     defaultSweepPause,
+	interval:     defaultSweepInterval,
+	batchSize:    defaultSweepBatchSize,
+	pause:        defaultSweepPause,
+	batchTimeout: sweepBatchTimeout,
 }
 
 // A SweeperOption configures a [Sweeper]: [WithInterval], [WithBatchSize],
@@ -143,9 +148,13 @@ WHERE t.consumer = d.consumer AND t.message_id = d.message_id
 // Sweep runs one pass: for each table, it deletes batches of expired rows,
 // pausing between them, until a batch comes back short of the batch size
 // (the expired rows are gone, or another sweeper holds the rest). It
-// returns how many rows it deleted. A table that fails does not keep the
-// other from being swept; the error then names the table, and the count
-// still includes what was deleted. When ctx ends, Sweep stops between or
+// returns how many rows it deleted. A batch that takes longer than 30 s
+// fails: it waited behind a lock (a migration's) or for a server that no
+// longer answers (a primary cut off by a network partition, its
+// connection not yet closed), and the next pass takes a new connection
+// rather than wait for that one without end. A table that fails does not
+// keep the other from being swept; the error then names the table, and
+// the count still includes what was deleted. When ctx ends, Sweep stops between or
 // during batches and returns ctx's error; the batches already committed
 // stay deleted.
 func (s *Sweeper) Sweep(ctx context.Context) (deleted int64, err error) {
@@ -169,18 +178,34 @@ func (s *Sweeper) Sweep(ctx context.Context) (deleted int64, err error) {
 // sweep deletes expired rows of one table in batches.
 func (s *Sweeper) sweep(ctx context.Context, t sweepTable) (deleted int64, err error) {
 	for {
-		tag, err := s.pool.Exec(ctx, t.delete, s.opts.batchSize)
+		n, err := s.batch(ctx, t)
 		if err != nil {
 			return deleted, err
 		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(s.opts.batchSize) {
+		deleted += n
+		if n < int64(s.opts.batchSize) {
 			return deleted, nil
 		}
 		if err := sleep(ctx, s.opts.pause); err != nil {
 			return deleted, err
 		}
 	}
+}
+
+// batch deletes one batch of t's expired rows, within the batch timeout.
+func (s *Sweeper) batch(ctx context.Context, t sweepTable) (int64, error) {
+	bctx, cancel := context.WithTimeout(ctx, s.opts.batchTimeout)
+	defer cancel()
+	conn, err := s.pool.Acquire(bctx)
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = conn.Exec(bctx, t.delete, s.opts.batchSize)
+		release(conn)
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(bctx.Err(), context.DeadlineExceeded) {
+		return 0, fmt.Errorf("no answer within %v: %w", s.opts.batchTimeout, err)
+	}
+	return tag.RowsAffected(), err
 }
 
 // Run sweeps at once and then again each interval after a pass ended (see

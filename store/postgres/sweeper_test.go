@@ -472,6 +472,42 @@ func TestRunKeepsGoingAfterAFailedPass(t *testing.T) {
 	}
 }
 
+// TestRunGivesUpABatchWithoutAnswer cuts the network between the sweeper
+// and the server, as a partition that isolates the primary does: a pass
+// that gets no answer gives up within the batch timeout and is logged, the
+// passes go on, and once the network is back they sweep again.
+func TestRunGivesUpABatchWithoutAnswer(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	link, through := pgtest.LinkTo(t, pool.Config().ConnString())
+	insertKeys(t, pool, "expired-", 10, "-1 hour")
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	var log syncBuffer
+	sw := postgres.NewSweeper(openPool(t, through), postgres.WithInterval(50*time.Millisecond),
+		postgres.WithSweepBatchTimeout(300*time.Millisecond), postgres.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	go func() { done <- sw.Run(runCtx) }()
+	waitFor(t, "the first pass", func() bool {
+		return count(t, pool, `SELECT count(*) FROM idempotency_keys`) == 0
+	})
+
+	link.Cut()
+	const failed = "sweeping expired rows failed"
+	waitFor(t, "two passes without an answer to be logged", func() bool {
+		return strings.Count(log.String(), failed) >= 2
+	})
+	link.Heal()
+	insertKeys(t, pool, "expired-", 10, "-1 hour")
+	waitFor(t, "a pass to sweep once the network is back", func() bool {
+		return count(t, pool, `SELECT count(*) FROM idempotency_keys`) == 0
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run returned %v, want context.Canceled", err)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for concurrent use, for a logger.
 type syncBuffer struct {
 	mu  sync.Mutex

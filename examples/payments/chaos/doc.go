@@ -49,6 +49,17 @@
 //     migration's ALTER TABLE does) while CreatePayment is called on a
 //     server just started and on one that has served: both answer ABORTED
 //     after the lock timeout, and serve the key once the lock is gone.
+//   - TestHA runs the server against an HA cluster under Patroni, with
+//     etcd, behind HAProxy (internal/pgtest's HACluster), and, while 8
+//     clients drive payments, kills the leader's machine, runs patronictl
+//     switchover and failover, or cuts the leader off by a network
+//     partition; also through PgBouncer and with a multi-host URL, and in
+//     synchronous and asynchronous mode. It checks what TestFailover
+//     checks, that every answer a client was told to retry carried a
+//     RetryInfo, and that the sweeper and the finisher beside it came
+//     back, and measures the longest time without an answer, the latency
+//     and how long until throughput recovered (docs/ha.md). By default it
+//     runs a smoke subset; IDEM_HA=full runs every event.
 //   - TestBadInput is a table of malformed and misused keys, tenants the
 //     key table cannot hold (too long, not UTF-8, sent over raw HTTP/2
 //     where gRPC clients refuse them), each checked for its answer and for

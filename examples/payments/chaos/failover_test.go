@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemkit/idem/internal/pgtest"
@@ -109,68 +110,31 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		gone.Round(time.Millisecond), promotion.Round(time.Millisecond), longestSilence(l.ops).Round(time.Millisecond))
 
 	// What the new primary holds, against what the clients were told.
-	before := snapshot(t, pool)
-	var lost, ackedBeforeKill []*op
-	failures := 0
-	fail := func(o *op, format string, args ...any) {
-		t.Helper()
-		if failures++; failures > 10 {
-			t.Fatalf("more failures not shown")
-		}
-		t.Errorf("key %s of %s: "+format, append([]any{o.key, o.tenant}, args...)...)
-	}
+	fc := checkFailedOver(t, pool, l.ops)
+	ackedBeforeKill := 0
 	for _, o := range l.ops {
-		if o.err != nil {
-			fail(o, "%v", o.err)
-			continue
-		}
-		first := o.answers[0]
-		if first.at.Before(killed) {
-			ackedBeforeKill = append(ackedBeforeKill, o)
-		}
-		s := scope{o.tenant, o.key}
-		k, present := before.keys[s]
-		ids := before.payments[s]
-		if present && k.status != "recorded" {
-			fail(o, "key row %q, want completed", k.status)
-		}
-		// The property that makes atomic mode safe across any failover:
-		// the key and its effect commit together, so they survive or are
-		// lost together.
-		switch {
-		case len(ids) > 1:
-			fail(o, "%d payments for one key", len(ids))
-		case !present && len(ids) > 0:
-			fail(o, "the key was lost but its payment %s survived", ids[0])
-		case present && o.valid && len(ids) == 0:
-			fail(o, "the key survived without its payment")
-		case present && o.valid && (first.code != codes.OK || first.paymentID != ids[0]):
-			fail(o, "acknowledged %v with payment %q, the new primary holds payment %s", first.code, first.paymentID, ids[0])
-		case !o.valid && len(ids) > 0:
-			fail(o, "%d payments for a request that failed validation", len(ids))
-		}
-		if !present {
-			lost = append(lost, o)
+		if o.err == nil && o.answers[0].at.Before(killed) {
+			ackedBeforeKill++
 		}
 	}
 	t.Logf("%d of %d acknowledged answers lost in the failover (%d had been acknowledged before the primary was killed)",
-		len(lost), len(l.ops), len(ackedBeforeKill))
+		len(fc.lost), len(l.ops), ackedBeforeKill)
 	if detach {
 		afterDetach := 0
-		for _, o := range ackedBeforeKill {
-			if o.answers[0].at.After(detached) {
+		for _, o := range l.ops {
+			if o.err == nil && o.answers[0].at.Before(killed) && o.answers[0].at.After(detached) {
 				afterDetach++
 			}
 		}
 		t.Logf("%d answers arrived between the standby's detach and the kill", afterDetach)
 		// Some ops ran from start to end in that time (each client takes
 		// the next op only when done with the last): their keys are lost.
-		if len(lost) == 0 {
+		if len(fc.lost) == 0 {
 			t.Errorf("no answer lost, with the standby detached while %d were acknowledged", afterDetach)
 		}
 	}
-	if opts.Synchronous && len(lost) > 0 {
-		t.Errorf("%d acknowledged answers lost with a synchronous standby, want none", len(lost))
+	if opts.Synchronous && len(fc.lost) > 0 {
+		t.Errorf("%d acknowledged answers lost with a synchronous standby, want none", len(fc.lost))
 	}
 
 	// Second phase: every op once more, after the failover. A key the new
@@ -179,10 +143,87 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 	l.confirmations = 2
 	l.faults = nil
 	l.run(t)
+	checkRetried(t, pool, l.ops, fc.lost)
+	if opts.Synchronous {
+		checkInvariants(t, pool, l.ops)
+	}
+	l.checkCodes(t, codes.OK, codes.InvalidArgument)
+}
+
+// failedOver is what checkFailedOver found in the database after a
+// failover.
+type failedOver struct {
+	// lost are the ops whose acknowledged answer the database no longer
+	// holds: no key, and no payment.
+	lost []*op
+	// twice counts keys with more payments than their request allows
+	// (more than one, or any for a request that failed validation);
+	// disagree, keys whose row and payment were not kept together (one
+	// without the other);
+	// wrong, acknowledged answers that name another payment than the
+	// database holds for their key. Each is also reported as a failure.
+	twice, disagree, wrong int
+}
+
+// checkFailedOver compares what the database pool reaches holds after a
+// failover with the first answer each client of ops accepted, and fails t
+// for every key that breaks what atomic mode promises across any
+// failover: the key and its effect commit together, so they survive or
+// are lost together, and a key's payment is the one its first answer
+// named.
+func checkFailedOver(t *testing.T, pool *pgxpool.Pool, ops []*op) failedOver {
+	t.Helper()
+	db := snapshot(t, pool)
+	var f failedOver
+	fail := keyFailer(t)
+	for _, o := range ops {
+		if o.err != nil {
+			fail(o, "%v", o.err)
+			continue
+		}
+		first := o.answers[0]
+		s := scope{o.tenant, o.key}
+		k, present := db.keys[s]
+		ids := db.payments[s]
+		if present && k.status != "recorded" {
+			fail(o, "key row %q, want recorded", k.status)
+		}
+		switch {
+		case len(ids) > 1:
+			f.twice++
+			fail(o, "%d payments for one key", len(ids))
+		case !present && len(ids) > 0:
+			f.disagree++
+			fail(o, "the key was lost but its payment %s survived", ids[0])
+		case present && o.valid && len(ids) == 0:
+			f.disagree++
+			fail(o, "the key survived without its payment")
+		case present && o.valid && (first.code != codes.OK || first.paymentID != ids[0]):
+			f.wrong++
+			fail(o, "acknowledged %v with payment %q, the new primary holds payment %s", first.code, first.paymentID, ids[0])
+		case !o.valid && len(ids) > 0:
+			f.twice++
+			fail(o, "%d payments for a request that failed validation", len(ids))
+		}
+		if !present {
+			f.lost = append(f.lost, o)
+		}
+	}
+	return f
+}
+
+// checkRetried checks the ops after each was retried once more after a
+// failover (a second answer each): a key the database holds replayed its
+// first answer byte for byte, a lost key ran again, once, and every valid
+// op has exactly one payment. It returns how many retries were answered
+// wrongly: a lost key replayed, or a replay that differs from the first
+// answer.
+func checkRetried(t *testing.T, pool *pgxpool.Pool, ops, lost []*op) (wrongReplays int) {
+	t.Helper()
 	after := snapshot(t, pool)
-	isLost := func(o *op) bool { return slices.Contains(lost, o) }
+	fail := keyFailer(t)
 	valid := 0
-	for _, o := range l.ops {
+	for _, o := range ops {
 		if o.err != nil || len(o.answers) < 2 {
 			fail(o, "no answer after the failover: %v", o.err)
 			continue
@@ -191,7 +232,7 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		s := scope{o.tenant, o.key}
 		ids := after.payments[s]
 		if k := after.keys[s]; k.status != "recorded" {
-			fail(o, "key row %+v after the retry, want completed", k)
+			fail(o, "key row %+v after the retry, want recorded", k)
 		}
 		if o.valid {
 			valid++
@@ -205,26 +246,38 @@ func testFailover(t *testing.T, opts pgtest.ReplicationOptions, detach bool) {
 		} else if len(ids) != 0 || again.code != codes.InvalidArgument {
 			fail(o, "the retry got %v and left %d payments, want INVALID_ARGUMENT and none", again.code, len(ids))
 		}
-		if isLost(o) {
+		if slices.Contains(lost, o) {
 			if again.replayed {
+				wrongReplays++
 				fail(o, "the key was lost, yet its retry was a replay")
 			}
 			continue
 		}
 		if !again.replayed || !bytes.Equal(again.raw, first.raw) {
+			wrongReplays++
 			fail(o, "the retry after the failover got %x (replayed %v), the first answer was %x", again.raw, again.replayed, first.raw)
 		}
 	}
 	if after.total != valid {
 		t.Errorf("%d payments in all, want %d, one per valid op", after.total, valid)
 	}
-	if len(after.keys) != len(l.ops) {
-		t.Errorf("%d idempotency keys, want %d", len(after.keys), len(l.ops))
+	if len(after.keys) != len(ops) {
+		t.Errorf("%d idempotency keys, want %d", len(after.keys), len(ops))
 	}
-	if opts.Synchronous {
-		checkInvariants(t, pool, l.ops)
+	return wrongReplays
+}
+
+// keyFailer returns a function that fails t for the key of one op, and
+// stops t after ten such failures.
+func keyFailer(t *testing.T) func(o *op, format string, args ...any) {
+	failures := 0
+	return func(o *op, format string, args ...any) {
+		t.Helper()
+		if failures++; failures > 10 {
+			t.Fatalf("more failures not shown")
+		}
+		t.Errorf("key %s of %s: "+format, append([]any{o.key, o.tenant}, args...)...)
 	}
-	l.checkCodes(t, codes.OK, codes.InvalidArgument)
 }
 
 // longestSilence returns the longest time between two consecutive

@@ -39,7 +39,8 @@ type op struct {
 	valid bool
 
 	// Filled in by the client that runs the op.
-	answers  []answer // the definitive answers it accepted
+	start    time.Time // its first attempt
+	answers  []answer  // the definitive answers it accepted
 	attempts int
 	err      error // why the client gave up
 }
@@ -101,14 +102,23 @@ type load struct {
 	opTimeout, runTimeout time.Duration
 	deadline              time.Time
 
+	// pace, if set, is the shortest time between the starts of two ops of
+	// one client.
+	pace time.Duration
+
 	inflight atomic.Int64 // calls on the wire
 	// inflightAtFault counts the calls on the wire when each fault began.
 	inflightAtFault []int64
+	// answered counts the definitive answers.
+	answered atomic.Int64
 
 	mu          sync.Mutex
 	codes       map[codes.Code]int // every answer, definitive or not
 	others      []string           // the messages of codes no test expects
 	unavailable map[string]int     // the messages of UNAVAILABLE answers
+	// noHint counts the UNAVAILABLE and ABORTED answers without a
+	// RetryInfo, by code.
+	noHint map[codes.Code]int
 }
 
 // attemptTimeout bounds one call; a server that died mid-call answers
@@ -119,30 +129,7 @@ const attemptTimeout = 15 * time.Second
 // done or given up.
 func (l *load) run(t *testing.T) {
 	t.Helper()
-	l.codes = make(map[codes.Code]int)
-	l.unavailable = make(map[string]int)
-	if l.confirmations == 0 {
-		l.confirmations = 2
-	}
-	if l.opTimeout == 0 {
-		l.opTimeout = time.Minute
-	}
-	if l.runTimeout == 0 {
-		l.runTimeout = 4 * time.Minute
-	}
-	l.deadline = time.Now().Add(l.runTimeout)
-	ch := make(chan *op)
-	var wg sync.WaitGroup
-	for _, conn := range l.conns {
-		client := paymentsv1.NewPaymentServiceClient(conn)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for o := range ch {
-				l.do(client, o)
-			}
-		}()
-	}
+	ch, wait := l.start()
 	next := 0
 	for i, fault := range l.faults {
 		until := (i + 1) * len(l.ops) / (len(l.faults) + 1)
@@ -160,13 +147,71 @@ func (l *load) run(t *testing.T) {
 		ch <- l.ops[next]
 	}
 	close(ch)
-	wg.Wait()
+	wait()
 	t.Logf("answers by code: %v; calls in flight at each fault: %v", l.codeSummary(), l.inflightAtFault)
+}
+
+// runUntil runs ops as run does, without faults, but hands them out only
+// until stop is closed (or none is left), and drops those it did not hand
+// out from l.ops. It returns when the ops handed out are done or given up.
+func (l *load) runUntil(t *testing.T, stop <-chan struct{}) {
+	t.Helper()
+	ch, wait := l.start()
+	next := 0
+handing:
+	for ; next < len(l.ops); next++ {
+		select {
+		case ch <- l.ops[next]:
+		case <-stop:
+			break handing
+		}
+	}
+	close(ch)
+	wait()
+	l.ops = l.ops[:next]
+	t.Logf("%d ops; answers by code: %v", next, l.codeSummary())
+}
+
+// start starts the clients, which run the ops sent on ch until it is
+// closed; wait waits for them to finish.
+func (l *load) start() (ch chan<- *op, wait func()) {
+	l.codes = make(map[codes.Code]int)
+	l.unavailable = make(map[string]int)
+	l.noHint = make(map[codes.Code]int)
+	if l.confirmations == 0 {
+		l.confirmations = 2
+	}
+	if l.opTimeout == 0 {
+		l.opTimeout = time.Minute
+	}
+	if l.runTimeout == 0 {
+		l.runTimeout = 4 * time.Minute
+	}
+	l.deadline = time.Now().Add(l.runTimeout)
+	ops := make(chan *op)
+	var wg sync.WaitGroup
+	for _, conn := range l.conns {
+		client := paymentsv1.NewPaymentServiceClient(conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var next time.Time
+			for o := range ops {
+				time.Sleep(time.Until(next))
+				next = time.Now().Add(l.pace)
+				l.do(client, o)
+			}
+		}()
+	}
+	return ops, wg.Wait
 }
 
 // do runs one op to completion.
 func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 	start := time.Now()
+	if o.start.IsZero() {
+		o.start = start
+	}
 	for len(o.answers) < l.confirmations {
 		if time.Since(start) > l.opTimeout || time.Now().After(l.deadline) {
 			o.err = fmt.Errorf("no definitive answer after %d attempts in %v", o.attempts, time.Since(start).Round(time.Millisecond))
@@ -178,6 +223,7 @@ func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 		l.count(st)
 		if err == nil || recorded(st) {
 			o.answers = append(o.answers, a)
+			l.answered.Add(1)
 			continue
 		}
 		// Not definitive: retry under the same key, after the delay the
@@ -222,6 +268,9 @@ func (l *load) count(st *status.Status) {
 	l.codes[st.Code()]++
 	if st.Code() == codes.Unavailable {
 		l.unavailable[st.Message()]++
+	}
+	if (st.Code() == codes.Unavailable || st.Code() == codes.Aborted) && retryDelay(st) == 0 {
+		l.noHint[st.Code()]++
 	}
 	switch st.Code() {
 	case codes.OK, codes.InvalidArgument, codes.Unavailable, codes.Aborted:

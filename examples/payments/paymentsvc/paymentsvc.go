@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkit/idem"
@@ -199,7 +200,7 @@ func (s *Service) CreatePayment(ctx context.Context, req *paymentsv1.CreatePayme
 		// A lost connection or a failed statement: nothing was stored, and
 		// the retry may succeed. The database's error stays in the log.
 		slog.ErrorContext(ctx, "storing a payment failed", "tenant", tenant, "error", err)
-		return nil, status.Error(codes.Unavailable, "storing the payment failed; retry")
+		return nil, unavailable("storing the payment failed; retry")
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.CreatePaymentResponse{Payment: p}, nil
@@ -224,10 +225,26 @@ func (s *Service) GetPayment(ctx context.Context, req *paymentsv1.GetPaymentRequ
 	}
 	if err != nil {
 		slog.ErrorContext(ctx, "reading a payment failed", "tenant", tenant, "error", err)
-		return nil, status.Error(codes.Unavailable, "reading the payment failed; retry")
+		return nil, unavailable("reading the payment failed; retry")
 	}
 	p.CreateTime = timestamppb.New(created)
 	return &paymentsv1.GetPaymentResponse{Payment: p}, nil
+}
+
+// retryDelay is the delay the service's UNAVAILABLE answers suggest, as
+// idem's own do (idem.WithRetryDelay, 1 s by default).
+const retryDelay = time.Second
+
+// unavailable is an UNAVAILABLE error with msg and a RetryInfo of
+// retryDelay: during a failover the database refuses calls for seconds,
+// and clients that read the delay (interceptor.RetryDelay) come back after
+// it instead of at once, as they do after idem's own UNAVAILABLE.
+func unavailable(msg string) error {
+	st, err := status.New(codes.Unavailable, msg).WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)})
+	if err != nil {
+		return status.Error(codes.Unavailable, msg)
+	}
+	return st.Err()
 }
 
 func validate(req *paymentsv1.CreatePaymentRequest) error {

@@ -151,3 +151,35 @@ func TestBackstop(t *testing.T) {
 		t.Fatalf("%d payments, want 1", n)
 	}
 }
+
+// TestStoreFailureCarriesRetryInfo: a payment the database refuses to
+// store (here a trigger; in production a failover, a lost connection) is
+// UNAVAILABLE with a RetryInfo, as idem's own storage failures are, and
+// leaves neither a payment nor a key.
+func TestStoreFailureCarriesRetryInfo(t *testing.T) {
+	client, pool := newClient(t)
+	_, err := pool.Exec(context.Background(), `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+		$$BEGIN RAISE EXCEPTION 'refused'; END$$;
+		CREATE TRIGGER refuse BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION refuse()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.CreatePayment(call("acme", "k-refused"), valid)
+	st := status.Convert(err)
+	var delay *errdetails.RetryInfo
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			delay = ri
+		}
+	}
+	if st.Code() != codes.Unavailable || delay.GetRetryDelay().AsDuration() <= 0 {
+		t.Fatalf("a payment the database refused: %v, want UNAVAILABLE with a RetryInfo", st.Proto())
+	}
+	var keys int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&keys); err != nil {
+		t.Fatal(err)
+	}
+	if n := payments(t, pool); n != 0 || keys != 0 {
+		t.Fatalf("%d payments and %d keys after the refusal, want none", n, keys)
+	}
+}
