@@ -98,7 +98,7 @@ func (s *Server) log() *slog.Logger {
 type call struct {
 	s     *Server
 	req   Request
-	scope Scope
+	grant Grant
 	span  trace.Span
 }
 
@@ -112,7 +112,7 @@ func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, 
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attribute.String("rpc.method", r.Method[1:])))
 	c := &call{s: s, req: r, span: span}
-	scope, err := s.authorize.Authorize(ctx, r)
+	grant, err := s.authorize.Authorize(ctx, r)
 	if err != nil {
 		if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_OK) && st.GetCode() != int32(code.Code_UNKNOWN) {
 			// The authorizer's own answer, which its wire sends as it is.
@@ -120,12 +120,12 @@ func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, 
 		}
 		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "permission denied"), err)
 	}
-	c.scope = scope
-	span.SetAttributes(attribute.String("idem.admin.subject", scope.Subject))
+	c.grant = grant
+	span.SetAttributes(attribute.String("idem.admin.subject", grant.Subject))
 	switch {
-	case r.AllTenants && !scope.AllTenants:
+	case r.AllTenants && !grant.AllTenants:
 		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant"), nil)
-	case !r.AllTenants && !scope.Allows(r.Tenant):
+	case !r.AllTenants && !grant.Allows(r.Tenant):
 		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant), nil)
 	}
 	return ctx, c, nil
@@ -155,7 +155,7 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 		level = slog.LevelDebug
 	}
 	attrs := []slog.Attr{
-		slog.String("subject", c.scope.Subject),
+		slog.String("subject", c.grant.Subject),
 		slog.String("rpc", c.req.Method),
 		slog.String("tenant", c.req.Tenant),
 	}
@@ -241,7 +241,7 @@ func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*a
 	}
 	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(f, next)}
 	for _, ki := range infos {
-		if !c.scope.Allows(ki.Scope.Tenant) {
+		if !c.grant.Allows(ki.Scope.Tenant) {
 			// The store answered outside the filter: show nothing of it.
 			return nil, c.fail(ctx, fmt.Errorf("the store listed a key of tenant %q for a filter of tenant %q", ki.Scope.Tenant, f.Tenant))
 		}

@@ -52,8 +52,8 @@ var epoch = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 const doMethod = "/idem.test.v1.TestService/Do"
 
 // allowAll grants every tenant to "root".
-var allowAll = admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-	return admin.Scope{Subject: "root", AllTenants: true}, nil
+var allowAll = admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+	return admin.Grant{Subject: "root", AllTenants: true}, nil
 })
 
 // lockedBuffer is a log sink the server and the test share.
@@ -218,11 +218,11 @@ func TestRefusedEveryRPC(t *testing.T) {
 		st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.Recorded, epoch)}}
 		var asked []string
 		var mu sync.Mutex
-		refuse := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+		refuse := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 			mu.Lock()
 			asked = append(asked, r.Method)
 			mu.Unlock()
-			return admin.Scope{}, errors.New("no certificate: dial with the operators' one")
+			return admin.Grant{}, errors.New("no certificate: dial with the operators' one")
 		})
 		c := w.serve(t, st, refuse)
 		sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
@@ -280,8 +280,8 @@ func TestAuthorizerStatus(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		for name, refusal := range refusals {
 			st := &fakeStore{}
-			c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-				return admin.Scope{}, fmt.Errorf("checking the token: %w", refusal)
+			c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+				return admin.Grant{}, fmt.Errorf("checking the token: %w", refusal)
 			}))
 			_, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1"})
 			if got, msg := codeOf(err); got != codes.Unauthenticated || !strings.Contains(msg, "no credentials") {
@@ -303,11 +303,11 @@ func TestAuthorizerSeesCaller(t *testing.T) {
 		mu  sync.Mutex
 		got []admin.Request
 	)
-	record := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+	record := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, r)
-		return admin.Scope{Subject: "root", AllTenants: true}, nil
+		return admin.Grant{Subject: "root", AllTenants: true}, nil
 	})
 	last := func() admin.Request {
 		mu.Lock()
@@ -348,11 +348,11 @@ func TestTenantScope(t *testing.T) {
 		}}
 		var got []admin.Request
 		var mu sync.Mutex
-		c := w.serve(t, st, admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+		c := w.serve(t, st, admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 			mu.Lock()
 			got = append(got, r)
 			mu.Unlock()
-			return admin.Scope{Subject: "alice", Tenants: []string{"acme"}}, nil
+			return admin.Grant{Subject: "alice", Tenants: []string{"acme"}}, nil
 		}))
 		ctx := t.Context()
 
@@ -810,8 +810,8 @@ func TestSpansAndLogs(t *testing.T) {
 		st := &fakeStore{now: epoch, keys: []store.KeyInfo{held}}
 		tp := &spans{}
 		var logs lockedBuffer
-		c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-			return admin.Scope{Subject: "alice@ops", Tenants: []string{"acme"}}, nil
+		c := w.serve(t, st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+			return admin.Grant{Subject: "alice@ops", Tenants: []string{"acme"}}, nil
 		}), admin.WithTracerProvider(tp), admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 		ctx := t.Context()
 

@@ -38,8 +38,8 @@ type Request struct {
 	TLS *tls.ConnectionState
 }
 
-// Scope is what an operator may do, as an [Authorizer] grants it.
-type Scope struct {
+// Grant is what an operator may do, as an [Authorizer] grants it.
+type Grant struct {
 	// Subject names the operator in the service's log lines and spans (a
 	// user name or a certificate's subject, say).
 	Subject string
@@ -52,7 +52,7 @@ type Scope struct {
 }
 
 // Allows reports whether s lets its operator see and act on tenant's keys.
-func (s Scope) Allows(tenant string) bool {
+func (s Grant) Allows(tenant string) bool {
 	return s.AllTenants || slices.Contains(s.Tenants, tenant)
 }
 
@@ -60,19 +60,19 @@ func (s Scope) Allows(tenant string) bool {
 // first on every call, with the caller's identity in r: a token in
 // r.Header, a client certificate in r.TLS, which serve gRPC and Connect
 // alike (on gRPC, ctx also carries grpc's peer and metadata). It returns
-// the caller's [Scope], or an error to refuse the call outright. An
+// the caller's [Grant], or an error to refuse the call outright. An
 // [*idem.Error] (from idem.NewError, answered alike on every wire) or an
 // error of the call's wire that carries a status (status.Error on gRPC, a
 // *connect.Error on Connect) is answered with its code and message; any
 // other with PERMISSION_DENIED, its text logged, not sent.
 type Authorizer interface {
-	Authorize(ctx context.Context, r Request) (Scope, error)
+	Authorize(ctx context.Context, r Request) (Grant, error)
 }
 
 // AuthorizerFunc is a function that is an [Authorizer].
-type AuthorizerFunc func(ctx context.Context, r Request) (Scope, error)
+type AuthorizerFunc func(ctx context.Context, r Request) (Grant, error)
 
 // Authorize calls f(ctx, r).
-func (f AuthorizerFunc) Authorize(ctx context.Context, r Request) (Scope, error) {
+func (f AuthorizerFunc) Authorize(ctx context.Context, r Request) (Grant, error) {
 	return f(ctx, r)
 }

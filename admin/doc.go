@@ -42,9 +42,9 @@ An [Authorizer] is required: [NewServer] panics without one, as there is no
 safe default. It is called first on every call, with the RPC, the tenant
 and key asked for and the caller as the wire saw it (the request headers,
 as gRPC metadata carries them, and the TLS connection's state: see
-[Request]), and returns the operator's [Scope]: who the operator is (for
+[Request]), and returns the operator's [Grant]: who the operator is (for
 the log) and which tenants it may see and act on. A call on a tenant
-outside the scope, or a ListKeys of every tenant by an operator scoped to
+outside the grant, or a ListKeys of every tenant by an operator granted
 some, is answered PERMISSION_DENIED. An authorizer's error is answered with
 its status when it carries one (UNAUTHENTICATED, say): an [*idem.Error]
 (idem.NewError), answered alike on every wire, or the wire's own status
@@ -120,7 +120,7 @@ replica. Give every replica the same key to page across them.
 Each call runs in a span of the [WithTracerProvider] tracer provider
 (default: the global one), named after the RPC, and is logged through
 [WithLogger]'s logger (default: [slog.Default]) with who did what: the
-scope's subject, the RPC, the tenant, method and key, and the answer's
+grant's subject, the RPC, the tenant, method and key, and the answer's
 code, by its google.rpc.Code name (FAILED_PRECONDITION). Calls that change a key are logged at INFO, reads at DEBUG, refusals
 at WARN and store failures at ERROR with the store's error.
 */

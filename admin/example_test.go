@@ -25,7 +25,7 @@ import (
 
 // operators are the operators' certificates' common names, and what each
 // may do.
-var operators = map[string]admin.Scope{
+var operators = map[string]admin.Grant{
 	"oncall":    {Subject: "oncall", AllTenants: true},
 	"acme-help": {Subject: "acme-help", Tenants: []string{"acme"}},
 }
@@ -33,13 +33,13 @@ var operators = map[string]admin.Scope{
 // operatorCertificate names the operator from the client certificate the
 // TLS handshake verified: it reads the admin.Request, not the wire, so it
 // serves gRPC and Connect alike.
-var operatorCertificate = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+var operatorCertificate = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-		return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "dial with an operator's certificate")
+		return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "dial with an operator's certificate")
 	}
 	scope, ok := operators[r.TLS.VerifiedChains[0][0].Subject.CommonName]
 	if !ok {
-		return admin.Scope{}, idem.NewError(code.Code_PERMISSION_DENIED, "not an operator")
+		return admin.Grant{}, idem.NewError(code.Code_PERMISSION_DENIED, "not an operator")
 	}
 	return scope, nil
 })

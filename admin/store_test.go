@@ -33,8 +33,8 @@ func testOnMemoryStore(t *testing.T, w wire) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
 	st := memory.New(memory.WithClock(clock))
-	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
+	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+		return admin.Grant{Subject: "oncall", AllTenants: true}, nil
 	})
 	client := w.serve(t, st, all)
 	ctx := t.Context()

@@ -13,14 +13,18 @@ import (
 	idemv1 "github.com/idemkit/idem/gen/idem/v1"
 )
 
-// Version is the first byte of every fingerprint. It names the algorithm
-// that produced the rest, so that fingerprints stored before a change to the
-// algorithm can be told apart from fingerprints computed after it.
-const Version byte = 1
+// The shape of a fingerprint.
+const (
+	// Version is the first byte of every fingerprint. It names the
+	// algorithm that produced the rest, so that fingerprints stored before
+	// a change to the algorithm can be told apart from fingerprints
+	// computed after it.
+	Version byte = 1
 
-// Size is the length of a fingerprint in bytes: Version followed by a
-// SHA-256 digest.
-const Size = 1 + sha256.Size
+	// Size is the length of a fingerprint in bytes: Version followed by a
+	// SHA-256 digest.
+	Size = 1 + sha256.Size
+)
 
 // maxPooledBuffer is the largest encoding buffer kept for reuse, so that one
 // huge request does not pin its buffer for the life of the process.

@@ -34,7 +34,7 @@
 //
 // When idem answers with a RetryInfo of its own (a key in use, a lease
 // lost, a store that failed) the interceptor also sends the trailer
-// [PushbackTrailer], so that grpc-go's own retry policy waits as long as
+// grpc-retry-pushback-ms (gRFC A6), so that grpc-go's own retry policy waits as long as
 // the server asks.
 //
 // The fields idem.result and idem.replayed are added to the fields of

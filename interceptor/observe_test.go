@@ -185,8 +185,8 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	}
 	want := fmt.Sprint(delay.Milliseconds())
 	for _, md := range trailers.aborted() {
-		if got := md.Get(interceptor.PushbackTrailer); len(got) != 1 || got[0] != want {
-			t.Errorf("ABORTED answer's %s = %q, want %q", interceptor.PushbackTrailer, got, want)
+		if got := md.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != want {
+			t.Errorf("ABORTED answer's %s = %q, want %q", "grpc-retry-pushback-ms", got, want)
 		}
 	}
 }

@@ -17,11 +17,11 @@ import (
 	"github.com/idemkit/idem/transport"
 )
 
-// PushbackTrailer is the trailer in which idem tells grpc-go's retry policy
+// pushbackTrailer is the trailer in which idem tells grpc-go's retry policy
 // how long to wait, in milliseconds, when its answer carries a RetryInfo
 // (the key in use, a lost lease, a store failure): grpc-go's transparent
 // and policy retries honour it (gRFC A6).
-const PushbackTrailer = "grpc-retry-pushback-ms"
+const pushbackTrailer = "grpc-retry-pushback-ms"
 
 // UnaryServerInterceptor returns a server interceptor that runs each keyed
 // unary call through e: once per key, its recorded outcome replayed to
@@ -63,7 +63,7 @@ func serve(ctx context.Context, e *idem.Engine, method string, req any, handler 
 	if ie, ok := err.(*idem.Error); ok {
 		err = status.ErrorProto(ie.Status())
 		if d, ok := ie.RetryDelay(); ok {
-			trailer = metadata.Join(trailer, metadata.Pairs(PushbackTrailer, strconv.FormatInt(d.Milliseconds(), 10)))
+			trailer = metadata.Join(trailer, metadata.Pairs(pushbackTrailer, strconv.FormatInt(d.Milliseconds(), 10)))
 		}
 	}
 	// SetHeader and SetTrailer fail only outside a gRPC server, and after

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -71,11 +70,6 @@ type SettleOptions struct {
 	// Force settles an entry whose lease is live, fencing its holder.
 	Force bool
 }
-
-// ErrInvalidStatus reports a status that [Admin.Settle] refuses to record
-// (see [SettleOutcome]). Nothing was changed; the same status fails the
-// same way again.
-var ErrInvalidStatus = errors.New("store: invalid status")
 
 // retried are the codes clients are told to retry: ABORTED and
 // UNAVAILABLE, which idem's own client recipes retry, RESOURCE_EXHAUSTED,
@@ -190,15 +184,6 @@ type KeyInfo struct {
 	// when nothing was.
 	Call *Call
 }
-
-// ErrNotFound reports a scope the store holds no entry of.
-var ErrNotFound = errors.New("store: no entry for the key")
-
-// ErrNotInProgress reports a Settle of an entry whose outcome is recorded.
-var ErrNotInProgress = errors.New("store: the key's outcome is recorded already")
-
-// ErrInvalidCursor reports a page cursor the store did not make.
-var ErrInvalidCursor = errors.New("store: invalid page cursor")
 
 // LeaseLiveError refuses an action on an entry whose lease is live, unless
 // forced.

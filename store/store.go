@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,54 +10,26 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 )
 
-// ErrInUse reports that another request holds the scope and the bounded
-// wait for it ran out. Nothing was changed; the caller should retry later.
-var ErrInUse = errors.New("store: idempotency key in use by a request in flight")
-
-// ErrConflict reports a transient conflict between concurrent transactions
-// (a serialization failure or a deadlock), or an optimistic claim whose
-// record found the scope taken ([ClaimRequest].Optimistic). Nothing was
-// recorded; the whole call can be retried.
-var ErrConflict = errors.New("store: transaction conflict")
-
-// ErrLeaseLost reports a write under a leased claim that is no longer this
-// request's: its lease ran out and a retry took the scope over (or the
-// entry expired), an operator forgot or settled the scope by force
-// ([Admin]), or the entry is gone, as after a failover to a standby that
-// had not received it. The write changed nothing: the request's outcome
-// was not recorded and must not be; the new holder's (or the operator's)
-// stands. A write after the lease's own Record or Release fails with it
-// too: the lease has ended.
-var ErrLeaseLost = errors.New("store: lease lost to another request")
-
-// ErrNotReady reports a store that cannot claim until an operator acts:
-// for PostgreSQL, idem's schema is missing or older than the store needs
-// (apply it with postgres.Migrate). Nothing was changed, and retrying does
-// not help until the store is set up.
-var ErrNotReady = errors.New("store: not set up")
-
-// ErrInvalidScope reports a [Scope] that breaks the rules of
-// [Scope.Validate], so that no store can hold it, or a [KeyFilter] that
-// breaks those of [KeyFilter.Validate]. Nothing was written or read; the
-// same scope fails the same way again, so retrying does not help.
-var ErrInvalidScope = errors.New("store: invalid scope")
-
-// ErrCorrupt reports an entry whose stored state cannot be read back: for
-// a leased claim, its saved steps, damaged outside idem (a manual edit, a
-// faulty restore). A store returns it only for data it read and could not
-// decode, never for a failure to reach or query its storage. The entry's
-// steps may have run, so no request may run them again: every claim of the
-// scope fails with ErrCorrupt, and retrying does not help, until an
-// operator has checked its side effects and forgotten the scope (or it
-// expires).
-var ErrCorrupt = errors.New("store: the key's stored state is unreadable")
-
-// The longest fields of a [Scope], in bytes. Together they stay well within
-// what a PostgreSQL B-tree index entry can hold.
+// The bounds every store enforces: of the fields of a [Scope], in bytes
+// (together they stay well within what a PostgreSQL B-tree index entry can
+// hold), of a [Step], and of the steps an entry keeps.
 const (
+	// MaxTenantLength, MaxMethodLength and MaxKeyLength are the longest
+	// Tenant, Method and Key of a Scope.
 	MaxTenantLength = 255
 	MaxMethodLength = 1024
 	MaxKeyLength    = 255
+
+	// MaxStepLength is the longest step name, in bytes.
+	MaxStepLength = 255
+	// MaxStepResultBytes is the largest result of a step.
+	MaxStepResultBytes = 64 << 10
+
+	// MaxSteps is the most steps an entry keeps.
+	MaxSteps = 64
+	// MaxStepsBytes bounds the names and results of an entry's steps,
+	// together.
+	MaxStepsBytes = 256 << 10
 )
 
 // Scope is what a claim is made for: the client's idempotency key, within
@@ -354,28 +325,6 @@ type Lease interface {
 	// no retry comes.
 	Release(ctx context.Context) error
 }
-
-// ErrInvalidStep reports a step that [Lease.SaveStep] refuses: it breaks
-// the rules of [Step.Validate], or would make the entry's steps exceed
-// their bounds. Nothing was saved; saving the same step again fails again.
-var ErrInvalidStep = errors.New("store: invalid step")
-
-// Bounds of a [Step].
-const (
-	// MaxStepLength is the longest step name, in bytes.
-	MaxStepLength = 255
-	// MaxStepResultBytes is the largest result of a step.
-	MaxStepResultBytes = 64 << 10
-)
-
-// Bounds of the steps an entry keeps.
-const (
-	// MaxSteps is the most steps an entry keeps.
-	MaxSteps = 64
-	// MaxStepsBytes bounds the names and results of an entry's steps,
-	// together.
-	MaxStepsBytes = 256 << 10
-)
 
 // Step is a named unit of a leased handler's work that ran, with its
 // result: a small payload to resume from (a provider's charge id, say).

@@ -202,8 +202,8 @@ var directTokenKey = sha256.Sum256([]byte("idem keys -database-url page tokens")
 
 // allowDatabaseUser is the authorizer of -database-url: the database's
 // credentials are the authority, over every tenant.
-var allowDatabaseUser = admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-	return admin.Scope{Subject: "database user", AllTenants: true}, nil
+var allowDatabaseUser = admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+	return admin.Grant{Subject: "database user", AllTenants: true}, nil
 })
 
 // direct returns the admin service over the PostgreSQL store at url, run

@@ -85,8 +85,8 @@ func newFixture(t *testing.T, protocol string) *fixture {
 	t.Helper()
 	f := &fixture{protocol: protocol, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	f.st = memory.New(memory.WithClock(f.clock))
-	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Scope, error) {
-		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
+	all := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+		return admin.Grant{Subject: "oncall", AllTenants: true}, nil
 	})
 	f.addr = serve(t, protocol, nil, admin.NewServer(f.st, all, admin.WithLogger(slog.New(slog.DiscardHandler))))
 	f.pending = seed(t, f.st, func() { f.advance(time.Second) })
@@ -532,14 +532,14 @@ func TestTLS(t *testing.T) {
 		ClientCAs:    pool,
 		ClientAuth:   tls.VerifyClientCertIfGiven,
 	}
-	authorize := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+	authorize := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "oncall" {
-			return admin.Scope{}, status.Error(codes.Unauthenticated, "dial with an operator's certificate")
+			return admin.Grant{}, status.Error(codes.Unauthenticated, "dial with an operator's certificate")
 		}
 		if got := r.Header["authorization"]; len(got) != 1 || got[0] != "Bearer s3cret" {
-			return admin.Scope{}, status.Error(codes.Unauthenticated, "no operator token")
+			return admin.Grant{}, status.Error(codes.Unauthenticated, "no operator token")
 		}
-		return admin.Scope{Subject: "oncall", AllTenants: true}, nil
+		return admin.Grant{Subject: "oncall", AllTenants: true}, nil
 	})
 	for _, protocol := range protocols {
 		t.Run(protocol, func(t *testing.T) {

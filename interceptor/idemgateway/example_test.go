@@ -56,7 +56,7 @@ func ExampleKeyMiddleware() {
 	//
 	// 200 text/plain; charset=utf-8 key order-1
 	//
-	// 400 application/problem+json {"type":"https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#ReasonKeyInvalid","title":"Idempotency-Key is malformed","status":400,"detail":"The Idempotency-Key header is malformed: a quoted key must be one Structured Field String (RFC 8941): visible ASCII between double quotes, escaping only \\\" and \\\\, with nothing after the closing quote (invalid string format: character 8).","reason":"IDEMPOTENCY_KEY_INVALID"}
+	// 400 application/problem+json {"type":"https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyInvalid","title":"Idempotency-Key is malformed","status":400,"detail":"The Idempotency-Key header is malformed: a quoted key must be one Structured Field String (RFC 8941): visible ASCII between double quotes, escaping only \\\" and \\\\, with nothing after the closing quote (invalid string format: character 8).","reason":"IDEMPOTENCY_KEY_INVALID"}
 }
 
 // Headers of your own next to idem's: the tenant from X-Tenant-Id, and the

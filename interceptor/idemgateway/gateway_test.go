@@ -390,7 +390,7 @@ func TestKeyReused(t *testing.T) {
 func TestKeyMissing(t *testing.T) {
 	e := newEnv(t, config{})
 	r := e.create(t, transfer)
-	p := problem(t, r, http.StatusBadRequest, idemgateway.ReasonKeyMissing)
+	p := problem(t, r, http.StatusBadRequest, idem.ReasonKeyMissing)
 	if !strings.Contains(p.Detail, "Idempotency-Key") {
 		t.Fatalf("detail %q does not name the header", p.Detail)
 	}
@@ -439,7 +439,7 @@ func TestKeyMalformed(t *testing.T) {
 				method = http.MethodGet
 			}
 			r := e.do(t, method, c.path, transfer, headers...)
-			p := problem(t, r, http.StatusBadRequest, idemgateway.ReasonKeyInvalid)
+			p := problem(t, r, http.StatusBadRequest, idem.ReasonKeyInvalid)
 			if !strings.Contains(p.Detail, c.want) || !strings.Contains(p.Detail, "Idempotency-Key") {
 				t.Fatalf("detail %q; want it to name the header and say %q", p.Detail, c.want)
 			}

@@ -32,7 +32,7 @@ func ServeMuxOptions() []runtime.ServeMuxOption {
 // the request on with the key itself as the header's value, for
 // [IncomingHeaderMatcher] to hand to the gRPC server. A malformed value, or
 // more than one Idempotency-Key header, is answered with 400 and a problem
-// detail of reason [ReasonKeyInvalid] that names what is wrong, and the
+// detail of reason [idem.ReasonKeyInvalid] that names what is wrong, and the
 // request goes no further. A request without the header passes unchanged.
 func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, pathParams map[string]string) {

@@ -124,18 +124,18 @@ func TestErrorHandler(t *testing.T) {
 		{"not finished", "k", statusErr(codes.FailedPrecondition, idemInfo(idem.ReasonNotFinished)),
 			http.StatusBadRequest, idem.ReasonNotFinished, ""},
 		{"missing", "", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(idem.ReasonKeyMissing)),
-			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
+			http.StatusBadRequest, idem.ReasonKeyMissing, ""},
 		{"invalid", "k", statusErr(codes.InvalidArgument, keyViolation("must have exactly one value, got 2"), idemInfo(idem.ReasonKeyInvalid)),
-			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
+			http.StatusBadRequest, idem.ReasonKeyInvalid, ""},
 		// The server decides, not the header: a key in the request's
 		// field is malformed although no header came.
 		{"invalid, from the request's field", "", statusErr(codes.InvalidArgument, keyViolation("the request's field request_id must be visible ASCII"), idemInfo(idem.ReasonKeyInvalid)),
-			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
+			http.StatusBadRequest, idem.ReasonKeyInvalid, ""},
 		{"missing, although a header came", "k", statusErr(codes.InvalidArgument, keyViolation("required by /pkg.Svc/M"), idemInfo(idem.ReasonKeyMissing)),
-			http.StatusBadRequest, idemgateway.ReasonKeyMissing, ""},
+			http.StatusBadRequest, idem.ReasonKeyMissing, ""},
 		// A server of an idem release that set no ErrorInfo on key errors.
 		{"a violation alone", "", statusErr(codes.InvalidArgument, keyViolation("must not be empty")),
-			http.StatusBadRequest, idemgateway.ReasonKeyInvalid, ""},
+			http.StatusBadRequest, idem.ReasonKeyInvalid, ""},
 		{"another domain", "k", statusErr(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: idem.ReasonKeyReused, Domain: "example.com"}),
 			http.StatusBadRequest, "", ""},
 		{"a reason idem does not have", "k", statusErr(codes.FailedPrecondition, idemInfo("IDEMPOTENCY_SOMETHING_ELSE")),

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/interceptor/idemgateway"
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
 )
 
@@ -30,7 +29,7 @@ func TestKeyField(t *testing.T) {
 	e := newEnv(t, config{})
 
 	r := e.create(t, withRequestID("has space"))
-	p := problem(t, r, http.StatusBadRequest, idemgateway.ReasonKeyInvalid)
+	p := problem(t, r, http.StatusBadRequest, idem.ReasonKeyInvalid)
 	if !strings.Contains(p.Detail, "request_id") || !strings.Contains(p.Detail, "requestId") || !strings.Contains(p.Detail, "visible ASCII") {
 		t.Fatalf("detail %q; want it to name the field and say what is wrong", p.Detail)
 	}
@@ -40,7 +39,7 @@ func TestKeyField(t *testing.T) {
 
 	// The header and the field disagree.
 	r = e.create(t, withRequestID("order-f2"), "Idempotency-Key", "order-f3")
-	if p := problem(t, r, http.StatusBadRequest, idemgateway.ReasonKeyInvalid); !strings.Contains(p.Detail, "request_id") {
+	if p := problem(t, r, http.StatusBadRequest, idem.ReasonKeyInvalid); !strings.Contains(p.Detail, "request_id") {
 		t.Fatalf("detail %q; want it to name the field", p.Detail)
 	}
 	if n := e.svc.calls.Load(); n != 0 {
@@ -120,7 +119,7 @@ func TestExemptMethodKeys(t *testing.T) {
 		{"header", "", []string{"Idempotency-Key", "k1,k2"}, "more than one key"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := problem(t, get(c.query, c.headers...), http.StatusBadRequest, idemgateway.ReasonKeyInvalid)
+			p := problem(t, get(c.query, c.headers...), http.StatusBadRequest, idem.ReasonKeyInvalid)
 			if !strings.Contains(p.Detail, c.says) {
 				t.Fatalf("detail %q does not say %q", p.Detail, c.says)
 			}

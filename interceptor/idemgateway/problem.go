@@ -15,33 +15,13 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Reasons of the problem details for a missing or a malformed key: those of
-// the gRPC errors' ErrorInfo ([idem.ReasonKeyMissing],
-// [idem.ReasonKeyInvalid]). idem's other reasons are those of package
-// idem, such as [idem.ReasonKeyReused].
-const (
-	// ReasonKeyMissing: the method requires an idempotency key and the
-	// request has none, neither in an Idempotency-Key header nor in the
-	// request's key field. Send a new key with each new request, and the
-	// same key with every retry of it.
-	ReasonKeyMissing = idem.ReasonKeyMissing
-	// ReasonKeyInvalid: the request's Idempotency-Key header is malformed,
-	// or there is more than one, or the key in the request's key field is
-	// malformed, or differs from the header's; the problem's detail says
-	// what is wrong.
-	ReasonKeyInvalid = idem.ReasonKeyInvalid
-)
-
 // problemContentType is the media type of problem details in JSON
 // (RFC 9457).
 const problemContentType = "application/problem+json"
 
-// Where the type URIs of idem's problem details point: the documentation
-// of the reason's constant.
-const (
-	idemDoc    = "https://pkg.go.dev/github.com/idemkit/idem#"
-	gatewayDoc = "https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#"
-)
+// idemDoc is where the type URIs of idem's problem details point: the
+// documentation of the reason's constant in package idem.
+const idemDoc = "https://pkg.go.dev/github.com/idemkit/idem#"
 
 // problem is the body of one of idem's answers: problem details (RFC 9457)
 // with the extension member reason.
@@ -185,7 +165,7 @@ func reasonProblem(reason string, st *status.Status, violation *errdetails.BadRe
 	switch reason {
 	case idem.ReasonKeyMissing:
 		return &problem{
-			Type:   gatewayDoc + "ReasonKeyMissing",
+			Type:   idemDoc + "ReasonKeyMissing",
 			Title:  "Idempotency-Key is missing",
 			Status: http.StatusBadRequest,
 			Detail: "This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.",
@@ -269,11 +249,11 @@ func headerInvalid(what string) *problem {
 // with it.
 func keyInvalid(what string) *problem {
 	return &problem{
-		Type:   gatewayDoc + "ReasonKeyInvalid",
+		Type:   idemDoc + "ReasonKeyInvalid",
 		Title:  "Idempotency-Key is malformed",
 		Status: http.StatusBadRequest,
 		Detail: "The idempotency key is malformed: " + what + ".",
-		Reason: ReasonKeyInvalid,
+		Reason: idem.ReasonKeyInvalid,
 	}
 }
 

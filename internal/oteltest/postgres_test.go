@@ -95,8 +95,8 @@ func TestInboxMetrics(t *testing.T) {
 	}
 	m := tel.collect(t)["idem.inbox.messages"]
 	for outcome, want := range map[string]int64{"processed": 2, "duplicate": 2} {
-		if got := m[attrs("idem.consumer", "shipper", "idem.outcome", outcome)].value; got != want {
-			t.Errorf("idem.inbox.messages{idem.outcome=%s} = %d, want %d", outcome, got, want)
+		if got := m[attrs("idem.consumer", "shipper", "idem.result", outcome)].value; got != want {
+			t.Errorf("idem.inbox.messages{idem.result=%s} = %d, want %d", outcome, got, want)
 		}
 	}
 	if len(m) != 2 {
@@ -112,7 +112,7 @@ func TestInboxMetrics(t *testing.T) {
 			continue
 		}
 		for _, kv := range s.Attributes() {
-			if kv.Key == "idem.outcome" {
+			if kv.Key == "idem.result" {
 				outcomes[kv.Value.AsString()]++
 			}
 		}

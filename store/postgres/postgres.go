@@ -78,13 +78,21 @@ func NewSharded(shards []*pgxpool.Pool, route func(tenant string) int, opts ...O
 	return newStore(slices.Clone(shards), route, opts)
 }
 
-// ErrNoShard reports a tenant for which the route of a sharded Store (see
-// [NewSharded]) gave no shard: an index out of range, a nil pool, or a
-// panic of the route. Nothing was sent to any database. It is none of
-// package store's sentinel errors, so the engine answers UNAVAILABLE
-// and clients retry later: a route may refuse a tenant for a while, on
-// purpose, while it moves.
-var ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
+// The errors of this package's own, beside package store's.
+var (
+	// ErrNoShard reports a tenant for which the route of a sharded Store
+	// (see [NewSharded]) gave no shard: an index out of range, a nil
+	// pool, or a panic of the route. Nothing was sent to any database. It
+	// is none of package store's sentinel errors, so the engine answers
+	// UNAVAILABLE and clients retry later: a route may refuse a tenant for
+	// a while, on purpose, while it moves.
+	ErrNoShard = errors.New("postgres: the shard route gave no shard for the tenant")
+
+	// ErrTxOwned is returned by Commit and Rollback of the transaction
+	// from [TxFromContext]: idem's engine commits it, together with the
+	// recorded response, when the handler returns.
+	ErrTxOwned = errors.New("postgres: the transaction holds the idempotency key and commits when the handler returns; return an error to discard its writes")
+)
 
 // shardOf returns the pool of tenant's shard. A route that panics is the
 // tenant's error, not the process's: the panic is turned into an error

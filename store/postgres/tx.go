@@ -2,18 +2,12 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
-
-// ErrTxOwned is returned by Commit and Rollback of the transaction from
-// [TxFromContext]: idem's engine commits it, together with the recorded
-// response, when the handler returns.
-var ErrTxOwned = errors.New("postgres: the transaction holds the idempotency key and commits when the handler returns; return an error to discard its writes")
 
 // guardedTx is the handler's view of the claim's transaction: the pgx.Tx
 // that the claim's batch began (pgx.Batch.BeginTx), which the engine

@@ -106,15 +106,15 @@ func Serve(ctx context.Context, lis net.Listener, cfg Config) error {
 // request's header and answers with an idem.Error, so it serves the admin
 // service over gRPC and Connect alike.
 func TokenAuthorizer(token string) admin.Authorizer {
-	return admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+	return admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 		v := r.Header["authorization"]
 		if len(v) != 1 {
-			return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token as authorization: Bearer TOKEN")
+			return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token as authorization: Bearer TOKEN")
 		}
 		got, ok := strings.CutPrefix(v[0], "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "the operator token is not valid")
+			return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "the operator token is not valid")
 		}
-		return admin.Scope{Subject: "operator-token", AllTenants: true}, nil
+		return admin.Grant{Subject: "operator-token", AllTenants: true}, nil
 	})
 }

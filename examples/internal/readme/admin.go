@@ -19,11 +19,11 @@ import (
 // Connect, behind one authorizer; both servers verify client certificates
 // against the operators' CA.
 func serveAdmin(pool *pgxpool.Pool, grpcServer *grpc.Server, mux *http.ServeMux) {
-	authorize := admin.AuthorizerFunc(func(ctx context.Context, r admin.Request) (admin.Scope, error) {
+	authorize := admin.AuthorizerFunc(func(ctx context.Context, r admin.Request) (admin.Grant, error) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 { // the client certificate, over gRPC or Connect
-			return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "dial with an operator's certificate")
+			return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "dial with an operator's certificate")
 		}
-		return admin.Scope{Subject: r.TLS.VerifiedChains[0][0].Subject.CommonName, AllTenants: true}, nil
+		return admin.Grant{Subject: r.TLS.VerifiedChains[0][0].Subject.CommonName, AllTenants: true}, nil
 	})
 	srv := admin.NewServer(postgres.New(pool), authorize)
 	interceptor.RegisterAdmin(grpcServer, srv)   // gRPC

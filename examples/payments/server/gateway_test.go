@@ -152,7 +152,7 @@ const (
 // The problem details the README shows.
 const (
 	problemReused  = `{"type":"https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyReused","title":"Idempotency-Key is already used","status":422,"detail":"This Idempotency-Key was used with a different request to this operation; send a new key with a new request.","reason":"IDEMPOTENCY_KEY_REUSED"}`
-	problemMissing = `{"type":"https://pkg.go.dev/github.com/idemkit/idem/interceptor/idemgateway#ReasonKeyMissing","title":"Idempotency-Key is missing","status":400,"detail":"This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.","reason":"IDEMPOTENCY_KEY_MISSING"}`
+	problemMissing = `{"type":"https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyMissing","title":"Idempotency-Key is missing","status":400,"detail":"This operation requires an Idempotency-Key header: a new key with each new request, and the same key with every retry of it.","reason":"IDEMPOTENCY_KEY_MISSING"}`
 )
 
 // TestCurlSession plays the README's curl session against the server with

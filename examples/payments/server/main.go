@@ -29,7 +29,7 @@
 // grpc-gateway. With -metrics-listen ADDR it serves idem's metrics (and the
 // sweeper's) in the Prometheus text format at http://ADDR/metrics, through
 // the OpenTelemetry SDK and its Prometheus exporter: after a retry,
-// idem_server_requests_total{idem_outcome="replayed",...} counts it.
+// idem_server_requests_total{idem_result="replayed",...} counts it.
 //
 // With -admin-listen ADDR it serves idem's admin service
 // (idem.admin.v1.AdminService: list, read, forget and settle keys) on ADDR,

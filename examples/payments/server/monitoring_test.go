@@ -49,13 +49,14 @@ var producedElsewhere = map[string]string{
 	"idem_lease_extensions_total": "produced only in leased mode, by the heartbeat of a handler that outlives a third of its lease",
 }
 
-// results are the values of idem_result on idem_server_requests_total.
-// The inbox's idem_outcome (processed, duplicate) come from the scrape.
+// results are the values of idem_result: the engine's, on
+// idem_server_requests_total, and the inbox's, on idem_inbox_messages_total.
 var results = []idem.Result{
 	idem.ResultExecuted, idem.ResultReplayed, idem.ResultInUse, idem.ResultReused,
 	idem.ResultInvalidKey, idem.ResultMissingKey, idem.ResultPassthrough, idem.ResultNotCached,
 	idem.ResultRebuilt, idem.ResultRerun, idem.ResultLeaseLost, idem.ResultStoreError,
 	idem.ResultTransient, idem.ResultNotFinished, idem.ResultUnreadable,
+	"processed", "duplicate",
 }
 
 // TestMonitoringNames keeps docs/monitoring in step with the code: it runs
@@ -64,8 +65,8 @@ var results = []idem.Result{
 // client interceptor and an inbox on a meter provider the example's
 // exporter serves, scrapes both, and fails if the dashboard, the alerting
 // rules or their tests name an idem_ or rpc_ metric or label that is
-// neither exposed nor listed in producedElsewhere, an idem_result that idem
-// does not report, or an idem_outcome the inbox does not.
+// neither exposed nor listed in producedElsewhere, or an idem_result that
+// neither the engine nor the inbox reports.
 func TestMonitoringNames(t *testing.T) {
 	ctx, cancelCalls := context.WithTimeout(context.Background(), time.Minute)
 	defer cancelCalls()
@@ -175,13 +176,9 @@ func TestMonitoringNames(t *testing.T) {
 			}
 		}
 		for _, m := range matcherRE.FindAllStringSubmatch(text, -1) {
-			label := m[1]
-			for _, v := range strings.Split(m[2], "|") {
-				switch {
-				case label == "idem_result" && !slices.Contains(results, idem.Result(v)):
-					t.Errorf("%s matches idem_result %q, which idem does not report (results: %v)", file, v, results)
-				case label == "idem_outcome" && !exposed.values[label][v]:
-					t.Errorf("%s matches idem_outcome %q, which the inbox does not report (exposed: %v)", file, v, slices.Sorted(maps.Keys(exposed.values[label])))
+			for _, v := range strings.Split(m[1], "|") {
+				if !slices.Contains(results, idem.Result(v)) {
+					t.Errorf("%s matches idem_result %q, which neither idem nor its inbox reports (results: %v)", file, v, results)
 				}
 			}
 		}
@@ -190,16 +187,15 @@ func TestMonitoringNames(t *testing.T) {
 }
 
 // nameRE matches the names of idem's metrics and labels and of the rpc_
-// labels; matcherRE a matcher of idem_result (the server's results) or
-// idem_outcome (the inbox's) in PromQL, escaped in JSON or not.
+// labels; matcherRE a matcher of idem_result (the engine's results and the
+// inbox's) in PromQL, escaped in JSON or not.
 var (
 	nameRE    = regexp.MustCompile(`\b(?:idem|rpc)_[a-z0-9_]+`)
-	matcherRE = regexp.MustCompile(`(idem_result|idem_outcome)\s*(?:=~|!~|!=|=)\s*\\?"([^"\\]*)`)
+	matcherRE = regexp.MustCompile(`idem_result\s*(?:=~|!~|!=|=)\s*\\?"([^"\\]*)`)
 )
 
 // exposition is what a scrape exposes: the names of samples and metric
-// families, the label names, and the values of idem_result and
-// idem_outcome, by label.
+// families, the label names, and the values of idem_result, by label.
 type exposition struct {
 	names, labels map[string]bool
 	values        map[string]map[string]bool
@@ -246,7 +242,7 @@ func scrape(text string) exposition {
 		set, _, _ := strings.Cut(rest, "}")
 		for _, l := range labelRE.FindAllStringSubmatch(set, -1) {
 			e.labels[l[1]] = true
-			if l[1] == "idem_result" || l[1] == "idem_outcome" {
+			if l[1] == "idem_result" {
 				e.value(l[1], l[2])
 			}
 		}

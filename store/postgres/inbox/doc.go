@@ -36,7 +36,7 @@
 //
 // An inbox reports through the OpenTelemetry API, by default to the global
 // providers: it counts the messages it processed or found processed before
-// (idem.inbox.messages, by idem.consumer and idem.outcome: processed,
+// (idem.inbox.messages, by idem.consumer and idem.result: processed,
 // duplicate) and records a span idem.inbox.process for each
 // ([WithMeterProvider], [WithTracerProvider]). It does not log.
 package inbox

@@ -23,18 +23,21 @@ const MaxMessageIDLength = 1024
 // [Inbox] accepts.
 const maxConsumerNameLength = 255
 
-// ErrInvalidMessageID is returned by [Inbox.ProcessOnce] for a message id
-// that processed_messages can never hold: empty, longer than
-// [MaxMessageIDLength] bytes, not valid UTF-8, or with a NUL byte. Every
-// delivery of the message fails the same way, so dead-letter it (for NATS
-// JetStream, Term) rather than have it redelivered (Nak). Nothing was
-// written.
-var ErrInvalidMessageID = errors.New("inbox: invalid message id")
+// The errors of a message id no delivery can be processed with.
+var (
+	// ErrInvalidMessageID is returned by [Inbox.ProcessOnce] for a message
+	// id that processed_messages can never hold: empty, longer than
+	// [MaxMessageIDLength] bytes, not valid UTF-8, or with a NUL byte.
+	// Every delivery of the message fails the same way, so dead-letter it
+	// (for NATS JetStream, Term) rather than have it redelivered (Nak).
+	// Nothing was written.
+	ErrInvalidMessageID = errors.New("inbox: invalid message id")
 
-// ErrNoMessageID is returned by [Inbox.ProcessOnce] for a message without
-// an id. It is an [ErrInvalidMessageID]: errors.Is(err,
-// ErrInvalidMessageID) is true for it too.
-var ErrNoMessageID = fmt.Errorf("%w: a message needs the id its producer assigned; broker offsets and delivery tags are not ids", ErrInvalidMessageID)
+	// ErrNoMessageID is returned by [Inbox.ProcessOnce] for a message
+	// without an id. It is an [ErrInvalidMessageID]: errors.Is(err,
+	// ErrInvalidMessageID) is true for it too.
+	ErrNoMessageID = fmt.Errorf("%w: a message needs the id its producer assigned; broker offsets and delivery tags are not ids", ErrInvalidMessageID)
+)
 
 // checkText reports why s cannot be stored in a text column of the primary
 // key of processed_messages with at most limit bytes, or "" if it can.

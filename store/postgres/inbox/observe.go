@@ -16,7 +16,7 @@ const instrumentationScope = "github.com/idemkit/idem/store/postgres/inbox"
 // The attributes of the inbox's metric and spans.
 const (
 	attrConsumer = "idem.consumer"
-	attrOutcome  = "idem.outcome"
+	attrOutcome  = "idem.result"
 )
 
 // The outcomes of idem.inbox.messages.

@@ -42,7 +42,7 @@ func WithRetention(d time.Duration) Option {
 // WithMeterProvider sets the OpenTelemetry meter provider of the inbox's
 // metric, idem.inbox.messages: a counter of the messages
 // [Inbox.ProcessOnce] processed or found processed before, by attributes
-// idem.consumer and idem.outcome (processed, duplicate). Default: the
+// idem.consumer and idem.result (processed, duplicate). Default: the
 // global provider, [otel.GetMeterProvider]; nil selects the default.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(o *options) { o.meterProvider = mp }

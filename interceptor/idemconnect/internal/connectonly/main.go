@@ -36,12 +36,12 @@ func echo(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*con
 
 // operatorToken lets the caller that sends "authorization: Bearer" and
 // $ADMIN_TOKEN at every tenant's keys.
-var operatorToken = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Scope, error) {
+var operatorToken = admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 	want := "Bearer " + os.Getenv("ADMIN_TOKEN")
 	if got := r.Header["authorization"]; len(got) != 1 || subtle.ConstantTimeCompare([]byte(got[0]), []byte(want)) != 1 {
-		return admin.Scope{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token")
+		return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token")
 	}
-	return admin.Scope{Subject: "operator", AllTenants: true}, nil
+	return admin.Grant{Subject: "operator", AllTenants: true}, nil
 })
 
 func main() {
