@@ -1,6 +1,12 @@
 package idem
 
-import "testing"
+import (
+	"context"
+	"testing"
+
+	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/store"
+)
 
 // TestAttemptOf: the marks of a first attempt and of a retry, a retry's
 // winning over a first attempt's, and anything malformed unmarked.
@@ -37,6 +43,39 @@ func TestAttemptOf(t *testing.T) {
 	} {
 		if got := attemptOf(c.header); got != c.want {
 			t.Errorf("%s: attemptOf(%q) = %d, want %d", c.name, c.header, got, c.want)
+		}
+	}
+}
+
+// TestOutgoingFirstAttempt: a client marks as a first attempt a call
+// whose key it made: a new key, or the child key of a request marked as a
+// first attempt; never a key the caller chose, nor the child key of a
+// request marked as a retry, or not marked.
+func TestOutgoingFirstAttempt(t *testing.T) {
+	k := newOutgoingKeys(WithKeyedMethods(func(context.Context, string) bool { return true }))
+	method := testv1.TestService_Maybe_FullMethodName
+	parent := store.Scope{Tenant: "t", Method: "/p.S/M", Key: "parent"}
+	in := func(header map[string][]string) context.Context {
+		return withRequestKey(context.Background(), parent, header)
+	}
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		sent []string
+		want bool
+	}{
+		{"new key", context.Background(), nil, true},
+		{"caller's key", context.Background(), []string{"mine"}, false},
+		{"ContextWithKey", ContextWithKey(context.Background(), "mine"), nil, false},
+		{"child of a first attempt", in(map[string][]string{AttemptHeader: {"1"}}), nil, true},
+		{"child of a retry", in(map[string][]string{AttemptHeader: {"2"}}), nil, false},
+		{"child of grpc-go's retry", in(map[string][]string{AttemptHeader: {"1"}, previousAttemptsHeader: {"1"}}), nil, false},
+		{"child of an unmarked request", in(nil), nil, false},
+		{"child, the parent's key forwarded", in(map[string][]string{AttemptHeader: {"1"}}), []string{"parent"}, true},
+	} {
+		_, keys, first, err := k.keysFor(c.ctx, method, nil, c.sent)
+		if err != nil || len(keys) != 1 || first != c.want {
+			t.Errorf("%s: keys %q, first %v, %v; want one key, first %v", c.name, keys, first, err, c.want)
 		}
 	}
 }

@@ -205,7 +205,11 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 		msg.Set(fd, protoreflect.ValueOfString(key))
 	}
 
-	ctx = withRequestKey(ctx, skey)
+	header := call.Header
+	if run != nil {
+		header = nil // a finisher's run is never a first attempt
+	}
+	ctx = withRequestKey(ctx, skey, header)
 	switch m.mode {
 	case ModeLeased:
 		return e.lease(ctx, c, fp, call, h)
