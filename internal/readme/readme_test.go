@@ -3,8 +3,10 @@
 // for white space, in a Go file of the repository that CI vets and builds
 // (most are in examples/internal/readme; the handler test of docs/testing.md
 // is internal/testdata/shop's, which .ci/run builds, vets and tests through
-// its run.sh), and runs the shell blocks of the walkthrough in
-// docs/operations.md as written (operations_test.go).
+// its run.sh); that every relative link of the repository's Markdown files
+// names a file, and a heading where it has an anchor (links_test.go); and
+// runs the shell blocks of the walkthrough in docs/operations.md as written
+// (operations_test.go).
 package readme
 
 import (
