@@ -27,16 +27,20 @@ func (payments) CreatePayment(ctx context.Context, req *paymentsv1.CreatePayment
 	}}, nil
 }
 
-func main() {
+func serve(lis net.Listener) error {
 	engine, err := idem.New(memory.New()) // one process; store/postgres shares the handler's transaction
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	paymentsv1.RegisterPaymentServiceServer(srv, payments{})
+	return srv.Serve(lis)
+}
+
+func main() {
 	lis, err := net.Listen("tcp", "127.0.0.1:50051")
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Fatal(srv.Serve(lis))
+	log.Fatal(serve(lis))
 }
