@@ -1,5 +1,5 @@
-// Command quickstart is the README's first server: the payments service
-// over gRPC, on the memory store, idem's interceptor in front of it.
+// Binary quickstart demonstrates the README's server: the payments service
+// over gRPC, on the memory store, with idem's interceptor in front of it.
 package main
 
 import (
