@@ -151,8 +151,10 @@ func TestAutoStormOfFirstAttempts(t *testing.T) {
 		runs    [keys]counter
 	)
 	for k := range keys {
+		answers[string(rune('a'+k))] = map[int64]int{}
+	}
+	for k := range keys {
 		key := string(rune('a' + k))
-		answers[key] = map[int64]int{}
 		for range perKey {
 			wg.Go(func() {
 				a, err := e.handle(context.Background(), doCall(key, map[string][]string{AttemptHeader: {"1"}}), &runs[k])

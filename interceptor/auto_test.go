@@ -166,8 +166,10 @@ func TestAutoStormOfFirstAttempts(t *testing.T) {
 		answers = map[string]map[int64]int{}
 	)
 	for k := range keys {
+		answers[fmt.Sprintf("storm-%d", k)] = map[int64]int{}
+	}
+	for k := range keys {
 		key := fmt.Sprintf("storm-%d", k)
-		answers[key] = map[int64]int{}
 		for range perKey {
 			wg.Go(func() {
 				ctx := metadata.AppendToOutgoingContext(withKey(key), idem.AttemptHeader, "1")
