@@ -104,11 +104,12 @@ type Report struct {
 	Duration time.Duration
 	// Finishing reports that a [Finisher] ran the call, its caller gone.
 	Finishing bool
-	// Optimistic reports that the call's claim read nothing before the
-	// handler ran: always in [ModeOptimistic], in [ModeAuto] for a call
-	// its client marked as a first attempt ([AttemptHeader]). Where the
-	// key turned out taken, the call then claimed it again as
-	// [ModeAtomic] does, and Result says how that ended.
+	// Optimistic reports that the call claimed its key reading nothing
+	// before the handler ran: every claim in [ModeOptimistic], and in
+	// [ModeAuto] the claim of a call its client marked as a first attempt
+	// ([AttemptHeader]). Where the key turned out taken, the call then
+	// claimed it again as [ModeAtomic] does, and Result says how that
+	// ended. False for a call that claimed nothing.
 	Optimistic bool
 }
 
