@@ -113,6 +113,7 @@ type callState struct {
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
 	optimistic    bool      // the claim being recorded read nothing first
+	readNothing   bool      // the call's first claim read nothing (Report.Optimistic)
 
 	statusOf func(error) (*spb.Status, bool) // Call.Status
 }
@@ -147,13 +148,7 @@ func refuse(r Result, err error) (answer, error) {
 func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *finishRun, h handler) (answer, error) {
 	m := e.methods.lookup(call.Method)
 	c.m = m
-	c.mode = ModeAtomic
-	switch {
-	case m.leased:
-		c.mode = ModeLeased
-	case m.optimistic:
-		c.mode = ModeOptimistic
-	}
+	c.mode = m.mode
 	if call.KeyError != nil {
 		return refuse(ResultInvalidKey, invalidKey(call.KeyError.Error()))
 	}
@@ -210,11 +205,20 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 		msg.Set(fd, protoreflect.ValueOfString(key))
 	}
 
-	ctx = withRequestKey(ctx, skey)
-	if m.leased {
-		return e.lease(ctx, c, fp, call, h)
+	header := call.Header
+	if run != nil {
+		header = nil // a finisher's run is never a first attempt
 	}
-	return e.atomic(ctx, c, fp, h, m.optimistic, nil)
+	ctx = withRequestKey(ctx, skey, header)
+	switch m.mode {
+	case ModeLeased:
+		return e.lease(ctx, c, fp, call, h)
+	case ModeAuto:
+		// The client's mark chooses how to start, never the outcome: the
+		// key's row decides that either way.
+		return e.atomic(ctx, c, fp, h, attemptOf(call.Header) == firstAttempt, nil)
+	}
+	return e.atomic(ctx, c, fp, h, m.mode == ModeOptimistic, nil)
 }
 
 // atomic runs a call in atomic mode, or in optimistic mode: the store reads
@@ -233,6 +237,7 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 // recording a deterministic error and releasing the key on any other,
 // without running the handler again.
 func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h handler, optimistic bool, failed *failure) (answer, error) {
+	c.readNothing = c.readNothing || optimistic
 	cctx, t := e.obs.start(ctx, c, spanClaim)
 	claim, err := e.store.Claim(cctx, c.key, store.ClaimRequest{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim += t.end(err)

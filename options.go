@@ -189,8 +189,9 @@ type MethodPolicy struct {
 	// INVALID_ARGUMENT. Default: a call without a key runs untouched.
 	KeyRequired bool
 	// Mode is how the method's keys are held while its handler runs:
-	// [ModeAtomic], [ModeLeased] or [ModeOptimistic] (the package
-	// documentation says when to choose each). Default: ModeAtomic.
+	// [ModeAtomic], [ModeLeased], [ModeOptimistic] or [ModeAuto] (the
+	// package documentation says when to choose each). Default:
+	// ModeAtomic.
 	Mode Mode
 	// Lease is how long a leased call holds its key before a retry may
 	// take it over (ModeLeased only). Set it well above the method's p99

@@ -42,7 +42,7 @@ type provider struct {
 var providerKeys = transport.NewOutgoingKeys()
 
 func (p *provider) charge(ctx context.Context) string {
-	_, keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
+	_, keys, _, _ := providerKeys.For(ctx, doMethod, nil, nil)
 	key := keys[0]
 	p.mu.Lock()
 	defer p.mu.Unlock()

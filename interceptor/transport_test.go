@@ -64,7 +64,7 @@ func TestOutgoingKeys(t *testing.T) {
 	ctx := t.Context()
 	do, read, maybe := testv1.TestService_Do_FullMethodName, testv1.TestService_Read_FullMethodName, testv1.TestService_Maybe_FullMethodName
 
-	_, keys, err := k.For(ctx, do, nil, nil)
+	_, keys, _, err := k.For(ctx, do, nil, nil)
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keyed method: %v, %v; want one new key", keys, err)
 	}
@@ -84,12 +84,12 @@ func TestOutgoingKeys(t *testing.T) {
 		{"ContextWithKey", idem.ContextWithKey(ctx, "set"), do, []string{"mine"}, []string{"set"}},
 		{"ContextWithKey, optional key", idem.ContextWithKey(ctx, "set"), maybe, nil, []string{"set"}},
 	} {
-		_, got, err := k.For(c.ctx, c.method, nil, c.sent)
+		_, got, _, err := k.For(c.ctx, c.method, nil, c.sent)
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
 		}
 	}
-	_, _, err = k.For(idem.ContextWithKey(ctx, "a b"), do, nil, nil)
+	_, _, _, err = k.For(idem.ContextWithKey(ctx, "a b"), do, nil, nil)
 	wantCode(t, grpcError(err), codes.InvalidArgument)
 
 	// Inside a keyed handler: a child key, and never the request's own key.
@@ -101,7 +101,7 @@ func TestOutgoingKeys(t *testing.T) {
 			method string
 			sent   []string
 		}{{do, nil}, {do, []string{"parent"}}, {read, []string{"parent", "other"}}} {
-			_, keys, err := k.For(ctx, c.method, nil, c.sent)
+			_, keys, _, err := k.For(ctx, c.method, nil, c.sent)
 			if err != nil {
 				return transport.Reply{}, err
 			}

@@ -121,6 +121,20 @@ func TestScenarios(t *testing.T) {
 	if o := by["optimistic-storm"].Outcomes; o[string(executed)] == 0 || o[string(replayed)] == 0 {
 		t.Errorf("optimistic-storm outcomes %v, want both executed and replayed", o)
 	}
+	// Auto mode sends what optimistic mode sends for a first attempt, and
+	// what atomic mode sends for a retry.
+	exact("auto", "round trips", by["auto"].RoundTrips, *by["optimistic"].RoundTrips)
+	exact("auto", "statements", by["auto"].Statements, *by["optimistic"].Statements)
+	exact("auto", "commits", by["auto"].Commits, 1)
+	exact("auto-replay", "round trips", by["auto-replay"].RoundTrips, *by["replay"].RoundTrips)
+	exact("auto-replay", "statements", by["auto-replay"].Statements, *by["replay"].Statements)
+	exact("auto-replay", "commits", by["auto-replay"].Commits, 0)
+	if o := by["auto-replay"].Outcomes; o[string(executed)] != 0 {
+		t.Errorf("auto-replay executed %d requests", o[string(executed)])
+	}
+	if o := by["auto-storm"].Outcomes; o[string(executed)] == 0 || o[string(replayed)] == 0 {
+		t.Errorf("auto-storm outcomes %v, want both executed and replayed", o)
+	}
 
 	// -replot renders the same report from the JSON alone.
 	again := cfg

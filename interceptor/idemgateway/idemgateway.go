@@ -60,7 +60,10 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 
 // IncomingHeaderMatcher returns an incoming header matcher that maps the
 // Idempotency-Key header to idem's metadata key, idempotency-key
-// ([idem.KeyHeader]), and leaves every other header to next, by
+// ([idem.KeyHeader]), and the Idempotency-Attempt header
+// ([idem.HTTPAttemptHeader]) to idempotency-attempt ([idem.AttemptHeader]),
+// by which an HTTP client marks a first attempt (1) or a retry (2 and
+// on), and leaves every other header to next, by
 // default (nil) grpc-gateway's [runtime.DefaultHeaderMatcher], which drops
 // the headers it does not know. A header that next would map to
 // idempotency-key too (Grpc-Metadata-Idempotency-Key, say) is dropped: only
@@ -70,8 +73,11 @@ func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 		next = runtime.DefaultHeaderMatcher
 	}
 	return func(key string) (string, bool) {
-		if textproto.CanonicalMIMEHeaderKey(key) == idem.HTTPKeyHeader {
+		switch textproto.CanonicalMIMEHeaderKey(key) {
+		case idem.HTTPKeyHeader:
 			return idem.KeyHeader, true
+		case idem.HTTPAttemptHeader:
+			return idem.AttemptHeader, true
 		}
 		name, ok := next(key)
 		if ok && strings.EqualFold(name, idem.KeyHeader) {
