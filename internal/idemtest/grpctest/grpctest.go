@@ -1,0 +1,194 @@
+// Package grpctest serves the transport conformance suite's test service
+// with grpc-go and calls it: the harness of the gRPC adapter (package
+// interceptor), and the gRPC server behind the gateway's. It is not public
+// API.
+package grpctest
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/transport/transporttest"
+)
+
+// Harness is the suite's harness of grpc-go with idem's interceptors.
+type Harness struct{}
+
+// Serve serves the test service with h behind the interceptors on e and
+// returns a client of it.
+func (Harness) Serve(t *testing.T, e *idem.Engine, h transporttest.Handler) transporttest.Client {
+	t.Helper()
+	return Client{Conn: Dial(t, Serve(t, e, h))}
+}
+
+// Outgoing returns a client of c's server through idem's client
+// interceptor built with opts.
+func (Harness) Outgoing(t *testing.T, c transporttest.Client, opts ...idem.ClientOption) transporttest.Client {
+	t.Helper()
+	target := c.(Client).Conn.(*grpc.ClientConn).Target()
+	return Client{Conn: Dial(t, target, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor(opts...)))}
+}
+
+// Serve serves the test service with h on 127.0.0.1 behind idem's server
+// interceptors on e, and returns its address.
+func Serve(t *testing.T, e *idem.Engine, h transporttest.Handler) string {
+	t.Helper()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(e)),
+		grpc.StreamInterceptor(interceptor.StreamServerInterceptor()))
+	Register(srv, h)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+// Dial returns a connection to target, closed when the test ends.
+func Dial(t *testing.T, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Register registers the unary methods of the suite's test service on s,
+// each handled by h, from the service's descriptor, as generated code
+// would: the request decoded into its registered Go type and handed
+// through s's interceptors.
+func Register(s grpc.ServiceRegistrar, h transporttest.Handler) {
+	sd := transporttest.Service()
+	desc := &grpc.ServiceDesc{ServiceName: string(sd.FullName()), HandlerType: (*any)(nil)}
+	methods := sd.Methods()
+	for i := range methods.Len() {
+		md := methods.Get(i)
+		if md.IsStreamingClient() || md.IsStreamingServer() {
+			continue
+		}
+		full := "/" + string(sd.FullName()) + "/" + string(md.Name())
+		desc.Methods = append(desc.Methods, grpc.MethodDesc{
+			MethodName: string(md.Name()),
+			Handler: func(_ any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+				req := newMessage(md.Input())
+				if err := dec(req); err != nil {
+					return nil, err
+				}
+				handler := func(ctx context.Context, req any) (any, error) {
+					return answer(ctx, h(ctx, full, req.(proto.Message)))
+				}
+				if ic == nil {
+					return handler(ctx, req)
+				}
+				return ic(ctx, req, &grpc.UnaryServerInfo{FullMethod: full}, handler)
+			},
+		})
+	}
+	s.RegisterService(desc, struct{}{})
+}
+
+// answer sends r as a gRPC handler does.
+func answer(ctx context.Context, r transporttest.Reply) (any, error) {
+	if len(r.Header) > 0 {
+		if err := grpc.SetHeader(ctx, metadata.MD(r.Header)); err != nil {
+			return nil, err
+		}
+	}
+	if len(r.Trailer) > 0 {
+		if err := grpc.SetTrailer(ctx, metadata.MD(r.Trailer)); err != nil {
+			return nil, err
+		}
+	}
+	if r.Status != nil {
+		return nil, status.ErrorProto(r.Status)
+	}
+	return r.Message, nil
+}
+
+// newMessage returns a new message of the registered Go type of md.
+func newMessage(md protoreflect.MessageDescriptor) proto.Message {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.FullName())
+	if err != nil {
+		panic(err) // the suite's package registers every type of its service
+	}
+	return mt.New().Interface()
+}
+
+// Client is the suite's client over gRPC.
+type Client struct {
+	Conn grpc.ClientConnInterface
+}
+
+// Call makes r over gRPC: the keys and the header as metadata.
+func (c Client) Call(ctx context.Context, r transporttest.Request) (transporttest.Response, error) {
+	md := metadata.MD{}
+	for _, k := range r.Keys {
+		md.Append(idem.KeyHeader, k)
+	}
+	for k, v := range r.Header {
+		md.Append(k, v)
+	}
+	ctx = metadata.NewOutgoingContext(ctx, metadata.Join(md, outgoing(ctx)))
+	codec := &rawCodec{CodecV2: encoding.GetCodecV2("proto")}
+	var header, trailer metadata.MD
+	err := c.Conn.Invoke(ctx, r.Method, r.Message, r.Response, grpc.Header(&header), grpc.Trailer(&trailer), grpc.ForceCodecV2(codec))
+	resp := transporttest.Response{
+		Header:   header,
+		Trailer:  trailer,
+		Replayed: strings.Join(header.Get(idem.ReplayedHeader), ",") == "true",
+	}
+	if err != nil {
+		st, ok := status.FromError(err)
+		if !ok {
+			return resp, err
+		}
+		resp.Err = transporttest.ErrorFromStatus(st.Proto())
+		return resp, nil
+	}
+	resp.Message, resp.Body = r.Response, codec.body()
+	return resp, nil
+}
+
+// outgoing returns the outgoing metadata of ctx, if any.
+func outgoing(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md
+}
+
+// rawCodec keeps the bytes of the response it decodes.
+type rawCodec struct {
+	encoding.CodecV2
+	mu   sync.Mutex
+	seen []byte
+}
+
+func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	c.mu.Lock()
+	c.seen = data.Materialize()
+	c.mu.Unlock()
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+func (c *rawCodec) body() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen
+}
