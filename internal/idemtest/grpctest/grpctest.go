@@ -88,7 +88,7 @@ func Register(s grpc.ServiceRegistrar, h transporttest.Handler) {
 		desc.Methods = append(desc.Methods, grpc.MethodDesc{
 			MethodName: string(md.Name()),
 			Handler: func(_ any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-				req := newMessage(md.Input())
+				req := NewMessage(md.Input())
 				if err := dec(req); err != nil {
 					return nil, err
 				}
@@ -123,8 +123,9 @@ func answer(ctx context.Context, r transporttest.Reply) (any, error) {
 	return r.Message, nil
 }
 
-// newMessage returns a new message of the registered Go type of md.
-func newMessage(md protoreflect.MessageDescriptor) proto.Message {
+// NewMessage returns a new message of the registered Go type of md, a
+// message of the suite's test service.
+func NewMessage(md protoreflect.MessageDescriptor) proto.Message {
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.FullName())
 	if err != nil {
 		panic(err) // the suite's package registers every type of its service
