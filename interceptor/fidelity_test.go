@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
@@ -134,8 +135,8 @@ func TestMethodScopeAndTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantExpires(t, header, start.Add(time.Second))
-		if want := stepKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
-			t.Errorf("child key %s, want %s, derived from the method's scope", child, want)
+		if want := idemtest.StepKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
+			t.Errorf("child key %s, want %s, idemtest.Derived from the method's scope", child, want)
 		}
 		if e.pool != nil {
 			if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE method = 'idem.test.Do' AND key = 'k'`); n != 1 {
@@ -145,7 +146,7 @@ func TestMethodScopeAndTTL(t *testing.T) {
 		// Let the key expire: on PostgreSQL by the database's clock, on
 		// store/memory by moving its clock past the second.
 		if e.pool != nil {
-			waitFor(t, 10*time.Second, func() bool {
+			idemtest.WaitFor(t, 10*time.Second, func() bool {
 				return e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE method = 'idem.test.Do' AND key = 'k' AND expires_at < now()`) == 1
 			})
 		} else {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 )
 
 // outcomes keeps what a report hook saw.
@@ -122,7 +123,7 @@ func TestOptimisticDuplicatesShareOneExecution(t *testing.T) {
 	const callers = 12
 	e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never ran")
 		}
 		return nil
@@ -174,7 +175,7 @@ func TestOptimisticModeFromTheProto(t *testing.T) {
 }
 
 // TestOptimisticHandlerFailingOnTheKeyReplays runs a handler in optimistic
-// mode whose write has a unique id derived from the key (a unique index on
+// mode whose write has a unique id idemtest.Derived from the key (a unique index on
 // effects.key) and which returns the driver's error as it is, UNKNOWN to
 // idem's classifier. A retry's write fails with a unique violation, as does
 // a concurrent duplicate's once the first call commits: each gets the first
@@ -218,7 +219,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		// Every caller starts its write before the first commits: the
 		// duplicates' writes wait for the first's row, then fail.
 		e.svc.setHook(func(context.Context, string) error {
-			if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
+			if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
 				return status.Error(codes.Internal, "the duplicates never ran")
 			}
 			return nil
@@ -262,7 +263,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if _, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}); err != nil {
 				t.Fatal(err)
 			}
-			if !eventually(30*time.Second, idle) {
+			if !idemtest.Eventually(30*time.Second, idle) {
 				t.Fatal("the pool's connection never came back")
 			}
 			tracer.reset()
@@ -273,7 +274,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if resp.GetExecution() != int64(2*i+1) {
 				t.Fatalf("retry of %s answered execution %d, want %d", key, resp.GetExecution(), 2*i+1)
 			}
-			if !eventually(30*time.Second, idle) {
+			if !idemtest.Eventually(30*time.Second, idle) {
 				t.Fatal("the pool's connection never came back")
 			}
 			retryTrips, retryCommits = tracer.get()
@@ -289,7 +290,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		tracer.reset()
 		_, err := e.client.Do(withKey("bad"), &testv1.DoRequest{Value: "v"})
 		wantCode(t, err, codes.InvalidArgument)
-		if !eventually(30*time.Second, idle) {
+		if !idemtest.Eventually(30*time.Second, idle) {
 			t.Fatal("the pool's connection never came back")
 		}
 		if trips, commits := tracer.get(); trips != 5 || commits != 1 {

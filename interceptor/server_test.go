@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store/postgres"
@@ -143,7 +144,7 @@ func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
 	// Hold the first execution until every duplicate has reached the
 	// server while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never arrived")
 		}
 		return nil
@@ -353,7 +354,7 @@ func TestInvalidKeysAreRejected(t *testing.T) {
 // header, by calling the interceptor with crafted metadata.
 func TestKeysClientsCannotSend(t *testing.T) {
 	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool)))
+	intercept := interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, postgres.New(e.pool)))
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	for name, key := range map[string]string{
 		"newline":   "a\nb",

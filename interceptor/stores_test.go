@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 )
 
 // eachStore runs f on a server of each store: PostgreSQL, and store/memory,
@@ -145,7 +146,7 @@ func concurrentDuplicatesRunOnce(t *testing.T, e *env) {
 	// Hold the first execution until every duplicate has reached the
 	// server while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never arrived")
 		}
 		return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/transport"
@@ -19,7 +20,7 @@ import (
 
 func TestHandleKeyError(t *testing.T) {
 	rec := &hookRecorder{}
-	e := newEngine(t, memory.New(), idem.WithReportHook(rec.hook))
+	e := idemtest.NewEngine(t, memory.New(), idem.WithReportHook(rec.hook))
 	ran := 0
 	h := func(context.Context) (transport.Reply, error) {
 		ran++
@@ -93,7 +94,7 @@ func TestOutgoingKeys(t *testing.T) {
 	wantCode(t, grpcError(err), codes.InvalidArgument)
 
 	// Inside a keyed handler: a child key, and never the request's own key.
-	e := newEngine(t, memory.New())
+	e := idemtest.NewEngine(t, memory.New())
 	var inside [][]string
 	call := transport.Call{Method: do, Keys: []string{"parent"}, Request: &testv1.DoRequest{Value: "v"}}
 	_, err = transport.Handle(ctx, e, call, func(ctx context.Context) (transport.Reply, error) {
@@ -114,8 +115,8 @@ func TestOutgoingKeys(t *testing.T) {
 	}
 	parent := store.Scope{Method: do, Key: "parent"}
 	want := [][]string{
-		{callKey(parent, do, 1)},
-		{callKey(parent, do, 2)},
+		{idemtest.CallKey(parent, do, 1)},
+		{idemtest.CallKey(parent, do, 2)},
 		{"other"},
 	}
 	if !slices.EqualFunc(inside, want, slices.Equal) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/transport"
@@ -428,7 +429,7 @@ func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
 }
 
 func TestTenantFromHeaders(t *testing.T) {
-	s := setup{opts: []idem.Option{idem.WithTenant(tenantFromHeader)}}
+	s := setup{opts: []idem.Option{idem.WithTenant(idemtest.TenantFromHeader)}}
 	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
 		client := e.payments(p)
 		ids := map[string]string{}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
@@ -22,7 +21,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -32,6 +30,8 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemgateway"
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 	"github.com/idemkit/idem/transport"
@@ -173,24 +173,10 @@ func newEnv(t *testing.T, cfg config) *env {
 		return "", errors.New("missing x-tenant-id")
 	}
 	opts := append([]idem.Option{idem.WithTenant(tenant)}, cfg.server...)
-	engine, err := idem.New(postgres.New(pool, cfg.store...), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	engine := idemtest.NewEngine(t, postgres.New(pool, cfg.store...), opts...)
 	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	gatewaytestv1.RegisterTransferServiceServer(srv, svc)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := grpctest.Dial(t, grpctest.Start(t, srv))
 	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(),
 		runtime.WithIncomingHeaderMatcher(idemgateway.IncomingHeaderMatcher(tenantHeaders)))...)
 	if err := gatewaytestv1.RegisterTransferServiceHandler(t.Context(), mux, conn); err != nil {

@@ -5,10 +5,13 @@
 package idemtest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,4 +81,23 @@ func WaitFor(t testing.TB, timeout time.Duration, cond func() bool) {
 	if !Eventually(timeout, cond) {
 		t.Fatalf("gave up waiting after %v", timeout)
 	}
+}
+
+// TenantFromHeader is the tenant function of the tests' engines: the
+// request metadata x-tenant-id, its values joined with commas ("" when
+// there is none).
+func TenantFromHeader(_ context.Context, header map[string][]string) (string, error) {
+	return strings.Join(header["x-tenant-id"], ","), nil
+}
+
+// Listen returns a listener on a free port of 127.0.0.1, closed when the
+// test ends.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	return lis
 }

@@ -63,15 +63,9 @@ type env struct {
 func newEnv(t *testing.T, h Harness) *env {
 	t.Helper()
 	e := &env{}
-	engine := idemtest.NewEngine(t, memory.New(memory.WithLockTimeout(lockTimeout)), idem.WithTenant(tenantOf))
+	engine := idemtest.NewEngine(t, memory.New(memory.WithLockTimeout(lockTimeout)), idem.WithTenant(idemtest.TenantFromHeader))
 	e.client = h.Serve(t, engine, e.handle)
 	return e
-}
-
-// tenantOf is the tenant of the suite's engines: the request metadata
-// x-tenant-id.
-func tenantOf(_ context.Context, header map[string][]string) (string, error) {
-	return strings.Join(header["x-tenant-id"], ","), nil
 }
 
 // handle is the env's Handler: it counts the run and answers.

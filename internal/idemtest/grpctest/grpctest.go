@@ -6,7 +6,6 @@ package grpctest
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/transport/transporttest"
 )
 
@@ -51,10 +51,14 @@ func Serve(t *testing.T, e *idem.Engine, h transporttest.Handler) string {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(e)),
 		grpc.StreamInterceptor(interceptor.StreamServerInterceptor()))
 	Register(srv, h)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	return Start(t, srv)
+}
+
+// Start serves srv on 127.0.0.1 until the test ends, and returns its
+// address.
+func Start(t *testing.T, srv *grpc.Server) string {
+	t.Helper()
+	lis := idemtest.Listen(t)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	return lis.Addr().String()
