@@ -49,8 +49,6 @@ type testService struct {
 	mu         sync.Mutex
 	executions int64
 	hook       func(ctx context.Context, value string) error
-	// requestIDs holds the request_id of each request Do ran with.
-	requestIDs []string
 }
 
 func (s *testService) execute(ctx context.Context, value string) (int64, error) {
@@ -81,9 +79,6 @@ func (s *testService) execute(ctx context.Context, value string) (int64, error) 
 }
 
 func (s *testService) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
-	s.mu.Lock()
-	s.requestIDs = append(s.requestIDs, req.GetRequestId())
-	s.mu.Unlock()
 	n, err := s.execute(ctx, req.GetValue())
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" && req.GetTraceId() == "mapped" {
 		return nil, status.Error(codes.AlreadyExists, "the effect exists")

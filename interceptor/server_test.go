@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,41 +71,6 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	}
 	if status != "recorded" || code != 0 || !proto.Equal(recorded, resp) {
 		t.Fatalf("recorded %s/%d %v, want completed/0 %v", status, code, recorded, resp)
-	}
-}
-
-func TestRetryReplaysRecordedBytes(t *testing.T) {
-	e := newEnv(t, setup{})
-	codec := newRawCodec()
-
-	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: "t1"}, grpc.ForceCodecV2(codec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	firstBytes := codec.last()
-	for i := range 5 {
-		var header metadata.MD
-		// A new trace id: excluded from the fingerprint, so still a retry.
-		again, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: fmt.Sprint("t", i+2)},
-			grpc.ForceCodecV2(codec), grpc.Header(&header))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(codec.last(), firstBytes) {
-			t.Fatalf("replay %d bytes differ from the first response:\n%x\n%x", i, codec.last(), firstBytes)
-		}
-		if !proto.Equal(again, first) {
-			t.Fatalf("replay %v, want %v", again, first)
-		}
-		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-			t.Fatalf("%s = %v, want [true]", idem.ReplayedHeader, got)
-		}
-	}
-	if n := e.svc.count(); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
-	if n := e.effects(t); n != 1 {
-		t.Fatalf("%d effect rows, want 1", n)
 	}
 }
 
@@ -190,24 +153,6 @@ func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
 	}
 }
 
-func TestReusedKeyWithOtherRequestIsRejected(t *testing.T) {
-	e := newEnv(t, setup{})
-	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "a"}); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "b"})
-	st := wantCode(t, err, codes.FailedPrecondition)
-	if info := errorInfo(st); info == nil || info.GetReason() != idem.ReasonKeyReused || info.GetDomain() != idem.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyReused)
-	}
-	if n := e.effects(t); n != 1 {
-		t.Fatalf("%d effect rows, want 1", n)
-	}
-	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE value = 'b'`); n != 0 {
-		t.Fatal("the mismatched request ran")
-	}
-}
-
 func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
 	e := newEnv(t, setup{})
 	e.svc.setHook(func(context.Context, string) error {
@@ -281,36 +226,6 @@ func TestPanicReleasesKey(t *testing.T) {
 	}
 }
 
-func TestTenantsAreIndependent(t *testing.T) {
-	e := newEnv(t, setup{})
-	call := func(tenant, value string) (*testv1.DoResponse, error) {
-		ctx := metadata.AppendToOutgoingContext(withKey("shared"), "x-tenant-id", tenant)
-		return e.client.Do(ctx, &testv1.DoRequest{Value: value})
-	}
-	a, err := call("acme", "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Same key, another tenant, another body: its own operation, neither a
-	// replay of acme's response nor a reuse error.
-	b, err := call("globex", "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.GetExecution() == b.GetExecution() || b.GetValue() != "b" {
-		t.Fatalf("globex got %v after acme got %v", b, a)
-	}
-	if again, err := call("acme", "a"); err != nil || !proto.Equal(again, a) {
-		t.Fatalf("acme retry: %v, %v; want %v", again, err, a)
-	}
-	if n := e.effects(t); n != 2 {
-		t.Fatalf("%d effect rows, want 2", n)
-	}
-	if n := e.countRows(t, `SELECT count(DISTINCT tenant) FROM idempotency_keys WHERE key = 'shared'`); n != 2 {
-		t.Fatalf("%d tenants hold the key, want 2", n)
-	}
-}
-
 func TestKeyIsScopedByMethod(t *testing.T) {
 	e := newEnv(t, setup{})
 	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
@@ -322,31 +237,6 @@ func TestKeyIsScopedByMethod(t *testing.T) {
 	}
 	if n := e.keys(t); n != 2 {
 		t.Fatalf("%d keys, want 2", n)
-	}
-}
-
-func TestInvalidKeysAreRejected(t *testing.T) {
-	e := newEnv(t, setup{})
-	cases := map[string]metadata.MD{
-		"missing":    {},
-		"empty":      metadata.Pairs(idem.KeyHeader, ""),
-		"256 bytes":  metadata.Pairs(idem.KeyHeader, strings.Repeat("k", 256)),
-		"space":      metadata.Pairs(idem.KeyHeader, "a b"),
-		"two values": metadata.Pairs(idem.KeyHeader, "a", idem.KeyHeader, "b"),
-	}
-	for name, md := range cases {
-		t.Run(name, func(t *testing.T) {
-			ctx := metadata.NewOutgoingContext(context.Background(), md)
-			_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
-			wantBadKey(t, err)
-		})
-	}
-	if n, k, x := e.effects(t), e.keys(t), e.svc.count(); n != 0 || k != 0 || x != 0 {
-		t.Fatalf("invalid keys left %d effects, %d keys, %d executions; want none", n, k, x)
-	}
-	// 255 bytes is the longest key accepted.
-	if _, err := e.client.Do(withKey(strings.Repeat("k", 255)), &testv1.DoRequest{Value: "v"}); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -790,35 +680,5 @@ func TestLostConnectionBeforeCommitReleasesKey(t *testing.T) {
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
-	}
-}
-
-// TestHeaderKeyReachesTheRequestField: a call of a method whose request has
-// a key field (DoRequest.request_id), with the key in its metadata alone,
-// reaches its handler with the key in that field too, so that the handler
-// reads it where its request carries it; a retry that carries the key in
-// the field instead is the same request and replays.
-func TestHeaderKeyReachesTheRequestField(t *testing.T) {
-	e := newEnv(t, setup{})
-	first, err := e.client.Do(withKey("k-header"), &testv1.DoRequest{Value: "v"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var header metadata.MD
-	again, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v", RequestId: "k-header"}, grpc.Header(&header))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(again, first) || len(header.Get(idem.ReplayedHeader)) != 1 {
-		t.Fatalf("the retry with the key in the field: %v (replayed %v), want the first response %v replayed", again, header.Get(idem.ReplayedHeader), first)
-	}
-	e.svc.mu.Lock()
-	ids := slices.Clone(e.svc.requestIDs)
-	e.svc.mu.Unlock()
-	if !slices.Equal(ids, []string{"k-header"}) {
-		t.Fatalf("the handler ran with request_id %q, want the header's key once", ids)
-	}
-	if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
-		t.Fatalf("%d effects, %d keys; want 1, 1", n, k)
 	}
 }

@@ -148,6 +148,8 @@ func (c gatewayClient) Call(ctx context.Context, r transporttest.Request) (trans
 			return resp, errors.New("a problem of status " + strconv.Itoa(p.Status) + " came with " + hr.Status)
 		}
 		resp.Err = &transporttest.Error{Code: c, Message: p.Detail, Reason: p.Reason}
+	case hr.Header.Get("Content-Type") != "application/json":
+		return resp, errors.New("an error answered as " + hr.Header.Get("Content-Type") + ", not a problem detail nor a google.rpc.Status in JSON")
 	default:
 		st := new(spb.Status)
 		if err := protojson.Unmarshal(b, st); err != nil {

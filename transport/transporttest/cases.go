@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -181,7 +182,41 @@ func wantError(t *testing.T, r Response, c code.Code, reason string, replayed bo
 	if r.Replayed != replayed {
 		t.Fatalf("%v: replayed %v, want %v", r.Err, r.Replayed, replayed)
 	}
+	if (reason == idem.ReasonKeyMissing || reason == idem.ReasonKeyInvalid) && len(r.Err.Details) > 0 && !keyViolation(r.Err) {
+		t.Fatalf("%v: details %v, want a google.rpc.BadRequest violation on %s", r.Err, r.Err.Details, idem.KeyHeader)
+	}
 	return r.Err
+}
+
+// keyViolation reports whether e carries a google.rpc.BadRequest field
+// violation on the key, as idem's refusals of a key do on the wires that
+// carry details.
+func keyViolation(e *Error) bool {
+	for _, d := range e.Details {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				if v.GetField() == idem.KeyHeader && v.GetDescription() != "" {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// wantExpires fails the test unless r says once when its key expires (an
+// RFC 3339 time to come, in [idem.ExpiresHeader]), and returns it.
+func wantExpires(t *testing.T, r Response) time.Time {
+	t.Helper()
+	v := r.Header[idem.ExpiresHeader]
+	if len(v) != 1 {
+		t.Fatalf("%s %q, want one value (header %v)", idem.ExpiresHeader, v, r.Header)
+	}
+	at, err := time.Parse(time.RFC3339, v[0])
+	if err != nil || !at.After(time.Now()) {
+		t.Fatalf("%s %q (%v), want an RFC 3339 time to come", idem.ExpiresHeader, v[0], err)
+	}
+	return at
 }
 
 var cases = []testCase{
@@ -265,6 +300,7 @@ func methodWithoutSideEffects(t *testing.T, e *env) {
 func runsOnceAndReplays(t *testing.T, e *env) {
 	first := e.call(t, do("v", "k"))
 	wantOK(t, first, false)
+	expires := wantExpires(t, first)
 	if got := first.Message.(*testv1.DoResponse); got.GetValue() != "v" || got.GetExecution() != 1 || len(got.GetLabels()) != 6 {
 		t.Fatalf("first response %v, want value v, execution 1 and six labels", got)
 	}
@@ -278,6 +314,9 @@ func runsOnceAndReplays(t *testing.T, e *env) {
 		}
 		if !proto.Equal(again.Message, first.Message) {
 			t.Fatalf("replay %v, first response %v", again.Message, first.Message)
+		}
+		if at := wantExpires(t, again); !at.Equal(expires) {
+			t.Fatalf("the replay says the key expires at %v, the first answer %v", at, expires)
 		}
 	}
 	e.wantRuns(t, 1)
@@ -417,6 +456,7 @@ func metadataReplays(t *testing.T, e *env) {
 				} else {
 					wantError(t, r, code.Code_FAILED_PRECONDITION, "", replayed)
 				}
+				wantExpires(t, r)
 				for _, want := range []struct {
 					part string
 					want map[string][]string
@@ -441,7 +481,7 @@ func metadataReplays(t *testing.T, e *env) {
 }
 
 // keyField: a key sent in the request's key field (request_id) alone is
-// the call's key, as the metadata's is; a key sent in the metadata alone
+// the call's key, as the metadata's is, and as both are when they agree; a key sent in the metadata alone
 // reaches the handler in that field, so that the handler sees its key
 // where it looks for it, and a retry with the key in the field replays.
 func keyField(t *testing.T, e *env) {
@@ -453,6 +493,9 @@ func keyField(t *testing.T, e *env) {
 	wantOK(t, e.call(t, inField("k-field")), false)
 	wantOK(t, e.call(t, inField("k-field")), true)
 	wantOK(t, e.call(t, do("v", "k-field")), true)
+	both := inField("k-field")
+	both.Keys = []string{"k-field"}
+	wantOK(t, e.call(t, both), true)
 
 	first := e.call(t, do("v", "k-header"))
 	wantOK(t, first, false)
@@ -471,12 +514,15 @@ func keyField(t *testing.T, e *env) {
 }
 
 // keyFieldAndMetadataDiffer: a request whose key field and metadata carry
-// two keys is refused, INVALID_ARGUMENT, KEY_INVALID: the handler does not
-// run.
+// two keys is refused, INVALID_ARGUMENT, KEY_INVALID, naming the field: the
+// handler does not run.
 func keyFieldAndMetadataDiffer(t *testing.T, e *env) {
 	r := do("v", "k-header")
 	r.Message.(*testv1.DoRequest).RequestId = "k-field"
-	wantError(t, e.call(t, r), code.Code_INVALID_ARGUMENT, idem.ReasonKeyInvalid, false)
+	err := wantError(t, e.call(t, r), code.Code_INVALID_ARGUMENT, idem.ReasonKeyInvalid, false)
+	if !strings.Contains(err.Message, "request_id") {
+		t.Fatalf("message %q does not name the field", err.Message)
+	}
 	e.wantRuns(t, 0)
 }
 

@@ -29,8 +29,9 @@
 // Every case counts the runs of the handler and asserts them. A key
 // missing where it is required, malformed (empty, too long, with a space,
 // sent twice), or given in the request's key field and the metadata with
-// two values: refused with INVALID_ARGUMENT and idem's reason, the handler
-// never run; a method without side effects runs without a key and ignores a
+// two values: refused with INVALID_ARGUMENT and idem's reason (and, on a
+// wire that carries error details, a BadRequest violation on the key), the
+// handler never run; a method without side effects runs without a key and ignores a
 // valid one. The first call runs the handler once and answers, not marked
 // replayed; its retry gets the same bytes, marked replayed, and the handler
 // does not run again, also with a field excluded from the fingerprint
