@@ -322,12 +322,3 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-// grpcError is err as the gRPC interceptors send it: an *idem.Error as its
-// status, any other error as it is.
-func grpcError(err error) error {
-	if ie := (*idem.Error)(nil); errors.As(err, &ie) {
-		return status.ErrorProto(ie.Status())
-	}
-	return err
-}

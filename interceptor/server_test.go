@@ -19,7 +19,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
-	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -224,62 +223,6 @@ func TestPanicReleasesKey(t *testing.T) {
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows after the retry, want 1", n)
 	}
-}
-
-func TestKeyIsScopedByMethod(t *testing.T) {
-	e := newEnv(t, setup{})
-	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"})
-	if err != nil || resp.GetExecution() != 2 {
-		t.Fatalf("Maybe with Do's key: %v, %v; want a second execution", resp, err)
-	}
-	if n := e.keys(t); n != 2 {
-		t.Fatalf("%d keys, want 2", n)
-	}
-}
-
-// TestKeysClientsCannotSend covers bytes a gRPC client refuses to put in a
-// header, by calling the interceptor with crafted metadata.
-func TestKeysClientsCannotSend(t *testing.T) {
-	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, postgres.New(e.pool)))
-	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
-	for name, key := range map[string]string{
-		"newline":   "a\nb",
-		"tab":       "a\tb",
-		"nul":       "a\x00b",
-		"DEL":       "a\x7fb",
-		"non-ASCII": "ключ",
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key))
-			_, err := intercept(ctx, &testv1.DoRequest{Value: "v"}, info, func(context.Context, any) (any, error) {
-				t.Fatal("handler called with an invalid key")
-				return nil, nil
-			})
-			wantBadKey(t, err)
-		})
-	}
-	if n := e.keys(t); n != 0 {
-		t.Fatalf("%d keys written, want 0", n)
-	}
-}
-
-func wantBadKey(t *testing.T, err error) {
-	t.Helper()
-	st := wantCode(t, err, codes.InvalidArgument)
-	for _, d := range st.Details() {
-		if br, ok := d.(*errdetails.BadRequest); ok {
-			for _, v := range br.GetFieldViolations() {
-				if v.GetField() == idem.KeyHeader {
-					return
-				}
-			}
-		}
-	}
-	t.Fatalf("no BadRequest violation on %s in %v", idem.KeyHeader, st.Proto())
 }
 
 func TestMethodPolicy(t *testing.T) {
