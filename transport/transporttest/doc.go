@@ -18,6 +18,10 @@
 //		}))
 //	}
 //
+// The package's example (ExampleRun, with its in-process adapter) is a
+// whole harness in a few dozen lines; idem's own adapters' tests hold
+// theirs (interceptor, idemconnect, idemgateway).
+//
 // Each case is a parallel subtest with an engine of its own, on a new
 // store/memory store, and a server of its own, built with the subtest's t:
 // register cleanups (stopping the server) on it. A Harness whose adapter
