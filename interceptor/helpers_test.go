@@ -17,8 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -292,29 +290,6 @@ func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
 		t.Fatalf("got %v, want code %v", err, c)
 	}
 	return st
-}
-
-// rawCodec records the bytes of every response it decodes, so tests can
-// compare what crossed the wire.
-type rawCodec struct {
-	encoding.CodecV2
-	mu   sync.Mutex
-	seen [][]byte
-}
-
-func newRawCodec() *rawCodec { return &rawCodec{CodecV2: encoding.GetCodecV2("proto")} }
-
-func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	c.mu.Lock()
-	c.seen = append(c.seen, data.Materialize())
-	c.mu.Unlock()
-	return c.CodecV2.Unmarshal(data, v)
-}
-
-func (c *rawCodec) last() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.seen[len(c.seen)-1]
 }
 
 func deadline(t *testing.T, d time.Duration) context.Context {

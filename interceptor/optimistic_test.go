@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 )
 
 // outcomes keeps what a report hook saw.
@@ -49,7 +50,7 @@ func (o *outcomes) results(mode idem.Mode) map[idem.Result]int {
 func TestOptimisticRetriesReplay(t *testing.T) {
 	var seen outcomes
 	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	var header metadata.MD
 	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec), grpc.Header(&header))
 	if err != nil {
@@ -61,7 +62,7 @@ func TestOptimisticRetriesReplay(t *testing.T) {
 	if len(header.Get(idem.ExpiresHeader)) != 1 {
 		t.Fatalf("first response carries no %s: %v", idem.ExpiresHeader, header)
 	}
-	firstBytes := codec.last()
+	firstBytes := codec.Last()
 	if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
 		t.Fatalf("after the first call: %d effects, %d keys; want 1, 1", n, k)
 	}
@@ -72,7 +73,7 @@ func TestOptimisticRetriesReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+		if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
 			t.Fatalf("retry %d got %v, want the first response %v", i+1, again, first)
 		}
 		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
@@ -185,12 +186,12 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		var seen outcomes
 		e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
 		uniqueEffects(t, e)
-		codec := newRawCodec()
+		codec := grpctest.NewRawCodec()
 		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 		if err != nil {
 			t.Fatal(err)
 		}
-		firstBytes := codec.last()
+		firstBytes := codec.Last()
 		const retries = 3
 		for i := range retries {
 			var header metadata.MD
@@ -198,7 +199,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if err != nil {
 				t.Fatalf("retry %d: %v, want the first response", i+1, err)
 			}
-			if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+			if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
 				t.Fatalf("retry %d got %v, want the first response %v", i+1, again, first)
 			}
 			if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {

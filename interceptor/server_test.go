@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
 	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store/postgres"
@@ -29,7 +30,7 @@ import (
 func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	e := newEnv(t, setup{})
 	var header metadata.MD
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	resp, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
@@ -61,8 +62,8 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 		t.Fatalf("recorded body %x: %+v, %v; want a record of code %d", body, rec, err, code)
 	}
 	payload := rec.Payload
-	if !bytes.Equal(payload, codec.last()) {
-		t.Fatalf("recorded payload %x, the client got %x", payload, codec.last())
+	if !bytes.Equal(payload, codec.Last()) {
+		t.Fatalf("recorded payload %x, the client got %x", payload, codec.Last())
 	}
 	recorded := new(testv1.DoResponse)
 	if err := proto.Unmarshal(payload, recorded); err != nil {
@@ -77,18 +78,18 @@ func TestReplayOfMapFreeResponseIsDecoded(t *testing.T) {
 	// MaybeResponse has no maps: the replay is an ordinary message that
 	// encodes to the recorded bytes.
 	e := newEnv(t, setup{})
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	first, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
 	}
-	firstBytes := codec.last()
+	firstBytes := codec.Last()
 	again, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
-		t.Fatalf("replay %x (%v), want %x (%v)", codec.last(), again, firstBytes, first)
+	if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
+		t.Fatalf("replay %x (%v), want %x (%v)", codec.Last(), again, firstBytes, first)
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)

@@ -1,10 +1,8 @@
 package idemconnect_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -112,23 +110,11 @@ func (c conformanceClient) Call(ctx context.Context, r transporttest.Request) (t
 // callUnary makes r with a client of Req and Res, and reads the body the
 // response came with.
 func callUnary[Req, Res any](ctx context.Context, c conformanceClient, r transporttest.Request) (transporttest.Response, error) {
-	var body []byte
+	// A transport of the call's own, so that its body is this call's.
 	tr := h2cTransport()
 	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return nil, err
-		}
-		b, err := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		body = b
-		resp.Body = io.NopCloser(bytes.NewReader(b))
-		return resp, nil
-	})}
+	got := &bodies{}
+	hc := &http.Client{Transport: &recordingTransport{next: tr, bodies: got}}
 	opts := append([]connect.ClientOption{connect.WithInterceptors(c.ics...)}, c.p.opts...)
 	client := connect.NewClient[Req, Res](hc, c.url+r.Method, opts...)
 	req := connect.NewRequest(any(r.Message).(*Req))
@@ -141,7 +127,7 @@ func callUnary[Req, Res any](ctx context.Context, c conformanceClient, r transpo
 	resp, err := client.CallUnary(ctx, req)
 	if err != nil {
 		ce := new(connect.Error)
-		if !errors.As(err, &ce) || body == nil { // no answer came
+		if !errors.As(err, &ce) || got.last() == nil { // no answer came
 			return transporttest.Response{}, err
 		}
 		st := &spb.Status{Code: int32(ce.Code()), Message: ce.Message()}
@@ -165,7 +151,7 @@ func callUnary[Req, Res any](ctx context.Context, c conformanceClient, r transpo
 	proto.Merge(r.Response, any(resp.Msg).(proto.Message))
 	return transporttest.Response{
 		Message:  r.Response,
-		Body:     body,
+		Body:     got.last(),
 		Header:   lower(resp.Header()),
 		Trailer:  lower(resp.Trailer()),
 		Replayed: resp.Header().Get(idem.HTTPReplayedHeader) == "true",
@@ -180,7 +166,3 @@ func lower(h http.Header) map[string][]string {
 	}
 	return md
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }

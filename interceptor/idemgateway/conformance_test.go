@@ -45,14 +45,7 @@ func serveGateway(t *testing.T, e *idem.Engine, h transporttest.Handler) transpo
 	conn := grpctest.Dial(t, grpctest.Serve(t, e, h))
 	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(),
 		runtime.WithIncomingHeaderMatcher(idemgateway.IncomingHeaderMatcher(tenantHeaders)))...)
-	sd := transporttest.Service()
-	methods := sd.Methods()
-	for i := range methods.Len() {
-		md := methods.Get(i)
-		if md.IsStreamingClient() || md.IsStreamingServer() {
-			continue
-		}
-		full := "/" + string(sd.FullName()) + "/" + string(md.Name())
+	for full, md := range grpctest.UnaryMethods() {
 		err := mux.HandlePath(http.MethodPost, full, func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()

@@ -6,6 +6,7 @@ package grpctest
 
 import (
 	"context"
+	"iter"
 	"strings"
 	"sync"
 	"testing"
@@ -82,13 +83,7 @@ func Dial(t *testing.T, target string, opts ...grpc.DialOption) *grpc.ClientConn
 func Register(s grpc.ServiceRegistrar, h transporttest.Handler) {
 	sd := transporttest.Service()
 	desc := &grpc.ServiceDesc{ServiceName: string(sd.FullName()), HandlerType: (*any)(nil)}
-	methods := sd.Methods()
-	for i := range methods.Len() {
-		md := methods.Get(i)
-		if md.IsStreamingClient() || md.IsStreamingServer() {
-			continue
-		}
-		full := "/" + string(sd.FullName()) + "/" + string(md.Name())
+	for full, md := range UnaryMethods() {
 		desc.Methods = append(desc.Methods, grpc.MethodDesc{
 			MethodName: string(md.Name()),
 			Handler: func(_ any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
@@ -107,6 +102,24 @@ func Register(s grpc.ServiceRegistrar, h transporttest.Handler) {
 		})
 	}
 	s.RegisterService(desc, struct{}{})
+}
+
+// UnaryMethods yields the unary methods of the suite's test service, by
+// full method name.
+func UnaryMethods() iter.Seq2[string, protoreflect.MethodDescriptor] {
+	return func(yield func(string, protoreflect.MethodDescriptor) bool) {
+		sd := transporttest.Service()
+		methods := sd.Methods()
+		for i := range methods.Len() {
+			md := methods.Get(i)
+			if md.IsStreamingClient() || md.IsStreamingServer() {
+				continue
+			}
+			if !yield("/"+string(sd.FullName())+"/"+string(md.Name()), md) {
+				return
+			}
+		}
+	}
 }
 
 // answer sends r as a gRPC handler does.
@@ -152,7 +165,7 @@ func (c Client) Call(ctx context.Context, r transporttest.Request) (transporttes
 		md.Append(k, v)
 	}
 	ctx = metadata.NewOutgoingContext(ctx, metadata.Join(md, outgoing(ctx)))
-	codec := &rawCodec{CodecV2: encoding.GetCodecV2("proto")}
+	codec := NewRawCodec()
 	var header, trailer metadata.MD
 	err := c.Conn.Invoke(ctx, r.Method, r.Message, r.Response, grpc.Header(&header), grpc.Trailer(&trailer), grpc.ForceCodecV2(codec))
 	resp := transporttest.Response{
@@ -168,7 +181,7 @@ func (c Client) Call(ctx context.Context, r transporttest.Request) (transporttes
 		resp.Err = transporttest.ErrorFromStatus(st.Proto())
 		return resp, nil
 	}
-	resp.Message, resp.Body = r.Response, codec.body()
+	resp.Message, resp.Body = r.Response, codec.Last()
 	return resp, nil
 }
 
@@ -178,21 +191,28 @@ func outgoing(ctx context.Context) metadata.MD {
 	return md
 }
 
-// rawCodec keeps the bytes of the response it decodes.
-type rawCodec struct {
+// RawCodec is the binary protobuf codec, which keeps the bytes of the
+// last message it decoded, so that a test can compare what crossed the
+// wire: give it to a call with grpc.ForceCodecV2.
+type RawCodec struct {
 	encoding.CodecV2
 	mu   sync.Mutex
 	seen []byte
 }
 
-func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+// NewRawCodec returns a RawCodec.
+func NewRawCodec() *RawCodec { return &RawCodec{CodecV2: encoding.GetCodecV2("proto")} }
+
+// Unmarshal keeps data and decodes it into v.
+func (c *RawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	c.mu.Lock()
 	c.seen = data.Materialize()
 	c.mu.Unlock()
 	return c.CodecV2.Unmarshal(data, v)
 }
 
-func (c *rawCodec) body() []byte {
+// Last returns the bytes of the last message decoded.
+func (c *RawCodec) Last() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.seen
