@@ -22,17 +22,11 @@ import (
 // case are its executions.
 func eachStore(t *testing.T, s setup, f func(t *testing.T, e *env)) {
 	t.Helper()
-	for _, mem := range []bool{false, true} {
-		name := "postgres"
-		if mem {
-			name = "memory"
-		}
-		t.Run(name, func(t *testing.T) {
-			s := s
-			s.memory = mem
-			f(t, newEnv(t, s))
-		})
-	}
+	idemtest.EachStore(t, func(t *testing.T, mem bool) {
+		s := s
+		s.memory = mem
+		f(t, newEnv(t, s))
+	})
 }
 
 func TestStoresConcurrentDuplicatesRunOnce(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/transport"
@@ -26,19 +27,13 @@ import (
 // once per protocol.
 func eachStore(t *testing.T, s setup, f func(t *testing.T, e *env, p protocol)) {
 	t.Helper()
-	for _, mem := range []bool{false, true} {
-		name := "postgres"
-		if mem {
-			name = "memory"
-		}
-		t.Run(name, func(t *testing.T) {
-			eachProtocol(t, func(t *testing.T, p protocol) {
-				s := s
-				s.memory = mem
-				f(t, newEnv(t, s), p)
-			})
+	idemtest.EachStore(t, func(t *testing.T, mem bool) {
+		eachProtocol(t, func(t *testing.T, p protocol) {
+			s := s
+			s.memory = mem
+			f(t, newEnv(t, s), p)
 		})
-	}
+	})
 }
 
 func TestDuplicateInFlightIsAborted(t *testing.T) {

@@ -101,3 +101,17 @@ func Listen(t testing.TB) net.Listener {
 	t.Cleanup(func() { _ = lis.Close() })
 	return lis
 }
+
+// EachStore runs f as a subtest for each store the adapters' tests serve
+// on: PostgreSQL (memory false), and store/memory, whose cases need no
+// database and so also run under go test -short.
+func EachStore(t *testing.T, f func(t *testing.T, memory bool)) {
+	t.Helper()
+	for _, mem := range []bool{false, true} {
+		name := "postgres"
+		if mem {
+			name = "memory"
+		}
+		t.Run(name, func(t *testing.T) { f(t, mem) })
+	}
+}
