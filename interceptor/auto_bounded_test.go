@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -168,7 +169,7 @@ func TestAutoPgBouncerStorm(t *testing.T) {
 	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: 2})
 	e := newEnv(t, setup{poolSize: 16, opts: []idem.Option{autoDo}, database: func(t *testing.T) string { return b.NewDatabase(t) }})
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never arrived")
 		}
 		return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 )
 
 // statements records the round trips to the server and the statements
@@ -83,7 +84,7 @@ func TestAutoRoundTrips(t *testing.T) {
 			if _, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"}); err != nil {
 				t.Fatal(err)
 			}
-			if !eventually(30*time.Second, idle) {
+			if !idemtest.Eventually(30*time.Second, idle) {
 				t.Fatal("the pool's connection never came back")
 			}
 		}

@@ -18,6 +18,8 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 )
 
 // autoDo puts Do in idem.ModeAuto.
@@ -118,7 +120,7 @@ func TestAutoClientMarks(t *testing.T) {
 func TestAutoWrongMarkReplays(t *testing.T) {
 	var seen outcomes
 	e := newEnv(t, setup{opts: []idem.Option{autoDo, idem.WithReportHook(seen.hook)}})
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	call := func(attempt string) (*testv1.DoResponse, []byte, metadata.MD) {
 		t.Helper()
 		ctx := withKey("k")
@@ -130,7 +132,7 @@ func TestAutoWrongMarkReplays(t *testing.T) {
 		if err != nil {
 			t.Fatalf("attempt %q: %v", attempt, err)
 		}
-		return resp, codec.last(), header
+		return resp, codec.Last(), header
 	}
 	first, firstBytes, _ := call("1")
 	for _, attempt := range []string{"1", "2", ""} {
@@ -155,7 +157,7 @@ func TestAutoStormOfFirstAttempts(t *testing.T) {
 	const keys, perKey = 2, 8
 	e := newEnv(t, setup{poolSize: keys * perKey, opts: []idem.Option{autoDo}})
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.count() >= keys*perKey }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.count() >= keys*perKey }) {
 			return status.Error(codes.Internal, "the duplicates never ran")
 		}
 		return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -62,7 +63,7 @@ func BenchmarkUnary(b *testing.B) {
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
 		b.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(newEngine(b, postgres.New(pool)))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(idemtest.NewEngine(b, postgres.New(pool)))))
 	testv1.RegisterTestServiceServer(srv, &benchService{pool: pool})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

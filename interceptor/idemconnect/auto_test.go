@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 )
 
 // reports keeps how each call went, as "optimistic executed" or "atomic
@@ -43,7 +44,7 @@ func (r *reports) get() []string {
 // the reports of its calls in seen.
 func autoSetup(seen *reports) setup {
 	return setup{opts: []idem.Option{
-		idem.WithTenant(tenantFromHeader),
+		idem.WithTenant(idemtest.TenantFromHeader),
 		idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeAuto}),
 		idem.WithReportHook(seen.hook),
 	}}
