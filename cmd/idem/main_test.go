@@ -523,8 +523,28 @@ func TestDatabaseURL(t *testing.T) {
 	if err := lease.Extend(t.Context(), time.Minute); err == nil {
 		t.Fatal("the holder of the force-settled lease extended it")
 	}
+	// The counts and a dry run before the forget, on PostgreSQL.
+	stats := unmarshal(t, ok(t, db("keys", "stats", "-all-tenants", "-o", "json")...), &adminv1.GetKeyStatsResponse{})
+	if c := stats.GetCounts(); len(c) != 2 || c[0].GetState() != adminv1.KeyState_KEY_STATE_RECORDED || c[1].GetState() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("stats: %v, want the two keys recorded", stats)
+	}
+	dry := unmarshal(t, ok(t, db("bulk", "forget", "-tenant", "acme", "-method", doMethod, "-limit", "10", "-reason", "r", "-dry-run", "-o", "json")...), &adminv1.KeyBatch{})
+	if dry.GetCount() != 1 || len(dry.GetSample()) != 1 || dry.GetSample()[0].GetKey() != "pay-1" {
+		t.Errorf("bulk forget -dry-run: %v, want pay-1", dry)
+	}
 	ok(t, db("keys", "forget", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
 	fails(t, "NOT_FOUND: ", db("keys", "get", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
+
+	// The audit trail, in the database: the forced settle and the forget,
+	// by the database's user.
+	trail := unmarshal(t, ok(t, db("audit", "list", "-tenant", "acme", "-o", "json")...), &adminv1.ListAuditResponse{})
+	if es := trail.GetEntries(); len(es) != 2 ||
+		es[0].GetKey() != "order-7" || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_SETTLE || !es[0].GetForce() || es[0].GetReason() != "stuck" ||
+		es[0].GetStateBefore() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || es[0].GetStateAfter() != adminv1.KeyState_KEY_STATE_RECORDED ||
+		es[0].GetOperator() != "database user" ||
+		es[1].GetKey() != "pay-1" || es[1].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FORGET || es[1].GetStateBefore() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("audit list: %v, want the forced settle of order-7 and the forget of pay-1", trail)
+	}
 }
 
 // TestTLS dials a server over TLS with -ca, -server-name and a client
