@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/genproto/googleapis/rpc/code"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
@@ -90,5 +92,44 @@ FROM generate_series(1, 50) g`)
 			t.Errorf("Stats(%+v) found no oldest key in progress or abandoned: %+v", f, st)
 		}
 		t.Logf("Stats(%+v) over 100 050 keys: %v", f.States, time.Since(start))
+	}
+}
+
+// TestAuditInEveryExecMode runs the audited writes, the audit trail's
+// listing and the counts in each of pgx's ways of sending a query: the
+// audited statements' parameters (an interval, text in a SELECT list, a
+// NULL state) encode in each.
+func TestAuditInEveryExecMode(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			s := postgres.New(newPool(t, dsn, mode))
+			tenant := "t-" + mode.String()
+			k := store.Scope{Tenant: tenant, Method: "/m", Key: "k"}
+			audit := &store.AuditEntry{Operator: "op", Reason: "why", RequestID: "req", Peer: "127.0.0.1:1"}
+			for range 2 {
+				lc, err := s.ClaimLeased(ctx, k, store.LeaseRequest{Fingerprint: []byte("fp"), Lease: time.Hour})
+				if err != nil || lc.Lease == nil {
+					t.Fatalf("lease: %+v, %v", lc, err)
+				}
+				if err := s.Settle(ctx, k, &spb.Status{Code: int32(code.Code_FAILED_PRECONDITION)}, store.SettleOptions{Force: true, Audit: audit}); err != nil {
+					t.Fatalf("Settle: %v", err)
+				}
+				if err := s.Forget(ctx, k, store.ForgetOptions{Audit: audit}); err != nil {
+					t.Fatalf("Forget: %v", err)
+				}
+			}
+			if err := s.AddAudit(ctx, store.AuditEntry{Scope: k, Action: store.ActionFinish, Before: store.Abandoned, After: store.Recorded}); err != nil {
+				t.Fatalf("AddAudit: %v", err)
+			}
+			list, _, err := s.AuditLog(ctx, store.AuditFilter{Tenant: tenant, Method: k.Method, Key: k.Key})
+			if err != nil || len(list) != 5 || list[0].Action != store.ActionSettle || list[0].Before != store.InProgress ||
+				list[0].After != store.Recorded || list[1].After != "" || list[1].Reason != "why" || list[4].Action != store.ActionFinish {
+				t.Fatalf("AuditLog: %+v, %v", list, err)
+			}
+			if _, err := s.Stats(ctx, store.KeyFilter{Tenant: tenant, States: []store.State{store.InProgress, store.Abandoned}}); err != nil {
+				t.Fatalf("Stats: %v", err)
+			}
+		})
 	}
 }
