@@ -1,10 +1,11 @@
 /*
 Package admin serves idem's admin service, idem.admin.v1.AdminService
 (proto/idem/admin/v1/admin.proto): it lets an operator list the
-idempotency keys a store holds, read everything kept of one, forget one so
-that its next retry runs afresh, settle one stuck in progress with an
-error its retries then replay, and finish one that was abandoned. It works
-on any store that implements [store.Admin].
+idempotency keys a store holds, count them, read everything kept of one,
+forget one so that its next retry runs afresh, settle one stuck in
+progress with an error its retries then replay, finish one that was
+abandoned, and read the audit trail of those actions. It works on any
+store that implements [store.Admin].
 
 	srv := admin.NewServer(st, authorize,
 		admin.WithPageTokenKey(pageTokenKey),
@@ -50,6 +51,61 @@ its status when it carries one (UNAUTHENTICATED, say): an [*idem.Error]
 (idem.NewError), answered alike on every wire, or the wire's own status
 error (status.Error on gRPC, a *connect.Error on Connect); else
 PERMISSION_DENIED, its text logged, not sent.
+
+A grant with ReadOnly set lets its operator read only: ListKeys, GetKey,
+GetKeyStats and ListAudit, the RPCs whose descriptor says they have no
+side effects ([ReadOnlyMethod]); a forget, a settle or a finish is
+PERMISSION_DENIED before the store is asked. An authorizer that gives
+some operators a read-only grant needs no list of methods of its own.
+
+# Audit trail
+
+Every forget, settle and finish that changes a key is kept in the
+store's audit trail ([store.AuditEntry]): the grant's Subject as the
+operator, the time, the action, the reason the request gives, whether it
+was forced, the key's state before and after, and the request that asked
+(its [RequestIDHeader] header and the peer's address). A forget and a
+settle keep their entry in the same transaction as the change, so there
+is no change without its entry and no entry without its change; a
+finish's outcome is recorded by the call's own transaction, and its entry
+is added after it, in a transaction of its own (lost, with an ERROR log
+line, if the store fails between). A forced action must give a reason,
+and a reason is at most [store.MaxReasonLength] bytes of UTF-8 without a
+NUL byte: INVALID_ARGUMENT otherwise, before the store is asked. A refused
+action keeps no entry: its log line says who asked.
+
+ListAudit lists the entries of one tenant, or every tenant's (for an
+operator granted them all), by method, key (the key's history) and time
+range, oldest first, with page tokens signed as ListKeys's are. Entries
+are kept for the store's retention (90 days by default:
+postgres.WithAuditRetention, memory.WithAuditRetention), and swept with
+expired keys.
+
+# Actions on many keys
+
+ForgetKeys, SettleKeys and FinishKeys act on the keys a selection (a
+ListKeys filter) matches, at most limit of them a call (required, 1 to
+1000), oldest first, one by one with the rules of the action on one key:
+a live lease is skipped unless forced, and a forced action fences its
+holder; a recorded key is skipped by a settle; a key that cannot be
+finished is skipped by a finish. Each key's result is returned: done, or
+skipped with the answer the action on that key alone would have had. A
+reason is required, and every key acted on keeps its audit entry with it.
+A dry run changes nothing: it returns how many keys the selection
+matches and the first limit of them. The answer's next_page_token, signed
+for the RPC and its selection, resumes after the call's last key; a call
+cut short (its caller gone) is resumed with the token it was given, as
+every action skips what is done already. A read-only grant refuses them,
+dry runs included.
+
+# Counts
+
+GetKeyStats counts the keys of a ListKeys filter by tenant, method and
+state, and returns the oldest key in progress and the oldest abandoned.
+What it costs is the store's: on PostgreSQL, counting the keys in progress
+and abandoned (states in_progress and abandoned) reads an index of the
+keys in progress only, cheap on any table; counting the recorded keys
+reads every key the filter selects.
 
 # Answers
 
@@ -108,9 +164,10 @@ may be called again.
 
 # Page tokens
 
-ListKeys's page tokens wrap the store's cursor with an HMAC-SHA256 over the
+ListKeys's and ListAudit's page tokens wrap the store's cursor with an HMAC-SHA256 over the
 cursor and the filter the page was listed with: a token that was altered,
-or that comes back with another filter, is refused with INVALID_ARGUMENT.
+or that comes back with another filter or to the other RPC, is refused
+with INVALID_ARGUMENT.
 The key is [WithPageTokenKey]'s; without it, each Server draws a random key,
 so its tokens do not survive a restart and are not accepted by another
 replica. Give every replica the same key to page across them.
@@ -121,7 +178,8 @@ Each call runs in a span of the [WithTracerProvider] tracer provider
 (default: the global one), named after the RPC, and is logged through
 [WithLogger]'s logger (default: [slog.Default]) with who did what: the
 grant's subject, the RPC, the tenant, method and key, and the answer's
-code, by its google.rpc.Code name (FAILED_PRECONDITION). Calls that change a key are logged at INFO, reads at DEBUG, refusals
+code, by its google.rpc.Code name (FAILED_PRECONDITION), and the reason
+an action gave. Calls that change a key are logged at INFO, reads at DEBUG, refusals
 at WARN and store failures at ERROR with the store's error.
 */
 package admin

@@ -44,6 +44,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The tests' standard input is no operator's terminal, whatever runs
+	// them; TestBulk says when it is.
+	isTerminal = func() bool { return false }
 	os.Exit(pgtest.Run(m))
 }
 
@@ -307,7 +310,7 @@ func TestForget(t *testing.T) {
 
 		fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z",
 			f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7")...)
-		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-o", "json")...); strings.TrimSpace(out) != "{}" {
+		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-reason", "stuck", "-o", "json")...); strings.TrimSpace(out) != "{}" {
 			t.Fatalf("forget -o json printed %q, want {}", out)
 		}
 		if err := f.pending.Extend(t.Context(), time.Minute); err == nil {
@@ -412,6 +415,22 @@ func TestUsage(t *testing.T) {
 		{append(append([]string{"keys", "settle", "-code", "0"}, key...), addr...), "OK is not an error"},
 		{append(append([]string{"keys", "settle", "-code", "17"}, key...), addr...), "not a gRPC error code"},
 		{append(append([]string{"keys", "settle", "-code", "Later"}, key...), addr...), "not a gRPC error code"},
+		{append(append([]string{"keys", "settle", "-code", "9", "-force"}, key...), addr...), "-force needs -reason"},
+		{append(append([]string{"keys", "forget", "-force", "-reason", " "}, key...), addr...), "-force needs -reason"},
+		{append([]string{"keys", "list", "-watch", "-1s"}, addr...), "-watch must be positive"},
+		{append([]string{"keys", "list", "-watch", "1s", "-page-token", "x"}, addr...), "drop -page-token"},
+		{append([]string{"keys", "stats", "-tenant", "acme", "-all-tenants"}, addr...), "exclude each other"},
+		{append([]string{"keys", "history", "-tenant", "acme", "-key", "k"}, addr...), "-method is required"},
+		{append([]string{"audit"}, addr...), "audit needs a subcommand: list"},
+		{append([]string{"audit", "list", "-key", "k"}, addr...), "-key needs -method"},
+		{append([]string{"audit", "list", "-since", "today"}, addr...), "not an RFC 3339 time"},
+		{[]string{"bulk"}, "bulk needs a subcommand"},
+		{append([]string{"bulk", "drop"}, addr...), `unknown command "bulk drop"`},
+		{append([]string{"bulk", "forget", "-reason", "r", "-yes"}, addr...), "-limit is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-yes"}, addr...), "-reason is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-reason", "r", "-yes", "-dry-run"}, addr...), "exclude each other"},
+		{append([]string{"bulk", "settle", "-limit", "10", "-reason", "r", "-yes"}, addr...), "-code is required"},
+		{append([]string{"bulk", "finish", "-limit", "10", "-reason", "r", "-yes", "-force"}, addr...), "flag provided but not defined: -force"},
 	} {
 		out, errOut, exit := idem(t, tc.args...)
 		if exit != 2 || !strings.Contains(errOut, tc.want) || out != "" {
@@ -491,21 +510,41 @@ func TestDatabaseURL(t *testing.T) {
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.
 	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid status: status.code ABORTED is a code clients retry",
-		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
+		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force", "-reason", "stuck")...)
 	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
 		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)
 	}
 	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "FAILED_PRECONDITION", "-message", "stuck")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until", settle...)
-	settled := unmarshal(t, ok(t, append(settle, "-force", "-o", "json")...), &adminv1.SettleKeyResponse{})
+	settled := unmarshal(t, ok(t, append(settle, "-force", "-reason", "stuck", "-o", "json")...), &adminv1.SettleKeyResponse{})
 	if k := settled.GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetError().GetMessage() != "stuck" {
 		t.Fatalf("settle -force: %v, want order-7 recorded with the error", k)
 	}
 	if err := lease.Extend(t.Context(), time.Minute); err == nil {
 		t.Fatal("the holder of the force-settled lease extended it")
 	}
+	// The counts and a dry run before the forget, on PostgreSQL.
+	stats := unmarshal(t, ok(t, db("keys", "stats", "-all-tenants", "-o", "json")...), &adminv1.GetKeyStatsResponse{})
+	if c := stats.GetCounts(); len(c) != 2 || c[0].GetState() != adminv1.KeyState_KEY_STATE_RECORDED || c[1].GetState() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("stats: %v, want the two keys recorded", stats)
+	}
+	dry := unmarshal(t, ok(t, db("bulk", "forget", "-tenant", "acme", "-method", doMethod, "-limit", "10", "-reason", "r", "-dry-run", "-o", "json")...), &adminv1.KeyBatch{})
+	if dry.GetCount() != 1 || len(dry.GetSample()) != 1 || dry.GetSample()[0].GetKey() != "pay-1" {
+		t.Errorf("bulk forget -dry-run: %v, want pay-1", dry)
+	}
 	ok(t, db("keys", "forget", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
 	fails(t, "NOT_FOUND: ", db("keys", "get", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
+
+	// The audit trail, in the database: the forced settle and the forget,
+	// by the database's user.
+	trail := unmarshal(t, ok(t, db("audit", "list", "-tenant", "acme", "-o", "json")...), &adminv1.ListAuditResponse{})
+	if es := trail.GetEntries(); len(es) != 2 ||
+		es[0].GetKey() != "order-7" || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_SETTLE || !es[0].GetForce() || es[0].GetReason() != "stuck" ||
+		es[0].GetStateBefore() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || es[0].GetStateAfter() != adminv1.KeyState_KEY_STATE_RECORDED ||
+		es[0].GetOperator() != "database user" ||
+		es[1].GetKey() != "pay-1" || es[1].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FORGET || es[1].GetStateBefore() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("audit list: %v, want the forced settle of order-7 and the forget of pay-1", trail)
+	}
 }
 
 // TestTLS dials a server over TLS with -ca, -server-name and a client

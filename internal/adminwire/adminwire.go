@@ -29,6 +29,9 @@ type Caller struct {
 	Header map[string][]string
 	// TLS is the state of the call's TLS connection; nil without TLS.
 	TLS *tls.ConnectionState
+	// Peer is the network address the call came from, as the wire gives
+	// it; empty when it gives none.
+	Peer string
 }
 
 type callerKey struct{}
