@@ -547,4 +547,3 @@ func TestConsolePrefix(t *testing.T) {
 		t.Errorf("DELETE: %d", status)
 	}
 }
-
