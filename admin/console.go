@@ -683,8 +683,10 @@ func (c *console) act(w http.ResponseWriter, r *http.Request, a action) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-// do takes the action a the form asks for, with its reason, through the
-// Server's RPC, and returns its answer.
+// do takes the action a the form asks for through the Server's RPC, and
+// returns its answer. It is the one place an action's reason, f.Reason,
+// which the form requires, is to be handed to the service; the service's
+// requests have no field for it yet, so it is not recorded.
 func (c *console) do(ctx context.Context, a action, f actionForm) error {
 	var err error
 	switch a.Name {

@@ -539,6 +539,21 @@ func TestConsolePrefix(t *testing.T) {
 	if status != http.StatusSeeOther || st.has(k.Scope) {
 		t.Fatalf("forget under the prefix: %d %s", status, loc)
 	}
+	resp, err := http.Get(ts.URL + "/ops/idem/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for name, want := range map[string]string{
+		"Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+		"X-Frame-Options":         "DENY",
+		"Cache-Control":           "no-store",
+		"Content-Type":            "text/html; charset=utf-8",
+	} {
+		if got := resp.Header.Get(name); got != want {
+			t.Errorf("%s: %q, want %q", name, got, want)
+		}
+	}
 	if status, _ := page(t, ts.URL+"/ops/idem/nowhere"); status != http.StatusNotFound {
 		t.Errorf("an unknown page: %d", status)
 	}
