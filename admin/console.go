@@ -6,6 +6,7 @@ import (
 	"embed"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
@@ -518,28 +520,35 @@ func viewKey(k *adminv1.Key, now time.Time) keyView {
 			NotCached:    o.GetNotCached(),
 			Note:         o.GetNote(),
 		}
-		indent := protojson.MarshalOptions{Multiline: true, Indent: "  "}
 		switch res := o.GetResult().(type) {
 		case *adminv1.Outcome_Response:
-			b, _ := indent.Marshal(res.Response)
-			ov.Response = string(b)
+			ov.Response = indentJSON(res.Response)
 		case *adminv1.Outcome_RawResponse:
 			ov.Raw, ov.RawSize = base64.StdEncoding.EncodeToString(res.RawResponse), len(res.RawResponse)
 		case *adminv1.Outcome_Error:
 			ov.Error = res.Error
 			ov.ErrorCode = code.Code(res.Error.GetCode()).String()
 			if len(res.Error.GetDetails()) > 0 {
-				b, err := indent.Marshal(&spb.Status{Details: res.Error.GetDetails()})
-				if err != nil {
-					ov.ErrorDetails = fmt.Sprintf("%d details, which the server cannot render: %v", len(res.Error.GetDetails()), err)
-				} else {
-					ov.ErrorDetails = string(b)
-				}
+				ov.ErrorDetails = indentJSON(&spb.Status{Details: res.Error.GetDetails()})
 			}
 		}
 		v.Outcome = ov
 	}
 	return v
+}
+
+// indentJSON returns m in protobuf's JSON mapping, indented by two spaces
+// the same way every time (protojson varies its spaces on purpose).
+func indentJSON(m proto.Message) string {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		return fmt.Sprintf("(the server cannot render it as JSON: %v)", err)
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, b, "", "  "); err != nil {
+		return string(b)
+	}
+	return buf.String()
 }
 
 // keyOf returns the key a page's query or form names.
