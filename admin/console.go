@@ -269,9 +269,9 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	data := keysPage{page: page{Title: "Keys", Status: http.StatusOK}}
 	f := &data.F
-	// The form sends f=1, so that an unticked "all tenants" is told from a
-	// first visit, which lists every tenant's keys.
-	f.AllTenants = q.Get("f") == "" || q.Get("all") != ""
+	// The form sends f=1, so that an unticked "every tenant" is told from a
+	// first visit, which lists every tenant's keys unless it names one.
+	f.AllTenants = q.Get("all") != "" || q.Get("f") == "" && !q.Has("tenant")
 	f.Tenant, f.Method = q.Get("tenant"), q.Get("method")
 	f.States = map[string]bool{}
 	req := &adminv1.ListKeysRequest{AllTenants: f.AllTenants, Method: f.Method, PageSize: consolePageSize, PageToken: q.Get("page")}

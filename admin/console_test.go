@@ -163,6 +163,11 @@ func TestConsoleList(t *testing.T) {
 	if st.last.Tenant != "globex" || st.last.AllTenants || !slices.Equal(st.last.States, []store.State{store.Abandoned}) {
 		t.Errorf("filter asked of the store: %+v", st.last)
 	}
+	// A link that names a tenant, without the form's f.
+	status, body = page(t, u+"?tenant=globex")
+	if status != http.StatusOK || !strings.Contains(body, "stuck-1") || strings.Contains(body, "order-") || st.last.AllTenants {
+		t.Fatalf("?tenant=globex: %d, filter %+v\n%s", status, st.last, body)
+	}
 	status, body = page(t, u+"?f=1&all=1&method="+url.QueryEscape("/other.v1.S/M"))
 	if status != http.StatusOK || !strings.Contains(body, "fresh-1") || strings.Contains(body, "stuck-1") {
 		t.Fatalf("by method: %d\n%s", status, body)
