@@ -361,7 +361,7 @@ func TestTenantScope(t *testing.T) {
 		}
 		_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2"})
 		wantCode(t, err, codes.PermissionDenied)
-		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true})
+		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true, Reason: "r"})
 		wantCode(t, err, codes.PermissionDenied)
 		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2",
 			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}})
@@ -381,11 +381,15 @@ func TestTenantScope(t *testing.T) {
 			t.Errorf("a refused forget deleted a key: %d left", len(st.keys))
 		}
 		want := admin.Request{Method: adminv1connect.AdminServiceForgetKeyProcedure, Tenant: "globex",
-			Key: store.Scope{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
+			Key: store.Scope{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true, Reason: "r"}
 		mu.Lock()
 		defer mu.Unlock()
 		asked := got[2]
 		asked.Header = nil // the wire's (TestAuthorizerSeesCaller)
+		if asked.Peer == "" {
+			t.Errorf("the authorizer was asked with no peer")
+		}
+		asked.Peer = "" // the wire's
 		if !reflect.DeepEqual(asked, want) {
 			t.Errorf("the authorizer was asked %+v, want %+v", asked, want)
 		}
@@ -471,7 +475,7 @@ func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 			{codes.OK, "must be an error's gRPC code"},
 			{17, "must be an error's gRPC code"},
 		} {
-			_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true,
+			_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "r",
 				Status: &spb.Status{Code: int32(tc.code), Message: "settled by an operator"}})
 			if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, tc.rule) {
 				t.Errorf("settle with %v: %q, want the rule (%q) named", tc.code, msg, tc.rule)
@@ -529,10 +533,10 @@ func TestLeaseLive(t *testing.T) {
 			t.Errorf("settle: %q does not name the lease's expiry %s", msg, wantUntil)
 		}
 
-		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "stuck"}); err != nil {
 			t.Fatalf("forced forget: %v", err)
 		}
-		settle.Force = true
+		settle.Force, settle.Reason = true, "stuck"
 		resp, err := c.SettleKey(ctx, settle)
 		if err != nil {
 			t.Fatalf("forced settle: %v", err)
@@ -551,7 +555,7 @@ func TestLeaseLive(t *testing.T) {
 		}
 
 		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "done",
-			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true})
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true, Reason: "stuck"})
 		wantCode(t, err, codes.FailedPrecondition)
 	})
 }
@@ -817,7 +821,7 @@ func TestSpansAndLogs(t *testing.T) {
 
 		_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
 		wantCode(t, err, codes.FailedPrecondition)
-		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "stuck"}); err != nil {
 			t.Fatal(err)
 		}
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,8 +56,8 @@ var consoleStyle = func() []byte {
 // consolePageSize is the number of keys a page of the console lists.
 const consolePageSize = 50
 
-// maxReasonLength is the longest reason an action takes, in bytes.
-const maxReasonLength = 1000
+// historySize is the number of audit entries a key's page shows.
+const historySize = 100
 
 // NewConsole returns the console of srv: web pages an operator's browser
 // shows, server-rendered, that list the keys of srv's store, show one key,
@@ -86,15 +87,16 @@ type console struct {
 // An action is one of the console's actions on a key.
 type action struct {
 	Name  string // the path of its confirmation page and form
+	RPC   string // the RPC that takes it
 	Verb  string // its button's text
 	Past  string // what was done, for the notice after it
 	Title string // its confirmation page's title
 }
 
 var actions = map[string]action{
-	"forget": {Name: "forget", Verb: "Forget", Past: "Forgot", Title: "Forget a key"},
-	"settle": {Name: "settle", Verb: "Settle", Past: "Settled", Title: "Settle a key"},
-	"finish": {Name: "finish", Verb: "Finish", Past: "Finished", Title: "Finish a call"},
+	"forget": {Name: "forget", RPC: forgetKey, Verb: "Forget", Past: "Forgot", Title: "Forget a key"},
+	"settle": {Name: "settle", RPC: settleKey, Verb: "Settle", Past: "Settled", Title: "Settle a key"},
+	"finish": {Name: "finish", RPC: finishKey, Verb: "Finish", Past: "Finished", Title: "Finish a call"},
 }
 
 func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -142,10 +144,11 @@ func (c *console) context(r *http.Request) context.Context {
 
 // page is what every page shows around its content.
 type page struct {
-	Title  string
-	Status int
-	Error  string // the answer of a call that failed, shown above the content
-	Notice string // what the last action did
+	Title      string
+	Status     int
+	Error      string // the answer of a call that failed, shown above the content
+	Notice     string // what the last action did
+	NoticeLink string // the page of the key it did it to
 }
 
 func (c *console) render(w http.ResponseWriter, r *http.Request, name string, status int, data any) {
@@ -219,6 +222,32 @@ type keysPage struct {
 	Keys  []keyRow
 	Next  string // the next page's link, if any
 	First string // the first page's link, when this page is not the first
+	Stats *statsView
+}
+
+// statsView is the counts of the keys the filter selects, by tenant,
+// method and state: GetKeyStats's answer.
+type statsView struct {
+	Error            string // GetKeyStats's answer when it failed
+	States           []string
+	Rows             []statsRow
+	Total            statsRow
+	All              bool   // every state is counted
+	CountAll         string // the link that counts every state, when not All
+	OldestInProgress *keyRow
+	OldestAbandoned  *keyRow
+}
+
+// statsRow is the counts of one tenant and method, a cell per state.
+type statsRow struct {
+	Tenant, Method string
+	Cells          []statsCell
+	Total          int64
+}
+
+type statsCell struct {
+	Count int64
+	Link  string // the list of those keys
 }
 
 // filterForm is the list's filter, as its form shows it.
@@ -253,6 +282,16 @@ var states = []struct {
 	{"abandoned", "abandoned", adminv1.KeyState_KEY_STATE_ABANDONED},
 	{"recorded", "recorded", adminv1.KeyState_KEY_STATE_RECORDED},
 	{"expired", "expired", adminv1.KeyState_KEY_STATE_EXPIRED},
+}
+
+// stateValue returns the form value of the state s.
+func stateValue(s adminv1.KeyState) string {
+	for _, st := range states {
+		if st.State == s {
+			return st.Value
+		}
+	}
+	return ""
 }
 
 func stateLabel(s adminv1.KeyState) string {
@@ -327,7 +366,11 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 	if d := q.Get("done"); d != "" {
 		if a, ok := actions[d]; ok {
 			data.Notice = fmt.Sprintf("%s the key %s of %s%s.", a.Past, q.Get("key"), q.Get("keymethod"), tenantSuffix(q.Get("keytenant")))
+			data.NoticeLink = keyLink("key", q.Get("keytenant"), q.Get("keymethod"), q.Get("key"), nil)
 		}
+	}
+	if req.GetPageToken() == "" {
+		data.Stats = c.stats(r, req, f, q.Get("counts") == "all", now)
 	}
 	resp, err := c.srv.ListKeys(c.context(r), req)
 	if err != nil {
@@ -336,48 +379,125 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, k := range resp.GetKeys() {
-		data.Keys = append(data.Keys, keyRow{
-			Key:     k,
-			Link:    keyLink("key", k.GetTenant(), k.GetMethod(), k.GetKey(), nil),
-			State:   stateLabel(k.GetState()),
-			Created: viewTime(k.GetCreateTime(), now),
-			Updated: viewTime(k.GetUpdateTime(), now),
-			Lease:   viewTime(k.GetLeaseExpireTime(), now),
-		})
-	}
-	link := func(token string) string {
-		v := url.Values{"f": {"1"}}
-		if f.AllTenants {
-			v.Set("all", "1")
-		} else {
-			v.Set("tenant", f.Tenant)
-		}
-		if f.Method != "" {
-			v.Set("method", f.Method)
-		}
-		for _, st := range states {
-			if f.States[st.Value] {
-				v.Add("state", st.Value)
-			}
-		}
-		if f.Before != "" {
-			v.Set("before", f.Before)
-		}
-		if f.After != "" {
-			v.Set("after", f.After)
-		}
-		if token != "" {
-			v.Set("page", token)
-		}
-		return "./?" + v.Encode()
+		data.Keys = append(data.Keys, rowOf(k, now))
 	}
 	if tok := resp.GetNextPageToken(); tok != "" {
-		data.Next = link(tok)
+		v := f.values()
+		v.Set("page", tok)
+		data.Next = "./?" + v.Encode()
 	}
 	if req.GetPageToken() != "" {
-		data.First = link("")
+		data.First = "./?" + f.values().Encode()
 	}
 	c.render(w, r, "keys", data.Status, data)
+}
+
+// values returns the query of the list of f, its ages as times.
+func (f *filterForm) values() url.Values {
+	v := url.Values{"f": {"1"}}
+	if f.AllTenants {
+		v.Set("all", "1")
+	} else {
+		v.Set("tenant", f.Tenant)
+	}
+	if f.Method != "" {
+		v.Set("method", f.Method)
+	}
+	for _, st := range states {
+		if f.States[st.Value] {
+			v.Add("state", st.Value)
+		}
+	}
+	if f.Before != "" {
+		v.Set("before", f.Before)
+	}
+	if f.After != "" {
+		v.Set("after", f.After)
+	}
+	return v
+}
+
+// stuckStates are the states the list counts unless its filter names
+// states or the operator asks for every state: an index holds the keys in
+// progress on their own, so that counting them is cheap on any table,
+// while counting the recorded keys reads every key the filter selects.
+var stuckStates = []adminv1.KeyState{adminv1.KeyState_KEY_STATE_IN_PROGRESS, adminv1.KeyState_KEY_STATE_ABANDONED}
+
+// stats returns the counts of the keys of the list req, whose form is f:
+// of the states f names, else of every state with all, else of the keys in
+// progress and abandoned.
+func (c *console) stats(r *http.Request, req *adminv1.ListKeysRequest, f *filterForm, all bool, now time.Time) *statsView {
+	sreq := &adminv1.GetKeyStatsRequest{Tenant: req.GetTenant(), AllTenants: req.GetAllTenants(), Method: req.GetMethod(),
+		States: req.GetStates(), CreatedAfter: req.GetCreatedAfter(), CreatedBefore: req.GetCreatedBefore()}
+	v := &statsView{All: all || len(sreq.States) > 0}
+	if !v.All {
+		sreq.States = stuckStates
+		q := f.values()
+		q.Set("counts", "all")
+		v.CountAll = "./?" + q.Encode()
+	}
+	resp, err := c.srv.GetKeyStats(c.context(r), sreq)
+	if err != nil {
+		_, v.Error = c.answer(r, err)
+		return v
+	}
+	var cols []adminv1.KeyState
+	for _, st := range states {
+		if len(sreq.States) == 0 || slices.Contains(sreq.States, st.State) {
+			cols = append(cols, st.State)
+			v.States = append(v.States, st.Label)
+		}
+	}
+	// cell adds n keys in state st to row, whose cells link to the list
+	// of those keys: query, with the state.
+	cell := func(row *statsRow, query url.Values, st adminv1.KeyState, n int64) {
+		i := slices.Index(cols, st)
+		if i < 0 {
+			return
+		}
+		row.Cells[i].Count += n
+		row.Total += n
+		query.Set("state", stateValue(st))
+		row.Cells[i].Link = "./?" + query.Encode()
+	}
+	v.Total = statsRow{Cells: make([]statsCell, len(cols))}
+	rows := map[[2]string]int{} // v.Rows's index of a tenant and method
+	for _, n := range resp.GetCounts() {
+		i, ok := rows[[2]string{n.GetTenant(), n.GetMethod()}]
+		if !ok {
+			i = len(v.Rows)
+			rows[[2]string{n.GetTenant(), n.GetMethod()}] = i
+			v.Rows = append(v.Rows, statsRow{Tenant: n.GetTenant(), Method: n.GetMethod(), Cells: make([]statsCell, len(cols))})
+		}
+		one := f.values()
+		one.Del("all")
+		one.Set("tenant", n.GetTenant())
+		one.Set("method", n.GetMethod())
+		cell(&v.Rows[i], one, n.GetState(), n.GetCount())
+		cell(&v.Total, f.values(), n.GetState(), n.GetCount())
+	}
+	for _, o := range []struct {
+		k  *adminv1.Key
+		to **keyRow
+	}{{resp.GetOldestInProgress(), &v.OldestInProgress}, {resp.GetOldestAbandoned(), &v.OldestAbandoned}} {
+		if o.k != nil {
+			row := rowOf(o.k, now)
+			*o.to = &row
+		}
+	}
+	return v
+}
+
+// rowOf returns k as the list shows it.
+func rowOf(k *adminv1.Key, now time.Time) keyRow {
+	return keyRow{
+		Key:     k,
+		Link:    keyLink("key", k.GetTenant(), k.GetMethod(), k.GetKey(), nil),
+		State:   stateLabel(k.GetState()),
+		Created: viewTime(k.GetCreateTime(), now),
+		Updated: viewTime(k.GetUpdateTime(), now),
+		Lease:   viewTime(k.GetLeaseExpireTime(), now),
+	}
 }
 
 // parseAge parses an age: a Go duration (90s, 15m, 2h30m) or a number of
@@ -450,8 +570,24 @@ func roughly(d time.Duration) string {
 // keyPage is one key's page.
 type keyPage struct {
 	page
-	Key     keyView
+	Key     *keyView // nil when the key cannot be read
 	Actions []actionLink
+	History historyView
+}
+
+// historyView is a key's audit trail, ListAudit's answer.
+type historyView struct {
+	Error   string // ListAudit's answer when it failed
+	Entries []auditRow
+	More    bool // the key has more entries than the page shows
+}
+
+type auditRow struct {
+	E      *adminv1.AuditEntry
+	Time   timeView
+	Action string
+	Before string
+	After  string
 }
 
 // keyView is a key as its page shows it.
@@ -559,14 +695,22 @@ func keyOf(v url.Values) (tenant, method, key string) {
 func (c *console) key(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	tenant, method, key := keyOf(q)
-	resp, err := c.srv.GetKey(c.context(r), &adminv1.GetKeyRequest{Tenant: tenant, Method: method, Key: key})
+	ctx, now := c.context(r), time.Now()
+	resp, err := c.srv.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: tenant, Method: method, Key: key})
 	if err != nil {
 		status, msg := c.answer(r, err)
-		c.render(w, r, "error", status, errorPage{page: page{Title: "Key", Status: status, Error: msg}, Back: "./"})
+		if status != http.StatusNotFound {
+			c.render(w, r, "error", status, errorPage{page: page{Title: "Key", Status: status, Error: msg}, Back: "./"})
+			return
+		}
+		// A key the store no longer holds (forgotten, say) still has its
+		// history.
+		c.render(w, r, "key", status, keyPage{page: page{Title: "Key " + key, Status: status, Error: msg}, History: c.history(r, tenant, method, key, now)})
 		return
 	}
 	k := resp.GetKey()
-	data := keyPage{page: page{Title: "Key " + k.GetKey(), Status: http.StatusOK}, Key: viewKey(k, time.Now())}
+	kv := viewKey(k, now)
+	data := keyPage{page: page{Title: "Key " + k.GetKey(), Status: http.StatusOK}, Key: &kv, History: c.history(r, tenant, method, key, now)}
 	if a, ok := actions[q.Get("done")]; ok {
 		data.Notice = a.Past + " the key."
 	}
@@ -579,11 +723,38 @@ func (c *console) key(w http.ResponseWriter, r *http.Request) {
 		{"settle", inProgress},
 		{"forget", true},
 	} {
-		if a.show {
+		// Only the actions the operator may take: none for a read-only
+		// grant.
+		if a.show && c.srv.allowed(ctx, actionRequest(actions[a.name], tenant, method, key)) {
 			data.Actions = append(data.Actions, actionLink{Verb: actions[a.name].Verb + "…", Link: keyLink(a.name, tenant, method, key, nil)})
 		}
 	}
 	c.render(w, r, "key", http.StatusOK, data)
+}
+
+// actionRequest returns the Request of the action a on the key, as the
+// Authorizer sees it.
+func actionRequest(a action, tenant, method, key string) Request {
+	return keyRequest(a.RPC, tenant, method, key, false, "")
+}
+
+// history returns the key's audit trail, its first historySize entries.
+func (c *console) history(r *http.Request, tenant, method, key string, now time.Time) historyView {
+	resp, err := c.srv.ListAudit(c.context(r), &adminv1.ListAuditRequest{Tenant: tenant, Method: method, Key: key, PageSize: historySize})
+	if err != nil {
+		_, msg := c.answer(r, err)
+		return historyView{Error: msg}
+	}
+	h := historyView{More: resp.GetNextPageToken() != ""}
+	for _, e := range resp.GetEntries() {
+		row := auditRow{E: e, Time: viewTime(e.GetTime(), now), Action: strings.ToLower(strings.TrimPrefix(e.GetAction().String(), "AUDIT_ACTION_")),
+			Before: stateLabel(e.GetStateBefore()), After: stateLabel(e.GetStateAfter())}
+		if e.GetStateAfter() == adminv1.KeyState_KEY_STATE_UNSPECIFIED {
+			row.After = "forgotten"
+		}
+		h.Entries = append(h.Entries, row)
+	}
+	return h
 }
 
 // confirmPage is an action's confirmation page, its form.
@@ -594,6 +765,8 @@ type confirmPage struct {
 	KeyLink string
 	Form    actionForm
 	Codes   []string // the codes a key may be settled with
+	Max     int      // the longest reason, in bytes
+	Refused bool     // the operator may not take the action: no form
 }
 
 // actionForm is what an action's form sends.
@@ -630,7 +803,12 @@ var settleCodes = func() []string {
 }()
 
 func (c *console) confirm(w http.ResponseWriter, r *http.Request, a action) {
-	c.confirmWith(w, r, a, formOf(r.URL.Query()), http.StatusOK, "")
+	form := formOf(r.URL.Query())
+	if !c.srv.allowed(c.context(r), actionRequest(a, form.Tenant, form.Method, form.Key)) {
+		c.confirmWith(w, r, a, form, http.StatusForbidden, "you may not "+strings.ToLower(a.Verb)+" this key: the service's authorizer does not allow it (a read-only grant, say)")
+		return
+	}
+	c.confirmWith(w, r, a, form, http.StatusOK, "")
 }
 
 // confirmWith renders a's confirmation page with form, and the error msg
@@ -652,6 +830,8 @@ func (c *console) confirmWith(w http.ResponseWriter, r *http.Request, a action, 
 		KeyLink: keyLink("key", form.Tenant, form.Method, form.Key, nil),
 		Form:    form,
 		Codes:   settleCodes,
+		Max:     store.MaxReasonLength,
+		Refused: status == http.StatusForbidden,
 	}
 	c.render(w, r, "confirm", status, data)
 }
@@ -668,12 +848,10 @@ func (c *console) act(w http.ResponseWriter, r *http.Request, a action) {
 		return
 	}
 	form := formOf(r.PostForm)
-	switch {
-	case form.Reason == "":
-		c.confirmWith(w, r, a, form, http.StatusBadRequest, "a reason is required: say why you "+strings.ToLower(a.Verb)+" the key")
-		return
-	case len(form.Reason) > maxReasonLength:
-		c.confirmWith(w, r, a, form, http.StatusBadRequest, fmt.Sprintf("the reason is longer than %d bytes", maxReasonLength))
+	if form.Reason == "" {
+		// The service takes an unforced action without a reason; the
+		// console asks for one every time.
+		c.confirmWith(w, r, a, form, http.StatusBadRequest, "a reason is required: say why you "+strings.ToLower(a.Verb)+" the key, for the audit trail")
 		return
 	}
 	if err := c.do(c.context(r), a, form); err != nil {
@@ -692,24 +870,23 @@ func (c *console) act(w http.ResponseWriter, r *http.Request, a action) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-// do takes the action a the form asks for through the Server's RPC, and
-// returns its answer. It is the one place an action's reason, f.Reason,
-// which the form requires, is to be handed to the service; the service's
-// requests have no field for it yet, so it is not recorded.
+// do takes the action a the form asks for through the Server's RPC, with
+// the operator's reason, which the audit trail keeps, and returns its
+// answer.
 func (c *console) do(ctx context.Context, a action, f actionForm) error {
 	var err error
 	switch a.Name {
 	case "forget":
-		_, err = c.srv.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: f.Tenant, Method: f.Method, Key: f.Key, Force: f.Force})
+		_, err = c.srv.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: f.Tenant, Method: f.Method, Key: f.Key, Force: f.Force, Reason: f.Reason})
 	case "settle":
 		cd, ok := code.Code_value[f.Code]
 		if !ok {
 			return invalid("%q is not a gRPC code", f.Code)
 		}
 		_, err = c.srv.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: f.Tenant, Method: f.Method, Key: f.Key, Force: f.Force,
-			Status: &spb.Status{Code: cd, Message: f.Message}})
+			Status: &spb.Status{Code: cd, Message: f.Message}, Reason: f.Reason})
 	case "finish":
-		_, err = c.srv.FinishKey(ctx, &adminv1.FinishKeyRequest{Tenant: f.Tenant, Method: f.Method, Key: f.Key})
+		_, err = c.srv.FinishKey(ctx, &adminv1.FinishKeyRequest{Tenant: f.Tenant, Method: f.Method, Key: f.Key, Reason: f.Reason})
 	default:
 		err = errors.New("unknown action " + a.Name)
 	}
@@ -718,7 +895,8 @@ func (c *console) do(ctx context.Context, a action, f actionForm) error {
 
 // consoleFuncs are the functions the console's templates call.
 var consoleFuncs = template.FuncMap{
-	"states": func() any { return states },
+	"tenantOf": tenantSuffix,
+	"states":   func() any { return states },
 	"stateClass": func(s adminv1.KeyState) string {
 		return strings.ReplaceAll(stateLabel(s), " ", "-")
 	},

@@ -279,7 +279,7 @@ func TestConsoleForget(t *testing.T) {
 			t.Errorf("forget with reason %q: %d\n%s", reason, status, body)
 		}
 	}
-	status, _ = post(t, u+"forget", keyForm(k.Scope, "reason", strings.Repeat("x", 1001)))
+	status, _ = post(t, u+"forget", keyForm(k.Scope, "reason", strings.Repeat("x", store.MaxReasonLength+1)))
 	if status != http.StatusBadRequest {
 		t.Errorf("forget with a reason too long: %d", status)
 	}
@@ -298,6 +298,22 @@ func TestConsoleForget(t *testing.T) {
 	if !strings.Contains(body, "Forgot the key order-7") || strings.Contains(body, `>order-7</a>`) {
 		t.Errorf("the list after the forget:\n%s", body)
 	}
+	// The audit trail keeps the forget with its reason and operator, and
+	// the forgotten key's page shows it.
+	audit := st.auditEntries()
+	if len(audit) != 1 || audit[0].Scope != k.Scope || audit[0].Action != store.ActionForget || audit[0].Reason != "INC-42: replay a stale payment" ||
+		audit[0].Operator != "root" || audit[0].Before != store.Recorded || audit[0].Force || audit[0].Peer == "" {
+		t.Fatalf("audit trail after the forget: %+v", audit)
+	}
+	var history string
+	if m := regexp.MustCompile(`<a href="([^"]*)">Its history</a>`).FindStringSubmatch(body); m != nil {
+		history = strings.ReplaceAll(m[1], "&amp;", "&")
+	}
+	status, body = page(t, resolve(t, u, history))
+	if status != http.StatusNotFound || !strings.Contains(body, "INC-42: replay a stale payment") || !strings.Contains(body, "recorded → forgotten") ||
+		!strings.Contains(body, "<td>root</td>") {
+		t.Errorf("the forgotten key's history (%q): %d\n%s", history, status, body)
+	}
 
 	// A live lease: refused, named, kept; forced, forgotten.
 	status, body = post(t, u+"forget", keyForm(leased.Scope, "reason", "stuck"))
@@ -306,6 +322,9 @@ func TestConsoleForget(t *testing.T) {
 	}
 	if status, _ = post(t, u+"forget", keyForm(leased.Scope, "reason", "stuck", "force", "1")); status != http.StatusSeeOther || st.has(leased.Scope) {
 		t.Errorf("forced forget of a live lease: %d, key kept %v", status, st.has(leased.Scope))
+	}
+	if audit = st.auditEntries(); len(audit) != 2 || !audit[1].Force || audit[1].Reason != "stuck" || audit[1].Before != store.InProgress {
+		t.Errorf("audit trail after the forced forget: %+v", audit)
 	}
 }
 
@@ -346,8 +365,12 @@ func TestConsoleSettleAndFinish(t *testing.T) {
 		t.Fatalf("settled key: %+v", got)
 	}
 	_, body = page(t, resolve(t, u, loc))
-	if !strings.Contains(body, "Settled the key.") || !strings.Contains(body, "refunded by hand") {
+	if !strings.Contains(body, "Settled the key.") || !strings.Contains(body, "refunded by hand") ||
+		!strings.Contains(body, "<td>settle</td>") || !strings.Contains(body, "INC-7") || !strings.Contains(body, "abandoned → recorded") {
 		t.Errorf("the key after the settle:\n%s", body)
+	}
+	if audit := st.auditEntries(); len(audit) != 1 || audit[0].Action != store.ActionSettle || audit[0].Reason != "INC-7" || audit[0].After != store.Recorded {
+		t.Errorf("audit trail after the settle: %+v", audit)
 	}
 
 	status, body = post(t, u+"finish", keyForm(k.Scope, "reason", "finish it"))
@@ -567,5 +590,93 @@ func TestConsolePrefix(t *testing.T) {
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodDelete, ts.URL+"/ops/idem/forget", nil)
 	if status, _ := do(t, req); status != http.StatusMethodNotAllowed {
 		t.Errorf("DELETE: %d", status)
+	}
+}
+
+// TestConsoleReadOnly: a read-only grant sees a key and its history, and
+// no action: the key's page has no action buttons, an action's
+// confirmation page no form, and its POST is refused, the key kept.
+func TestConsoleReadOnly(t *testing.T) {
+	k := info("acme", doMethod, "order-1", store.Abandoned, epoch)
+	st := &fakeStore{keys: []store.KeyInfo{k}}
+	viewer := admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+		return admin.Grant{Subject: "viewer", AllTenants: true, ReadOnly: true}, nil
+	})
+	u := consoleServer(t, st, viewer)
+
+	status, body := page(t, u+"key?"+keyQuery(k.Scope))
+	if status != http.StatusOK || !strings.Contains(body, "order-1") || !strings.Contains(body, "<h2>History</h2>") {
+		t.Fatalf("the viewer's key page: %d\n%s", status, body)
+	}
+	for _, a := range []string{"forget", "settle", "finish"} {
+		if strings.Contains(body, `href="`+a+`?`) {
+			t.Errorf("the viewer's key page offers %s", a)
+		}
+		status, body := page(t, u+a+"?"+keyQuery(k.Scope))
+		if status != http.StatusForbidden || strings.Contains(body, "<form") && strings.Contains(body, `method="post"`) || !strings.Contains(body, "may not") {
+			t.Errorf("the viewer's %s page: %d\n%s", a, status, body)
+		}
+		status, body = post(t, u+a, keyForm(k.Scope, "reason", "r", "code", "FAILED_PRECONDITION", "message", "m"))
+		if status != http.StatusForbidden || !strings.Contains(body, "read-only") {
+			t.Errorf("the viewer's %s: %d\n%s", a, status, body)
+		}
+	}
+	if !st.has(k.Scope) || st.get(k.Scope).State != store.Abandoned || len(st.auditEntries()) != 0 {
+		t.Fatalf("a read-only operator changed the key: %+v, audit %+v", st.get(k.Scope), st.auditEntries())
+	}
+}
+
+// TestConsoleCounts shows the counts of the keys the list's filter
+// selects: of the keys in progress by default, of every state on demand,
+// each count a link to those keys, with the oldest stuck keys.
+func TestConsoleCounts(t *testing.T) {
+	now := time.Now()
+	st := &fakeStore{now: now, keys: []store.KeyInfo{
+		info("acme", doMethod, "r-1", store.Recorded, now.Add(-3*time.Hour)),
+		info("acme", doMethod, "r-2", store.Recorded, now.Add(-2*time.Hour)),
+		info("acme", doMethod, "gone-1", store.Abandoned, now.Add(-time.Hour)),
+		info("globex", "/other.v1.S/M", "busy-1", store.InProgress, now.Add(-time.Minute)),
+	}}
+	u := consoleServer(t, st, allowAll)
+
+	status, body := page(t, u)
+	cells := regexp.MustCompile(`<td class="num">(?:<a href="([^"]*)">)?(?:<span class="none">)?(\d+)`)
+	counts := func(body string) (out []string, links []string) {
+		table := regexp.MustCompile(`(?s)<table class="counts">.*?</table>`).FindString(body)
+		for _, m := range cells.FindAllStringSubmatch(table, -1) {
+			out = append(out, m[2])
+			links = append(links, strings.ReplaceAll(m[1], "&amp;", "&"))
+		}
+		return out, links
+	}
+	got, links := counts(body)
+	// Rows acme Do, globex M, and the total; columns in progress,
+	// abandoned, total.
+	if want := []string{"0", "1", "1", "1", "0", "1", "1", "1", "2"}; status != http.StatusOK || !slices.Equal(got, want) {
+		t.Fatalf("counts of the keys in progress: %d %v, want %v\n%s", status, got, want, body)
+	}
+	if !strings.Contains(body, `Oldest abandoned: <a class="key" href="key?key=gone-1&amp;`) || !strings.Contains(body, `Oldest in progress: <a class="key" href="key?key=busy-1&amp;`) {
+		t.Errorf("the oldest stuck keys are not shown:\n%s", body)
+	}
+	// The abandoned count of acme lists that key.
+	status, body = page(t, resolve(t, u, links[1]))
+	if status != http.StatusOK || !strings.Contains(body, ">gone-1</a>") || strings.Contains(body, ">r-1</a>") || strings.Contains(body, ">busy-1</a>") {
+		t.Errorf("the abandoned keys of acme (%s): %d\n%s", links[1], status, body)
+	}
+
+	all := regexp.MustCompile(`<a href="([^"]*)">count every state</a>`).FindStringSubmatch(body)
+	if all != nil {
+		t.Errorf("a filter that names a state offers to count every state:\n%s", body)
+	}
+	_, body = page(t, u)
+	all = regexp.MustCompile(`<a href="([^"]*)">count every state</a>`).FindStringSubmatch(body)
+	if all == nil {
+		t.Fatalf("no link to count every state:\n%s", body)
+	}
+	_, body = page(t, resolve(t, u, strings.ReplaceAll(all[1], "&amp;", "&")))
+	got, _ = counts(body)
+	// Columns in progress, abandoned, recorded, expired, total.
+	if want := []string{"0", "1", "2", "0", "3", "1", "0", "0", "0", "1", "1", "1", "2", "0", "4"}; !slices.Equal(got, want) {
+		t.Errorf("counts of every state: %v, want %v\n%s", got, want, body)
 	}
 }

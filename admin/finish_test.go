@@ -82,7 +82,7 @@ func testFinishKey(t *testing.T, w wire) {
 	wantCode(t, err, codes.ResourceExhausted)
 
 	client := w.serve(t, st, allowAll, admin.WithFinisher(f))
-	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7"}
+	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7", Reason: "the customer called"}
 	got, err := client.GetKey(ctx, &adminv1.GetKeyRequest{Method: doMethod, Key: "order-7"})
 	if err != nil || got.GetKey().GetState() != adminv1.KeyState_KEY_STATE_ABANDONED || !got.GetKey().GetFinishable() {
 		t.Fatalf("GetKey: %v, %v; want it abandoned and finishable", got, err)
@@ -111,6 +111,13 @@ func testFinishKey(t *testing.T, w wire) {
 		out.GetResponseType() != "idem.test.v1.DoResponse" ||
 		out.GetResponse().GetStructValue().GetFields()["value"].GetStringValue() != "pay 7" {
 		t.Fatalf("FinishKey answered %v; want the key recorded with the finished call's response", fin)
+	}
+	// Only the finish that recorded an outcome is in the audit trail.
+	hist, err := client.ListAudit(ctx, &adminv1.ListAuditRequest{Method: doMethod, Key: "order-7"})
+	if es := hist.GetEntries(); err != nil || len(es) != 1 || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FINISH ||
+		es[0].GetStateBefore() != adminv1.KeyState_KEY_STATE_ABANDONED || es[0].GetStateAfter() != adminv1.KeyState_KEY_STATE_RECORDED ||
+		es[0].GetReason() != "the customer called" {
+		t.Fatalf("the key's history after the finish: %v, %v; want the finish, abandoned to recorded, with its reason", hist, err)
 	}
 
 	var header metadata.MD

@@ -12,7 +12,8 @@ import (
 
 // The bounds every store enforces: of the fields of a [Scope], in bytes
 // (together they stay well within what a PostgreSQL B-tree index entry can
-// hold), of a [Step], and of the steps an entry keeps.
+// hold), of a [Step], of the steps an entry keeps, and of the fields of an
+// audit entry.
 const (
 	// MaxTenantLength, MaxMethodLength and MaxKeyLength are the longest
 	// Tenant, Method and Key of a Scope.
@@ -30,6 +31,12 @@ const (
 	// MaxStepsBytes bounds the names and results of an entry's steps,
 	// together.
 	MaxStepsBytes = 256 << 10
+
+	// MaxReasonLength is the longest Reason of an [AuditEntry].
+	MaxReasonLength = 1024
+	// MaxAuditFieldLength is the longest Operator, RequestID and Peer of
+	// an [AuditEntry].
+	MaxAuditFieldLength = 255
 )
 
 // Scope is what a claim is made for: the client's idempotency key, within
@@ -64,15 +71,21 @@ func (s Scope) Validate() error {
 }
 
 func validateField(name, v string, minLen, maxLen int) error {
+	return validateFieldAs(ErrInvalidScope, name, v, minLen, maxLen)
+}
+
+// validateFieldAs checks v, the field name, as validateField does, with an
+// error that wraps sentinel.
+func validateFieldAs(sentinel error, name, v string, minLen, maxLen int) error {
 	switch {
 	case len(v) < minLen:
-		return fmt.Errorf("%w: %s is empty", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s is empty", sentinel, name)
 	case len(v) > maxLen:
-		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", ErrInvalidScope, name, len(v), maxLen)
+		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", sentinel, name, len(v), maxLen)
 	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s is not valid UTF-8", sentinel, name)
 	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s contains a NUL byte", sentinel, name)
 	}
 	return nil
 }

@@ -307,7 +307,7 @@ func TestForget(t *testing.T) {
 
 		fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z",
 			f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7")...)
-		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-o", "json")...); strings.TrimSpace(out) != "{}" {
+		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-reason", "stuck", "-o", "json")...); strings.TrimSpace(out) != "{}" {
 			t.Fatalf("forget -o json printed %q, want {}", out)
 		}
 		if err := f.pending.Extend(t.Context(), time.Minute); err == nil {
@@ -412,6 +412,15 @@ func TestUsage(t *testing.T) {
 		{append(append([]string{"keys", "settle", "-code", "0"}, key...), addr...), "OK is not an error"},
 		{append(append([]string{"keys", "settle", "-code", "17"}, key...), addr...), "not a gRPC error code"},
 		{append(append([]string{"keys", "settle", "-code", "Later"}, key...), addr...), "not a gRPC error code"},
+		{append(append([]string{"keys", "settle", "-code", "9", "-force"}, key...), addr...), "-force needs -reason"},
+		{append(append([]string{"keys", "forget", "-force", "-reason", " "}, key...), addr...), "-force needs -reason"},
+		{append([]string{"keys", "list", "-watch", "-1s"}, addr...), "-watch must be positive"},
+		{append([]string{"keys", "list", "-watch", "1s", "-page-token", "x"}, addr...), "drop -page-token"},
+		{append([]string{"keys", "stats", "-tenant", "acme", "-all-tenants"}, addr...), "exclude each other"},
+		{append([]string{"keys", "history", "-tenant", "acme", "-key", "k"}, addr...), "-method is required"},
+		{append([]string{"audit"}, addr...), "audit needs a subcommand: list"},
+		{append([]string{"audit", "list", "-key", "k"}, addr...), "-key needs -method"},
+		{append([]string{"audit", "list", "-since", "today"}, addr...), "not an RFC 3339 time"},
 	} {
 		out, errOut, exit := idem(t, tc.args...)
 		if exit != 2 || !strings.Contains(errOut, tc.want) || out != "" {
@@ -491,13 +500,13 @@ func TestDatabaseURL(t *testing.T) {
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.
 	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid status: status.code ABORTED is a code clients retry",
-		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
+		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force", "-reason", "stuck")...)
 	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
 		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)
 	}
 	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "FAILED_PRECONDITION", "-message", "stuck")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until", settle...)
-	settled := unmarshal(t, ok(t, append(settle, "-force", "-o", "json")...), &adminv1.SettleKeyResponse{})
+	settled := unmarshal(t, ok(t, append(settle, "-force", "-reason", "stuck", "-o", "json")...), &adminv1.SettleKeyResponse{})
 	if k := settled.GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetError().GetMessage() != "stuck" {
 		t.Fatalf("settle -force: %v, want order-7 recorded with the error", k)
 	}

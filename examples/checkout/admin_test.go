@@ -145,6 +145,11 @@ func TestAdminFinishKey(t *testing.T) {
 		out.GetResponse().GetStructValue().GetFields()["orderId"].GetStringValue() != r.orderID {
 		t.Errorf("the finished key is %v; want it recorded with a response naming order %s", fin, r.orderID)
 	}
+	audit, err := client.ListAudit(operator, &adminv1.ListAuditRequest{Tenant: k.GetTenant(), Method: k.GetMethod(), Key: k.GetKey()})
+	if err != nil || len(audit.GetEntries()) != 1 || audit.GetEntries()[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FINISH ||
+		audit.GetEntries()[0].GetReason() != "INC-12: the replica died after the charge" || audit.GetEntries()[0].GetOperator() != "operator-token" {
+		t.Errorf("the key's audit trail: %v, %v; want the console's finish, with its reason", audit, err)
+	}
 	if _, err := client.FinishKey(operator, req); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("FinishKey of the finished key: %v, want FAILED_PRECONDITION", err)
 	}

@@ -32,12 +32,15 @@ type Caller struct {
 	Header map[string][]string
 	// TLS is the state of the call's TLS connection; nil without TLS.
 	TLS *tls.ConnectionState
+	// Peer is the network address the call came from, as the wire gives
+	// it; empty when it gives none.
+	Peer string
 }
 
 // HTTPCaller returns the caller of r, an HTTP request: its headers as
-// [Metadata] maps them, and its TLS state.
+// [Metadata] maps them, its TLS state, and its RemoteAddr as the peer.
 func HTTPCaller(r *http.Request) Caller {
-	return Caller{Header: Metadata(r.Header), TLS: r.TLS}
+	return Caller{Header: Metadata(r.Header), TLS: r.TLS, Peer: r.RemoteAddr}
 }
 
 // Metadata returns h, HTTP headers, as gRPC metadata carries them:

@@ -33,7 +33,7 @@ func TestMetadata(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "https://127.0.0.1/console/", nil)
 	r.Header.Set("Authorization", "Bearer t")
 	c := HTTPCaller(r)
-	if c.TLS != r.TLS || c.TLS == nil || c.Header["authorization"][0] != "Bearer t" {
+	if c.TLS != r.TLS || c.TLS == nil || c.Header["authorization"][0] != "Bearer t" || c.Peer != r.RemoteAddr || c.Peer == "" {
 		t.Errorf("HTTPCaller: %+v", c)
 	}
 }

@@ -42,7 +42,9 @@
 //   - It implements store.Admin: [Store.Keys] orders entries by their
 //     creation (by [WithClock]), then by tenant, method and key, and an
 //     atomic claim still running, like an uncommitted row, is neither
-//     listed nor found.
+//     listed nor found. Its audit trail is kept in memory for
+//     [WithAuditRetention] (90 days): an entry past it is not listed, and
+//     is dropped when expired keys are.
 //
 // Outcomes, fingerprints and steps are copied in and out, so
 // callers may reuse their buffers.

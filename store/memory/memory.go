@@ -16,11 +16,14 @@ type Store struct {
 	ttl         time.Duration
 	lockTimeout time.Duration
 	now         func() time.Time
+	retention   time.Duration // of the audit trail
 
 	mu        sync.Mutex
 	entries   map[store.Scope]*entry
-	tokens    uint64    // the last fencing token issued, by any key
-	lastSweep time.Time // by s.now
+	audit     []auditRecord // oldest first
+	auditSeq  uint64        // the last auditRecord.seq issued
+	tokens    uint64        // the last fencing token issued, by any key
+	lastSweep time.Time     // by s.now
 }
 
 var (
@@ -38,6 +41,7 @@ func New(opts ...Option) *Store {
 		ttl:         o.ttl,
 		lockTimeout: o.lockTimeout,
 		now:         o.now,
+		retention:   o.audit,
 		entries:     make(map[store.Scope]*entry),
 	}
 }
@@ -118,6 +122,7 @@ func (s *Store) sweepLocked(now time.Time) {
 			delete(s.entries, k)
 		}
 	}
+	s.sweepAuditLocked(now)
 }
 
 // Claim implements [store.Store]. A key that breaks the rules of

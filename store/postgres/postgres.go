@@ -25,6 +25,8 @@ type Store struct {
 	route  func(tenant string) int // nil: every tenant on shards[0]
 	ttl    time.Duration
 	clock  func() time.Time // nil: the database's clock
+	// auditRetention is how long an entry of the audit trail is kept.
+	auditRetention time.Duration
 
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
@@ -141,6 +143,7 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		route:             route,
 		ttl:               o.ttl,
 		clock:             o.now,
+		auditRetention:    o.audit,
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that

@@ -48,7 +48,13 @@
 // reading a key in each state; Forget and Settle of recorded, abandoned,
 // expired and unknown keys; a live lease refused unless forced, and a
 // forced action fencing the lease's holder; a status Settle cannot
-// record; invalid keys and filters.
+// record; invalid keys and filters. The audit trail and counts (also
+// [store.Admin]): a forget, a settle and a forced forget each keep their
+// entry, with the key's states before and after, and a refused action or
+// an invalid entry none; a key's history outlives its entry; AuditLog by
+// key, method, tenant, every tenant and time range, page after page;
+// Stats by tenant, method and state, with the oldest key in progress and
+// abandoned.
 //
 // Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid

@@ -103,6 +103,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Steps", stepCases, nil},
 		{"Finishing", finishingCases, finishingPart},
 		{"Admin", adminCases, adminPart},
+		{"Audit", auditCases, adminPart},
 	} {
 		if group.part != nil {
 			mu.Lock()

@@ -46,9 +46,10 @@ func chromium(t *testing.T) string {
 
 // TestConsoleInBrowser drives the admin console of the payments server in
 // a headless Chromium, as an operator would: the list shows the keys of
-// the payments made; the operator opens one, forgets it with a reason from
-// its confirmation page, and the list no longer shows it, nor the store
-// holds it.
+// the payments made, and their counts; the operator opens one, forgets it
+// with a reason from its confirmation page, and the list no longer shows
+// it, nor the store holds it; the key's history shows the forget, who made
+// it and why, as the store's audit trail keeps it.
 func TestConsoleInBrowser(t *testing.T) {
 	browser := chromium(t)
 	dsn := pgtest.NewDatabase(t)
@@ -144,6 +145,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := chromedp.Do(tab, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("table.keys"))); err != nil {
 		t.Fatal(err)
 	}
+	if counts := text("table.counts"); !strings.Contains(counts, "payments.v1.PayoutService/CreatePayout") {
+		t.Errorf("the counts lack the payouts in progress:\n%s", counts)
+	}
 	list := text("table.keys")
 	for _, want := range []string{"order-1001", "order-1003", "inv-77", "globex", "payout-9", "in progress", "payout-8", "abandoned", "recorded"} {
 		if !strings.Contains(list, want) {
@@ -190,6 +194,26 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if u, err := chromedp.Run(tab, chromedp.Location()); err != nil || !strings.HasPrefix(u, base+adminlisten.ConsolePath) {
 		t.Errorf("the page after the forget is %q (%v), want one under %s", u, err, adminlisten.ConsolePath)
+	}
+
+	// The audit trail: the forgotten key's history shows who forgot it,
+	// and why.
+	if err := chromedp.Do(tab,
+		chromedp.Click(chromedp.Search(`//a[text()="Its history"]`)),
+		chromedp.WaitVisible(chromedp.CSS("table.audit"))); err != nil {
+		t.Fatal(err)
+	}
+	history := text("table.audit")
+	for _, want := range []string{"forget", "operator-token", "INC-4711: the customer's bank reversed the charge", "recorded → forgotten"} {
+		if !strings.Contains(history, want) {
+			t.Errorf("the forgotten key's history lacks %q:\n%s", want, history)
+		}
+	}
+	shoot("console-history.png")
+	audit, _, err := st.AuditLog(ctx, store.AuditFilter{Tenant: "acme", Method: "/payments.v1.PaymentService/CreatePayment", Key: "order-1002"})
+	if err != nil || len(audit) != 1 || audit[0].Action != store.ActionForget || audit[0].Operator != "operator-token" ||
+		!strings.HasPrefix(audit[0].Reason, "INC-4711") {
+		t.Errorf("the store's audit trail of order-1002: %+v, %v", audit, err)
 	}
 	if os.Getenv(screenshotsEnv) != "" {
 		// The abandoned payout's page, for the docs.

@@ -5,8 +5,9 @@
 // source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, settle one
-// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, count them, read one, forget one,
+// settle one that is stuck in progress, and finish one that was abandoned,
+// and read the audit trail of those actions. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 
 package adminv1
@@ -91,6 +92,64 @@ func (x KeyState) Number() protoreflect.EnumNumber {
 // Deprecated: Use KeyState.Descriptor instead.
 func (KeyState) EnumDescriptor() ([]byte, []int) {
 	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+// AuditAction is an operator's action the audit trail records.
+type AuditAction int32
+
+const (
+	// AUDIT_ACTION_UNSPECIFIED is not an action.
+	AuditAction_AUDIT_ACTION_UNSPECIFIED AuditAction = 0
+	// AUDIT_ACTION_FORGET is a forget: the key's entry was deleted.
+	AuditAction_AUDIT_ACTION_FORGET AuditAction = 1
+	// AUDIT_ACTION_SETTLE is a settle: an error was recorded as the key's
+	// outcome.
+	AuditAction_AUDIT_ACTION_SETTLE AuditAction = 2
+	// AUDIT_ACTION_FINISH is a finish: an abandoned call was run to its end.
+	AuditAction_AUDIT_ACTION_FINISH AuditAction = 3
+)
+
+// Enum value maps for AuditAction.
+var (
+	AuditAction_name = map[int32]string{
+		0: "AUDIT_ACTION_UNSPECIFIED",
+		1: "AUDIT_ACTION_FORGET",
+		2: "AUDIT_ACTION_SETTLE",
+		3: "AUDIT_ACTION_FINISH",
+	}
+	AuditAction_value = map[string]int32{
+		"AUDIT_ACTION_UNSPECIFIED": 0,
+		"AUDIT_ACTION_FORGET":      1,
+		"AUDIT_ACTION_SETTLE":      2,
+		"AUDIT_ACTION_FINISH":      3,
+	}
+)
+
+func (x AuditAction) Enum() *AuditAction {
+	p := new(AuditAction)
+	*p = x
+	return p
+}
+
+func (x AuditAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_idem_admin_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (AuditAction) Type() protoreflect.EnumType {
+	return &file_idem_admin_v1_admin_proto_enumTypes[1]
+}
+
+func (x AuditAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditAction.Descriptor instead.
+func (AuditAction) EnumDescriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 // Key is everything a store keeps of a key's entry.
@@ -741,7 +800,10 @@ type ForgetKeyRequest struct {
 	// key is the idempotency key.
 	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// force forgets a key whose lease is live, fencing its holder.
-	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required with force; at most
+	// 1024 bytes of UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -804,6 +866,13 @@ func (x *ForgetKeyRequest) GetForce() bool {
 	return false
 }
 
+func (x *ForgetKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ForgetKeyResponse is empty: the key is forgotten.
 type ForgetKeyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -859,7 +928,10 @@ type SettleKeyRequest struct {
 	// is fixed.
 	Status *status.Status `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
 	// force settles a key whose lease is live, fencing its holder.
-	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required with force; at most
+	// 1024 bytes of UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -929,6 +1001,13 @@ func (x *SettleKeyRequest) GetForce() bool {
 	return false
 }
 
+func (x *SettleKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // SettleKeyResponse is the key as settled.
 type SettleKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -983,7 +1062,10 @@ type FinishKeyRequest struct {
 	// method is the method's full name or scope.
 	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// key is the idempotency key.
-	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// reason says why, for the audit trail; optional; at most 1024 bytes of
+	// UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,6 +1121,13 @@ func (x *FinishKeyRequest) GetKey() string {
 	return ""
 }
 
+func (x *FinishKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // FinishKeyResponse is the key as finished.
 type FinishKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1081,6 +1170,557 @@ func (*FinishKeyResponse) Descriptor() ([]byte, []int) {
 func (x *FinishKeyResponse) GetKey() *Key {
 	if x != nil {
 		return x.Key
+	}
+	return nil
+}
+
+// AuditEntry is the record of one operator's action on one key.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// time is when the action took effect.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// tenant is the tenant of the key's scope.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// key is the idempotency key.
+	Key string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	// action is what was done.
+	Action AuditAction `protobuf:"varint,5,opt,name=action,proto3,enum=idem.admin.v1.AuditAction" json:"action,omitempty"`
+	// operator names who did it, as the service's authorizer named them.
+	Operator string `protobuf:"bytes,6,opt,name=operator,proto3" json:"operator,omitempty"`
+	// reason is why, as the operator gave it; empty when none was given.
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// force reports a forced action, which fenced a live lease's holder.
+	Force bool `protobuf:"varint,8,opt,name=force,proto3" json:"force,omitempty"`
+	// state_before is the key's state when the action found it.
+	StateBefore KeyState `protobuf:"varint,9,opt,name=state_before,json=stateBefore,proto3,enum=idem.admin.v1.KeyState" json:"state_before,omitempty"`
+	// state_after is the key's state the action left; unspecified when the
+	// action deleted the key's entry (a forget).
+	StateAfter KeyState `protobuf:"varint,10,opt,name=state_after,json=stateAfter,proto3,enum=idem.admin.v1.KeyState" json:"state_after,omitempty"`
+	// request_id is the x-request-id header of the call that asked, if any.
+	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// peer is the network address the call came from, if any.
+	Peer          string `protobuf:"bytes,12,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetAction() AuditAction {
+	if x != nil {
+		return x.Action
+	}
+	return AuditAction_AUDIT_ACTION_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *AuditEntry) GetStateBefore() KeyState {
+	if x != nil {
+		return x.StateBefore
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetStateAfter() KeyState {
+	if x != nil {
+		return x.StateAfter
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+// ListAuditRequest selects the audit entries to list.
+type ListAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's entries (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's entries; tenant must then be empty.
+	// Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the entries of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// key, with method, selects one key's entries: its history.
+	Key string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	// start_time selects entries at or after this time.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// end_time selects entries before this time.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// page_size is the most entries to return: 0 means 100, and at most
+	// 1000.
+	PageSize int32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page, to get the
+	// next one; it is only valid with the same filter (every field above
+	// except page_size).
+	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListAuditRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *ListAuditRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAuditRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListAuditResponse is a page of audit entries.
+type ListAuditResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entries are the page's entries, oldest first.
+	Entries []*AuditEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// next_page_token gets the next page; empty when there is none.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListAuditResponse) GetEntries() []*AuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListAuditResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// GetKeyStatsRequest selects the keys to count, as ListKeysRequest does.
+type GetKeyStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's keys (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's keys, counted per tenant; tenant
+	// must then be empty. Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the keys of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// states selects the keys in any of these states; empty selects all. A
+	// filter of in_progress and abandoned only reads the keys in progress,
+	// which an index holds on their own: cheap on any table; counting the
+	// recorded keys reads every key the filter selects.
+	States []KeyState `protobuf:"varint,4,rep,packed,name=states,proto3,enum=idem.admin.v1.KeyState" json:"states,omitempty"`
+	// created_after selects keys claimed at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// created_before selects keys claimed before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyStatsRequest) Reset() {
+	*x = GetKeyStatsRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyStatsRequest) ProtoMessage() {}
+
+func (x *GetKeyStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetKeyStatsRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetKeyStatsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetKeyStatsRequest) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *GetKeyStatsRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *GetKeyStatsRequest) GetStates() []KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *GetKeyStatsRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *GetKeyStatsRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+// KeyCount is how many keys of one tenant and method are in one state.
+type KeyCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the keys' tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the keys' method full name or scope.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// state is the keys' state.
+	State KeyState `protobuf:"varint,3,opt,name=state,proto3,enum=idem.admin.v1.KeyState" json:"state,omitempty"`
+	// count is how many there are.
+	Count         int64 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyCount) Reset() {
+	*x = KeyCount{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyCount) ProtoMessage() {}
+
+func (x *KeyCount) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyCount.ProtoReflect.Descriptor instead.
+func (*KeyCount) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *KeyCount) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeyCount) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeyCount) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *KeyCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// GetKeyStatsResponse is the counts of the keys asked for.
+type GetKeyStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// counts are the counts of every tenant, method and state that has keys,
+	// ordered by tenant, method and state.
+	Counts []*KeyCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	// oldest_in_progress is the key in progress (its lease live) claimed
+	// first; unset when there is none.
+	OldestInProgress *Key `protobuf:"bytes,2,opt,name=oldest_in_progress,json=oldestInProgress,proto3" json:"oldest_in_progress,omitempty"`
+	// oldest_abandoned is the abandoned key claimed first; unset when there
+	// is none.
+	OldestAbandoned *Key `protobuf:"bytes,3,opt,name=oldest_abandoned,json=oldestAbandoned,proto3" json:"oldest_abandoned,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GetKeyStatsResponse) Reset() {
+	*x = GetKeyStatsResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyStatsResponse) ProtoMessage() {}
+
+func (x *GetKeyStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetKeyStatsResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetKeyStatsResponse) GetCounts() []*KeyCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *GetKeyStatsResponse) GetOldestInProgress() *Key {
+	if x != nil {
+		return x.OldestInProgress
+	}
+	return nil
+}
+
+func (x *GetKeyStatsResponse) GetOldestAbandoned() *Key {
+	if x != nil {
+		return x.OldestAbandoned
 	}
 	return nil
 }
@@ -1142,39 +1782,98 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\"6\n" +
 	"\x0eGetKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"j\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"\x82\x01\n" +
 	"\x10ForgetKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x14\n" +
-	"\x05force\x18\x04 \x01(\bR\x05force\"\x13\n" +
-	"\x11ForgetKeyResponse\"\x96\x01\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x13\n" +
+	"\x11ForgetKeyResponse\"\xae\x01\n" +
 	"\x10SettleKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12*\n" +
 	"\x06status\x18\x04 \x01(\v2\x12.google.rpc.StatusR\x06status\x12\x14\n" +
-	"\x05force\x18\x05 \x01(\bR\x05force\"9\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"9\n" +
 	"\x11SettleKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"T\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"l\n" +
 	"\x10FinishKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key\"9\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"9\n" +
 	"\x11FinishKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key*\x88\x01\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"\xa5\x03\n" +
+	"\n" +
+	"AuditEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\x122\n" +
+	"\x06action\x18\x05 \x01(\x0e2\x1a.idem.admin.v1.AuditActionR\x06action\x12\x1a\n" +
+	"\boperator\x18\x06 \x01(\tR\boperator\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\b \x01(\bR\x05force\x12:\n" +
+	"\fstate_before\x18\t \x01(\x0e2\x17.idem.admin.v1.KeyStateR\vstateBefore\x128\n" +
+	"\vstate_after\x18\n" +
+	" \x01(\x0e2\x17.idem.admin.v1.KeyStateR\n" +
+	"stateAfter\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\v \x01(\tR\trequestId\x12\x12\n" +
+	"\x04peer\x18\f \x01(\tR\x04peer\"\xa3\x02\n" +
+	"\x10ListAuditRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\x129\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\"p\n" +
+	"\x11ListAuditResponse\x123\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.idem.admin.v1.AuditEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9a\x02\n" +
+	"\x12GetKeyStatsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12/\n" +
+	"\x06states\x18\x04 \x03(\x0e2\x17.idem.admin.v1.KeyStateR\x06states\x12?\n" +
+	"\rcreated_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\"\x7f\n" +
+	"\bKeyCount\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12-\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x17.idem.admin.v1.KeyStateR\x05state\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\"\xc7\x01\n" +
+	"\x13GetKeyStatsResponse\x12/\n" +
+	"\x06counts\x18\x01 \x03(\v2\x17.idem.admin.v1.KeyCountR\x06counts\x12@\n" +
+	"\x12oldest_in_progress\x18\x02 \x01(\v2\x12.idem.admin.v1.KeyR\x10oldestInProgress\x12=\n" +
+	"\x10oldest_abandoned\x18\x03 \x01(\v2\x12.idem.admin.v1.KeyR\x0foldestAbandoned*\x88\x01\n" +
 	"\bKeyState\x12\x19\n" +
 	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15KEY_STATE_IN_PROGRESS\x10\x01\x12\x17\n" +
 	"\x13KEY_STATE_ABANDONED\x10\x02\x12\x16\n" +
 	"\x12KEY_STATE_RECORDED\x10\x03\x12\x15\n" +
-	"\x11KEY_STATE_EXPIRED\x10\x042\xab\x03\n" +
+	"\x11KEY_STATE_EXPIRED\x10\x04*v\n" +
+	"\vAuditAction\x12\x1c\n" +
+	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13AUDIT_ACTION_FORGET\x10\x01\x12\x17\n" +
+	"\x13AUDIT_ACTION_SETTLE\x10\x02\x12\x17\n" +
+	"\x13AUDIT_ACTION_FINISH\x10\x032\xdb\x04\n" +
 	"\fAdminService\x12P\n" +
 	"\bListKeys\x12\x1e.idem.admin.v1.ListKeysRequest\x1a\x1f.idem.admin.v1.ListKeysResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\x06GetKey\x12\x1c.idem.admin.v1.GetKeyRequest\x1a\x1d.idem.admin.v1.GetKeyResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\tForgetKey\x12\x1f.idem.admin.v1.ForgetKeyRequest\x1a .idem.admin.v1.ForgetKeyResponse\"\x03\x90\x02\x02\x12S\n" +
 	"\tSettleKey\x12\x1f.idem.admin.v1.SettleKeyRequest\x1a .idem.admin.v1.SettleKeyResponse\"\x03\x90\x02\x02\x12S\n" +
-	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
+	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02\x12S\n" +
+	"\tListAudit\x12\x1f.idem.admin.v1.ListAuditRequest\x1a .idem.admin.v1.ListAuditResponse\"\x03\x90\x02\x01\x12Y\n" +
+	"\vGetKeyStats\x12!.idem.admin.v1.GetKeyStatsRequest\x1a\".idem.admin.v1.GetKeyStatsResponse\"\x03\x90\x02\x01B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_idem_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1188,60 +1887,85 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_idem_admin_v1_admin_proto_rawDescData
 }
 
-var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
-	(*Key)(nil),                   // 1: idem.admin.v1.Key
-	(*Step)(nil),                  // 2: idem.admin.v1.Step
-	(*Outcome)(nil),               // 3: idem.admin.v1.Outcome
-	(*ListKeysRequest)(nil),       // 4: idem.admin.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),      // 5: idem.admin.v1.ListKeysResponse
-	(*GetKeyRequest)(nil),         // 6: idem.admin.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 7: idem.admin.v1.GetKeyResponse
-	(*ForgetKeyRequest)(nil),      // 8: idem.admin.v1.ForgetKeyRequest
-	(*ForgetKeyResponse)(nil),     // 9: idem.admin.v1.ForgetKeyResponse
-	(*SettleKeyRequest)(nil),      // 10: idem.admin.v1.SettleKeyRequest
-	(*SettleKeyResponse)(nil),     // 11: idem.admin.v1.SettleKeyResponse
-	(*FinishKeyRequest)(nil),      // 12: idem.admin.v1.FinishKeyRequest
-	(*FinishKeyResponse)(nil),     // 13: idem.admin.v1.FinishKeyResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 15: google.protobuf.Value
-	(*status.Status)(nil),         // 16: google.rpc.Status
+	(AuditAction)(0),              // 1: idem.admin.v1.AuditAction
+	(*Key)(nil),                   // 2: idem.admin.v1.Key
+	(*Step)(nil),                  // 3: idem.admin.v1.Step
+	(*Outcome)(nil),               // 4: idem.admin.v1.Outcome
+	(*ListKeysRequest)(nil),       // 5: idem.admin.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 6: idem.admin.v1.ListKeysResponse
+	(*GetKeyRequest)(nil),         // 7: idem.admin.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 8: idem.admin.v1.GetKeyResponse
+	(*ForgetKeyRequest)(nil),      // 9: idem.admin.v1.ForgetKeyRequest
+	(*ForgetKeyResponse)(nil),     // 10: idem.admin.v1.ForgetKeyResponse
+	(*SettleKeyRequest)(nil),      // 11: idem.admin.v1.SettleKeyRequest
+	(*SettleKeyResponse)(nil),     // 12: idem.admin.v1.SettleKeyResponse
+	(*FinishKeyRequest)(nil),      // 13: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 14: idem.admin.v1.FinishKeyResponse
+	(*AuditEntry)(nil),            // 15: idem.admin.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 16: idem.admin.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 17: idem.admin.v1.ListAuditResponse
+	(*GetKeyStatsRequest)(nil),    // 18: idem.admin.v1.GetKeyStatsRequest
+	(*KeyCount)(nil),              // 19: idem.admin.v1.KeyCount
+	(*GetKeyStatsResponse)(nil),   // 20: idem.admin.v1.GetKeyStatsResponse
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 22: google.protobuf.Value
+	(*status.Status)(nil),         // 23: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	14, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	14, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	14, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	14, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
-	3,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	15, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	16, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	21, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	21, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	21, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	21, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	3,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
+	4,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
+	22, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	23, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
 	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	14, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	14, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	1,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	1,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	16, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	1,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	1,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	4,  // 17: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	6,  // 18: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	8,  // 19: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	10, // 20: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	12, // 21: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	5,  // 22: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	7,  // 23: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	9,  // 24: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	11, // 25: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	13, // 26: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	21, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	21, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	2,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	2,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	23, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	2,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	2,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	21, // 17: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: idem.admin.v1.AuditEntry.action:type_name -> idem.admin.v1.AuditAction
+	0,  // 19: idem.admin.v1.AuditEntry.state_before:type_name -> idem.admin.v1.KeyState
+	0,  // 20: idem.admin.v1.AuditEntry.state_after:type_name -> idem.admin.v1.KeyState
+	21, // 21: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	21, // 22: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	15, // 23: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
+	0,  // 24: idem.admin.v1.GetKeyStatsRequest.states:type_name -> idem.admin.v1.KeyState
+	21, // 25: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
+	21, // 26: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
+	0,  // 27: idem.admin.v1.KeyCount.state:type_name -> idem.admin.v1.KeyState
+	19, // 28: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
+	2,  // 29: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
+	2,  // 30: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
+	5,  // 31: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	7,  // 32: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	9,  // 33: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	11, // 34: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	13, // 35: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	16, // 36: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
+	18, // 37: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
+	6,  // 38: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	8,  // 39: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	10, // 40: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	12, // 41: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	14, // 42: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	17, // 43: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
+	20, // 44: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
+	38, // [38:45] is the sub-list for method output_type
+	31, // [31:38] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -1259,8 +1983,8 @@ func file_idem_admin_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   13,
+			NumEnums:      2,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

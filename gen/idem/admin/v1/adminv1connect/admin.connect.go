@@ -3,8 +3,9 @@
 // Source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, settle one
-// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, count them, read one, forget one,
+// settle one that is stuck in progress, and finish one that was abandoned,
+// and read the audit trail of those actions. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 package adminv1connect
 
@@ -47,6 +48,11 @@ const (
 	AdminServiceSettleKeyProcedure = "/idem.admin.v1.AdminService/SettleKey"
 	// AdminServiceFinishKeyProcedure is the fully-qualified name of the AdminService's FinishKey RPC.
 	AdminServiceFinishKeyProcedure = "/idem.admin.v1.AdminService/FinishKey"
+	// AdminServiceListAuditProcedure is the fully-qualified name of the AdminService's ListAudit RPC.
+	AdminServiceListAuditProcedure = "/idem.admin.v1.AdminService/ListAudit"
+	// AdminServiceGetKeyStatsProcedure is the fully-qualified name of the AdminService's GetKeyStats
+	// RPC.
+	AdminServiceGetKeyStatsProcedure = "/idem.admin.v1.AdminService/GetKeyStats"
 )
 
 // AdminServiceClient is a client for the idem.admin.v1.AdminService service.
@@ -83,6 +89,14 @@ type AdminServiceClient interface {
 	// took the call over first), the answer is that attempt's error and the
 	// call is left to the finisher.
 	FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error)
+	// ListAudit lists the audit trail's entries, oldest first, a page at a
+	// time: every forget, settle and finish an operator made through the
+	// service, with who made it, when, why and what it changed. Filtered by
+	// key, it is the key's history.
+	ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error)
+	// GetKeyStats counts the keys that match a filter by tenant, method and
+	// state, and returns the oldest in progress and the oldest abandoned.
+	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
 }
 
 // NewAdminServiceClient constructs a client for the idem.admin.v1.AdminService service. By default,
@@ -131,16 +145,32 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		listAudit: connect.NewClient[v1.ListAuditRequest, v1.ListAuditResponse](
+			httpClient,
+			baseURL+AdminServiceListAuditProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListAudit")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getKeyStats: connect.NewClient[v1.GetKeyStatsRequest, v1.GetKeyStatsResponse](
+			httpClient,
+			baseURL+AdminServiceGetKeyStatsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetKeyStats")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	listKeys  *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
-	getKey    *connect.Client[v1.GetKeyRequest, v1.GetKeyResponse]
-	forgetKey *connect.Client[v1.ForgetKeyRequest, v1.ForgetKeyResponse]
-	settleKey *connect.Client[v1.SettleKeyRequest, v1.SettleKeyResponse]
-	finishKey *connect.Client[v1.FinishKeyRequest, v1.FinishKeyResponse]
+	listKeys    *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
+	getKey      *connect.Client[v1.GetKeyRequest, v1.GetKeyResponse]
+	forgetKey   *connect.Client[v1.ForgetKeyRequest, v1.ForgetKeyResponse]
+	settleKey   *connect.Client[v1.SettleKeyRequest, v1.SettleKeyResponse]
+	finishKey   *connect.Client[v1.FinishKeyRequest, v1.FinishKeyResponse]
+	listAudit   *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
+	getKeyStats *connect.Client[v1.GetKeyStatsRequest, v1.GetKeyStatsResponse]
 }
 
 // ListKeys calls idem.admin.v1.AdminService.ListKeys.
@@ -188,6 +218,24 @@ func (c *adminServiceClient) FinishKey(ctx context.Context, req *v1.FinishKeyReq
 	return nil, err
 }
 
+// ListAudit calls idem.admin.v1.AdminService.ListAudit.
+func (c *adminServiceClient) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (*v1.ListAuditResponse, error) {
+	response, err := c.listAudit.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// GetKeyStats calls idem.admin.v1.AdminService.GetKeyStats.
+func (c *adminServiceClient) GetKeyStats(ctx context.Context, req *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error) {
+	response, err := c.getKeyStats.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // AdminServiceHandler is an implementation of the idem.admin.v1.AdminService service.
 type AdminServiceHandler interface {
 	// ListKeys lists the keys that match a filter, oldest first, a page at a
@@ -222,6 +270,14 @@ type AdminServiceHandler interface {
 	// took the call over first), the answer is that attempt's error and the
 	// call is left to the finisher.
 	FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error)
+	// ListAudit lists the audit trail's entries, oldest first, a page at a
+	// time: every forget, settle and finish an operator made through the
+	// service, with who made it, when, why and what it changed. Filtered by
+	// key, it is the key's history.
+	ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error)
+	// GetKeyStats counts the keys that match a filter by tenant, method and
+	// state, and returns the oldest in progress and the oldest abandoned.
+	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -266,6 +322,20 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListAuditHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceListAuditProcedure,
+		svc.ListAudit,
+		connect.WithSchema(adminServiceMethods.ByName("ListAudit")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetKeyStatsHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceGetKeyStatsProcedure,
+		svc.GetKeyStats,
+		connect.WithSchema(adminServiceMethods.ByName("GetKeyStats")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/idem.admin.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceListKeysProcedure:
@@ -278,6 +348,10 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceSettleKeyHandler.ServeHTTP(w, r)
 		case AdminServiceFinishKeyProcedure:
 			adminServiceFinishKeyHandler.ServeHTTP(w, r)
+		case AdminServiceListAuditProcedure:
+			adminServiceListAuditHandler.ServeHTTP(w, r)
+		case AdminServiceGetKeyStatsProcedure:
+			adminServiceGetKeyStatsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -305,4 +379,12 @@ func (UnimplementedAdminServiceHandler) SettleKey(context.Context, *v1.SettleKey
 
 func (UnimplementedAdminServiceHandler) FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.FinishKey is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.ListAudit is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.GetKeyStats is not implemented"))
 }
