@@ -680,3 +680,42 @@ func TestConsoleCounts(t *testing.T) {
 		t.Errorf("counts of every state: %v, want %v\n%s", got, want, body)
 	}
 }
+
+// TestConsoleEveryPageAuthorized: every page and action of the console,
+// asked by an operator the Authorizer refuses, is a 403 page, and the
+// store is never asked.
+func TestConsoleEveryPageAuthorized(t *testing.T) {
+	k := info("acme", doMethod, "order-1", store.Abandoned, epoch)
+	k.Call = &store.Call{}
+	st := &fakeStore{keys: []store.KeyInfo{k}}
+	var mu sync.Mutex
+	asked := map[string]bool{}
+	deny := admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
+		mu.Lock()
+		asked[r.Method] = true
+		mu.Unlock()
+		return admin.Grant{}, idem.NewError(code.Code_PERMISSION_DENIED, "not an operator")
+	})
+	u := consoleServer(t, st, deny)
+	q := keyQuery(k.Scope)
+	for _, p := range []string{"", "?f=1&tenant=acme&state=abandoned", "key?" + q, "forget?" + q, "settle?" + q, "finish?" + q} {
+		if status, body := page(t, u+p); status != http.StatusForbidden || !strings.Contains(body, "not an operator") {
+			t.Errorf("GET %q: %d\n%s", p, status, body)
+		}
+	}
+	for _, a := range []string{"forget", "settle", "finish"} {
+		if status, body := post(t, u+a, keyForm(k.Scope, "reason", "r", "force", "1")); status != http.StatusForbidden || !strings.Contains(body, "not an operator") {
+			t.Errorf("POST %s: %d\n%s", a, status, body)
+		}
+	}
+	if n := st.storeCalls(); n != 0 {
+		t.Errorf("the store was asked %d times for a refused operator", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, rpc := range []string{"ListKeys", "GetKeyStats", "GetKey", "ForgetKey", "SettleKey", "FinishKey"} {
+		if !asked["/idem.admin.v1.AdminService/"+rpc] {
+			t.Errorf("the Authorizer was never asked about %s", rpc)
+		}
+	}
+}
