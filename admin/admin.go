@@ -211,28 +211,35 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 
 // fail ends the call with the answer to err, a store's error.
 func (c *call) fail(ctx context.Context, err error) error {
+	answer, cause := answerOf(err)
+	return c.end(ctx, answer, cause)
+}
+
+// answerOf returns the service's answer to err, a store's error, and the
+// error behind it to log (nil when the answer says it all).
+func answerOf(err error) (answer, cause error) {
 	var live *store.LeaseLiveError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return c.end(ctx, answerf(code.Code_NOT_FOUND, "the store holds no entry for the key"), nil)
+		return answerf(code.Code_NOT_FOUND, "the store holds no entry for the key"), nil
 	case errors.Is(err, store.ErrNotInProgress):
-		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already; forget the key instead"), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already; forget the key instead"), nil
 	case errors.As(err, &live):
-		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil
 	case errors.Is(err, store.ErrInvalidCursor):
-		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err)
+		return answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err
 	case errors.Is(err, store.ErrInvalidScope):
-		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err)
+		return answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err
 	case errors.Is(err, store.ErrInvalidStatus):
-		return c.end(ctx, invalid("%v", err), nil)
+		return invalid("%v", err), nil
 	case errors.Is(err, store.ErrInvalidAudit):
-		return c.end(ctx, invalid("%s", rule(err, store.ErrInvalidAudit)), err)
+		return invalid("%s", rule(err, store.ErrInvalidAudit)), err
 	case errors.Is(err, context.Canceled):
-		return c.end(ctx, answerf(code.Code_CANCELLED, "canceled"), err)
+		return answerf(code.Code_CANCELLED, "canceled"), err
 	case errors.Is(err, context.DeadlineExceeded):
-		return c.end(ctx, answerf(code.Code_DEADLINE_EXCEEDED, "deadline exceeded"), err)
+		return answerf(code.Code_DEADLINE_EXCEEDED, "deadline exceeded"), err
 	}
-	return c.end(ctx, answerf(code.Code_UNAVAILABLE, "the store failed; the server's log has the detail"), err)
+	return answerf(code.Code_UNAVAILABLE, "the store failed; the server's log has the detail"), err
 }
 
 // answerf returns the service's answer with code c and the message
@@ -454,52 +461,72 @@ func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (
 	if err := checkAction(r); err != nil {
 		return nil, c.end(ctx, err, nil)
 	}
-	err = s.finisher.FinishKey(ctx, r.Key)
-	var (
-		live *store.LeaseLiveError
-		ie   *idem.Error
-	)
-	switch {
-	case err == nil:
-	case errors.Is(err, idem.ErrNotFinishable):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil)
-	case errors.Is(err, store.ErrNotInProgress):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already: there is nothing to finish"), nil)
-	case errors.As(err, &live):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil)
-	case errors.As(err, &ie):
-		// The attempt's answer (the call taken over first, its method not
-		// registered, or the handler's transient error): the call is left
-		// to the finisher.
-		st := ie.Status()
-		return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
-	default:
-		if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_UNKNOWN) {
-			// The handler's own status (a gRPC status, a *connect.Error),
-			// as the call's client would have got it.
-			return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
-		}
-		return nil, c.fail(ctx, err)
-	}
-	ki, kerr := s.st.Key(ctx, r.Key)
-	// The finish's audit entry, in a transaction of its own: the outcome
-	// was recorded by the call's own transaction, the handler's. Written
-	// after it, it may be lost to a crash between, never written for a
-	// finish that did not happen.
-	e := c.audit()
-	e.Scope, e.Action, e.Before, e.After = r.Key, store.ActionFinish, store.Abandoned, store.Recorded
-	if kerr == nil {
-		e.After = ki.State
-	}
-	if err := s.st.AddAudit(ctx, *e); err != nil {
-		s.log().LogAttrs(ctx, slog.LevelError, "idem admin: the audit entry of a finish could not be written",
-			slog.String("tenant", r.Key.Tenant), slog.String("method", r.Key.Method), slog.String("key", r.Key.Key), slog.String("error", err.Error()))
+	ki, kerr, answer, cause := c.finish(ctx, r.Key)
+	if answer != nil {
+		return nil, c.end(ctx, answer, cause)
 	}
 	if kerr != nil {
 		// Finished, but not read back (forgotten since, say).
 		return nil, c.fail(ctx, kerr)
 	}
 	return &adminv1.FinishKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// finish finishes k's abandoned call through the server's finisher and,
+// when it did, adds the finish's audit entry and reads the key back (ki,
+// or kerr when it cannot be read). answer is the service's answer when it
+// did not, and cause the error behind it to log.
+func (c *call) finish(ctx context.Context, k store.Scope) (ki store.KeyInfo, kerr, answer, cause error) {
+	s := c.s
+	if answer, cause := finishAnswer(s.finisher.FinishKey(ctx, k)); answer != nil {
+		return ki, nil, answer, cause
+	}
+	ki, kerr = s.st.Key(ctx, k)
+	// The finish's audit entry, in a transaction of its own: the outcome
+	// was recorded by the call's own transaction, the handler's. Written
+	// after it, it may be lost to a crash between, never written for a
+	// finish that did not happen.
+	e := c.audit()
+	e.Scope, e.Action, e.Before, e.After = k, store.ActionFinish, store.Abandoned, store.Recorded
+	if kerr == nil {
+		e.After = ki.State
+	}
+	if err := s.st.AddAudit(ctx, *e); err != nil {
+		s.log().LogAttrs(ctx, slog.LevelError, "idem admin: the audit entry of a finish could not be written",
+			slog.String("tenant", k.Tenant), slog.String("method", k.Method), slog.String("key", k.Key), slog.String("error", err.Error()))
+	}
+	return ki, kerr, nil, nil
+}
+
+// finishAnswer returns the service's answer to err, the error of the
+// finisher's FinishKey (nil for nil), and the error behind it to log.
+func finishAnswer(err error) (answer, cause error) {
+	var (
+		live *store.LeaseLiveError
+		ie   *idem.Error
+	)
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, idem.ErrNotFinishable):
+		return answerf(code.Code_FAILED_PRECONDITION, "nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil
+	case errors.Is(err, store.ErrNotInProgress):
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already: there is nothing to finish"), nil
+	case errors.As(err, &live):
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil
+	case errors.As(err, &ie):
+		// The attempt's answer (the call taken over first, its method not
+		// registered, or the handler's transient error): the call is left
+		// to the finisher.
+		st := ie.Status()
+		return answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err
+	}
+	if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_UNKNOWN) {
+		// The handler's own status (a gRPC status, a *connect.Error), as
+		// the call's client would have got it.
+		return answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err
+	}
+	return answerOf(err)
 }
 
 // key returns ki as the service shows it.

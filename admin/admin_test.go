@@ -253,9 +253,9 @@ func TestRefusedEveryRPC(t *testing.T) {
 	})
 }
 
-// filled returns a request of d naming tenant "acme", method Do, key k1
-// and every tenant where it can, so that refusals are not down to an empty
-// request.
+// filled returns a request of d naming tenant "acme", method Do, key k1,
+// force, and for the RPCs on many keys a selection of those and a limit,
+// where it can, so that refusals are not down to an empty request.
 func filled(d protoreflect.MessageDescriptor) *dynamicpb.Message {
 	m := dynamicpb.NewMessage(d)
 	for name, v := range map[protoreflect.Name]protoreflect.Value{
@@ -265,6 +265,13 @@ func filled(d protoreflect.MessageDescriptor) *dynamicpb.Message {
 		if fd := d.Fields().ByName(name); fd != nil {
 			m.Set(fd, v)
 		}
+	}
+	// The RPCs on many keys: a selection of tenant acme, and a limit.
+	if fd := d.Fields().ByName("selection"); fd != nil {
+		m.Set(fd, protoreflect.ValueOfMessage(filled(fd.Message())))
+	}
+	if fd := d.Fields().ByName("limit"); fd != nil {
+		m.Set(fd, protoreflect.ValueOfInt32(10))
 	}
 	return m
 }

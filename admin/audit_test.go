@@ -341,3 +341,26 @@ func TestStoreErrorHiddenOnEveryRPC(t *testing.T) {
 		}
 	})
 }
+
+// TestAuditOfAnOddSubject: a grant's subject, a request id or a peer that
+// an audit entry cannot hold as they are (too long, not UTF-8, a NUL
+// byte) are made to fit, and never fail the action.
+func TestAuditOfAnOddSubject(t *testing.T) {
+	st := &fakeStore{keys: []store.KeyInfo{info("acme", doMethod, "k1", store.Recorded, epoch)}}
+	odd := strings.Repeat("é", 200) + "\x00bad-\xff"
+	srv := admin.NewServer(st, admin.AuthorizerFunc(func(context.Context, admin.Request) (admin.Grant, error) {
+		return admin.Grant{Subject: odd, AllTenants: true}, nil
+	}))
+	if _, err := srv.ForgetKey(t.Context(), &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "k1", Reason: "r"}); err != nil {
+		t.Fatalf("ForgetKey by an odd subject: %v", err)
+	}
+	es := st.auditEntries()
+	if len(es) != 1 {
+		t.Fatalf("audit entries: %+v", es)
+	}
+	e := es[0]
+	e.Action, e.Scope, e.Before = store.ActionForget, store.Scope{Tenant: "acme", Method: doMethod, Key: "k1"}, store.Recorded
+	if err := e.Validate(); err != nil || len(e.Operator) > store.MaxAuditFieldLength || !strings.HasPrefix(e.Operator, "éé") {
+		t.Errorf("the entry's operator %q: %v; want it cut to fit", e.Operator, err)
+	}
+}

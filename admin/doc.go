@@ -81,6 +81,23 @@ are kept for the store's retention (90 days by default:
 postgres.WithAuditRetention, memory.WithAuditRetention), and swept with
 expired keys.
 
+# Actions on many keys
+
+ForgetKeys, SettleKeys and FinishKeys act on the keys a selection (a
+ListKeys filter) matches, at most limit of them a call (required, 1 to
+1000), oldest first, one by one with the rules of the action on one key:
+a live lease is skipped unless forced, and a forced action fences its
+holder; a recorded key is skipped by a settle; a key that cannot be
+finished is skipped by a finish. Each key's result is returned: done, or
+skipped with the answer the action on that key alone would have had. A
+reason is required, and every key acted on keeps its audit entry with it.
+A dry run changes nothing: it returns how many keys the selection
+matches and the first limit of them. The answer's next_page_token, signed
+for the RPC and its selection, resumes after the call's last key; a call
+cut short (its caller gone) is resumed with the token it was given, as
+every action skips what is done already. A read-only grant refuses them,
+dry runs included.
+
 # Counts
 
 GetKeyStats counts the keys of a ListKeys filter by tenant, method and

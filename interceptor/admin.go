@@ -49,6 +49,9 @@ func RegisterAdmin(s grpc.ServiceRegistrar, srv *admin.Server) {
 		"FinishKey":   adminMethod(srv.FinishKey),
 		"ListAudit":   adminMethod(srv.ListAudit),
 		"GetKeyStats": adminMethod(srv.GetKeyStats),
+		"ForgetKeys":  adminMethod(srv.ForgetKeys),
+		"SettleKeys":  adminMethod(srv.SettleKeys),
+		"FinishKeys":  adminMethod(srv.FinishKeys),
 	}
 	sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
 	desc := &grpc.ServiceDesc{

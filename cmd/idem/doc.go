@@ -18,6 +18,8 @@
 //	idem keys finish  [connection] -tenant T -method M -key K [-reason R]
 //	idem audit list   [connection] [-tenant T | -all-tenants] [-method M [-key K]]
 //	                  [-since T] [-until T] [-limit N] [-page-token P] [-all]
+//	idem bulk forget|settle|finish [connection] [list's filters] -limit N -reason R
+//	                  [-force] [-code C -message M] [-dry-run | -yes] [-all] [-page-token P]
 //
 // # Connection
 //
@@ -111,6 +113,18 @@
 // to finish). It prints the key with its recorded outcome. A server without
 // a finisher answers UNIMPLEMENTED; with -database-url there is none, as no
 // handler runs in the command.
+//
+// bulk forget, bulk settle and bulk finish act on the keys list's filters
+// select, -limit keys a call (required), each key with the rules of the
+// action on one (a live lease is skipped unless -force; bulk settle takes
+// -code and -message), and print each key's result: done, or skipped and
+// why. -reason is required, and kept in every key's audit entry. Without
+// -yes, on a terminal, the command makes a dry run: it prints how many
+// keys match and the first -limit of them, and changes nothing; without
+// -yes elsewhere (a script) it refuses to run. -all makes call after call
+// until no key is left; after each call stderr says how many keys are done
+// and skipped so far, and the -page-token that resumes after it, should
+// the command be interrupted.
 //
 // # Exit status
 //

@@ -37,6 +37,8 @@ const usage = `Usage:
   idem keys finish  [connection] -tenant T -method M -key K [-reason R]
   idem audit list   [connection] [-tenant T | -all-tenants] [-method M [-key K]]
                     [-since T] [-until T] [-limit N] [-page-token P] [-all]
+  idem bulk forget|settle|finish [connection] [list's filters] -limit N -reason R
+                    [-force] [-code C -message M] [-dry-run | -yes] [-all] [-page-token P]
 
 Connection, exactly one of:
   -addr host:port     a server's admin service (default $IDEM_ADMIN_ADDR), over TLS:
@@ -56,6 +58,11 @@ stats: counts per tenant, method and state, and the oldest key in progress and
 abandoned; -state in_progress,abandoned reads only the keys in progress.
 forget, settle, finish: -reason is kept in the audit trail (required with -force);
 history and audit list print the audit trail: who did what, when and why.
+bulk: acts on the keys that match the filters, -limit a call, each with the
+single action's rules (a live lease is skipped unless -force), and prints each
+key's result; without -yes it is a dry run on a terminal (a count and a
+sample) and refused elsewhere; -all goes on until no key is left; progress and
+the -page-token to resume with go to stderr.
 settle: -code is a gRPC code name or number, never OK nor a code clients retry
 (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED); e.g. FAILED_PRECONDITION.
 
@@ -136,6 +143,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, usage)
 		return nil
 	case "keys":
+	case "bulk":
+		return bulkCommand(ctx, args[1:], stdout, stderr)
 	case "audit":
 		if len(args) < 2 || args[1] != "list" {
 			return usagef("audit needs a subcommand: list")

@@ -44,6 +44,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The tests' standard input is no operator's terminal, whatever runs
+	// them; TestBulk says when it is.
+	isTerminal = func() bool { return false }
 	os.Exit(pgtest.Run(m))
 }
 
@@ -421,6 +424,13 @@ func TestUsage(t *testing.T) {
 		{append([]string{"audit"}, addr...), "audit needs a subcommand: list"},
 		{append([]string{"audit", "list", "-key", "k"}, addr...), "-key needs -method"},
 		{append([]string{"audit", "list", "-since", "today"}, addr...), "not an RFC 3339 time"},
+		{[]string{"bulk"}, "bulk needs a subcommand"},
+		{append([]string{"bulk", "drop"}, addr...), `unknown command "bulk drop"`},
+		{append([]string{"bulk", "forget", "-reason", "r", "-yes"}, addr...), "-limit is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-yes"}, addr...), "-reason is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-reason", "r", "-yes", "-dry-run"}, addr...), "exclude each other"},
+		{append([]string{"bulk", "settle", "-limit", "10", "-reason", "r", "-yes"}, addr...), "-code is required"},
+		{append([]string{"bulk", "finish", "-limit", "10", "-reason", "r", "-yes", "-force"}, addr...), "flag provided but not defined: -force"},
 	} {
 		out, errOut, exit := idem(t, tc.args...)
 		if exit != 2 || !strings.Contains(errOut, tc.want) || out != "" {

@@ -56,6 +56,18 @@ func (c Client) GetKeyStats(ctx context.Context, in *adminv1.GetKeyStatsRequest)
 	return invoke[adminv1.GetKeyStatsResponse](ctx, c.cc, "GetKeyStats", in)
 }
 
+func (c Client) ForgetKeys(ctx context.Context, in *adminv1.ForgetKeysRequest) (*adminv1.ForgetKeysResponse, error) {
+	return invoke[adminv1.ForgetKeysResponse](ctx, c.cc, "ForgetKeys", in)
+}
+
+func (c Client) SettleKeys(ctx context.Context, in *adminv1.SettleKeysRequest) (*adminv1.SettleKeysResponse, error) {
+	return invoke[adminv1.SettleKeysResponse](ctx, c.cc, "SettleKeys", in)
+}
+
+func (c Client) FinishKeys(ctx context.Context, in *adminv1.FinishKeysRequest) (*adminv1.FinishKeysResponse, error) {
+	return invoke[adminv1.FinishKeysResponse](ctx, c.cc, "FinishKeys", in)
+}
+
 // invoke calls the service's RPC name with in and returns its response.
 func invoke[Resp any, PResp interface {
 	*Resp

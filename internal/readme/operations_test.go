@@ -198,8 +198,9 @@ func listening(addrs ...string) func() bool {
 // docs/operations.md as written, in one bash, on a fresh database:
 // it installs the idem command into a directory of its own, starts the
 // payments server in the background, pays and retries, finds the key and
-// reads it, then starts the checkout demo, finds the checkout it left
-// abandoned and finishes it. It waits for each server by polling its
+// reads it, then starts the checkout demo, counts the stuck keys, finds
+// the checkout it left abandoned, makes a dry run of finishing every
+// abandoned key, finishes it and reads its audit trail. It waits for each server by polling its
 // listener (or, for the demo, its output), and checks what each step
 // printed and that one payment was made.
 func TestOperationsWalkthrough(t *testing.T) {
@@ -294,9 +295,20 @@ func TestOperationsWalkthrough(t *testing.T) {
 		return strings.Contains(w.log("checkout-demo"), "it waits for an operator")
 	}, "checkout-demo")
 	out = w.run("checkout-keys", blocks["checkout-keys"])
-	if n := len(regexp.MustCompile(`(?m)^\S+ +\S+ +\S+ +abandoned `).FindAllString(out, -1)); n != 1 ||
-		!regexp.MustCompile(`(?m)^order-1 +- +/checkout\.v1\.CheckoutService/Checkout +abandoned `).MatchString(out) {
-		t.Errorf("idem keys list -state abandoned: want order-1 alone")
+	// The list and the dry run's sample each show order-1, alone.
+	if n := len(regexp.MustCompile(`(?m)^\S+ +\S+ +\S+ +abandoned `).FindAllString(out, -1)); n != 2 ||
+		len(regexp.MustCompile(`(?m)^order-1 +- +/checkout\.v1\.CheckoutService/Checkout +abandoned `).FindAllString(out, -1)) != 2 {
+		t.Errorf("idem keys list -state abandoned and the dry run's sample: want order-1 alone in each")
+	}
+	if !regexp.MustCompile(`(?m)^- +/checkout\.v1\.CheckoutService/Checkout +abandoned +1$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^oldest abandoned: order-1 \(tenant -, method /checkout\.v1\.CheckoutService/Checkout\), created `).MatchString(out) {
+		t.Errorf("idem keys stats: want order-1 counted abandoned, and named the oldest")
+	}
+	if !strings.Contains(out, "Dry run: 1 keys match; the first 1, which one call would finish:") {
+		t.Errorf("idem bulk finish -dry-run: want a count of 1")
+	}
+	if !regexp.MustCompile(`(?m)^\S+ +finish +order-1 +- +/checkout\.v1\.CheckoutService/Checkout +\S+ +false +abandoned +recorded +replica crash, INC-42$`).MatchString(out) {
+		t.Errorf("idem keys history: want the finish, abandoned to recorded, with its reason")
 	}
 	// finish and get each print the key, recorded, with its answer.
 	if n := len(regexp.MustCompile(`(?m)^state: +recorded$`).FindAllString(out, -1)); n != 2 {

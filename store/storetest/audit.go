@@ -320,3 +320,61 @@ var auditCases = []testCase{
 		}
 	}},
 }
+
+// bulkCases exercise what the admin service's actions on many keys
+// (ForgetKeys, SettleKeys) ask of a store: a listing whose cursor goes on
+// while the keys of its pages are forgotten or settled.
+var bulkCases = []testCase{
+	{name: "ActOnEveryKeyWhilePaging", run: func(t *testing.T, s store.Store, cfg Config) {
+		a := admin(t, s)
+		const lease = "/idem.test.v1.Test/Lease"
+		var keys []store.Scope
+		for i := range 10 {
+			k := keyOf(key.Tenant, lease, fmt.Sprint("k-", i))
+			_ = takeLease(t, s, k, fp, shortLease)
+			keys = append(keys, k)
+			cfg.advance(time.Millisecond)
+		}
+		recordKey(t, s, keyOf(key.Tenant, lease, "recorded"), okOutcome("r"))
+		cfg.advance(runOut)
+		f := store.KeyFilter{Tenant: key.Tenant, States: []store.State{store.Abandoned}, Limit: 3}
+		seen := map[store.Scope]bool{}
+		for pages := 0; ; pages++ {
+			if pages > 10 {
+				t.Fatal("the pages never end")
+			}
+			page, next, err := a.Keys(t.Context(), f)
+			if err != nil {
+				t.Fatalf("Keys after %d pages: %v", pages, err)
+			}
+			for i, ki := range page {
+				if seen[ki.Scope] {
+					t.Fatalf("%v listed twice", ki.Scope)
+				}
+				seen[ki.Scope] = true
+				audit := auditBy("bulk", "after the outage")
+				if i%2 == 0 {
+					err = a.Forget(t.Context(), ki.Scope, store.ForgetOptions{Audit: audit})
+				} else {
+					err = a.Settle(t.Context(), ki.Scope, settleStatus("cancelled"), store.SettleOptions{Audit: audit})
+				}
+				if err != nil {
+					t.Fatalf("acting on %v: %v", ki.Scope, err)
+				}
+			}
+			if next == "" {
+				break
+			}
+			f.After = next
+		}
+		if len(seen) != len(keys) {
+			t.Errorf("the pages listed %d keys, want the %d abandoned", len(seen), len(keys))
+		}
+		if got := auditLog(t, a, store.AuditFilter{Tenant: key.Tenant, Method: lease}, 100); len(got) != len(keys) {
+			t.Errorf("%d audit entries, want one per key", len(got))
+		}
+		if st, err := a.Stats(t.Context(), store.KeyFilter{Tenant: key.Tenant, States: []store.State{store.Abandoned}}); err != nil || len(st.Counts) != 0 {
+			t.Errorf("abandoned keys left: %+v, %v", st, err)
+		}
+	}},
+}

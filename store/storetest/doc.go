@@ -54,7 +54,9 @@
 // an invalid entry none; a key's history outlives its entry; AuditLog by
 // key, method, tenant, every tenant and time range, page after page;
 // Stats by tenant, method and state, with the oldest key in progress and
-// abandoned.
+// abandoned; and what the admin service's actions on many keys ask: a
+// listing whose cursor goes on, visiting every key once, while the keys
+// of its pages are forgotten and settled.
 //
 // Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid

@@ -104,6 +104,7 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Finishing", finishingCases, finishingPart},
 		{"Admin", adminCases, adminPart},
 		{"Audit", auditCases, adminPart},
+		{"Bulk", bulkCases, adminPart},
 	} {
 		if group.part != nil {
 			mu.Lock()

@@ -152,6 +152,60 @@ func (AuditAction) EnumDescriptor() ([]byte, []int) {
 	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
+// Outcome is whether the action was done.
+type KeyResult_Outcome int32
+
+const (
+	// OUTCOME_UNSPECIFIED is not an outcome.
+	KeyResult_OUTCOME_UNSPECIFIED KeyResult_Outcome = 0
+	// OUTCOME_DONE: the key was acted on, and the audit trail keeps it.
+	KeyResult_OUTCOME_DONE KeyResult_Outcome = 1
+	// OUTCOME_SKIPPED: the key was left as it was; status says why (the
+	// answer the action on that key alone would have had).
+	KeyResult_OUTCOME_SKIPPED KeyResult_Outcome = 2
+)
+
+// Enum value maps for KeyResult_Outcome.
+var (
+	KeyResult_Outcome_name = map[int32]string{
+		0: "OUTCOME_UNSPECIFIED",
+		1: "OUTCOME_DONE",
+		2: "OUTCOME_SKIPPED",
+	}
+	KeyResult_Outcome_value = map[string]int32{
+		"OUTCOME_UNSPECIFIED": 0,
+		"OUTCOME_DONE":        1,
+		"OUTCOME_SKIPPED":     2,
+	}
+)
+
+func (x KeyResult_Outcome) Enum() *KeyResult_Outcome {
+	p := new(KeyResult_Outcome)
+	*p = x
+	return p
+}
+
+func (x KeyResult_Outcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyResult_Outcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_idem_admin_v1_admin_proto_enumTypes[2].Descriptor()
+}
+
+func (KeyResult_Outcome) Type() protoreflect.EnumType {
+	return &file_idem_admin_v1_admin_proto_enumTypes[2]
+}
+
+func (x KeyResult_Outcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyResult_Outcome.Descriptor instead.
+func (KeyResult_Outcome) EnumDescriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20, 0}
+}
+
 // Key is everything a store keeps of a key's entry.
 type Key struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1725,6 +1779,667 @@ func (x *GetKeyStatsResponse) GetOldestAbandoned() *Key {
 	return nil
 }
 
+// KeySelection selects keys to act on, as ListKeysRequest's filter does.
+type KeySelection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's keys (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's keys; tenant must then be empty.
+	// Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the keys of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// states selects the keys in any of these states; empty selects all.
+	States []KeyState `protobuf:"varint,4,rep,packed,name=states,proto3,enum=idem.admin.v1.KeyState" json:"states,omitempty"`
+	// created_after selects keys claimed at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// created_before selects keys claimed before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeySelection) Reset() {
+	*x = KeySelection{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeySelection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeySelection) ProtoMessage() {}
+
+func (x *KeySelection) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeySelection.ProtoReflect.Descriptor instead.
+func (*KeySelection) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KeySelection) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeySelection) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *KeySelection) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeySelection) GetStates() []KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *KeySelection) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *KeySelection) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+// KeyResult is what an action on many keys did with one of them.
+type KeyResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the tenant of the key's scope.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the method's full name or scope.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// key is the idempotency key.
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// outcome is whether the action was done.
+	Outcome KeyResult_Outcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=idem.admin.v1.KeyResult_Outcome" json:"outcome,omitempty"`
+	// status says why a key was skipped.
+	Status        *status.Status `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyResult) Reset() {
+	*x = KeyResult{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyResult) ProtoMessage() {}
+
+func (x *KeyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyResult.ProtoReflect.Descriptor instead.
+func (*KeyResult) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *KeyResult) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeyResult) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeyResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyResult) GetOutcome() KeyResult_Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return KeyResult_OUTCOME_UNSPECIFIED
+}
+
+func (x *KeyResult) GetStatus() *status.Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// KeyBatch is the answer of an action on many keys.
+type KeyBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// count is, for a dry run, how many keys the selection matches now.
+	Count int64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// sample is, for a dry run, the first keys the call would act on.
+	Sample []*Key `protobuf:"bytes,2,rep,name=sample,proto3" json:"sample,omitempty"`
+	// results are each key's result, in the order the keys were acted on;
+	// empty for a dry run.
+	Results []*KeyResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
+	// next_page_token resumes after the call's last key: give it with the
+	// same selection; empty when no key is left.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyBatch) Reset() {
+	*x = KeyBatch{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyBatch) ProtoMessage() {}
+
+func (x *KeyBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyBatch.ProtoReflect.Descriptor instead.
+func (*KeyBatch) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *KeyBatch) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *KeyBatch) GetSample() []*Key {
+	if x != nil {
+		return x.Sample
+	}
+	return nil
+}
+
+func (x *KeyBatch) GetResults() []*KeyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *KeyBatch) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ForgetKeysRequest selects the keys to forget.
+type ForgetKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// force forgets keys whose lease is live, fencing their holders.
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetKeysRequest) Reset() {
+	*x = ForgetKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetKeysRequest) ProtoMessage() {}
+
+func (x *ForgetKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetKeysRequest.ProtoReflect.Descriptor instead.
+func (*ForgetKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ForgetKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *ForgetKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ForgetKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ForgetKeysRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *ForgetKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ForgetKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ForgetKeysResponse is what ForgetKeys did.
+type ForgetKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetKeysResponse) Reset() {
+	*x = ForgetKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetKeysResponse) ProtoMessage() {}
+
+func (x *ForgetKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetKeysResponse.ProtoReflect.Descriptor instead.
+func (*ForgetKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForgetKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+// SettleKeysRequest selects the keys to settle and the error to record.
+type SettleKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// force settles keys whose lease is live, fencing their holders.
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// status is the error to record, as in SettleKeyRequest.
+	Status        *status.Status `protobuf:"bytes,7,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleKeysRequest) Reset() {
+	*x = SettleKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleKeysRequest) ProtoMessage() {}
+
+func (x *SettleKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleKeysRequest.ProtoReflect.Descriptor instead.
+func (*SettleKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SettleKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *SettleKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SettleKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *SettleKeysRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *SettleKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SettleKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *SettleKeysRequest) GetStatus() *status.Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// SettleKeysResponse is what SettleKeys did.
+type SettleKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleKeysResponse) Reset() {
+	*x = SettleKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleKeysResponse) ProtoMessage() {}
+
+func (x *SettleKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleKeysResponse.ProtoReflect.Descriptor instead.
+func (*SettleKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SettleKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+// FinishKeysRequest selects the keys to finish.
+type FinishKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeysRequest) Reset() {
+	*x = FinishKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeysRequest) ProtoMessage() {}
+
+func (x *FinishKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeysRequest.ProtoReflect.Descriptor instead.
+func (*FinishKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *FinishKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *FinishKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *FinishKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *FinishKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FinishKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// FinishKeysResponse is what FinishKeys did.
+type FinishKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeysResponse) Reset() {
+	*x = FinishKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeysResponse) ProtoMessage() {}
+
+func (x *FinishKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeysResponse.ProtoReflect.Descriptor instead.
+func (*FinishKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *FinishKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
 var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
@@ -1854,7 +2569,60 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\x13GetKeyStatsResponse\x12/\n" +
 	"\x06counts\x18\x01 \x03(\v2\x17.idem.admin.v1.KeyCountR\x06counts\x12@\n" +
 	"\x12oldest_in_progress\x18\x02 \x01(\v2\x12.idem.admin.v1.KeyR\x10oldestInProgress\x12=\n" +
-	"\x10oldest_abandoned\x18\x03 \x01(\v2\x12.idem.admin.v1.KeyR\x0foldestAbandoned*\x88\x01\n" +
+	"\x10oldest_abandoned\x18\x03 \x01(\v2\x12.idem.admin.v1.KeyR\x0foldestAbandoned\"\x94\x02\n" +
+	"\fKeySelection\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12/\n" +
+	"\x06states\x18\x04 \x03(\x0e2\x17.idem.admin.v1.KeyStateR\x06states\x12?\n" +
+	"\rcreated_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\"\x80\x02\n" +
+	"\tKeyResult\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12:\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2 .idem.admin.v1.KeyResult.OutcomeR\aoutcome\x12*\n" +
+	"\x06status\x18\x05 \x01(\v2\x12.google.rpc.StatusR\x06status\"I\n" +
+	"\aOutcome\x12\x17\n" +
+	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fOUTCOME_DONE\x10\x01\x12\x13\n" +
+	"\x0fOUTCOME_SKIPPED\x10\x02\"\xa8\x01\n" +
+	"\bKeyBatch\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\x12*\n" +
+	"\x06sample\x18\x02 \x03(\v2\x12.idem.admin.v1.KeyR\x06sample\x122\n" +
+	"\aresults\x18\x03 \x03(\v2\x18.idem.admin.v1.KeyResultR\aresults\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\"\xca\x01\n" +
+	"\x11ForgetKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\"C\n" +
+	"\x12ForgetKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch\"\xf6\x01\n" +
+	"\x11SettleKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x12*\n" +
+	"\x06status\x18\a \x01(\v2\x12.google.rpc.StatusR\x06status\"C\n" +
+	"\x12SettleKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch\"\xb4\x01\n" +
+	"\x11FinishKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"C\n" +
+	"\x12FinishKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch*\x88\x01\n" +
 	"\bKeyState\x12\x19\n" +
 	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15KEY_STATE_IN_PROGRESS\x10\x01\x12\x17\n" +
@@ -1865,7 +2633,7 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13AUDIT_ACTION_FORGET\x10\x01\x12\x17\n" +
 	"\x13AUDIT_ACTION_SETTLE\x10\x02\x12\x17\n" +
-	"\x13AUDIT_ACTION_FINISH\x10\x032\xdb\x04\n" +
+	"\x13AUDIT_ACTION_FINISH\x10\x032\xe3\x06\n" +
 	"\fAdminService\x12P\n" +
 	"\bListKeys\x12\x1e.idem.admin.v1.ListKeysRequest\x1a\x1f.idem.admin.v1.ListKeysResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\x06GetKey\x12\x1c.idem.admin.v1.GetKeyRequest\x1a\x1d.idem.admin.v1.GetKeyResponse\"\x03\x90\x02\x01\x12S\n" +
@@ -1873,7 +2641,13 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\tSettleKey\x12\x1f.idem.admin.v1.SettleKeyRequest\x1a .idem.admin.v1.SettleKeyResponse\"\x03\x90\x02\x02\x12S\n" +
 	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02\x12S\n" +
 	"\tListAudit\x12\x1f.idem.admin.v1.ListAuditRequest\x1a .idem.admin.v1.ListAuditResponse\"\x03\x90\x02\x01\x12Y\n" +
-	"\vGetKeyStats\x12!.idem.admin.v1.GetKeyStatsRequest\x1a\".idem.admin.v1.GetKeyStatsResponse\"\x03\x90\x02\x01B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
+	"\vGetKeyStats\x12!.idem.admin.v1.GetKeyStatsRequest\x1a\".idem.admin.v1.GetKeyStatsResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\n" +
+	"ForgetKeys\x12 .idem.admin.v1.ForgetKeysRequest\x1a!.idem.admin.v1.ForgetKeysResponse\"\x03\x90\x02\x02\x12V\n" +
+	"\n" +
+	"SettleKeys\x12 .idem.admin.v1.SettleKeysRequest\x1a!.idem.admin.v1.SettleKeysResponse\"\x03\x90\x02\x02\x12V\n" +
+	"\n" +
+	"FinishKeys\x12 .idem.admin.v1.FinishKeysRequest\x1a!.idem.admin.v1.FinishKeysResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_idem_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1887,85 +2661,115 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_idem_admin_v1_admin_proto_rawDescData
 }
 
-var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
 	(AuditAction)(0),              // 1: idem.admin.v1.AuditAction
-	(*Key)(nil),                   // 2: idem.admin.v1.Key
-	(*Step)(nil),                  // 3: idem.admin.v1.Step
-	(*Outcome)(nil),               // 4: idem.admin.v1.Outcome
-	(*ListKeysRequest)(nil),       // 5: idem.admin.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),      // 6: idem.admin.v1.ListKeysResponse
-	(*GetKeyRequest)(nil),         // 7: idem.admin.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 8: idem.admin.v1.GetKeyResponse
-	(*ForgetKeyRequest)(nil),      // 9: idem.admin.v1.ForgetKeyRequest
-	(*ForgetKeyResponse)(nil),     // 10: idem.admin.v1.ForgetKeyResponse
-	(*SettleKeyRequest)(nil),      // 11: idem.admin.v1.SettleKeyRequest
-	(*SettleKeyResponse)(nil),     // 12: idem.admin.v1.SettleKeyResponse
-	(*FinishKeyRequest)(nil),      // 13: idem.admin.v1.FinishKeyRequest
-	(*FinishKeyResponse)(nil),     // 14: idem.admin.v1.FinishKeyResponse
-	(*AuditEntry)(nil),            // 15: idem.admin.v1.AuditEntry
-	(*ListAuditRequest)(nil),      // 16: idem.admin.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 17: idem.admin.v1.ListAuditResponse
-	(*GetKeyStatsRequest)(nil),    // 18: idem.admin.v1.GetKeyStatsRequest
-	(*KeyCount)(nil),              // 19: idem.admin.v1.KeyCount
-	(*GetKeyStatsResponse)(nil),   // 20: idem.admin.v1.GetKeyStatsResponse
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 22: google.protobuf.Value
-	(*status.Status)(nil),         // 23: google.rpc.Status
+	(KeyResult_Outcome)(0),        // 2: idem.admin.v1.KeyResult.Outcome
+	(*Key)(nil),                   // 3: idem.admin.v1.Key
+	(*Step)(nil),                  // 4: idem.admin.v1.Step
+	(*Outcome)(nil),               // 5: idem.admin.v1.Outcome
+	(*ListKeysRequest)(nil),       // 6: idem.admin.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 7: idem.admin.v1.ListKeysResponse
+	(*GetKeyRequest)(nil),         // 8: idem.admin.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 9: idem.admin.v1.GetKeyResponse
+	(*ForgetKeyRequest)(nil),      // 10: idem.admin.v1.ForgetKeyRequest
+	(*ForgetKeyResponse)(nil),     // 11: idem.admin.v1.ForgetKeyResponse
+	(*SettleKeyRequest)(nil),      // 12: idem.admin.v1.SettleKeyRequest
+	(*SettleKeyResponse)(nil),     // 13: idem.admin.v1.SettleKeyResponse
+	(*FinishKeyRequest)(nil),      // 14: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 15: idem.admin.v1.FinishKeyResponse
+	(*AuditEntry)(nil),            // 16: idem.admin.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 17: idem.admin.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 18: idem.admin.v1.ListAuditResponse
+	(*GetKeyStatsRequest)(nil),    // 19: idem.admin.v1.GetKeyStatsRequest
+	(*KeyCount)(nil),              // 20: idem.admin.v1.KeyCount
+	(*GetKeyStatsResponse)(nil),   // 21: idem.admin.v1.GetKeyStatsResponse
+	(*KeySelection)(nil),          // 22: idem.admin.v1.KeySelection
+	(*KeyResult)(nil),             // 23: idem.admin.v1.KeyResult
+	(*KeyBatch)(nil),              // 24: idem.admin.v1.KeyBatch
+	(*ForgetKeysRequest)(nil),     // 25: idem.admin.v1.ForgetKeysRequest
+	(*ForgetKeysResponse)(nil),    // 26: idem.admin.v1.ForgetKeysResponse
+	(*SettleKeysRequest)(nil),     // 27: idem.admin.v1.SettleKeysRequest
+	(*SettleKeysResponse)(nil),    // 28: idem.admin.v1.SettleKeysResponse
+	(*FinishKeysRequest)(nil),     // 29: idem.admin.v1.FinishKeysRequest
+	(*FinishKeysResponse)(nil),    // 30: idem.admin.v1.FinishKeysResponse
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 32: google.protobuf.Value
+	(*status.Status)(nil),         // 33: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	21, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	21, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	21, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	21, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
-	3,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
-	4,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	22, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	23, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	31, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	31, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	31, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	31, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	4,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
+	5,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
+	32, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	33, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
 	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	21, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	21, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	2,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	2,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	23, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	2,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	2,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	21, // 17: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	31, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	31, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	3,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	3,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	33, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	3,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	3,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	31, // 17: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
 	1,  // 18: idem.admin.v1.AuditEntry.action:type_name -> idem.admin.v1.AuditAction
 	0,  // 19: idem.admin.v1.AuditEntry.state_before:type_name -> idem.admin.v1.KeyState
 	0,  // 20: idem.admin.v1.AuditEntry.state_after:type_name -> idem.admin.v1.KeyState
-	21, // 21: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
-	21, // 22: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
-	15, // 23: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
+	31, // 21: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	31, // 22: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	16, // 23: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
 	0,  // 24: idem.admin.v1.GetKeyStatsRequest.states:type_name -> idem.admin.v1.KeyState
-	21, // 25: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
-	21, // 26: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
+	31, // 25: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
+	31, // 26: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
 	0,  // 27: idem.admin.v1.KeyCount.state:type_name -> idem.admin.v1.KeyState
-	19, // 28: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
-	2,  // 29: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
-	2,  // 30: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
-	5,  // 31: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	7,  // 32: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	9,  // 33: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	11, // 34: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	13, // 35: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	16, // 36: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
-	18, // 37: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
-	6,  // 38: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	8,  // 39: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	10, // 40: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	12, // 41: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	14, // 42: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	17, // 43: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
-	20, // 44: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
-	38, // [38:45] is the sub-list for method output_type
-	31, // [31:38] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	20, // 28: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
+	3,  // 29: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
+	3,  // 30: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
+	0,  // 31: idem.admin.v1.KeySelection.states:type_name -> idem.admin.v1.KeyState
+	31, // 32: idem.admin.v1.KeySelection.created_after:type_name -> google.protobuf.Timestamp
+	31, // 33: idem.admin.v1.KeySelection.created_before:type_name -> google.protobuf.Timestamp
+	2,  // 34: idem.admin.v1.KeyResult.outcome:type_name -> idem.admin.v1.KeyResult.Outcome
+	33, // 35: idem.admin.v1.KeyResult.status:type_name -> google.rpc.Status
+	3,  // 36: idem.admin.v1.KeyBatch.sample:type_name -> idem.admin.v1.Key
+	23, // 37: idem.admin.v1.KeyBatch.results:type_name -> idem.admin.v1.KeyResult
+	22, // 38: idem.admin.v1.ForgetKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	24, // 39: idem.admin.v1.ForgetKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	22, // 40: idem.admin.v1.SettleKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	33, // 41: idem.admin.v1.SettleKeysRequest.status:type_name -> google.rpc.Status
+	24, // 42: idem.admin.v1.SettleKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	22, // 43: idem.admin.v1.FinishKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	24, // 44: idem.admin.v1.FinishKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	6,  // 45: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	8,  // 46: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	10, // 47: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	12, // 48: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	14, // 49: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	17, // 50: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
+	19, // 51: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
+	25, // 52: idem.admin.v1.AdminService.ForgetKeys:input_type -> idem.admin.v1.ForgetKeysRequest
+	27, // 53: idem.admin.v1.AdminService.SettleKeys:input_type -> idem.admin.v1.SettleKeysRequest
+	29, // 54: idem.admin.v1.AdminService.FinishKeys:input_type -> idem.admin.v1.FinishKeysRequest
+	7,  // 55: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	9,  // 56: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	11, // 57: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	13, // 58: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	15, // 59: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	18, // 60: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
+	21, // 61: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
+	26, // 62: idem.admin.v1.AdminService.ForgetKeys:output_type -> idem.admin.v1.ForgetKeysResponse
+	28, // 63: idem.admin.v1.AdminService.SettleKeys:output_type -> idem.admin.v1.SettleKeysResponse
+	30, // 64: idem.admin.v1.AdminService.FinishKeys:output_type -> idem.admin.v1.FinishKeysResponse
+	55, // [55:65] is the sub-list for method output_type
+	45, // [45:55] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -1983,8 +2787,8 @@ func file_idem_admin_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   19,
+			NumEnums:      3,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

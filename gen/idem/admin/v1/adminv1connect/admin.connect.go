@@ -53,6 +53,12 @@ const (
 	// AdminServiceGetKeyStatsProcedure is the fully-qualified name of the AdminService's GetKeyStats
 	// RPC.
 	AdminServiceGetKeyStatsProcedure = "/idem.admin.v1.AdminService/GetKeyStats"
+	// AdminServiceForgetKeysProcedure is the fully-qualified name of the AdminService's ForgetKeys RPC.
+	AdminServiceForgetKeysProcedure = "/idem.admin.v1.AdminService/ForgetKeys"
+	// AdminServiceSettleKeysProcedure is the fully-qualified name of the AdminService's SettleKeys RPC.
+	AdminServiceSettleKeysProcedure = "/idem.admin.v1.AdminService/SettleKeys"
+	// AdminServiceFinishKeysProcedure is the fully-qualified name of the AdminService's FinishKeys RPC.
+	AdminServiceFinishKeysProcedure = "/idem.admin.v1.AdminService/FinishKeys"
 )
 
 // AdminServiceClient is a client for the idem.admin.v1.AdminService service.
@@ -97,6 +103,22 @@ type AdminServiceClient interface {
 	// GetKeyStats counts the keys that match a filter by tenant, method and
 	// state, and returns the oldest in progress and the oldest abandoned.
 	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
+	// ForgetKeys forgets, one by one and with ForgetKey's rules, the keys a
+	// selection matches, at most limit of them a call, oldest first, and
+	// reports each key's result: done, or skipped and why (a live lease,
+	// unless forced). A dry run changes nothing and returns how many keys
+	// the selection matches and the first limit of them. next_page_token
+	// resumes after the last key of the call. Every key forgotten keeps its
+	// audit entry, with the call's reason, which is required.
+	ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error)
+	// SettleKeys settles, as SettleKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a recorded key or a live lease (unless
+	// forced) is skipped.
+	SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error)
+	// FinishKeys finishes, as FinishKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a key that cannot be finished is skipped,
+	// with FinishKey's answer.
+	FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error)
 }
 
 // NewAdminServiceClient constructs a client for the idem.admin.v1.AdminService service. By default,
@@ -159,6 +181,27 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		forgetKeys: connect.NewClient[v1.ForgetKeysRequest, v1.ForgetKeysResponse](
+			httpClient,
+			baseURL+AdminServiceForgetKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ForgetKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		settleKeys: connect.NewClient[v1.SettleKeysRequest, v1.SettleKeysResponse](
+			httpClient,
+			baseURL+AdminServiceSettleKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SettleKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		finishKeys: connect.NewClient[v1.FinishKeysRequest, v1.FinishKeysResponse](
+			httpClient,
+			baseURL+AdminServiceFinishKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("FinishKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -171,6 +214,9 @@ type adminServiceClient struct {
 	finishKey   *connect.Client[v1.FinishKeyRequest, v1.FinishKeyResponse]
 	listAudit   *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
 	getKeyStats *connect.Client[v1.GetKeyStatsRequest, v1.GetKeyStatsResponse]
+	forgetKeys  *connect.Client[v1.ForgetKeysRequest, v1.ForgetKeysResponse]
+	settleKeys  *connect.Client[v1.SettleKeysRequest, v1.SettleKeysResponse]
+	finishKeys  *connect.Client[v1.FinishKeysRequest, v1.FinishKeysResponse]
 }
 
 // ListKeys calls idem.admin.v1.AdminService.ListKeys.
@@ -236,6 +282,33 @@ func (c *adminServiceClient) GetKeyStats(ctx context.Context, req *v1.GetKeyStat
 	return nil, err
 }
 
+// ForgetKeys calls idem.admin.v1.AdminService.ForgetKeys.
+func (c *adminServiceClient) ForgetKeys(ctx context.Context, req *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error) {
+	response, err := c.forgetKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// SettleKeys calls idem.admin.v1.AdminService.SettleKeys.
+func (c *adminServiceClient) SettleKeys(ctx context.Context, req *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error) {
+	response, err := c.settleKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// FinishKeys calls idem.admin.v1.AdminService.FinishKeys.
+func (c *adminServiceClient) FinishKeys(ctx context.Context, req *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error) {
+	response, err := c.finishKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // AdminServiceHandler is an implementation of the idem.admin.v1.AdminService service.
 type AdminServiceHandler interface {
 	// ListKeys lists the keys that match a filter, oldest first, a page at a
@@ -278,6 +351,22 @@ type AdminServiceHandler interface {
 	// GetKeyStats counts the keys that match a filter by tenant, method and
 	// state, and returns the oldest in progress and the oldest abandoned.
 	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
+	// ForgetKeys forgets, one by one and with ForgetKey's rules, the keys a
+	// selection matches, at most limit of them a call, oldest first, and
+	// reports each key's result: done, or skipped and why (a live lease,
+	// unless forced). A dry run changes nothing and returns how many keys
+	// the selection matches and the first limit of them. next_page_token
+	// resumes after the last key of the call. Every key forgotten keeps its
+	// audit entry, with the call's reason, which is required.
+	ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error)
+	// SettleKeys settles, as SettleKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a recorded key or a live lease (unless
+	// forced) is skipped.
+	SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error)
+	// FinishKeys finishes, as FinishKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a key that cannot be finished is skipped,
+	// with FinishKey's answer.
+	FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -336,6 +425,27 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceForgetKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceForgetKeysProcedure,
+		svc.ForgetKeys,
+		connect.WithSchema(adminServiceMethods.ByName("ForgetKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSettleKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceSettleKeysProcedure,
+		svc.SettleKeys,
+		connect.WithSchema(adminServiceMethods.ByName("SettleKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceFinishKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceFinishKeysProcedure,
+		svc.FinishKeys,
+		connect.WithSchema(adminServiceMethods.ByName("FinishKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/idem.admin.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceListKeysProcedure:
@@ -352,6 +462,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceListAuditHandler.ServeHTTP(w, r)
 		case AdminServiceGetKeyStatsProcedure:
 			adminServiceGetKeyStatsHandler.ServeHTTP(w, r)
+		case AdminServiceForgetKeysProcedure:
+			adminServiceForgetKeysHandler.ServeHTTP(w, r)
+		case AdminServiceSettleKeysProcedure:
+			adminServiceSettleKeysHandler.ServeHTTP(w, r)
+		case AdminServiceFinishKeysProcedure:
+			adminServiceFinishKeysHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -387,4 +503,16 @@ func (UnimplementedAdminServiceHandler) ListAudit(context.Context, *v1.ListAudit
 
 func (UnimplementedAdminServiceHandler) GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.GetKeyStats is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.ForgetKeys is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.SettleKeys is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.FinishKeys is not implemented"))
 }
