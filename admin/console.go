@@ -374,7 +374,10 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := c.srv.ListKeys(c.context(r), req)
 	if err != nil {
+		// The answer is the page's: the counts were refused alike, or
+		// count keys the page cannot show.
 		data.Status, data.Error = c.answer(r, err)
+		data.Stats = nil
 		c.render(w, r, "keys", data.Status, data)
 		return
 	}
