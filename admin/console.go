@@ -369,17 +369,14 @@ func (c *console) list(w http.ResponseWriter, r *http.Request) {
 			data.NoticeLink = keyLink("key", q.Get("keytenant"), q.Get("keymethod"), q.Get("key"), nil)
 		}
 	}
-	if req.GetPageToken() == "" {
-		data.Stats = c.stats(r, req, f, q.Get("counts") == "all", now)
-	}
 	resp, err := c.srv.ListKeys(c.context(r), req)
 	if err != nil {
-		// The answer is the page's: the counts were refused alike, or
-		// count keys the page cannot show.
 		data.Status, data.Error = c.answer(r, err)
-		data.Stats = nil
 		c.render(w, r, "keys", data.Status, data)
 		return
+	}
+	if req.GetPageToken() == "" {
+		data.Stats = c.stats(r, req, f, q.Get("counts") == "all", now)
 	}
 	for _, k := range resp.GetKeys() {
 		data.Keys = append(data.Keys, rowOf(k, now))

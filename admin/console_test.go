@@ -151,8 +151,8 @@ func TestConsoleList(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(body, "order-00") || !strings.Contains(body, "order-49") || strings.Contains(body, "order-50") {
 		t.Fatalf("first page: %d\n%s", status, body)
 	}
-	if st.last.AllTenants != true || st.last.Limit != 50 {
-		t.Errorf("a first visit lists %+v, want every tenant, 50 keys", st.last)
+	if st.lastKeys.AllTenants != true || st.lastKeys.Limit != 50 {
+		t.Errorf("a first visit lists %+v, want every tenant, 50 keys", st.lastKeys)
 	}
 
 	// The filter: one tenant, one state.
@@ -160,13 +160,13 @@ func TestConsoleList(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(body, "stuck-1") || strings.Contains(body, "fresh-1") || strings.Contains(body, "order-") {
 		t.Fatalf("globex's abandoned keys: %d\n%s", status, body)
 	}
-	if st.last.Tenant != "globex" || st.last.AllTenants || !slices.Equal(st.last.States, []store.State{store.Abandoned}) {
-		t.Errorf("filter asked of the store: %+v", st.last)
+	if st.lastKeys.Tenant != "globex" || st.lastKeys.AllTenants || !slices.Equal(st.lastKeys.States, []store.State{store.Abandoned}) {
+		t.Errorf("filter asked of the store: %+v", st.lastKeys)
 	}
 	// A link that names a tenant, without the form's f.
 	status, body = page(t, u+"?tenant=globex")
-	if status != http.StatusOK || !strings.Contains(body, "stuck-1") || strings.Contains(body, "order-") || st.last.AllTenants {
-		t.Fatalf("?tenant=globex: %d, filter %+v\n%s", status, st.last, body)
+	if status != http.StatusOK || !strings.Contains(body, "stuck-1") || strings.Contains(body, "order-") || st.lastKeys.AllTenants {
+		t.Fatalf("?tenant=globex: %d, filter %+v\n%s", status, st.lastKeys, body)
 	}
 	status, body = page(t, u+"?f=1&all=1&method="+url.QueryEscape("/other.v1.S/M"))
 	if status != http.StatusOK || !strings.Contains(body, "fresh-1") || strings.Contains(body, "stuck-1") {
@@ -175,10 +175,10 @@ func TestConsoleList(t *testing.T) {
 
 	// Older than 30 minutes: order-00 to order-89 minus the last 30, paged.
 	status, body = page(t, u+"?f=1&tenant=acme&older=90m")
-	if status != http.StatusOK || st.last.CreatedBefore.IsZero() || !strings.Contains(body, "order-00") {
-		t.Fatalf("older than 90m: %d, filter %+v\n%s", status, st.last, body)
+	if status != http.StatusOK || st.lastKeys.CreatedBefore.IsZero() || !strings.Contains(body, "order-00") {
+		t.Fatalf("older than 90m: %d, filter %+v\n%s", status, st.lastKeys, body)
 	}
-	before := st.last.CreatedBefore
+	before := st.lastKeys.CreatedBefore
 	var next string
 	for _, h := range hrefs(body) {
 		if strings.Contains(h, "page=") {
@@ -192,8 +192,8 @@ func TestConsoleList(t *testing.T) {
 	// order-50 to order-59 are newer than 90 minutes: none of them; the
 	// first page held order-00..49 and the rest were made 70..61 minutes
 	// ago.
-	if status != http.StatusOK || !st.last.CreatedBefore.Equal(before) || strings.Contains(body, "order-49") {
-		t.Fatalf("next page: %d, filter %+v (want before %v)\n%s", status, st.last, before, body)
+	if status != http.StatusOK || !st.lastKeys.CreatedBefore.Equal(before) || strings.Contains(body, "order-49") {
+		t.Fatalf("next page: %d, filter %+v (want before %v)\n%s", status, st.lastKeys, before, body)
 	}
 	if !strings.Contains(body, "First page") {
 		t.Errorf("the second page has no link to the first:\n%s", body)
@@ -713,7 +713,7 @@ func TestConsoleEveryPageAuthorized(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	for _, rpc := range []string{"ListKeys", "GetKeyStats", "GetKey", "ForgetKey", "SettleKey", "FinishKey"} {
+	for _, rpc := range []string{"ListKeys", "GetKey", "ForgetKey", "SettleKey", "FinishKey"} {
 		if !asked["/idem.admin.v1.AdminService/"+rpc] {
 			t.Errorf("the Authorizer was never asked about %s", rpc)
 		}
