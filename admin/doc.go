@@ -214,7 +214,8 @@ FAILED_PRECONDITION, 503 for UNAVAILABLE).
 The actions are POSTs, refused with 403 when they come from another
 origin ([http.CrossOriginProtection], which reads the browser's
 Sec-Fetch-Site or Origin header): a page elsewhere cannot make an
-operator's browser act. The pages cannot be framed (frame-ancestors
+operator's browser act. A request with neither header is no browser's, and
+is let through, as a call on the service's wires would be. The pages cannot be framed (frame-ancestors
 'none'), load nothing from elsewhere (a Content-Security-Policy of
 default-src 'none'), are not cached and send no referrer; everything they
 show is escaped (html/template).
