@@ -64,8 +64,9 @@ const historySize = 100
 // and forget, settle and finish keys, each action behind a confirmation
 // page that asks for a reason. Each page calls srv's methods, as a wire
 // does, so each is authorized by srv's [Authorizer] with the browser's
-// request headers and TLS state in its [Request], as Connect's are: see
-// the package documentation's "Console" section.
+// request headers, TLS state and address in its [Request], as Connect's
+// are, and an action's reason goes to the audit trail: see the package
+// documentation's "Console" section.
 //
 // Its links are relative: mount it at a path of its own with
 // [http.StripPrefix], on the operators' listener, not the public one:
