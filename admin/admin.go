@@ -131,15 +131,34 @@ func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, 
 	}
 	c.grant = grant
 	span.SetAttributes(attribute.String("idem.admin.subject", grant.Subject))
-	switch {
-	case grant.ReadOnly && !ReadOnlyMethod(r.Method):
-		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "the operator's grant is read-only: it lists and reads keys, never acts on them"), nil)
-	case r.AllTenants && !grant.AllTenants:
-		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant"), nil)
-	case !r.AllTenants && !grant.Allows(r.Tenant):
-		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant), nil)
+	if err := grant.refusal(r); err != nil {
+		return ctx, nil, c.end(ctx, err, nil)
 	}
 	return ctx, c, nil
+}
+
+// refusal returns the PERMISSION_DENIED answer to r that g refuses, or nil
+// when g allows r.
+func (g Grant) refusal(r Request) error {
+	switch {
+	case g.ReadOnly && !ReadOnlyMethod(r.Method):
+		return answerf(code.Code_PERMISSION_DENIED, "the operator's grant is read-only: it lists and reads keys, never acts on them")
+	case r.AllTenants && !g.AllTenants:
+		return answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant")
+	case !r.AllTenants && !g.Allows(r.Tenant):
+		return answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant)
+	}
+	return nil
+}
+
+// allowed reports whether the Authorizer and the grant it returns would
+// allow r, asked by the caller in ctx, as begin decides, without making
+// the call: the console shows only the actions it would allow.
+func (s *Server) allowed(ctx context.Context, r Request) bool {
+	caller := adminwire.FromContext(ctx)
+	r.Header, r.TLS, r.Peer = caller.Header, caller.TLS, caller.Peer
+	g, err := s.authorize.Authorize(ctx, r)
+	return err == nil && g.refusal(r) == nil
 }
 
 // end ends the call with answer (nil for success), logs it, and returns

@@ -172,6 +172,54 @@ The key is [WithPageTokenKey]'s; without it, each Server draws a random key,
 so its tokens do not survive a restart and are not accepted by another
 replica. Give every replica the same key to page across them.
 
+# Console
+
+[NewConsole] serves a console of a [Server] in the browser: web pages,
+rendered on the server from templates built into the package, with no
+script, that list the keys (by tenant, method, state and age, a page at a
+time) with their counts, show one key (its state, lease, steps and
+outcome, decoded as GetKey decodes it, and its history from the audit
+trail, kept after the key is forgotten), and forget, settle and finish a
+key. Each action is a link to a confirmation page, whose form names the
+key, asks for a reason (required, even where the service takes none: a
+form without one is refused with 400 and changes nothing; the audit trail
+keeps it) and, for forget and settle, whether to force a live lease;
+settle's form offers the codes SettleKey takes. The list's counts are a
+GetKeyStats of its filter on its first page: of the keys in progress and
+abandoned, which an index serves on any table, unless the filter names
+states or the operator asks for every state (which reads every key the
+filter selects). Mount it on the operators' listener, at a path of its
+own (its links are relative):
+
+	mux.Handle("/console/", http.StripPrefix("/console", admin.NewConsole(srv)))
+
+Every page calls the Server's RPCs, as a wire does: the [Authorizer] is
+asked about each, with the RPC's name (a list is ListKeys and
+GetKeyStats, a key's page GetKey and ListAudit, a forget ForgetKey) and
+the browser's request as the caller, its headers mapped as Connect's are
+(so an operator's token is Header["authorization"]: a browser sends it as
+HTTP basic authentication, or a proxy in front of the console, such as an
+OAuth2 proxy, as a header of its own), its TLS state, for a client
+certificate, and its remote address as the peer. A key's page and an
+action's confirmation page also ask the Authorizer whether the action's
+RPC would be allowed, and offer only the actions it allows: none to a
+[Grant.ReadOnly] operator. A refusal is a page with the authorizer's
+answer and its HTTP status (401 for UNAUTHENTICATED, 403 for
+PERMISSION_DENIED); to make a browser ask for basic credentials, wrap the
+console in a handler that adds a WWW-Authenticate challenge to a 401.
+Every other answer is shown as the service sends it, with no store's
+text, with the HTTP status of its code (404 for NOT_FOUND, 409 for
+FAILED_PRECONDITION, 503 for UNAVAILABLE).
+
+The actions are POSTs, refused with 403 when they come from another
+origin ([http.CrossOriginProtection], which reads the browser's
+Sec-Fetch-Site or Origin header): a page elsewhere cannot make an
+operator's browser act. A request with neither header is no browser's, and
+is let through, as a call on the service's wires would be. The pages cannot be framed (frame-ancestors
+'none'), load nothing from elsewhere (a Content-Security-Policy of
+default-src 'none'), are not cached and send no referrer; everything they
+show is escaped (html/template).
+
 # Observability
 
 Each call runs in a span of the [WithTracerProvider] tracer provider

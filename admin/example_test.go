@@ -132,3 +132,15 @@ func openStore() store.Admin { return nil }
 // verifies the client certificates it asks for (ClientAuth:
 // tls.VerifyClientCertIfGiven, ClientCAs).
 func operatorsTLS() *tls.Config { return nil }
+
+// Serve the console in the browser next to the admin service over
+// Connect, on the operators' listener, behind the same authorizer: the
+// operators' browsers present their client certificates.
+func ExampleNewConsole() {
+	srv := admin.NewServer(openStore(), operatorCertificate)
+	mux := http.NewServeMux()
+	mux.Handle(idemconnect.NewAdminHandler(srv))
+	mux.Handle("/console/", http.StripPrefix("/console", admin.NewConsole(srv)))
+	hs := &http.Server{Addr: "127.0.0.1:9092", Handler: mux, TLSConfig: operatorsTLS()}
+	log.Fatal(hs.ListenAndServeTLS("", ""))
+}

@@ -23,7 +23,10 @@ type fakeStore struct {
 	err   error // returned by every method when set
 	calls int
 	last  store.KeyFilter
-	audit []store.AuditEntry
+	// lastKeys is the filter of the last Keys, which last is too unless
+	// a Stats followed.
+	lastKeys store.KeyFilter
+	audit    []store.AuditEntry
 }
 
 var _ store.Admin = (*fakeStore)(nil)
@@ -36,7 +39,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter) ([]store.KeyInf
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
-	f.last = flt
+	f.last, f.lastKeys = flt, flt
 	if f.err != nil {
 		return nil, "", f.err
 	}
