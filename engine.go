@@ -35,6 +35,9 @@ type Engine struct {
 	hasher  *fingerprint.Hasher
 	methods *methods
 	obs     *observer
+	// counter counts replays: the store, when it implements
+	// store.ReplayCounter and WithReplayCounts left counting on; else nil.
+	counter store.ReplayCounter
 }
 
 // New returns an Engine on s. It checks the per-method options against the
@@ -50,13 +53,17 @@ func New(s store.Store, opts ...Option) (*Engine, error) {
 	if err := ms.check(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		store:   s,
 		opts:    o,
 		hasher:  fingerprint.NewHasher(o.fingerprint...),
 		methods: ms,
 		obs:     newObserver(o),
-	}, nil
+	}
+	if c, ok := s.(store.ReplayCounter); ok && !o.uncounted {
+		e.counter = c
+	}
+	return e, nil
 }
 
 // answer is what the transport sends back for a call, besides the error:
@@ -90,6 +97,8 @@ func (e *Engine) handle(ctx context.Context, call bridge.Call, h bridge.Handler)
 	c.replayed = ans.Result == ResultReplayed || ans.Result == ResultRebuilt
 	if run != nil {
 		run.result = ans.Result
+	} else if c.replayed && e.counter != nil {
+		e.counter.CountReplay(c.key) // in memory: the store writes it later
 	}
 	e.report(ctx, c)
 	return ans, err

@@ -49,6 +49,8 @@ type options struct {
 
 	hook func(context.Context, Report)
 
+	uncounted bool // replays are not counted (WithReplayCounts(false))
+
 	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
 	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()
 }
@@ -101,6 +103,20 @@ func WithLogger(l *slog.Logger) Option {
 // idem was doing.
 func WithVerboseErrors(on bool) Option {
 	return optionFunc(func(o *options) { o.verbose = on })
+}
+
+// WithReplayCounts sets whether the engine counts, per key, the calls it
+// answers from the key's recorded outcome (replayed, and rebuilt by a
+// Loader), for an operator to see how often a call was retried and when
+// last (the admin service's key, `idem keys get`). It counts through the
+// store, when the store implements [store.ReplayCounter] (PostgreSQL's
+// and the in-memory store do): a replay adds to a count in memory, and
+// the store writes the counts in batches, so that a replay costs no write
+// of its own; a crash loses the counts not yet written. A finisher's
+// calls are not counted. Default: on. Turn it off to spare the database
+// the batches' writes, or to measure what counting costs.
+func WithReplayCounts(on bool) Option {
+	return optionFunc(func(o *options) { o.uncounted = !on })
 }
 
 func (o *options) log() *slog.Logger {

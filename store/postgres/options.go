@@ -12,11 +12,16 @@ type options struct {
 	lockTimeout time.Duration
 	ttl         time.Duration
 	now         func() time.Time // nil: the database's clock
+
+	replayInterval time.Duration
+	replayBatch    int
 }
 
 var defaultOptions = options{
-	lockTimeout: defaultLockTimeout,
-	ttl:         defaultTTL,
+	lockTimeout:    defaultLockTimeout,
+	ttl:            defaultTTL,
+	replayInterval: defaultReplayInterval,
+	replayBatch:    defaultReplayBatch,
 }
 
 // Option configures a [Store].
