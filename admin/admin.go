@@ -441,6 +441,8 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		LeaseExpireTime: ts(ki.LeaseUntil),
 		Takeovers:       int32(ki.Takeovers),
 		Finishable:      ki.Call != nil,
+		Replays:         ki.Replays,
+		LastReplayTime:  ts(ki.LastReplay),
 	}
 	for _, p := range ki.Steps {
 		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})

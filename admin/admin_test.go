@@ -653,6 +653,7 @@ func TestOutcomeDecoded(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		ok := info("acme", doMethod, "ok", store.Recorded, epoch)
 		ok.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid", Execution: 3, Labels: map[string]string{"a": "b"}})
+		ok.Replays, ok.LastReplay = 7, epoch.Add(time.Hour)
 		scoped := info("acme", "idem.test.Do", "scoped", store.Recorded, epoch)
 		scoped.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "renamed"})
 		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.Recorded, epoch)
@@ -685,6 +686,9 @@ func TestOutcomeDecoded(t *testing.T) {
 			!bytes.Equal(k.GetFingerprint(), []byte{0xfe, 0xed}) || !k.GetCreateTime().AsTime().Equal(epoch) {
 			t.Errorf("key: %v", k)
 		}
+		if k.GetReplays() != 7 || !k.GetLastReplayTime().AsTime().Equal(epoch.Add(time.Hour)) {
+			t.Errorf("replays: %d, the last at %v; want 7, at %v", k.GetReplays(), k.GetLastReplayTime(), epoch.Add(time.Hour))
+		}
 		if v := get(scoped).GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue(); v != "renamed" {
 			t.Errorf("a key under a scope name: value %q", v)
 		}
@@ -698,7 +702,8 @@ func TestOutcomeDecoded(t *testing.T) {
 		}
 		k = get(leased)
 		if k.GetTakeovers() != 2 || k.GetSteps()[0].GetName() != "charge" || string(k.GetSteps()[0].GetResult()) != "ch_1" ||
-			!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil {
+			!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil ||
+			k.GetReplays() != 0 || k.GetLastReplayTime() != nil {
 			t.Errorf("leased key: %v", k)
 		}
 	})

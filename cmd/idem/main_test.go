@@ -126,6 +126,13 @@ func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: body}); err != nil {
 		t.Fatalf("record %v: %v", recorded, err)
 	}
+	if rc, ok := st.(store.ReplayCounter); ok { // two retries of the recorded key
+		rc.CountReplay(recorded)
+		rc.CountReplay(recorded)
+		if err := rc.FlushReplays(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return lc.Lease
 }
 
@@ -202,7 +209,7 @@ func (f *fixture) cmd(args ...string) []string {
 func rows(t *testing.T, table string) [][]string {
 	t.Helper()
 	lines := strings.Split(strings.TrimSuffix(table, "\n"), "\n")
-	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS"; strings.Join(strings.Fields(lines[0]), " ") != want {
+	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS REPLAYS"; strings.Join(strings.Fields(lines[0]), " ") != want {
 		t.Fatalf("table header %q, want %q", lines[0], want)
 	}
 	var rs [][]string
@@ -224,8 +231,8 @@ func TestListTable(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		got := rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme")...))
 		want := [][]string{
-			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0"},
-			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0"},
+			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0", "0"},
+			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0", "2"},
 		}
 		if strings.Join(flat(got), " ") != strings.Join(flat(want), " ") {
 			t.Fatalf("list:\n%q\nwant\n%q", got, want)
@@ -279,7 +286,8 @@ func TestGet(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
-			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`} {
+			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`,
+			`(?m)^replays: +2$`, `(?m)^last replay: +2026-01-02T03:04:06Z$`} {
 			if !regexp.MustCompile(want).MatchString(out) {
 				t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
 			}

@@ -32,10 +32,11 @@ func printJSON(w io.Writer, m proto.Message) error {
 // printKeys prints keys as a table, one key a row.
 func printKeys(w io.Writer, keys []*adminv1.Key) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tTENANT\tMETHOD\tSTATE\tCREATED\tEXPIRES\tLEASE UNTIL\tTAKEOVERS")
+	fmt.Fprintln(tw, "KEY\tTENANT\tMETHOD\tSTATE\tCREATED\tEXPIRES\tLEASE UNTIL\tTAKEOVERS\tREPLAYS")
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", k.GetKey(), orDash(k.GetTenant()), k.GetMethod(),
-			stateName(k.GetState()), timeOf(k.GetCreateTime()), timeOf(k.GetExpireTime()), timeOf(k.GetLeaseExpireTime()), k.GetTakeovers())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", k.GetKey(), orDash(k.GetTenant()), k.GetMethod(),
+			stateName(k.GetState()), timeOf(k.GetCreateTime()), timeOf(k.GetExpireTime()), timeOf(k.GetLeaseExpireTime()), k.GetTakeovers(),
+			k.GetReplays())
 	}
 	tw.Flush()
 }
@@ -53,6 +54,8 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 	row("expires", timeOf(k.GetExpireTime()))
 	row("lease until", timeOf(k.GetLeaseExpireTime()))
 	row("takeovers", strconv.Itoa(int(k.GetTakeovers())))
+	row("replays", strconv.FormatInt(k.GetReplays(), 10))
+	row("last replay", timeOf(k.GetLastReplayTime()))
 	row("fingerprint", orDash(hex.EncodeToString(k.GetFingerprint())))
 	row("finishable", strconv.FormatBool(k.GetFinishable()))
 	var steps []string

@@ -123,9 +123,18 @@ type Key struct {
 	// outcome is the recorded outcome; unset unless one is recorded.
 	Outcome *Outcome `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// finishable reports that the request was kept for a finisher.
-	Finishable    bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Finishable bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
+	// replays counts the calls answered from the key's recorded outcome, as
+	// far as the servers have written them: they count in memory and write
+	// the counts in batches (every second by default), and a server that
+	// crashes loses the counts it had not written. 0 when the servers do not
+	// count.
+	Replays int64 `protobuf:"varint,14,opt,name=replays,proto3" json:"replays,omitempty"`
+	// last_replay_time is when the last counted replay was, by the clock of
+	// the server that answered it; unset when none was counted.
+	LastReplayTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_replay_time,json=lastReplayTime,proto3" json:"last_replay_time,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Key) Reset() {
@@ -247,6 +256,20 @@ func (x *Key) GetFinishable() bool {
 		return x.Finishable
 	}
 	return false
+}
+
+func (x *Key) GetReplays() int64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *Key) GetLastReplayTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastReplayTime
+	}
+	return nil
 }
 
 // Step is a named step a leased call reached, with the result it saved.
@@ -1089,7 +1112,7 @@ var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xb2\x04\n" +
+	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\x92\x05\n" +
 	"\x03Key\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
@@ -1109,7 +1132,9 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\aoutcome\x18\f \x01(\v2\x16.idem.admin.v1.OutcomeR\aoutcome\x12\x1e\n" +
 	"\n" +
 	"finishable\x18\r \x01(\bR\n" +
-	"finishable\"2\n" +
+	"finishable\x12\x18\n" +
+	"\areplays\x18\x0e \x01(\x03R\areplays\x12D\n" +
+	"\x10last_replay_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayTime\"2\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\fR\x06result\"\x86\x02\n" +
@@ -1217,31 +1242,32 @@ var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	14, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
 	2,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
 	3,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	15, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	16, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
-	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	14, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	14, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	1,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	1,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	16, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	1,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	1,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	4,  // 17: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	6,  // 18: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	8,  // 19: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	10, // 20: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	12, // 21: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	5,  // 22: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	7,  // 23: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	9,  // 24: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	11, // 25: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	13, // 26: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 7: idem.admin.v1.Key.last_replay_time:type_name -> google.protobuf.Timestamp
+	15, // 8: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	16, // 9: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	0,  // 10: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
+	14, // 11: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	14, // 12: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	1,  // 13: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	1,  // 14: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	16, // 15: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	1,  // 16: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	1,  // 17: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	4,  // 18: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	6,  // 19: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	8,  // 20: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	10, // 21: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	12, // 22: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	5,  // 23: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	7,  // 24: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	9,  // 25: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	11, // 26: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	13, // 27: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
