@@ -49,24 +49,34 @@ func WithReplayFlush(interval time.Duration, batch int) Option {
 	}
 }
 
-// replayFlush adds the counts of a batch of keys, $1 to $6 (the rows' ids,
-// their scopes, the counts and the last replays' times), to the rows of
-// the keys that are still recorded. It locks the rows it adds to in the
-// order of their ids, skipping those that another transaction holds (a
-// claim taking an expired row over, a forget, a session of the
-// application's own): a flush never waits for a row, so one row held for
-// long holds back its own count only, not those of the batch, and two
-// servers' flushes never deadlock. It returns the positions in the batch
-// (from 1) of the keys whose rows it skipped, whose counts are kept for
-// the next flush; a key whose row is gone (forgotten, swept, taken over by
-// another request) or not recorded is neither counted nor returned.
-const replayFlush = `WITH u AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[])
-        WITH ORDINALITY AS u(id, tenant, method, key, n, at, i)),
-locked AS (
+// replayFlush adds the counts of a batch of keys, $1 to $3 (the rows' ids,
+// the counts and the last replays' times), to the rows of the keys that
+// are still recorded. It locks the rows it adds to in the order of their
+// ids, skipping those that another transaction holds (a claim taking an
+// expired row over, a forget, a session of the application's own): a
+// flush never waits for a row, so one row held for long holds back its
+// own count only, not those of the batch, and two servers' flushes never
+// deadlock. It returns the positions in the batch (from 1) of the keys
+// whose rows it skipped, whose counts are kept for the next flush; a key
+// whose row is gone (forgotten, swept) or not recorded is neither counted
+// nor returned.
+//
+// The id alone finds a key's row, as it does for a lease's writes: two
+// scopes whose ids collided (SHA-256 truncated to 128 bits) would add to
+// one count, which decides nothing; reads of a key compare its scope too.
+// The plan must stay linear in the batch: the rows are found through the
+// primary key by id = ANY($1), and the UPDATE joins the locked rows on the
+// id, an index scan each, with no array in its condition to scan again per
+// row. It runs with a custom plan (customPlan): a generic plan, which
+// PostgreSQL picks for a statement prepared by name (pgx's
+// QueryExecModeCacheStatement) after five runs, takes each array for ten
+// elements, and joins a batch of a thousand keys to its rows in nested
+// loops, a million comparisons (BenchmarkReplayFlush shows it).
+const replayFlush = `WITH locked AS (
     SELECT k.id, u.n, u.at, u.i
-    FROM idempotency_keys k JOIN u ON k.id = u.id AND k.tenant = u.tenant AND k.method = u.method AND k.key = u.key
-    WHERE k.status = 'recorded'
+    FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[]) WITH ORDINALITY AS u(id, n, at, i)
+    JOIN idempotency_keys k ON k.id = u.id
+    WHERE k.id = ANY($1::uuid[]) AND k.status = 'recorded'
     ORDER BY k.id
     FOR UPDATE OF k SKIP LOCKED),
 counted AS (
@@ -75,11 +85,13 @@ counted AS (
     FROM locked l
     WHERE k.id = l.id
     RETURNING l.i)
-SELECT u.i FROM u
+SELECT u.i FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, i)
 WHERE u.i NOT IN (SELECT i FROM counted)
-  AND EXISTS (SELECT FROM idempotency_keys k
-              WHERE k.id = u.id AND k.tenant = u.tenant AND k.method = u.method AND k.key = u.key
-                AND k.status = 'recorded')`
+  AND u.id IN (SELECT k.id FROM idempotency_keys k WHERE k.id = ANY($1::uuid[]) AND k.status = 'recorded')`
+
+// customPlan makes the rest of the transaction plan each statement for
+// its parameters (see replayFlush).
+const customPlan = "SELECT set_config('plan_cache_mode', 'force_custom_plan', true)"
 
 // replayCount is what waits to be written of one key's replays.
 type replayCount struct {
@@ -280,21 +292,15 @@ func (r *replays) flush(ctx context.Context) error {
 
 // replayBatch is the statement's arguments for a batch of keys.
 type replayBatch struct {
-	keys    []store.Scope
-	ids     []pgtype.UUID
-	tenants []string
-	methods []string
-	names   []string
-	counts  []int64
-	lasts   []time.Time
+	keys   []store.Scope
+	ids    []pgtype.UUID
+	counts []int64
+	lasts  []time.Time
 }
 
 func (b *replayBatch) add(k store.Scope, c replayCount) {
 	b.keys = append(b.keys, k)
 	b.ids = append(b.ids, scopeOf(k).id)
-	b.tenants = append(b.tenants, k.Tenant)
-	b.methods = append(b.methods, k.Method)
-	b.names = append(b.names, k.Key)
 	b.counts = append(b.counts, c.n)
 	b.lasts = append(b.lasts, c.last)
 }
@@ -332,7 +338,8 @@ func (s *Store) writeReplays(ctx context.Context, pool *pgxpool.Pool, b *replayB
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
 	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
-		{SQL: replayFlush, Arguments: []any{b.ids, b.tenants, b.methods, b.names, b.counts, b.lasts}},
+		{SQL: customPlan},
+		{SQL: replayFlush, Arguments: []any{b.ids, b.counts, b.lasts}},
 		{SQL: "COMMIT"},
 	})
 	if err != nil {
@@ -343,6 +350,9 @@ func (s *Store) writeReplays(ctx context.Context, pool *pgxpool.Pool, b *replayB
 			err = pgerr.Interpret(cerr)
 		}
 	}()
+	if _, err := br.Exec(); err != nil { // customPlan
+		return nil, pgerr.Interpret(err)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, pgerr.Interpret(err)
