@@ -12,3 +12,11 @@ func PendingReplays(s *Store) int {
 	defer s.replays.mu.Unlock()
 	return len(s.replays.pending)
 }
+
+// ReplayFlushState reports whether a flush that s started on its own
+// runs, and whether its timer is armed, for tests.
+func ReplayFlushState(s *Store) (running, armed bool) {
+	s.replays.mu.Lock()
+	defer s.replays.mu.Unlock()
+	return s.replays.running, s.replays.armed
+}

@@ -215,7 +215,11 @@ func (r *replays) fire(gen uint64) {
 }
 
 // background flushes, again at once while full batches wait and the
-// flushes succeed, and then arms the timer for the counts left, if any.
+// flushes succeed, and then arms the timer for the counts left, if any
+// (those of rows it skipped, and those counted meanwhile). After a flush
+// that failed it arms nothing: the next count does, so that a store whose
+// database is gone, or whose pool closed at shutdown, stops trying until
+// it is used again.
 func (r *replays) background() {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), replayFlushTimeout)
@@ -227,7 +231,7 @@ func (r *replays) background() {
 			continue
 		}
 		r.running = false
-		if len(r.pending) > 0 && !r.armed {
+		if err == nil && len(r.pending) > 0 && !r.armed {
 			r.armLocked()
 		}
 		r.mu.Unlock()

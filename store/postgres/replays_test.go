@@ -254,3 +254,68 @@ VALUES (` + pgtest.KeyIDSQL("'acme'", "'/svc/M'", "'k'") + `, 'acme', '/svc/M', 
 		t.Fatalf("%d of the columns are left after the down migration (%v), want none", left, err)
 	}
 }
+
+// TestReplayCountsOnShards: each key's count is written to its tenant's
+// shard, in a batch of that shard's keys, and a tenant the route gives no
+// shard is dropped without failing the others.
+func TestReplayCountsOnShards(t *testing.T) {
+	s, a, b := twoShards(t, postgres.WithReplayFlush(time.Hour, 1000))
+	ka := store.Scope{Tenant: alpha, Method: "/svc/M", Key: "k"}
+	kb := store.Scope{Tenant: beta, Method: "/svc/M", Key: "k"}
+	recordReplayed(t, s, ka)
+	recordReplayed(t, s, kb)
+	s.CountReplay(ka)
+	s.CountReplay(kb)
+	s.CountReplay(kb)
+	s.CountReplay(store.Scope{Tenant: nowhere, Method: "/svc/M", Key: "k"})
+	if err := s.FlushReplays(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := replaysOf(t, a, ka); n != 1 {
+		t.Errorf("alpha's key counts %d replays on its shard, want 1", n)
+	}
+	if n := replaysOf(t, b, kb); n != 2 {
+		t.Errorf("beta's key counts %d replays on its shard, want 2", n)
+	}
+	if n := postgres.PendingReplays(s); n != 0 {
+		t.Errorf("%d keys' counts wait after the flush, want none", n)
+	}
+}
+
+// TestReplayFlushThatFailsKeepsItsCounts: a flush the store starts on its
+// own that fails (behind a table lock, past the lock timeout) keeps the
+// counts and arms no timer, so that a store whose database is gone stops
+// trying; the next replay's count starts a flush again, which writes them
+// all. FlushReplays returns the error of a flush that fails.
+func TestReplayFlushThatFailsKeepsItsCounts(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pool := newPool(t, dsn, pgx.QueryExecModeCacheStatement)
+	s := postgres.New(pool, postgres.WithReplayFlush(time.Hour, 1), postgres.WithLockTimeout(50*time.Millisecond))
+	k := replayKey("k")
+	recordReplayed(t, s, k)
+	release := holdTableLock(t, dsn, "EXCLUSIVE")
+	if err := s.FlushReplays(ctx); err != nil {
+		t.Fatalf("a flush of nothing: %v", err)
+	}
+	s.CountReplay(k) // a batch of 1: a flush starts, and fails
+	deadline := time.Now().Add(10 * time.Second)
+	for running, _ := postgres.ReplayFlushState(s); running; running, _ = postgres.ReplayFlushState(s) {
+		if time.Now().After(deadline) {
+			t.Fatal("the flush behind the table lock never ended")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, armed := postgres.ReplayFlushState(s); armed {
+		t.Error("a timer is armed after a failed flush, want none until the next count")
+	}
+	if n := postgres.PendingReplays(s); n != 1 {
+		t.Fatalf("%d keys' counts kept after a failed flush, want 1", n)
+	}
+	if err := s.FlushReplays(ctx); !errors.Is(err, store.ErrInUse) {
+		t.Fatalf("FlushReplays behind a table lock: %v; want store.ErrInUse", err)
+	}
+
+	release()
+	s.CountReplay(k)
+	waitForReplays(t, pool, k, 2)
+}
