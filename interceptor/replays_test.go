@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
@@ -79,5 +80,56 @@ func TestStoresCountReplays(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// staleListStore is store/memory whose Abandoned lists what it was given:
+// a finisher's listing taken before a retry recorded the call.
+type staleListStore struct {
+	*memory.Store
+	list []store.AbandonedCall
+}
+
+func (s *staleListStore) Abandoned(context.Context, time.Duration, int) ([]store.AbandonedCall, error) {
+	return s.list, nil
+}
+
+// TestFinisherRunsAreNotCountedAsReplays: a finisher that takes on a call
+// its caller's retry recorded meanwhile is answered from the record, and
+// that answer is no replay to count: the key's replays count its callers'
+// retries alone.
+func TestFinisherRunsAreNotCountedAsReplays(t *testing.T) {
+	st := &staleListStore{Store: memory.New()}
+	e := serveEnv(t, setup{memory: true, opts: finishableOpts}, nil, st)
+	finisher := newFinisherOn(t, e, st, &logBuffer{})
+	e.svc.setHook(crashFirstRun(nil))
+	_, err := e.client.Do(forTenant("acme", "order-1"), &testv1.DoRequest{Value: "v"})
+	wantCode(t, err, codes.Unknown)
+	if st.list, err = st.Store.Abandoned(t.Context(), 0, 10); err != nil || len(st.list) != 1 {
+		t.Fatalf("Abandoned = %v, %v; want the crashed call", st.list, err)
+	}
+	if _, err := e.client.Do(forTenant("acme", "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatalf("the retry that takes the call over: %v", err)
+	}
+	if n, err := finisher.Finish(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Finish = %d, %v; want the call found recorded", n, err)
+	}
+	k := store.Scope{Tenant: "acme", Method: testv1.TestService_Do_FullMethodName, Key: "order-1"}
+	replays := func() int64 {
+		t.Helper()
+		ki, err := st.Key(t.Context(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ki.Replays
+	}
+	if n := replays(); n != 0 {
+		t.Errorf("the key counts %d replays after the finisher's run, want 0", n)
+	}
+	if _, err := e.client.Do(forTenant("acme", "order-1"), &testv1.DoRequest{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := replays(); n != 1 {
+		t.Errorf("the key counts %d replays after the caller's retry, want 1", n)
 	}
 }
