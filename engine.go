@@ -122,6 +122,9 @@ type callState struct {
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
 	optimistic    bool      // the claim being recorded read nothing first
+	// request is the request's deterministic encoding, recorded with the
+	// outcome for an operator (MethodPolicy.KeepRequest); nil for none.
+	request []byte
 
 	statusOf func(error) (*spb.Status, bool) // Call.Status
 }
@@ -217,6 +220,10 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 	// (left out of the fingerprint, as the field always is).
 	if msg, fd := keyField(m, call.Request); fd != nil && msg.Get(fd).String() == "" {
 		msg.Set(fd, protoreflect.ValueOfString(key))
+	}
+
+	if m.keepRequest {
+		c.request = e.keptRequest(call.Request)
 	}
 
 	ctx = withRequestKey(ctx, skey)
@@ -336,6 +343,18 @@ func (e *Engine) finishing(m *method, call bridge.Call) (*store.Call, error) {
 		}
 	}
 	return c, nil
+}
+
+// keptRequest returns the deterministic encoding of req to record with
+// its outcome: nil, keeping nothing, when it is larger than the responses
+// the engine records (WithMaxStoredResponseBytes) or cannot be encoded,
+// which only an operator's view of the key misses.
+func (e *Engine) keptRequest(req proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil || len(b) > e.opts.maxStored {
+		return nil
+	}
+	return b
 }
 
 // requestKeys returns the values of the call's key: the transport's, or
@@ -484,7 +503,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {
 			return refuse(ResultTransient, herr) // the deferred release discards the claim
 		}
-		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer)
+		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer, c.request)
 		if err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the error failed", err))
 		}
@@ -496,7 +515,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 	if r.Message == nil {
 		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the handler returned no response message"))
 	}
-	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer)
+	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer, c.request)
 	if err != nil {
 		return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the response failed", err))
 	}

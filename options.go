@@ -245,6 +245,18 @@ type MethodPolicy struct {
 	// Loader rebuilds, for a retry, a response too large to record.
 	// Default: none.
 	Loader Loader
+	// KeepRequest records the request (its deterministic protobuf
+	// encoding) with the outcome, for an operator to see what was asked:
+	// the admin service's key shows it (`idem keys get`). A request larger
+	// than the responses the engine records ([WithMaxStoredResponseBytes])
+	// is not kept, nor is one whose response was too large to record. It
+	// holds user data, personal data among it, kept for as long as the key
+	// (its TTL) wherever the store keeps keys: turn it on only where that
+	// is allowed. Replays do not send it, but read it with the outcome.
+	// It has no field in the method's option (idem.v1.method): set it
+	// here. Default: off, and the store keeps the request's fingerprint
+	// alone.
+	KeepRequest bool
 }
 
 // WithMethodPolicy sets the policy of the method fullMethod

@@ -119,7 +119,11 @@ func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v", recorded, c, err)
 	}
-	body, _, err := record.Encode(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil)
+	req, err := proto.Marshal(&testv1.DoRequest{Value: "pay"}) // kept, as KeepRequest keeps it
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _, err := record.EncodeRequest(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +291,8 @@ func TestGet(t *testing.T) {
 		out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
 			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`,
-			`(?m)^replays: +2$`, `(?m)^last replay: +2026-01-02T03:04:06Z$`} {
+			`(?m)^replays: +2$`, `(?m)^last replay: +2026-01-02T03:04:06Z$`,
+			`(?m)^request: +idem\.test\.v1\.DoRequest \{"value":"pay"\}$`} {
 			if !regexp.MustCompile(want).MatchString(out) {
 				t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
 			}

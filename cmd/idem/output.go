@@ -72,17 +72,11 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 				row("details", fmt.Sprintf("%d (see -o json)", n))
 			}
 		case *adminv1.Outcome_Response:
-			b, err := protojson.Marshal(r.Response)
+			js, err := compactJSON(r.Response)
 			if err != nil {
 				return err
 			}
-			// protojson varies its spacing from one build to the
-			// next; the compact form reads the same from every idem.
-			var js bytes.Buffer
-			if err := json.Compact(&js, b); err != nil {
-				return err
-			}
-			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), js.Bytes()))
+			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), js))
 		case *adminv1.Outcome_RawResponse:
 			row("response", fmt.Sprintf("%d bytes, undecoded (see -o json)", len(r.RawResponse)))
 		}
@@ -93,7 +87,37 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 			row("note", note)
 		}
 	}
+	if req := k.GetRequest(); req != nil {
+		switch b := req.GetBody().(type) {
+		case *adminv1.Request_Decoded:
+			js, err := compactJSON(b.Decoded)
+			if err != nil {
+				return err
+			}
+			row("request", fmt.Sprintf("%s %s", req.GetRequestType(), js))
+		case *adminv1.Request_Raw:
+			row("request", fmt.Sprintf("%d bytes, undecoded (see -o json)", len(b.Raw)))
+		}
+		if note := req.GetNote(); note != "" {
+			row("request note", note)
+		}
+	}
 	return tw.Flush()
+}
+
+// compactJSON renders m as protobuf's JSON mapping, compact: protojson
+// varies its spacing from one build to the next, and the compact form
+// reads the same from every idem.
+func compactJSON(m proto.Message) ([]byte, error) {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var js bytes.Buffer
+	if err := json.Compact(&js, b); err != nil {
+		return nil, err
+	}
+	return js.Bytes(), nil
 }
 
 // timeOf formats ts in UTC to the second, "-" when unset.

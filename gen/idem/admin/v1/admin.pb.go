@@ -133,8 +133,13 @@ type Key struct {
 	// last_replay_time is when the last counted replay was, by the clock of
 	// the server that answered it; unset when none was counted.
 	LastReplayTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_replay_time,json=lastReplayTime,proto3" json:"last_replay_time,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// request is what was asked: the request recorded with the outcome, for
+	// a method that keeps its requests (idem.MethodPolicy.KeepRequest), or
+	// the one kept for a finisher while a finishable call is in progress;
+	// unset when none was kept. It holds the caller's data.
+	Request       *Request `protobuf:"bytes,16,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Key) Reset() {
@@ -272,6 +277,121 @@ func (x *Key) GetLastReplayTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Key) GetRequest() *Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// Request is a request kept under a key.
+type Request struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_type is the full name of the request's message type, when the
+	// server knows the method.
+	RequestType string `protobuf:"bytes,1,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
+	// body is the request; unset when nothing could be decoded (see note).
+	//
+	// Types that are valid to be assigned to Body:
+	//
+	//	*Request_Decoded
+	//	*Request_Raw
+	Body isRequest_Body `protobuf_oneof:"body"`
+	// note says why the request is raw, when it is.
+	Note          string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Request) Reset() {
+	*x = Request{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Request) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Request) ProtoMessage() {}
+
+func (x *Request) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Request.ProtoReflect.Descriptor instead.
+func (*Request) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Request) GetRequestType() string {
+	if x != nil {
+		return x.RequestType
+	}
+	return ""
+}
+
+func (x *Request) GetBody() isRequest_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Request) GetDecoded() *structpb.Value {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Decoded); ok {
+			return x.Decoded
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetRaw() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Raw); ok {
+			return x.Raw
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type isRequest_Body interface {
+	isRequest_Body()
+}
+
+type Request_Decoded struct {
+	// decoded is the request, decoded with the method's input type and
+	// rendered as protobuf's JSON mapping.
+	Decoded *structpb.Value `protobuf:"bytes,2,opt,name=decoded,proto3,oneof"`
+}
+
+type Request_Raw struct {
+	// raw is the request as it was kept, when it could not be decoded
+	// (note says why).
+	Raw []byte `protobuf:"bytes,3,opt,name=raw,proto3,oneof"`
+}
+
+func (*Request_Decoded) isRequest_Body() {}
+
+func (*Request_Raw) isRequest_Body() {}
+
 // Step is a named step a leased call reached, with the result it saved.
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -285,7 +405,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +417,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +430,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Step) GetName() string {
@@ -354,7 +474,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +486,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +499,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Outcome) GetCode() int32 {
@@ -505,7 +625,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +637,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +650,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListKeysRequest) GetTenant() string {
@@ -602,7 +722,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +734,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +747,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListKeysResponse) GetKeys() []*Key {
@@ -659,7 +779,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +791,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +804,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetKeyRequest) GetTenant() string {
@@ -719,7 +839,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +851,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +864,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetKeyResponse) GetKey() *Key {
@@ -771,7 +891,7 @@ type ForgetKeyRequest struct {
 
 func (x *ForgetKeyRequest) Reset() {
 	*x = ForgetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +903,7 @@ func (x *ForgetKeyRequest) String() string {
 func (*ForgetKeyRequest) ProtoMessage() {}
 
 func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +916,7 @@ func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ForgetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForgetKeyRequest) GetTenant() string {
@@ -836,7 +956,7 @@ type ForgetKeyResponse struct {
 
 func (x *ForgetKeyResponse) Reset() {
 	*x = ForgetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +968,7 @@ func (x *ForgetKeyResponse) String() string {
 func (*ForgetKeyResponse) ProtoMessage() {}
 
 func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +981,7 @@ func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ForgetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 // SettleKeyRequest names the key to settle and the error to record.
@@ -889,7 +1009,7 @@ type SettleKeyRequest struct {
 
 func (x *SettleKeyRequest) Reset() {
 	*x = SettleKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1021,7 @@ func (x *SettleKeyRequest) String() string {
 func (*SettleKeyRequest) ProtoMessage() {}
 
 func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1034,7 @@ func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyRequest.ProtoReflect.Descriptor instead.
 func (*SettleKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SettleKeyRequest) GetTenant() string {
@@ -963,7 +1083,7 @@ type SettleKeyResponse struct {
 
 func (x *SettleKeyResponse) Reset() {
 	*x = SettleKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1095,7 @@ func (x *SettleKeyResponse) String() string {
 func (*SettleKeyResponse) ProtoMessage() {}
 
 func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1108,7 @@ func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyResponse.ProtoReflect.Descriptor instead.
 func (*SettleKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SettleKeyResponse) GetKey() *Key {
@@ -1013,7 +1133,7 @@ type FinishKeyRequest struct {
 
 func (x *FinishKeyRequest) Reset() {
 	*x = FinishKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1145,7 @@ func (x *FinishKeyRequest) String() string {
 func (*FinishKeyRequest) ProtoMessage() {}
 
 func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1158,7 @@ func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyRequest.ProtoReflect.Descriptor instead.
 func (*FinishKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FinishKeyRequest) GetTenant() string {
@@ -1073,7 +1193,7 @@ type FinishKeyResponse struct {
 
 func (x *FinishKeyResponse) Reset() {
 	*x = FinishKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1205,7 @@ func (x *FinishKeyResponse) String() string {
 func (*FinishKeyResponse) ProtoMessage() {}
 
 func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1218,7 @@ func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyResponse.ProtoReflect.Descriptor instead.
 func (*FinishKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FinishKeyResponse) GetKey() *Key {
@@ -1112,7 +1232,7 @@ var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\x92\x05\n" +
+	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xc4\x05\n" +
 	"\x03Key\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
@@ -1134,7 +1254,14 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"finishable\x18\r \x01(\bR\n" +
 	"finishable\x12\x18\n" +
 	"\areplays\x18\x0e \x01(\x03R\areplays\x12D\n" +
-	"\x10last_replay_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayTime\"2\n" +
+	"\x10last_replay_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayTime\x120\n" +
+	"\arequest\x18\x10 \x01(\v2\x16.idem.admin.v1.RequestR\arequest\"\x90\x01\n" +
+	"\aRequest\x12!\n" +
+	"\frequest_type\x18\x01 \x01(\tR\vrequestType\x122\n" +
+	"\adecoded\x18\x02 \x01(\v2\x16.google.protobuf.ValueH\x00R\adecoded\x12\x12\n" +
+	"\x03raw\x18\x03 \x01(\fH\x00R\x03raw\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04noteB\x06\n" +
+	"\x04body\"2\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\fR\x06result\"\x86\x02\n" +
@@ -1214,60 +1341,63 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
 	(*Key)(nil),                   // 1: idem.admin.v1.Key
-	(*Step)(nil),                  // 2: idem.admin.v1.Step
-	(*Outcome)(nil),               // 3: idem.admin.v1.Outcome
-	(*ListKeysRequest)(nil),       // 4: idem.admin.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),      // 5: idem.admin.v1.ListKeysResponse
-	(*GetKeyRequest)(nil),         // 6: idem.admin.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 7: idem.admin.v1.GetKeyResponse
-	(*ForgetKeyRequest)(nil),      // 8: idem.admin.v1.ForgetKeyRequest
-	(*ForgetKeyResponse)(nil),     // 9: idem.admin.v1.ForgetKeyResponse
-	(*SettleKeyRequest)(nil),      // 10: idem.admin.v1.SettleKeyRequest
-	(*SettleKeyResponse)(nil),     // 11: idem.admin.v1.SettleKeyResponse
-	(*FinishKeyRequest)(nil),      // 12: idem.admin.v1.FinishKeyRequest
-	(*FinishKeyResponse)(nil),     // 13: idem.admin.v1.FinishKeyResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 15: google.protobuf.Value
-	(*status.Status)(nil),         // 16: google.rpc.Status
+	(*Request)(nil),               // 2: idem.admin.v1.Request
+	(*Step)(nil),                  // 3: idem.admin.v1.Step
+	(*Outcome)(nil),               // 4: idem.admin.v1.Outcome
+	(*ListKeysRequest)(nil),       // 5: idem.admin.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 6: idem.admin.v1.ListKeysResponse
+	(*GetKeyRequest)(nil),         // 7: idem.admin.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 8: idem.admin.v1.GetKeyResponse
+	(*ForgetKeyRequest)(nil),      // 9: idem.admin.v1.ForgetKeyRequest
+	(*ForgetKeyResponse)(nil),     // 10: idem.admin.v1.ForgetKeyResponse
+	(*SettleKeyRequest)(nil),      // 11: idem.admin.v1.SettleKeyRequest
+	(*SettleKeyResponse)(nil),     // 12: idem.admin.v1.SettleKeyResponse
+	(*FinishKeyRequest)(nil),      // 13: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 14: idem.admin.v1.FinishKeyResponse
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 16: google.protobuf.Value
+	(*status.Status)(nil),         // 17: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	14, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	14, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	14, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	14, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
-	3,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	14, // 7: idem.admin.v1.Key.last_replay_time:type_name -> google.protobuf.Timestamp
-	15, // 8: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	16, // 9: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
-	0,  // 10: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	14, // 11: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	14, // 12: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	1,  // 13: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	1,  // 14: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	16, // 15: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	1,  // 16: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	1,  // 17: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	4,  // 18: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	6,  // 19: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	8,  // 20: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	10, // 21: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	12, // 22: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	5,  // 23: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	7,  // 24: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	9,  // 25: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	11, // 26: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	13, // 27: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	15, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	15, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	15, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	15, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	3,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
+	4,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
+	15, // 7: idem.admin.v1.Key.last_replay_time:type_name -> google.protobuf.Timestamp
+	2,  // 8: idem.admin.v1.Key.request:type_name -> idem.admin.v1.Request
+	16, // 9: idem.admin.v1.Request.decoded:type_name -> google.protobuf.Value
+	16, // 10: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	17, // 11: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	0,  // 12: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
+	15, // 13: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	15, // 14: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	1,  // 15: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	1,  // 16: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	17, // 17: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	1,  // 18: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	1,  // 19: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	5,  // 20: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	7,  // 21: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	9,  // 22: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	11, // 23: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	13, // 24: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	6,  // 25: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	8,  // 26: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	10, // 27: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	12, // 28: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	14, // 29: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -1275,7 +1405,11 @@ func file_idem_admin_v1_admin_proto_init() {
 	if File_idem_admin_v1_admin_proto != nil {
 		return
 	}
-	file_idem_admin_v1_admin_proto_msgTypes[2].OneofWrappers = []any{
+	file_idem_admin_v1_admin_proto_msgTypes[1].OneofWrappers = []any{
+		(*Request_Decoded)(nil),
+		(*Request_Raw)(nil),
+	}
+	file_idem_admin_v1_admin_proto_msgTypes[3].OneofWrappers = []any{
 		(*Outcome_Response)(nil),
 		(*Outcome_RawResponse)(nil),
 		(*Outcome_Error)(nil),
@@ -1286,7 +1420,7 @@ func file_idem_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
