@@ -124,7 +124,7 @@ type replays struct {
 	pending map[store.Scope]replayCount
 	// armed: a timer will start a flush; gen tells it whether it is still
 	// the one armed. running: a flush the store started runs, and arms
-	// the timer again when it ends.
+	// the timer again when it ends, unless it failed (see background).
 	armed, running bool
 	gen            uint64
 	timer          *time.Timer
