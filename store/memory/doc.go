@@ -43,6 +43,9 @@
 //     creation (by [WithClock]), then by tenant, method and key, and an
 //     atomic claim still running, like an uncommitted row, is neither
 //     listed nor found.
+//   - It implements store.ReplayCounter: [Store.CountReplay] counts a
+//     replay in its entry at once, under the store's lock, so
+//     [Store.FlushReplays] has nothing to write.
 //
 // Outcomes, fingerprints and steps are copied in and out, so
 // callers may reuse their buffers.

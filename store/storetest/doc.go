@@ -48,7 +48,11 @@
 // reading a key in each state; Forget and Settle of recorded, abandoned,
 // expired and unknown keys; a live lease refused unless forced, and a
 // forced action fencing the lease's holder; a status Settle cannot
-// record; invalid keys and filters.
+// record; invalid keys and filters. Replays ([store.ReplayCounter], with
+// store.Admin to read them): counts and the last replay's time shown once
+// flushed, by Key and Keys; concurrent counts exact; a forgotten key's
+// flush a no-op; a key taken over afresh after it expired, atomically or
+// leased, starting from none; an entry in progress not counted.
 //
 // Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid
