@@ -90,10 +90,19 @@ func TestReplayCountsFlushOnTheirOwn(t *testing.T) {
 
 // TestReplayFlushSkipsLockedRows: a key's row that another session holds
 // locked holds back its own count, which waits for the next flush, and
-// neither the flush nor the other keys' counts.
+// neither the flush nor the other keys' counts. In every QueryExecMode.
 func TestReplayFlushSkipsLockedRows(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			replayFlushSkipsLockedRows(t, mode)
+		})
+	}
+}
+
+func replayFlushSkipsLockedRows(t *testing.T, mode pgx.QueryExecMode) {
 	dsn := pgtest.NewDatabase(t)
-	pool := newPool(t, dsn, pgx.QueryExecModeCacheStatement)
+	pool := newPool(t, dsn, mode)
 	s := postgres.New(pool, postgres.WithReplayFlush(time.Hour, 1000), postgres.WithLockTimeout(time.Minute))
 	locked, free := replayKey("locked"), replayKey("free")
 	recordReplayed(t, s, locked)
