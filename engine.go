@@ -35,6 +35,9 @@ type Engine struct {
 	hasher  *fingerprint.Hasher
 	methods *methods
 	obs     *observer
+	// counter counts replays: the store, when it implements
+	// store.ReplayCounter and WithReplayCounts left counting on; else nil.
+	counter store.ReplayCounter
 }
 
 // New returns an Engine on s. It checks the per-method options against the
@@ -50,13 +53,17 @@ func New(s store.Store, opts ...Option) (*Engine, error) {
 	if err := ms.check(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		store:   s,
 		opts:    o,
 		hasher:  fingerprint.NewHasher(o.fingerprint...),
 		methods: ms,
 		obs:     newObserver(o),
-	}, nil
+	}
+	if c, ok := s.(store.ReplayCounter); ok && !o.uncounted {
+		e.counter = c
+	}
+	return e, nil
 }
 
 // answer is what the transport sends back for a call, besides the error:
@@ -90,6 +97,8 @@ func (e *Engine) handle(ctx context.Context, call bridge.Call, h bridge.Handler)
 	c.replayed = ans.Result == ResultReplayed || ans.Result == ResultRebuilt
 	if run != nil {
 		run.result = ans.Result
+	} else if c.replayed && e.counter != nil {
+		e.counter.CountReplay(c.key) // in memory: the store writes it later
 	}
 	e.report(ctx, c)
 	return ans, err
@@ -114,6 +123,9 @@ type callState struct {
 	finishing     bool      // the call is run by a Finisher
 	optimistic    bool      // the claim being recorded read nothing first
 	readNothing   bool      // the call's first claim read nothing (Report.Optimistic)
+	// request is the request's deterministic encoding, recorded with the
+	// outcome for an operator (MethodPolicy.KeepRequest); nil for none.
+	request []byte
 
 	statusOf func(error) (*spb.Status, bool) // Call.Status
 }
@@ -205,6 +217,10 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 		msg.Set(fd, protoreflect.ValueOfString(key))
 	}
 
+	if m.keepRequest {
+		c.request = e.keptRequest(call.Request)
+	}
+
 	header := call.Header
 	if run != nil {
 		header = nil // a finisher's run is never a first attempt
@@ -216,7 +232,7 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 	case ModeAuto:
 		// The client's mark chooses how to start, never the outcome: the
 		// key's row decides that either way.
-		return e.atomic(ctx, c, fp, h, attemptOf(call.Header) == firstAttempt, nil)
+		return e.atomic(ctx, c, fp, h, attemptOf(header) == firstAttempt, nil)
 	}
 	return e.atomic(ctx, c, fp, h, m.mode == ModeOptimistic, nil)
 }
@@ -332,6 +348,18 @@ func (e *Engine) finishing(m *method, call bridge.Call) (*store.Call, error) {
 		}
 	}
 	return c, nil
+}
+
+// keptRequest returns the deterministic encoding of req to record with
+// its outcome: nil, keeping nothing, when it is larger than the responses
+// the engine records (WithMaxStoredResponseBytes) or cannot be encoded,
+// which only an operator's view of the key misses.
+func (e *Engine) keptRequest(req proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil || len(b) > e.opts.maxStored {
+		return nil
+	}
+	return b
 }
 
 // requestKeys returns the values of the call's key: the transport's, or
@@ -480,7 +508,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {
 			return refuse(ResultTransient, herr) // the deferred release discards the claim
 		}
-		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer)
+		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer, c.request)
 		if err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the error failed", err))
 		}
@@ -492,7 +520,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 	if r.Message == nil {
 		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the handler returned no response message"))
 	}
-	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer)
+	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer, c.request)
 	if err != nil {
 		return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the response failed", err))
 	}

@@ -60,6 +60,8 @@ type method struct {
 	// request metadata finishHeaders names (lower-case).
 	finish        bool
 	finishHeaders []string
+	// keepRequest records the request with the outcome.
+	keepRequest bool
 }
 
 // defaultMode is the mode of a method whose policy names none.
@@ -120,6 +122,7 @@ func (m *method) setPolicy(p MethodPolicy) {
 	m.finishHeaders = p.FinishHeaders
 	m.rerun = p.RerunWhenNotCached
 	m.loader = p.Loader
+	m.keepRequest = p.KeepRequest
 }
 
 // findMethod returns the descriptor of fullMethod ("/pkg.Service/Method")

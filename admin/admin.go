@@ -549,6 +549,8 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		LeaseExpireTime: ts(ki.LeaseUntil),
 		Takeovers:       int32(ki.Takeovers),
 		Finishable:      ki.Call != nil,
+		Replays:         ki.Replays,
+		LastReplayTime:  ts(ki.LastReplay),
 	}
 	for _, p := range ki.Steps {
 		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})
@@ -561,5 +563,11 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		}
 		k.Outcome = out
 	}
+	req, err := s.request(ki)
+	if err != nil {
+		s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a kept request cannot be decoded",
+			slog.String("tenant", ki.Scope.Tenant), slog.String("method", ki.Scope.Method), slog.String("key", ki.Scope.Key), slog.String("error", err.Error()))
+	}
+	k.Request = req
 	return k
 }

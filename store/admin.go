@@ -217,6 +217,14 @@ type KeyInfo struct {
 	// Call is what was kept for a finisher to run the call again; nil
 	// when nothing was.
 	Call *Call
+	// Replays counts the calls answered from the entry's recorded outcome
+	// (see [ReplayCounter]), as far as the store has written them: a
+	// store that counts in memory shows them once it has flushed them. 0
+	// when the store does not count.
+	Replays int64
+	// LastReplay is when the last counted replay was, by the clock of the
+	// server that answered it; zero when none was counted.
+	LastReplay time.Time
 }
 
 // LeaseLiveError refuses an action on an entry whose lease is live, unless

@@ -425,3 +425,32 @@ type AbandonedCall struct {
 	// stops being listed and its retries get an answer.
 	Unreadable error
 }
+
+// ReplayCounter is implemented by stores that count, per entry, the calls
+// answered from its recorded outcome, and when the last was, for an
+// operator to see ([KeyInfo].Replays and LastReplay): whether a call was
+// retried, and how often. idem's engine calls CountReplay for every
+// replay, unless told not to (idem.WithReplayCounts). Callers discover it
+// by a type assertion on the [Store].
+//
+// The counts are a record for operators, never a decision: a store may
+// keep them in memory and write them in batches, so that a replay costs
+// no write, and may lose those it has not written yet (a crash, a write
+// that keeps failing). An entry deleted, taken over afresh after it
+// expired, or not recorded, by the time its counts are written does not
+// get them: writing them then changes nothing and is no error. An entry
+// taken over afresh starts from no replays.
+type ReplayCounter interface {
+	// CountReplay counts one replay of s's entry, now, by the store's
+	// clock. It returns at once, without I/O and without waiting for any:
+	// it is on the replay's path. It refuses nothing: a scope the store
+	// cannot hold is never replayed.
+	CountReplay(s Scope)
+
+	// FlushReplays writes the counts the store keeps in memory, and
+	// returns once they are written, or fail to be, or ctx ends. Counts
+	// it could not write are kept for the next flush, as far as the
+	// store's bound on them allows. Call it at shutdown, before closing
+	// what the store writes to, so that the last counts are not lost.
+	FlushReplays(ctx context.Context) error
+}

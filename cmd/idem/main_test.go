@@ -122,12 +122,23 @@ func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v", recorded, c, err)
 	}
-	body, _, err := record.Encode(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil)
+	req, err := proto.Marshal(&testv1.DoRequest{Value: "pay"}) // kept, as KeepRequest keeps it
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _, err := record.EncodeRequest(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: body}); err != nil {
 		t.Fatalf("record %v: %v", recorded, err)
+	}
+	if rc, ok := st.(store.ReplayCounter); ok { // two retries of the recorded key
+		rc.CountReplay(recorded)
+		rc.CountReplay(recorded)
+		if err := rc.FlushReplays(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return lc.Lease
 }
@@ -205,7 +216,7 @@ func (f *fixture) cmd(args ...string) []string {
 func rows(t *testing.T, table string) [][]string {
 	t.Helper()
 	lines := strings.Split(strings.TrimSuffix(table, "\n"), "\n")
-	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS"; strings.Join(strings.Fields(lines[0]), " ") != want {
+	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS REPLAYS"; strings.Join(strings.Fields(lines[0]), " ") != want {
 		t.Fatalf("table header %q, want %q", lines[0], want)
 	}
 	var rs [][]string
@@ -227,8 +238,8 @@ func TestListTable(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		got := rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme")...))
 		want := [][]string{
-			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0"},
-			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0"},
+			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0", "0"},
+			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0", "2"},
 		}
 		if strings.Join(flat(got), " ") != strings.Join(flat(want), " ") {
 			t.Fatalf("list:\n%q\nwant\n%q", got, want)
@@ -282,7 +293,9 @@ func TestGet(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
-			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`} {
+			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`,
+			`(?m)^replays: +2$`, `(?m)^last replay: +2026-01-02T03:04:06Z$`,
+			`(?m)^request: +idem\.test\.v1\.DoRequest \{"value":"pay"\}$`} {
 			if !regexp.MustCompile(want).MatchString(out) {
 				t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
 			}

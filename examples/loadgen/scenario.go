@@ -78,6 +78,16 @@ var scenarios = []*scenario{
 		call:      replay,
 	},
 	{
+		name:      "replay-uncounted",
+		about:     "replay with the replays' counts off (idem.WithReplayCounts(false)): replay ÷ replay-uncounted is what counting them costs",
+		reference: "baseline",
+		server: func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+			return newIdemServer(pool, h, idem.WithReplayCounts(false))
+		},
+		prepare: recordReplayKeys,
+		call:    replay,
+	},
+	{
 		name:      "leased",
 		about:     "the handler under idem in leased mode, fresh keys: the claim commits, the handler's own BEGIN, statements, COMMIT, the record commits",
 		reference: "baseline",

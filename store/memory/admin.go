@@ -48,6 +48,8 @@ func (e *entry) info(k store.Scope, now time.Time) store.KeyInfo {
 		ExpiresAt:   e.expiresAt,
 		Takeovers:   e.takeovers,
 		Call:        cloneCall(e.call),
+		Replays:     e.replays,
+		LastReplay:  e.lastReplay,
 	}
 	if len(e.steps) > 0 {
 		ki.Steps = cloneSteps(e.steps)

@@ -45,6 +45,9 @@
 //     listed nor found. Its audit trail is kept in memory for
 //     [WithAuditRetention] (90 days): an entry past it is not listed, and
 //     is dropped when expired keys are.
+//   - It implements store.ReplayCounter: [Store.CountReplay] counts a
+//     replay in its entry at once, under the store's lock, so
+//     [Store.FlushReplays] has nothing to write.
 //
 // Outcomes, fingerprints and steps are copied in and out, so
 // callers may reuse their buffers.

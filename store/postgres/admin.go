@@ -32,7 +32,8 @@ const (
     k.created_at, k.updated_at, k.expires_at, k.locked_until, k.takeovers,
     k.status, k.response_code, k.response, k.response_not_cached,
     k.step_names, k.step_results,
-    k.request_method, k.request_payload, k.request_header_names, k.request_header_values
+    k.request_method, k.request_payload, k.request_header_names, k.request_header_values,
+    k.replays, k.last_replayed_at
 FROM idempotency_keys k
 CROSS JOIN LATERAL (SELECT CASE
     WHEN k.expires_at <= coalesce($1::timestamptz, now()) THEN 'expired'
@@ -276,14 +277,19 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		payload     []byte
 		mdNames     []*string
 		mdValues    [][]byte
+		lastReplay  *time.Time
 	)
 	err := row.Scan(&r.pos.id, &r.Scope.Tenant, &r.Scope.Method, &r.Scope.Key, &state, &r.Fingerprint,
 		&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &lockedUntil, &r.Takeovers,
 		&status, &rcode, &body, &notCached,
 		&stepNames, &stepResults,
-		&method, &payload, &mdNames, &mdValues)
+		&method, &payload, &mdNames, &mdValues,
+		&r.Replays, &lastReplay)
 	if err != nil {
 		return keyRow{}, err
+	}
+	if lastReplay != nil {
+		r.LastReplay = *lastReplay
 	}
 	r.pos.at = r.CreatedAt
 	r.State = store.State(state)

@@ -164,6 +164,23 @@
 // a table of 100 000 keys, about 40 ms here), so bound them by creation
 // time on large tables.
 //
+// # Replays
+//
+// The store counts, per key, the calls answered from its recorded outcome
+// ([Store.CountReplay], which idem's engine calls; [store.KeyInfo] shows
+// Replays and LastReplay). A replay writes nothing: it adds to a count in
+// memory, and the store writes the counts in batches, one UPDATE of up to
+// 1000 keys every second, or sooner once 1000 keys' counts wait
+// ([WithReplayFlush]), in a goroutine of its own that runs only while
+// counts wait. Each key's row is written once per batch however often it
+// was replayed, and a row that another session holds locked is skipped and
+// counted at the next batch. Call [Store.FlushReplays] at shutdown, after
+// the server stopped and before the pool closes; a server that crashes
+// loses the counts of its last second, which is acceptable for a record
+// that decides nothing. idem.WithReplayCounts(false) turns counting off.
+// The counts live in the columns replays and last_replayed_at (migration
+// 0010).
+//
 // # Expiry
 //
 // Keys expire after [WithTTL] (24 h by default). An expired key counts as

@@ -15,12 +15,17 @@ type options struct {
 	ttl         time.Duration
 	now         func() time.Time // nil: the database's clock
 	audit       time.Duration
+
+	replayInterval time.Duration
+	replayBatch    int
 }
 
 var defaultOptions = options{
-	lockTimeout: defaultLockTimeout,
-	ttl:         defaultTTL,
-	audit:       defaultAuditRetention,
+	lockTimeout:    defaultLockTimeout,
+	ttl:            defaultTTL,
+	audit:          defaultAuditRetention,
+	replayInterval: defaultReplayInterval,
+	replayBatch:    defaultReplayBatch,
 }
 
 // Option configures a [Store].

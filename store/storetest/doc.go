@@ -57,6 +57,11 @@
 // abandoned; and what the admin service's actions on many keys ask: a
 // listing whose cursor goes on, visiting every key once, while the keys
 // of its pages are forgotten and settled.
+// Replays ([store.ReplayCounter], with
+// store.Admin to read them): counts and the last replay's time shown once
+// flushed, by Key and Keys; concurrent counts exact; a forgotten key's
+// flush a no-op; a key taken over afresh after it expired, atomically or
+// leased, starting from none; an entry in progress not counted.
 //
 // Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid

@@ -203,7 +203,7 @@ func (x KeyResult_Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyResult_Outcome.Descriptor instead.
 func (KeyResult_Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20, 0}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21, 0}
 }
 
 // Key is everything a store keeps of a key's entry.
@@ -236,7 +236,21 @@ type Key struct {
 	// outcome is the recorded outcome; unset unless one is recorded.
 	Outcome *Outcome `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// finishable reports that the request was kept for a finisher.
-	Finishable    bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
+	Finishable bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
+	// replays counts the calls answered from the key's recorded outcome, as
+	// far as the servers have written them: they count in memory and write
+	// the counts in batches (every second by default), and a server that
+	// crashes loses the counts it had not written. 0 when the servers do not
+	// count.
+	Replays int64 `protobuf:"varint,14,opt,name=replays,proto3" json:"replays,omitempty"`
+	// last_replay_time is when the last counted replay was, by the clock of
+	// the server that answered it; unset when none was counted.
+	LastReplayTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_replay_time,json=lastReplayTime,proto3" json:"last_replay_time,omitempty"`
+	// request is what was asked: the request recorded with the outcome, for
+	// a method that keeps its requests (idem.MethodPolicy.KeepRequest), or
+	// the one kept for a finisher while a finishable call is in progress;
+	// unset when none was kept. It holds the caller's data.
+	Request       *Request `protobuf:"bytes,16,opt,name=request,proto3" json:"request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +376,135 @@ func (x *Key) GetFinishable() bool {
 	return false
 }
 
+func (x *Key) GetReplays() int64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *Key) GetLastReplayTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastReplayTime
+	}
+	return nil
+}
+
+func (x *Key) GetRequest() *Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// Request is a request kept under a key.
+type Request struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_type is the full name of the request's message type, when the
+	// server knows the method.
+	RequestType string `protobuf:"bytes,1,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
+	// body is the request; unset when nothing could be decoded (see note).
+	//
+	// Types that are valid to be assigned to Body:
+	//
+	//	*Request_Decoded
+	//	*Request_Raw
+	Body isRequest_Body `protobuf_oneof:"body"`
+	// note says why the request is raw, when it is.
+	Note          string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Request) Reset() {
+	*x = Request{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Request) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Request) ProtoMessage() {}
+
+func (x *Request) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Request.ProtoReflect.Descriptor instead.
+func (*Request) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Request) GetRequestType() string {
+	if x != nil {
+		return x.RequestType
+	}
+	return ""
+}
+
+func (x *Request) GetBody() isRequest_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Request) GetDecoded() *structpb.Value {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Decoded); ok {
+			return x.Decoded
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetRaw() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Raw); ok {
+			return x.Raw
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type isRequest_Body interface {
+	isRequest_Body()
+}
+
+type Request_Decoded struct {
+	// decoded is the request, decoded with the method's input type and
+	// rendered as protobuf's JSON mapping.
+	Decoded *structpb.Value `protobuf:"bytes,2,opt,name=decoded,proto3,oneof"`
+}
+
+type Request_Raw struct {
+	// raw is the request as it was kept, when it could not be decoded
+	// (note says why).
+	Raw []byte `protobuf:"bytes,3,opt,name=raw,proto3,oneof"`
+}
+
+func (*Request_Decoded) isRequest_Body() {}
+
+func (*Request_Raw) isRequest_Body() {}
+
 // Step is a named step a leased call reached, with the result it saved.
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -375,7 +518,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +530,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +543,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Step) GetName() string {
@@ -444,7 +587,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +599,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +612,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Outcome) GetCode() int32 {
@@ -595,7 +738,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +750,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +763,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListKeysRequest) GetTenant() string {
@@ -692,7 +835,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +847,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +860,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListKeysResponse) GetKeys() []*Key {
@@ -749,7 +892,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +904,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +917,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetKeyRequest) GetTenant() string {
@@ -809,7 +952,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +964,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +977,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetKeyResponse) GetKey() *Key {
@@ -864,7 +1007,7 @@ type ForgetKeyRequest struct {
 
 func (x *ForgetKeyRequest) Reset() {
 	*x = ForgetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1019,7 @@ func (x *ForgetKeyRequest) String() string {
 func (*ForgetKeyRequest) ProtoMessage() {}
 
 func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1032,7 @@ func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ForgetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForgetKeyRequest) GetTenant() string {
@@ -936,7 +1079,7 @@ type ForgetKeyResponse struct {
 
 func (x *ForgetKeyResponse) Reset() {
 	*x = ForgetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1091,7 @@ func (x *ForgetKeyResponse) String() string {
 func (*ForgetKeyResponse) ProtoMessage() {}
 
 func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1104,7 @@ func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ForgetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 // SettleKeyRequest names the key to settle and the error to record.
@@ -992,7 +1135,7 @@ type SettleKeyRequest struct {
 
 func (x *SettleKeyRequest) Reset() {
 	*x = SettleKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1147,7 @@ func (x *SettleKeyRequest) String() string {
 func (*SettleKeyRequest) ProtoMessage() {}
 
 func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1160,7 @@ func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyRequest.ProtoReflect.Descriptor instead.
 func (*SettleKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SettleKeyRequest) GetTenant() string {
@@ -1073,7 +1216,7 @@ type SettleKeyResponse struct {
 
 func (x *SettleKeyResponse) Reset() {
 	*x = SettleKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1228,7 @@ func (x *SettleKeyResponse) String() string {
 func (*SettleKeyResponse) ProtoMessage() {}
 
 func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1241,7 @@ func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyResponse.ProtoReflect.Descriptor instead.
 func (*SettleKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SettleKeyResponse) GetKey() *Key {
@@ -1126,7 +1269,7 @@ type FinishKeyRequest struct {
 
 func (x *FinishKeyRequest) Reset() {
 	*x = FinishKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1281,7 @@ func (x *FinishKeyRequest) String() string {
 func (*FinishKeyRequest) ProtoMessage() {}
 
 func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1294,7 @@ func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyRequest.ProtoReflect.Descriptor instead.
 func (*FinishKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FinishKeyRequest) GetTenant() string {
@@ -1193,7 +1336,7 @@ type FinishKeyResponse struct {
 
 func (x *FinishKeyResponse) Reset() {
 	*x = FinishKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1348,7 @@ func (x *FinishKeyResponse) String() string {
 func (*FinishKeyResponse) ProtoMessage() {}
 
 func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1361,7 @@ func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyResponse.ProtoReflect.Descriptor instead.
 func (*FinishKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FinishKeyResponse) GetKey() *Key {
@@ -1262,7 +1405,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1417,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1430,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
@@ -1404,7 +1547,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1559,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1572,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListAuditRequest) GetTenant() string {
@@ -1501,7 +1644,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1656,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1669,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -1569,7 +1712,7 @@ type GetKeyStatsRequest struct {
 
 func (x *GetKeyStatsRequest) Reset() {
 	*x = GetKeyStatsRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1724,7 @@ func (x *GetKeyStatsRequest) String() string {
 func (*GetKeyStatsRequest) ProtoMessage() {}
 
 func (x *GetKeyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1737,7 @@ func (x *GetKeyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetKeyStatsRequest) GetTenant() string {
@@ -1656,7 +1799,7 @@ type KeyCount struct {
 
 func (x *KeyCount) Reset() {
 	*x = KeyCount{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1811,7 @@ func (x *KeyCount) String() string {
 func (*KeyCount) ProtoMessage() {}
 
 func (x *KeyCount) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1824,7 @@ func (x *KeyCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyCount.ProtoReflect.Descriptor instead.
 func (*KeyCount) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeyCount) GetTenant() string {
@@ -1730,7 +1873,7 @@ type GetKeyStatsResponse struct {
 
 func (x *GetKeyStatsResponse) Reset() {
 	*x = GetKeyStatsResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1885,7 @@ func (x *GetKeyStatsResponse) String() string {
 func (*GetKeyStatsResponse) ProtoMessage() {}
 
 func (x *GetKeyStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1898,7 @@ func (x *GetKeyStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyStatsResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetKeyStatsResponse) GetCounts() []*KeyCount {
@@ -1802,7 +1945,7 @@ type KeySelection struct {
 
 func (x *KeySelection) Reset() {
 	*x = KeySelection{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1957,7 @@ func (x *KeySelection) String() string {
 func (*KeySelection) ProtoMessage() {}
 
 func (x *KeySelection) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +1970,7 @@ func (x *KeySelection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySelection.ProtoReflect.Descriptor instead.
 func (*KeySelection) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KeySelection) GetTenant() string {
@@ -1891,7 +2034,7 @@ type KeyResult struct {
 
 func (x *KeyResult) Reset() {
 	*x = KeyResult{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2046,7 @@ func (x *KeyResult) String() string {
 func (*KeyResult) ProtoMessage() {}
 
 func (x *KeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2059,7 @@ func (x *KeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyResult.ProtoReflect.Descriptor instead.
 func (*KeyResult) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeyResult) GetTenant() string {
@@ -1973,7 +2116,7 @@ type KeyBatch struct {
 
 func (x *KeyBatch) Reset() {
 	*x = KeyBatch{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1985,7 +2128,7 @@ func (x *KeyBatch) String() string {
 func (*KeyBatch) ProtoMessage() {}
 
 func (x *KeyBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1998,7 +2141,7 @@ func (x *KeyBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBatch.ProtoReflect.Descriptor instead.
 func (*KeyBatch) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeyBatch) GetCount() int64 {
@@ -2050,7 +2193,7 @@ type ForgetKeysRequest struct {
 
 func (x *ForgetKeysRequest) Reset() {
 	*x = ForgetKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2205,7 @@ func (x *ForgetKeysRequest) String() string {
 func (*ForgetKeysRequest) ProtoMessage() {}
 
 func (x *ForgetKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2218,7 @@ func (x *ForgetKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeysRequest.ProtoReflect.Descriptor instead.
 func (*ForgetKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForgetKeysRequest) GetSelection() *KeySelection {
@@ -2131,7 +2274,7 @@ type ForgetKeysResponse struct {
 
 func (x *ForgetKeysResponse) Reset() {
 	*x = ForgetKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2286,7 @@ func (x *ForgetKeysResponse) String() string {
 func (*ForgetKeysResponse) ProtoMessage() {}
 
 func (x *ForgetKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2299,7 @@ func (x *ForgetKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeysResponse.ProtoReflect.Descriptor instead.
 func (*ForgetKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForgetKeysResponse) GetBatch() *KeyBatch {
@@ -2189,7 +2332,7 @@ type SettleKeysRequest struct {
 
 func (x *SettleKeysRequest) Reset() {
 	*x = SettleKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2344,7 @@ func (x *SettleKeysRequest) String() string {
 func (*SettleKeysRequest) ProtoMessage() {}
 
 func (x *SettleKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2357,7 @@ func (x *SettleKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeysRequest.ProtoReflect.Descriptor instead.
 func (*SettleKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SettleKeysRequest) GetSelection() *KeySelection {
@@ -2277,7 +2420,7 @@ type SettleKeysResponse struct {
 
 func (x *SettleKeysResponse) Reset() {
 	*x = SettleKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2432,7 @@ func (x *SettleKeysResponse) String() string {
 func (*SettleKeysResponse) ProtoMessage() {}
 
 func (x *SettleKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2445,7 @@ func (x *SettleKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeysResponse.ProtoReflect.Descriptor instead.
 func (*SettleKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SettleKeysResponse) GetBatch() *KeyBatch {
@@ -2331,7 +2474,7 @@ type FinishKeysRequest struct {
 
 func (x *FinishKeysRequest) Reset() {
 	*x = FinishKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2486,7 @@ func (x *FinishKeysRequest) String() string {
 func (*FinishKeysRequest) ProtoMessage() {}
 
 func (x *FinishKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2499,7 @@ func (x *FinishKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeysRequest.ProtoReflect.Descriptor instead.
 func (*FinishKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FinishKeysRequest) GetSelection() *KeySelection {
@@ -2405,7 +2548,7 @@ type FinishKeysResponse struct {
 
 func (x *FinishKeysResponse) Reset() {
 	*x = FinishKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2560,7 @@ func (x *FinishKeysResponse) String() string {
 func (*FinishKeysResponse) ProtoMessage() {}
 
 func (x *FinishKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2573,7 @@ func (x *FinishKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeysResponse.ProtoReflect.Descriptor instead.
 func (*FinishKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FinishKeysResponse) GetBatch() *KeyBatch {
@@ -2444,7 +2587,7 @@ var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xb2\x04\n" +
+	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xc4\x05\n" +
 	"\x03Key\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
@@ -2464,7 +2607,16 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\aoutcome\x18\f \x01(\v2\x16.idem.admin.v1.OutcomeR\aoutcome\x12\x1e\n" +
 	"\n" +
 	"finishable\x18\r \x01(\bR\n" +
-	"finishable\"2\n" +
+	"finishable\x12\x18\n" +
+	"\areplays\x18\x0e \x01(\x03R\areplays\x12D\n" +
+	"\x10last_replay_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayTime\x120\n" +
+	"\arequest\x18\x10 \x01(\v2\x16.idem.admin.v1.RequestR\arequest\"\x90\x01\n" +
+	"\aRequest\x12!\n" +
+	"\frequest_type\x18\x01 \x01(\tR\vrequestType\x122\n" +
+	"\adecoded\x18\x02 \x01(\v2\x16.google.protobuf.ValueH\x00R\adecoded\x12\x12\n" +
+	"\x03raw\x18\x03 \x01(\fH\x00R\x03raw\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04noteB\x06\n" +
+	"\x04body\"2\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\fR\x06result\"\x86\x02\n" +
@@ -2662,114 +2814,118 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
 	(AuditAction)(0),              // 1: idem.admin.v1.AuditAction
 	(KeyResult_Outcome)(0),        // 2: idem.admin.v1.KeyResult.Outcome
 	(*Key)(nil),                   // 3: idem.admin.v1.Key
-	(*Step)(nil),                  // 4: idem.admin.v1.Step
-	(*Outcome)(nil),               // 5: idem.admin.v1.Outcome
-	(*ListKeysRequest)(nil),       // 6: idem.admin.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),      // 7: idem.admin.v1.ListKeysResponse
-	(*GetKeyRequest)(nil),         // 8: idem.admin.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 9: idem.admin.v1.GetKeyResponse
-	(*ForgetKeyRequest)(nil),      // 10: idem.admin.v1.ForgetKeyRequest
-	(*ForgetKeyResponse)(nil),     // 11: idem.admin.v1.ForgetKeyResponse
-	(*SettleKeyRequest)(nil),      // 12: idem.admin.v1.SettleKeyRequest
-	(*SettleKeyResponse)(nil),     // 13: idem.admin.v1.SettleKeyResponse
-	(*FinishKeyRequest)(nil),      // 14: idem.admin.v1.FinishKeyRequest
-	(*FinishKeyResponse)(nil),     // 15: idem.admin.v1.FinishKeyResponse
-	(*AuditEntry)(nil),            // 16: idem.admin.v1.AuditEntry
-	(*ListAuditRequest)(nil),      // 17: idem.admin.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 18: idem.admin.v1.ListAuditResponse
-	(*GetKeyStatsRequest)(nil),    // 19: idem.admin.v1.GetKeyStatsRequest
-	(*KeyCount)(nil),              // 20: idem.admin.v1.KeyCount
-	(*GetKeyStatsResponse)(nil),   // 21: idem.admin.v1.GetKeyStatsResponse
-	(*KeySelection)(nil),          // 22: idem.admin.v1.KeySelection
-	(*KeyResult)(nil),             // 23: idem.admin.v1.KeyResult
-	(*KeyBatch)(nil),              // 24: idem.admin.v1.KeyBatch
-	(*ForgetKeysRequest)(nil),     // 25: idem.admin.v1.ForgetKeysRequest
-	(*ForgetKeysResponse)(nil),    // 26: idem.admin.v1.ForgetKeysResponse
-	(*SettleKeysRequest)(nil),     // 27: idem.admin.v1.SettleKeysRequest
-	(*SettleKeysResponse)(nil),    // 28: idem.admin.v1.SettleKeysResponse
-	(*FinishKeysRequest)(nil),     // 29: idem.admin.v1.FinishKeysRequest
-	(*FinishKeysResponse)(nil),    // 30: idem.admin.v1.FinishKeysResponse
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 32: google.protobuf.Value
-	(*status.Status)(nil),         // 33: google.rpc.Status
+	(*Request)(nil),               // 4: idem.admin.v1.Request
+	(*Step)(nil),                  // 5: idem.admin.v1.Step
+	(*Outcome)(nil),               // 6: idem.admin.v1.Outcome
+	(*ListKeysRequest)(nil),       // 7: idem.admin.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 8: idem.admin.v1.ListKeysResponse
+	(*GetKeyRequest)(nil),         // 9: idem.admin.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 10: idem.admin.v1.GetKeyResponse
+	(*ForgetKeyRequest)(nil),      // 11: idem.admin.v1.ForgetKeyRequest
+	(*ForgetKeyResponse)(nil),     // 12: idem.admin.v1.ForgetKeyResponse
+	(*SettleKeyRequest)(nil),      // 13: idem.admin.v1.SettleKeyRequest
+	(*SettleKeyResponse)(nil),     // 14: idem.admin.v1.SettleKeyResponse
+	(*FinishKeyRequest)(nil),      // 15: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 16: idem.admin.v1.FinishKeyResponse
+	(*AuditEntry)(nil),            // 17: idem.admin.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 18: idem.admin.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 19: idem.admin.v1.ListAuditResponse
+	(*GetKeyStatsRequest)(nil),    // 20: idem.admin.v1.GetKeyStatsRequest
+	(*KeyCount)(nil),              // 21: idem.admin.v1.KeyCount
+	(*GetKeyStatsResponse)(nil),   // 22: idem.admin.v1.GetKeyStatsResponse
+	(*KeySelection)(nil),          // 23: idem.admin.v1.KeySelection
+	(*KeyResult)(nil),             // 24: idem.admin.v1.KeyResult
+	(*KeyBatch)(nil),              // 25: idem.admin.v1.KeyBatch
+	(*ForgetKeysRequest)(nil),     // 26: idem.admin.v1.ForgetKeysRequest
+	(*ForgetKeysResponse)(nil),    // 27: idem.admin.v1.ForgetKeysResponse
+	(*SettleKeysRequest)(nil),     // 28: idem.admin.v1.SettleKeysRequest
+	(*SettleKeysResponse)(nil),    // 29: idem.admin.v1.SettleKeysResponse
+	(*FinishKeysRequest)(nil),     // 30: idem.admin.v1.FinishKeysRequest
+	(*FinishKeysResponse)(nil),    // 31: idem.admin.v1.FinishKeysResponse
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 33: google.protobuf.Value
+	(*status.Status)(nil),         // 34: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	31, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	31, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	31, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	31, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
-	4,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
-	5,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	32, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	33, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
-	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	31, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	31, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	3,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	3,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	33, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	3,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	3,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	31, // 17: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	1,  // 18: idem.admin.v1.AuditEntry.action:type_name -> idem.admin.v1.AuditAction
-	0,  // 19: idem.admin.v1.AuditEntry.state_before:type_name -> idem.admin.v1.KeyState
-	0,  // 20: idem.admin.v1.AuditEntry.state_after:type_name -> idem.admin.v1.KeyState
-	31, // 21: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
-	31, // 22: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
-	16, // 23: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
-	0,  // 24: idem.admin.v1.GetKeyStatsRequest.states:type_name -> idem.admin.v1.KeyState
-	31, // 25: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
-	31, // 26: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
-	0,  // 27: idem.admin.v1.KeyCount.state:type_name -> idem.admin.v1.KeyState
-	20, // 28: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
-	3,  // 29: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
-	3,  // 30: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
-	0,  // 31: idem.admin.v1.KeySelection.states:type_name -> idem.admin.v1.KeyState
-	31, // 32: idem.admin.v1.KeySelection.created_after:type_name -> google.protobuf.Timestamp
-	31, // 33: idem.admin.v1.KeySelection.created_before:type_name -> google.protobuf.Timestamp
-	2,  // 34: idem.admin.v1.KeyResult.outcome:type_name -> idem.admin.v1.KeyResult.Outcome
-	33, // 35: idem.admin.v1.KeyResult.status:type_name -> google.rpc.Status
-	3,  // 36: idem.admin.v1.KeyBatch.sample:type_name -> idem.admin.v1.Key
-	23, // 37: idem.admin.v1.KeyBatch.results:type_name -> idem.admin.v1.KeyResult
-	22, // 38: idem.admin.v1.ForgetKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
-	24, // 39: idem.admin.v1.ForgetKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
-	22, // 40: idem.admin.v1.SettleKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
-	33, // 41: idem.admin.v1.SettleKeysRequest.status:type_name -> google.rpc.Status
-	24, // 42: idem.admin.v1.SettleKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
-	22, // 43: idem.admin.v1.FinishKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
-	24, // 44: idem.admin.v1.FinishKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
-	6,  // 45: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	8,  // 46: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	10, // 47: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	12, // 48: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	14, // 49: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	17, // 50: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
-	19, // 51: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
-	25, // 52: idem.admin.v1.AdminService.ForgetKeys:input_type -> idem.admin.v1.ForgetKeysRequest
-	27, // 53: idem.admin.v1.AdminService.SettleKeys:input_type -> idem.admin.v1.SettleKeysRequest
-	29, // 54: idem.admin.v1.AdminService.FinishKeys:input_type -> idem.admin.v1.FinishKeysRequest
-	7,  // 55: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	9,  // 56: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	11, // 57: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	13, // 58: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	15, // 59: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	18, // 60: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
-	21, // 61: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
-	26, // 62: idem.admin.v1.AdminService.ForgetKeys:output_type -> idem.admin.v1.ForgetKeysResponse
-	28, // 63: idem.admin.v1.AdminService.SettleKeys:output_type -> idem.admin.v1.SettleKeysResponse
-	30, // 64: idem.admin.v1.AdminService.FinishKeys:output_type -> idem.admin.v1.FinishKeysResponse
-	55, // [55:65] is the sub-list for method output_type
-	45, // [45:55] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	32, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	32, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	32, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	32, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	5,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
+	6,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
+	32, // 7: idem.admin.v1.Key.last_replay_time:type_name -> google.protobuf.Timestamp
+	4,  // 8: idem.admin.v1.Key.request:type_name -> idem.admin.v1.Request
+	33, // 9: idem.admin.v1.Request.decoded:type_name -> google.protobuf.Value
+	33, // 10: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	34, // 11: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	0,  // 12: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
+	32, // 13: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 14: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	3,  // 15: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	3,  // 16: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	34, // 17: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	3,  // 18: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	3,  // 19: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	32, // 20: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 21: idem.admin.v1.AuditEntry.action:type_name -> idem.admin.v1.AuditAction
+	0,  // 22: idem.admin.v1.AuditEntry.state_before:type_name -> idem.admin.v1.KeyState
+	0,  // 23: idem.admin.v1.AuditEntry.state_after:type_name -> idem.admin.v1.KeyState
+	32, // 24: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	32, // 25: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 26: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
+	0,  // 27: idem.admin.v1.GetKeyStatsRequest.states:type_name -> idem.admin.v1.KeyState
+	32, // 28: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 29: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
+	0,  // 30: idem.admin.v1.KeyCount.state:type_name -> idem.admin.v1.KeyState
+	21, // 31: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
+	3,  // 32: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
+	3,  // 33: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
+	0,  // 34: idem.admin.v1.KeySelection.states:type_name -> idem.admin.v1.KeyState
+	32, // 35: idem.admin.v1.KeySelection.created_after:type_name -> google.protobuf.Timestamp
+	32, // 36: idem.admin.v1.KeySelection.created_before:type_name -> google.protobuf.Timestamp
+	2,  // 37: idem.admin.v1.KeyResult.outcome:type_name -> idem.admin.v1.KeyResult.Outcome
+	34, // 38: idem.admin.v1.KeyResult.status:type_name -> google.rpc.Status
+	3,  // 39: idem.admin.v1.KeyBatch.sample:type_name -> idem.admin.v1.Key
+	24, // 40: idem.admin.v1.KeyBatch.results:type_name -> idem.admin.v1.KeyResult
+	23, // 41: idem.admin.v1.ForgetKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	25, // 42: idem.admin.v1.ForgetKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	23, // 43: idem.admin.v1.SettleKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	34, // 44: idem.admin.v1.SettleKeysRequest.status:type_name -> google.rpc.Status
+	25, // 45: idem.admin.v1.SettleKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	23, // 46: idem.admin.v1.FinishKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	25, // 47: idem.admin.v1.FinishKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	7,  // 48: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	9,  // 49: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	11, // 50: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	13, // 51: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	15, // 52: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	18, // 53: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
+	20, // 54: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
+	26, // 55: idem.admin.v1.AdminService.ForgetKeys:input_type -> idem.admin.v1.ForgetKeysRequest
+	28, // 56: idem.admin.v1.AdminService.SettleKeys:input_type -> idem.admin.v1.SettleKeysRequest
+	30, // 57: idem.admin.v1.AdminService.FinishKeys:input_type -> idem.admin.v1.FinishKeysRequest
+	8,  // 58: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	10, // 59: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	12, // 60: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	14, // 61: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	16, // 62: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	19, // 63: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
+	22, // 64: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
+	27, // 65: idem.admin.v1.AdminService.ForgetKeys:output_type -> idem.admin.v1.ForgetKeysResponse
+	29, // 66: idem.admin.v1.AdminService.SettleKeys:output_type -> idem.admin.v1.SettleKeysResponse
+	31, // 67: idem.admin.v1.AdminService.FinishKeys:output_type -> idem.admin.v1.FinishKeysResponse
+	58, // [58:68] is the sub-list for method output_type
+	48, // [48:58] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -2777,7 +2933,11 @@ func file_idem_admin_v1_admin_proto_init() {
 	if File_idem_admin_v1_admin_proto != nil {
 		return
 	}
-	file_idem_admin_v1_admin_proto_msgTypes[2].OneofWrappers = []any{
+	file_idem_admin_v1_admin_proto_msgTypes[1].OneofWrappers = []any{
+		(*Request_Decoded)(nil),
+		(*Request_Raw)(nil),
+	}
+	file_idem_admin_v1_admin_proto_msgTypes[3].OneofWrappers = []any{
 		(*Outcome_Response)(nil),
 		(*Outcome_RawResponse)(nil),
 		(*Outcome_Error)(nil),
@@ -2788,7 +2948,7 @@ func file_idem_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
