@@ -97,7 +97,7 @@ func TestChildKey(t *testing.T) {
 		t.Fatalf("ChildKey outside a keyed request = %q, %v; want \"\", false", k, ok)
 	}
 	parent := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
-	ctx := withRequestKey(context.Background(), parent)
+	ctx := withRequestKey(context.Background(), parent, nil)
 	k, ok := ChildKey(ctx, "charge")
 	if !ok || k != stepKey(parent, "charge") {
 		t.Fatalf("ChildKey = %q, %v; want %s, true", k, ok, stepKey(parent, "charge"))

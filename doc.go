@@ -139,12 +139,26 @@
 // or a failure to commit releases the key and discards the writes, so the
 // retry runs afresh: a network blip never poisons a key.
 //
-// # Atomic and leased mode
+// # Atomic, optimistic, auto and leased mode
 //
 // In atomic mode (the default) the claim, the handler's writes and the
 // recorded outcome share one transaction of the store, handed to the handler
 // through the context (postgres.TxFromContext). Use it when the handler's
 // side effects live in the same database.
+//
+// [ModeOptimistic] runs the handler in that transaction too, but reads the
+// key only when recording: where another request recorded it first, the
+// handler's writes are rolled back and the call answers from that
+// request's outcome. A first execution costs less; a retry costs a handler
+// run that is rolled back. [ModeAuto] chooses per call: a call its client
+// marks as the first attempt of its key ([AttemptHeader] 1, which idem's
+// client adapters send with the keys they make) is claimed as in
+// optimistic mode, and a retry (AttemptHeader above 1, grpc-go's
+// grpc-previous-rpc-attempts, go-grpc-middleware's x-retry-attempt, each
+// of which wins over a first attempt's mark) or an unmarked call as in
+// atomic mode. The mark chooses how the claim starts, never the outcome:
+// the key's row decides that, so a wrong mark costs time, never a second
+// side effect.
 //
 // In leased mode, for handlers whose side effects leave the database (a
 // payment provider, an email), the claim commits at once with a lease and a
@@ -263,7 +277,8 @@
 //     (generated, derived, caller).
 //   - traces: the call's span in the context (started by a stats handler
 //     such as otelgrpc's) gets the attributes idem.result, idem.replayed
-//     and idem.mode, and the events idem.key_in_use (with idem.claim.wait,
+//     and idem.mode (in auto mode also idem.optimistic, whether the claim
+//     read nothing first), and the events idem.key_in_use (with idem.claim.wait,
 //     the seconds the claim waited) and idem.lease.takeover; when that
 //     span is recorded, the store calls run in its child spans idem.claim
 //     and idem.record ([WithTracerProvider], by default the global
@@ -273,8 +288,8 @@
 //     prints them on its "finished call" line, when it comes before idem in
 //     the chain (see package interceptor).
 //   - the report hook ([WithReportHook]), with a [Report] of the method,
-//     the mode, the result, whether the answer was replayed, and the
-//     durations.
+//     the mode, the result, whether the answer was replayed, whether the
+//     claim read nothing first, and the durations.
 //
 // # Calling other services
 //
@@ -311,6 +326,12 @@
 //     [ContextWithKey](ctx, key) with key from ChildKey(ctx, step);
 //  4. otherwise a new UUID (version 7, time-ordered, so that consecutive
 //     keys land near each other in the server's index).
+//
+// A call with a key of 4, or of 3 inside a request that was itself marked
+// as a first attempt, is marked as the first attempt of its key
+// ([AttemptHeader] 1), unless the caller set that metadata: the retries
+// below the adapter add their own marks, which win. A key of 0, 1 or 2 is
+// the caller's, whose call may be a retry, and gets no mark.
 //
 // Two calls never share a key, nor do two operations that share a key
 // string in different tenants or methods. The request's own key is never

@@ -35,6 +35,9 @@ type Engine struct {
 	hasher  *fingerprint.Hasher
 	methods *methods
 	obs     *observer
+	// counter counts replays: the store, when it implements
+	// store.ReplayCounter and WithReplayCounts left counting on; else nil.
+	counter store.ReplayCounter
 }
 
 // New returns an Engine on s. It checks the per-method options against the
@@ -50,13 +53,17 @@ func New(s store.Store, opts ...Option) (*Engine, error) {
 	if err := ms.check(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		store:   s,
 		opts:    o,
 		hasher:  fingerprint.NewHasher(o.fingerprint...),
 		methods: ms,
 		obs:     newObserver(o),
-	}, nil
+	}
+	if c, ok := s.(store.ReplayCounter); ok && !o.uncounted {
+		e.counter = c
+	}
+	return e, nil
 }
 
 // answer is what the transport sends back for a call, besides the error:
@@ -90,6 +97,8 @@ func (e *Engine) handle(ctx context.Context, call bridge.Call, h bridge.Handler)
 	c.replayed = ans.Result == ResultReplayed || ans.Result == ResultRebuilt
 	if run != nil {
 		run.result = ans.Result
+	} else if c.replayed && e.counter != nil {
+		e.counter.CountReplay(c.key) // in memory: the store writes it later
 	}
 	e.report(ctx, c)
 	return ans, err
@@ -113,6 +122,10 @@ type callState struct {
 	expires       time.Time // when the key this call claimed stops counting
 	finishing     bool      // the call is run by a Finisher
 	optimistic    bool      // the claim being recorded read nothing first
+	readNothing   bool      // the call's first claim read nothing (Report.Optimistic)
+	// request is the request's deterministic encoding, recorded with the
+	// outcome for an operator (MethodPolicy.KeepRequest); nil for none.
+	request []byte
 
 	statusOf func(error) (*spb.Status, bool) // Call.Status
 }
@@ -147,13 +160,7 @@ func refuse(r Result, err error) (answer, error) {
 func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *finishRun, h handler) (answer, error) {
 	m := e.methods.lookup(call.Method)
 	c.m = m
-	c.mode = ModeAtomic
-	switch {
-	case m.leased:
-		c.mode = ModeLeased
-	case m.optimistic:
-		c.mode = ModeOptimistic
-	}
+	c.mode = m.mode
 	if call.KeyError != nil {
 		return refuse(ResultInvalidKey, invalidKey(call.KeyError.Error()))
 	}
@@ -210,11 +217,24 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 		msg.Set(fd, protoreflect.ValueOfString(key))
 	}
 
-	ctx = withRequestKey(ctx, skey)
-	if m.leased {
-		return e.lease(ctx, c, fp, call, h)
+	if m.keepRequest {
+		c.request = e.keptRequest(call.Request)
 	}
-	return e.atomic(ctx, c, fp, h, m.optimistic, nil)
+
+	header := call.Header
+	if run != nil {
+		header = nil // a finisher's run is never a first attempt
+	}
+	ctx = withRequestKey(ctx, skey, header)
+	switch m.mode {
+	case ModeLeased:
+		return e.lease(ctx, c, fp, call, h)
+	case ModeAuto:
+		// The client's mark chooses how to start, never the outcome: the
+		// key's row decides that either way.
+		return e.atomic(ctx, c, fp, h, attemptOf(header) == firstAttempt, nil)
+	}
+	return e.atomic(ctx, c, fp, h, m.mode == ModeOptimistic, nil)
 }
 
 // atomic runs a call in atomic mode, or in optimistic mode: the store reads
@@ -233,6 +253,7 @@ func (e *Engine) run(ctx context.Context, c *callState, call bridge.Call, run *f
 // recording a deterministic error and releasing the key on any other,
 // without running the handler again.
 func (e *Engine) atomic(ctx context.Context, c *callState, fp []byte, h handler, optimistic bool, failed *failure) (answer, error) {
+	c.readNothing = c.readNothing || optimistic
 	cctx, t := e.obs.start(ctx, c, spanClaim)
 	claim, err := e.store.Claim(cctx, c.key, store.ClaimRequest{Fingerprint: fp, TTL: c.m.ttl, Optimistic: optimistic})
 	c.claim += t.end(err)
@@ -327,6 +348,18 @@ func (e *Engine) finishing(m *method, call bridge.Call) (*store.Call, error) {
 		}
 	}
 	return c, nil
+}
+
+// keptRequest returns the deterministic encoding of req to record with
+// its outcome: nil, keeping nothing, when it is larger than the responses
+// the engine records (WithMaxStoredResponseBytes) or cannot be encoded,
+// which only an operator's view of the key misses.
+func (e *Engine) keptRequest(req proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil || len(b) > e.opts.maxStored {
+		return nil
+	}
+	return b
 }
 
 // requestKeys returns the values of the call's key: the transport's, or
@@ -475,7 +508,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 		if st.GetCode() == int32(code.Code_OK) || !e.opts.classifier(st) {
 			return refuse(ResultTransient, herr) // the deferred release discards the claim
 		}
-		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer)
+		body, _, err := encodeOutcome(code.Code(st.GetCode()), st, r.Header, r.Trailer, c.request)
 		if err != nil {
 			return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the error failed", err))
 		}
@@ -487,7 +520,7 @@ func (e *Engine) execute(ctx context.Context, c *callState, h handler, rec recor
 	if r.Message == nil {
 		return refuse(ResultStoreError, NewError(code.Code_INTERNAL, "idem: the handler returned no response message"))
 	}
-	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer)
+	body, payload, err := encodeOutcome(code.Code_OK, r.Message, r.Header, r.Trailer, c.request)
 	if err != nil {
 		return refuse(ResultStoreError, e.internalError(ctx, key, code.Code_INTERNAL, "encoding the response failed", err))
 	}

@@ -107,7 +107,7 @@ func ExampleContextWithKey() {
 	// A key the caller stored with its own record before calling, so that
 	// the call made after a crash and restart repeats the first one.
 	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	_, keys, _ := transport.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
+	_, keys, _, _ := transport.NewOutgoingKeys().For(ctx, testv1.PaymentService_CreatePayment_FullMethodName,
 		&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: 990, Currency: "EUR"}, nil)
 	fmt.Println(keys)
 	// Output: [invoice-2024-0042]
@@ -125,7 +125,7 @@ func ExampleChildKey_concurrentCalls() {
 	outgoing := transport.NewOutgoingKeys() // as the client adapters hold it
 	charge := func(ctx context.Context, step string, cents int64) []string {
 		key, _ := idem.ChildKey(ctx, step)
-		_, keys, _ := outgoing.For(idem.ContextWithKey(ctx, key), testv1.PaymentService_CreatePayment_FullMethodName,
+		_, keys, _, _ := outgoing.For(idem.ContextWithKey(ctx, key), testv1.PaymentService_CreatePayment_FullMethodName,
 			&testv1.CreatePaymentRequest{CustomerId: "cus_42", AmountCents: cents, Currency: "EUR"}, nil)
 		return keys // sent with the call
 	}

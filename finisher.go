@@ -322,7 +322,7 @@ func (f *Finisher) recordFailed(ctx context.Context, a store.AbandonedCall, msg 
 	}
 	st := NewError(code.Code_FAILED_PRECONDITION, msg,
 		&errdetails.ErrorInfo{Reason: ReasonNotFinished, Domain: Domain}).status
-	body, _, err := encodeOutcome(code.Code_FAILED_PRECONDITION, st, nil, nil)
+	body, _, err := encodeOutcome(code.Code_FAILED_PRECONDITION, st, nil, nil, nil)
 	if err == nil {
 		err = lc.Lease.Record(ctx, store.Outcome{Code: code.Code_FAILED_PRECONDITION, Body: body})
 	}

@@ -61,7 +61,7 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(uint32(code.Code_OK), []byte{})
 	f.Add(uint32(code.Code_INVALID_ARGUMENT), []byte{0x08, 0x03})
-	if body, _, err := encodeOutcome(code.Code_INVALID_ARGUMENT, &spb.Status{Code: int32(code.Code_INVALID_ARGUMENT), Message: "no"}, nil, nil); err == nil {
+	if body, _, err := encodeOutcome(code.Code_INVALID_ARGUMENT, &spb.Status{Code: int32(code.Code_INVALID_ARGUMENT), Message: "no"}, nil, nil, nil); err == nil {
 		f.Add(uint32(code.Code_INVALID_ARGUMENT), body)
 	}
 	f.Fuzz(func(t *testing.T, c uint32, body []byte) {

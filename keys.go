@@ -20,6 +20,17 @@ const (
 	// and every replay, when the key stops counting: RFC 3339, UTC (for
 	// example 2026-12-01T20:15:04Z). A retry after it runs the call again.
 	ExpiresHeader = "idempotency-key-expires"
+	// AttemptHeader is the request metadata key by which a client says
+	// which attempt of its key a call is: a decimal integer, 1 for the
+	// first attempt, 2 or more for a retry. A method in [ModeAuto] claims
+	// the key of a first attempt without reading it first; a retry, a call
+	// without the header and one whose value is not such an integer, as in
+	// [ModeAtomic]. Retries marked by gRPC's own headers
+	// (grpc-previous-rpc-attempts, go-grpc-middleware's x-retry-attempt)
+	// count as retries whatever this header says. It is a hint for speed
+	// only: a wrong value never changes a call's outcome. idem's client
+	// adapters set it.
+	AttemptHeader = "idempotency-attempt"
 
 	// HTTPKeyHeader carries the idempotency key of an HTTP request (Connect,
 	// a grpc-gateway), as draft-ietf-httpapi-idempotency-key-header names
@@ -27,6 +38,10 @@ const (
 	HTTPKeyHeader = "Idempotency-Key"
 	// HTTPReplayedHeader is set to "true" on a replayed HTTP response.
 	HTTPReplayedHeader = "Idempotent-Replayed"
+	// HTTPAttemptHeader is [AttemptHeader] as an HTTP client sends it
+	// (Connect, a grpc-gateway): Idempotency-Attempt: 1 on the first
+	// request of a key, 2 on the next, and so on.
+	HTTPAttemptHeader = "Idempotency-Attempt"
 )
 
 // validateKey reports whether key is an acceptable idempotency key: 1 to

@@ -23,12 +23,13 @@ const instrumentationScope = "github.com/idemkit/idem"
 // The attributes idem sets on metrics, spans and log lines. None of them
 // carries the key, the tenant or the fingerprint.
 const (
-	attrMethod    = "rpc.method"
-	attrMode      = "idem.mode"
-	attrResult    = "idem.result"
-	attrReplayed  = "idem.replayed"
-	attrKeySource = "idem.key.source"
-	attrClaimWait = "idem.claim.wait"
+	attrMethod     = "rpc.method"
+	attrMode       = "idem.mode"
+	attrResult     = "idem.result"
+	attrReplayed   = "idem.replayed"
+	attrKeySource  = "idem.key.source"
+	attrClaimWait  = "idem.claim.wait"
+	attrOptimistic = "idem.optimistic"
 )
 
 // durationBuckets are the histogram boundaries, in seconds, of the claim and
@@ -203,6 +204,9 @@ func (o *observer) observe(ctx context.Context, c *callState) {
 			attribute.Bool(attrReplayed, c.replayed),
 			attribute.String(attrMode, string(c.mode)),
 		)
+		if c.mode == ModeAuto {
+			span.SetAttributes(attribute.Bool(attrOptimistic, c.readNothing))
+		}
 		if c.tookOver {
 			span.AddEvent("idem.lease.takeover")
 		}

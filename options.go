@@ -49,6 +49,8 @@ type options struct {
 
 	hook func(context.Context, Report)
 
+	uncounted bool // replays are not counted (WithReplayCounts(false))
+
 	meterProvider  metric.MeterProvider // nil: otel.GetMeterProvider()
 	tracerProvider trace.TracerProvider // nil: otel.GetTracerProvider()
 }
@@ -101,6 +103,20 @@ func WithLogger(l *slog.Logger) Option {
 // idem was doing.
 func WithVerboseErrors(on bool) Option {
 	return optionFunc(func(o *options) { o.verbose = on })
+}
+
+// WithReplayCounts sets whether the engine counts, per key, the calls it
+// answers from the key's recorded outcome (replayed, and rebuilt by a
+// Loader), for an operator to see how often a call was retried and when
+// last (the admin service's key, `idem keys get`). It counts through the
+// store, when the store implements [store.ReplayCounter] (PostgreSQL's
+// and the in-memory store do): a replay adds to a count in memory, and
+// the store writes the counts in batches, so that a replay costs no write
+// of its own; a crash loses the counts not yet written. A finisher's
+// calls are not counted. Default: on. Turn it off to spare the database
+// the batches' writes, or to measure what counting costs.
+func WithReplayCounts(on bool) Option {
+	return optionFunc(func(o *options) { o.uncounted = !on })
 }
 
 func (o *options) log() *slog.Logger {
@@ -189,8 +205,9 @@ type MethodPolicy struct {
 	// INVALID_ARGUMENT. Default: a call without a key runs untouched.
 	KeyRequired bool
 	// Mode is how the method's keys are held while its handler runs:
-	// [ModeAtomic], [ModeLeased] or [ModeOptimistic] (the package
-	// documentation says when to choose each). Default: ModeAtomic.
+	// [ModeAtomic], [ModeLeased], [ModeOptimistic] or [ModeAuto] (the
+	// package documentation says when to choose each). Default:
+	// ModeAtomic.
 	Mode Mode
 	// Lease is how long a leased call holds its key before a retry may
 	// take it over (ModeLeased only). Set it well above the method's p99
@@ -229,6 +246,18 @@ type MethodPolicy struct {
 	// Loader rebuilds, for a retry, a response too large to record.
 	// Default: none.
 	Loader Loader
+	// KeepRequest records the request (its deterministic protobuf
+	// encoding) with the outcome, for an operator to see what was asked:
+	// the admin service's key shows it (`idem keys get`). A request larger
+	// than the responses the engine records ([WithMaxStoredResponseBytes])
+	// is not kept, nor is one whose response was too large to record. It
+	// holds user data, personal data among it, kept for as long as the key
+	// (its TTL) wherever the store keeps keys: turn it on only where that
+	// is allowed. Replays do not send it, but read it with the outcome.
+	// It has no field in the method's option (idem.v1.method): set it
+	// here. Default: off, and the store keeps the request's fingerprint
+	// alone.
+	KeepRequest bool
 }
 
 // WithMethodPolicy sets the policy of the method fullMethod

@@ -18,12 +18,12 @@ func TestDecode(t *testing.T) {
 	raw := ms.lookup(testv1.TestService_Do_FullMethodName)
 
 	resp := &testv1.CreatePaymentResponse{Payment: &testv1.Payment{Id: "p1", AmountCents: 1250}}
-	respBody, _, err := encodeOutcome(code.Code_OK, resp, nil, nil)
+	respBody, _, err := encodeOutcome(code.Code_OK, resp, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := &spb.Status{Code: int32(code.Code_INVALID_ARGUMENT), Message: "invalid payment"}
-	errBody, errPayload, err := encodeOutcome(code.Code_INVALID_ARGUMENT, st, nil, nil)
+	errBody, errPayload, err := encodeOutcome(code.Code_INVALID_ARGUMENT, st, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestDecode(t *testing.T) {
 	legacyStatus, _ := proto.Marshal(st)
 	legacyWithUnknown := append(bytes.Clone(legacyResp), 0xf8, 0x07, 0x01) // field 127, varint 1
 	do := &testv1.DoResponse{Value: "v", Labels: map[string]string{"a": "1", "b": "2", "c": "3"}}
-	doBody, doPayload, err := encodeOutcome(code.Code_OK, do, nil, nil)
+	doBody, doPayload, err := encodeOutcome(code.Code_OK, do, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestDecode(t *testing.T) {
 	if got, _ := proto.Marshal(rec.msg); err != nil || !bytes.Equal(got, errPayload) {
 		t.Fatalf("error replay %x (%v), want %x", got, err, errPayload)
 	}
-	if _, _, err := encodeOutcome(99, st, nil, nil); err == nil {
+	if _, _, err := encodeOutcome(99, st, nil, nil, nil); err == nil {
 		t.Fatal("encodeOutcome recorded code 99")
 	}
 }
@@ -101,7 +101,7 @@ func BenchmarkEncodeOutcome(b *testing.B) {
 	b.Run("envelope", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := encodeOutcome(code.Code_OK, resp, nil, nil); err != nil {
+			if _, _, err := encodeOutcome(code.Code_OK, resp, nil, nil, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -38,7 +38,7 @@ func newOutgoingKeys(opts ...ClientOption) *outgoingKeys {
 // ctx and the request message req, and the idempotency keys it carries,
 // given the keys sent, which the caller put on the call itself: it is
 // transport.OutgoingKeys.For, whose documentation says what it decides.
-func (k *outgoingKeys) keysFor(ctx context.Context, fullMethod string, req any, sent []string) (send any, keys []string, err error) {
+func (k *outgoingKeys) keysFor(ctx context.Context, fullMethod string, req any, sent []string) (send any, keys []string, first bool, err error) {
 	m := k.methods.lookup(fullMethod)
 	msg, field := keyField(m, req)
 	own := "" // the key req carries in its field
@@ -55,7 +55,7 @@ func (k *outgoingKeys) keysFor(ctx context.Context, fullMethod string, req any, 
 	}
 	key, src, err := k.keyOf(ctx, m, fullMethod, own, sent)
 	if err != nil {
-		return req, nil, err
+		return req, nil, false, err
 	}
 	k.obs.keyed(ctx, fullMethod, src)
 	if field != nil && (key != "" || forwarded) {
@@ -68,12 +68,27 @@ func (k *outgoingKeys) keysFor(ctx context.Context, fullMethod string, req any, 
 		req = c.Interface()
 	}
 	if key != "" {
-		return req, []string{key}, nil
+		return req, []string{key}, firstOf(ctx, src), nil
 	}
 	if inHandler && slices.Contains(sent, parent.Key) {
-		return req, slices.DeleteFunc(slices.Clone(sent), func(v string) bool { return v == parent.Key }), nil
+		return req, slices.DeleteFunc(slices.Clone(sent), func(v string) bool { return v == parent.Key }), false, nil
 	}
-	return req, sent, nil
+	return req, sent, false, nil
+}
+
+// firstOf reports whether a call made with ctx whose key came from src is
+// the first of its key: a new key's is; a child key's is when its parent
+// request was marked as a first attempt (a retried parent sends its
+// children's keys again); the caller's may be a retry's.
+func firstOf(ctx context.Context, src keySource) bool {
+	switch src {
+	case sourceGenerated:
+		return true
+	case sourceDerived:
+		calls, _ := ctx.Value(callsCtxKey{}).(*callCounter)
+		return calls != nil && attemptOf(calls.header) == firstAttempt
+	}
+	return false
 }
 
 // keyOf returns the key to send with a call of method m (named method)
@@ -146,10 +161,13 @@ func derive(ctx context.Context, parent store.Scope, method string) (string, err
 	return callKey(parent, method, calls.next(method)), nil
 }
 
-// callCounter numbers a keyed request's outbound calls per method.
+// callCounter numbers a keyed request's outbound calls per method. It
+// keeps the request's metadata, whose attempt mark its children's keys
+// inherit (firstOf).
 type callCounter struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu     sync.Mutex
+	n      map[string]int
+	header map[string][]string
 }
 
 func (c *callCounter) next(method string) int {
@@ -167,11 +185,11 @@ type callsCtxKey struct{}
 // withRequestKey returns ctx marked as handling the keyed request key: it
 // holds the key's scope for [KeyFromContext] and the derivation of child
 // keys, and a fresh counter of outbound calls for the client adapters'
-// ordinals. Every path of the engine that runs a handler under a key goes
-// through it.
-func withRequestKey(ctx context.Context, key store.Scope) context.Context {
+// ordinals, with the request's metadata header. Every path of the engine
+// that runs a handler under a key goes through it.
+func withRequestKey(ctx context.Context, key store.Scope, header map[string][]string) context.Context {
 	ctx = context.WithValue(ctx, keyCtxKey{}, key)
-	return context.WithValue(ctx, callsCtxKey{}, &callCounter{})
+	return context.WithValue(ctx, callsCtxKey{}, &callCounter{header: header})
 }
 
 type outgoingKeyCtxKey struct{}

@@ -35,13 +35,13 @@ type method struct {
 	// this type could reorder map entries or extensions.
 	raw bool
 
-	// leased methods hold their keys with a lease of this length instead
-	// of a transaction.
-	leased bool
-	lease  time.Duration
-	// optimistic methods read their keys only when recording (atomic
-	// otherwise).
-	optimistic bool
+	// mode is how the method's keys are held: ModeLeased holds them with
+	// a lease of length lease instead of a transaction; ModeOptimistic
+	// reads them only when recording, ModeAuto likewise for the calls
+	// marked as first attempts (see attemptOf); ModeAtomic reads them
+	// first. Never empty once looked up.
+	mode  Mode
+	lease time.Duration
 	// loader rebuilds responses too large to record; rerun allows running
 	// the handler again instead.
 	loader Loader
@@ -60,6 +60,20 @@ type method struct {
 	// request metadata finishHeaders names (lower-case).
 	finish        bool
 	finishHeaders []string
+	// keepRequest records the request with the outcome.
+	keepRequest bool
+}
+
+// defaultMode is the mode of a method whose policy names none.
+const defaultMode = ModeAtomic
+
+// protoModes are the modes of the option's values; MODE_UNSPECIFIED, and a
+// value this version does not know, are the default.
+var protoModes = map[idemv1.Mode]Mode{
+	idemv1.Mode_MODE_ATOMIC:     ModeAtomic,
+	idemv1.Mode_MODE_LEASED:     ModeLeased,
+	idemv1.Mode_MODE_OPTIMISTIC: ModeOptimistic,
+	idemv1.Mode_MODE_AUTO:       ModeAuto,
 }
 
 // methods caches policies by full method name.
@@ -90,6 +104,9 @@ func (ms *methods) lookup(fullMethod string) *method {
 	if m.lease <= 0 {
 		m.lease = defaultLease
 	}
+	if m.mode == "" {
+		m.mode = defaultMode
+	}
 	actual, _ := ms.cache.LoadOrStore(fullMethod, m)
 	return actual.(*method)
 }
@@ -97,8 +114,7 @@ func (ms *methods) lookup(fullMethod string) *method {
 // setPolicy sets m's policy to p, in place of its descriptor's.
 func (m *method) setPolicy(p MethodPolicy) {
 	m.required = p.KeyRequired
-	m.leased = p.Mode == ModeLeased
-	m.optimistic = p.Mode == ModeOptimistic
+	m.mode = p.Mode
 	m.lease = p.Lease
 	m.ttl = p.TTL
 	m.scope = p.Scope
@@ -106,6 +122,7 @@ func (m *method) setPolicy(p MethodPolicy) {
 	m.finishHeaders = p.FinishHeaders
 	m.rerun = p.RerunWhenNotCached
 	m.loader = p.Loader
+	m.keepRequest = p.KeepRequest
 }
 
 // findMethod returns the descriptor of fullMethod ("/pkg.Service/Method")
@@ -142,9 +159,9 @@ func (ms *methods) check() error {
 			bad("the method streams; idem keys unary methods")
 		}
 		switch p.Mode {
-		case "", ModeAtomic, ModeLeased, ModeOptimistic:
+		case "", ModeAtomic, ModeLeased, ModeOptimistic, ModeAuto:
 		default:
-			bad("Mode %q is not one of idem's modes (%s, %s, %s)", p.Mode, ModeAtomic, ModeLeased, ModeOptimistic)
+			bad("Mode %q is not one of idem's modes (%s, %s, %s, %s)", p.Mode, ModeAtomic, ModeLeased, ModeOptimistic, ModeAuto)
 		}
 		if p.Lease < 0 {
 			bad("Lease %v is negative (zero means the default, 60 s)", p.Lease)
@@ -171,8 +188,7 @@ func (ms *methods) resolve(fullMethod string) *method {
 		}
 		if p, ok := proto.GetExtension(opts, idemv1.E_Method).(*idemv1.MethodPolicy); ok {
 			m.required = p.GetKeyRequired()
-			m.leased = p.GetMode() == idemv1.Mode_MODE_LEASED
-			m.optimistic = p.GetMode() == idemv1.Mode_MODE_OPTIMISTIC
+			m.mode = protoModes[p.GetMode()] // "" when unset: the default
 			m.lease = p.GetLease().AsDuration()
 			m.rerun = p.GetRerunWhenNotCached()
 			m.ttl = p.GetTtl().AsDuration()

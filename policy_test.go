@@ -13,7 +13,7 @@ import (
 func TestPolicyFromDescriptor(t *testing.T) {
 	ms := newMethods(nil)
 	m := ms.lookup(testv1.TestService_Finishable_FullMethodName)
-	if !m.required || !m.leased || m.optimistic || !m.finish || m.lease != defaultLease {
+	if !m.required || m.mode != ModeLeased || !m.finish || m.lease != defaultLease {
 		t.Errorf("Finishable's policy: %+v; want a key required, leased for the default lease, finished", m)
 	}
 	if want := []string{"x-user"}; !slices.Equal(m.finishHeaders, want) {
@@ -40,11 +40,11 @@ func TestMethodPolicyReplacesTheDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := ms.lookup(testv1.TestService_Renamed_FullMethodName)
-	if r.required || r.scope != "" || r.ttl != 0 || r.leased || r.optimistic {
+	if r.required || r.scope != "" || r.ttl != 0 || r.mode != ModeAtomic {
 		t.Errorf("Renamed's policy: %+v; want every default, none of its .proto file's", r)
 	}
 	f := ms.lookup(testv1.TestService_Finishable_FullMethodName)
-	if f.required || f.leased || !f.optimistic || f.finish || !slices.Equal(f.finishHeaders, []string{"x-trace-bin"}) {
+	if f.required || f.mode != ModeOptimistic || f.finish || !slices.Equal(f.finishHeaders, []string{"x-trace-bin"}) {
 		t.Errorf("Finishable's policy: %+v; want optimistic, no key required, not finished, header x-trace-bin", f)
 	}
 	if read := ms.lookup(testv1.TestService_Read_FullMethodName); !read.exempt {

@@ -22,11 +22,12 @@ import (
 // hand-written envelopes, and bare payloads) are still read. Bodies of
 // responses not cached hold a Loader's reference and are not enveloped.
 
-// encodeOutcome returns the body that records msg with code c and the
-// response metadata worth recording, and the payload within it: the bytes
-// every reply sends.
-func encodeOutcome(c code.Code, msg proto.Message, header, trailer map[string][]string) (body, payload []byte, err error) {
-	return record.Encode(c, msg, header, trailer)
+// encodeOutcome returns the body that records msg with code c, the
+// response metadata worth recording and request (the request kept for an
+// operator, MethodPolicy.KeepRequest; nil for none), and the payload
+// within it: the bytes every reply sends.
+func encodeOutcome(c code.Code, msg proto.Message, header, trailer map[string][]string, request []byte) (body, payload []byte, err error) {
+	return record.EncodeRequest(c, msg, header, trailer, request)
 }
 
 // decode checks a recorded outcome and returns the message to hand back:

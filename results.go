@@ -75,6 +75,11 @@ const (
 	// ModeOptimistic runs the handler in a transaction as ModeAtomic does,
 	// but reads the key only when recording the outcome.
 	ModeOptimistic Mode = "optimistic"
+	// ModeAuto chooses per call: a call its client marks as a first
+	// attempt ([AttemptHeader] 1) is claimed as in ModeOptimistic, any
+	// other as in ModeAtomic. The mark costs or saves time only; the
+	// outcome is the same either way.
+	ModeAuto Mode = "auto"
 )
 
 // Report describes how one call went, for [WithReportHook]. It never
@@ -99,6 +104,13 @@ type Report struct {
 	Duration time.Duration
 	// Finishing reports that a [Finisher] ran the call, its caller gone.
 	Finishing bool
+	// Optimistic reports that the call claimed its key reading nothing
+	// before the handler ran: every claim in [ModeOptimistic], and in
+	// [ModeAuto] the claim of a call its client marked as a first attempt
+	// ([AttemptHeader]). Where the key turned out taken, the call then
+	// claimed it again as [ModeAtomic] does, and Result says how that
+	// ended. False for a call that claimed nothing.
+	Optimistic bool
 }
 
 // WithReportHook sets a function called once per call the engine handles,
@@ -127,6 +139,7 @@ func (e *Engine) report(ctx context.Context, c *callState) {
 		RecordDuration: c.record,
 		Duration:       time.Since(c.started),
 		Finishing:      c.finishing,
+		Optimistic:     c.readNothing,
 	}
 	defer func() {
 		if p := recover(); p != nil {

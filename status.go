@@ -55,7 +55,7 @@ const (
 	// ReasonStepsUnreadable: a leased call's saved steps cannot be read
 	// (store.ErrCorrupt), answered with DATA_LOSS: its steps may have run,
 	// so it is not run again, and retrying does not help until an operator
-	// has checked it and deleted its key (see the README, "Operations").
+	// has checked it and deleted its key (see docs/operations.md, "Unreadable steps").
 	ReasonStepsUnreadable = "IDEMPOTENCY_STEPS_UNREADABLE"
 	// ReasonNotFinished: a leased call that a [Finisher] gave up on, as
 	// recorded and replayed: it was abandoned by its caller and failed
@@ -258,7 +258,7 @@ func errTooManyKeys(n int) error {
 // whose key's saved steps the store could not read.
 func (e *Engine) stepsUnreadable(ctx context.Context, c *callState, err error) error {
 	e.log(ctx, slog.LevelError, "idem: the saved steps of a leased call cannot be read, so it is not run again; "+
-		"every retry is answered DATA_LOSS until an operator has checked its side effects and deleted its row (README, Operations)", c.key, err)
+		"every retry is answered DATA_LOSS until an operator has checked its side effects and deleted its row (docs/operations.md, Unreadable steps)", c.key, err)
 	return withDetails(code.Code_DATA_LOSS, "idem: the saved steps of the request with this idempotency key cannot be read, "+
 		"so it cannot be resumed without running them twice; retrying does not help until the service's operator has checked it"+e.detail(err),
 		&errdetails.ErrorInfo{Reason: ReasonStepsUnreadable, Domain: Domain})

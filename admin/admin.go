@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -27,13 +28,21 @@ const instrumentationScope = "github.com/idemkit/idem/admin"
 
 // The full names of the service's RPCs, as [Request.Method] holds them.
 const (
-	service   = "/idem.admin.v1.AdminService/"
-	listKeys  = service + "ListKeys"
-	getKey    = service + "GetKey"
-	forgetKey = service + "ForgetKey"
-	settleKey = service + "SettleKey"
-	finishKey = service + "FinishKey"
+	service     = "/idem.admin.v1.AdminService/"
+	listKeys    = service + "ListKeys"
+	getKey      = service + "GetKey"
+	forgetKey   = service + "ForgetKey"
+	settleKey   = service + "SettleKey"
+	finishKey   = service + "FinishKey"
+	listAudit   = service + "ListAudit"
+	getKeyStats = service + "GetKeyStats"
 )
+
+// RequestIDHeader is the request header whose value the audit trail keeps
+// as the request id of the call that asked for an action
+// ([store.AuditEntry].RequestID): the first one, cut to
+// [store.MaxAuditFieldLength] bytes.
+const RequestIDHeader = "x-request-id"
 
 // Server is idem.admin.v1.AdminService over a [store.Admin], with no
 // transport: its methods are the service's RPCs, which
@@ -107,7 +116,7 @@ type call struct {
 // c.end. On refusal, it ends the call itself and returns the answer.
 func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, error) {
 	caller := adminwire.FromContext(ctx)
-	r.Header, r.TLS = caller.Header, caller.TLS
+	r.Header, r.TLS, r.Peer = caller.Header, caller.TLS, caller.Peer
 	ctx, span := s.tracer.Start(ctx, "idem.admin."+strings.TrimPrefix(r.Method, service),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attribute.String("rpc.method", r.Method[1:])))
@@ -122,13 +131,34 @@ func (s *Server) begin(ctx context.Context, r Request) (context.Context, *call, 
 	}
 	c.grant = grant
 	span.SetAttributes(attribute.String("idem.admin.subject", grant.Subject))
-	switch {
-	case r.AllTenants && !grant.AllTenants:
-		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant"), nil)
-	case !r.AllTenants && !grant.Allows(r.Tenant):
-		return ctx, nil, c.end(ctx, answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant), nil)
+	if err := grant.refusal(r); err != nil {
+		return ctx, nil, c.end(ctx, err, nil)
 	}
 	return ctx, c, nil
+}
+
+// refusal returns the PERMISSION_DENIED answer to r that g refuses, or nil
+// when g allows r.
+func (g Grant) refusal(r Request) error {
+	switch {
+	case g.ReadOnly && !ReadOnlyMethod(r.Method):
+		return answerf(code.Code_PERMISSION_DENIED, "the operator's grant is read-only: it lists and reads keys, never acts on them")
+	case r.AllTenants && !g.AllTenants:
+		return answerf(code.Code_PERMISSION_DENIED, "listing every tenant's keys is not allowed; name a tenant")
+	case !r.AllTenants && !g.Allows(r.Tenant):
+		return answerf(code.Code_PERMISSION_DENIED, "tenant %q is not allowed", r.Tenant)
+	}
+	return nil
+}
+
+// allowed reports whether the Authorizer and the grant it returns would
+// allow r, asked by the caller in ctx, as begin decides, without making
+// the call: the console shows only the actions it would allow.
+func (s *Server) allowed(ctx context.Context, r Request) bool {
+	caller := adminwire.FromContext(ctx)
+	r.Header, r.TLS, r.Peer = caller.Header, caller.TLS, caller.Peer
+	g, err := s.authorize.Authorize(ctx, r)
+	return err == nil && g.refusal(r) == nil
 }
 
 // end ends the call with answer (nil for success), logs it, and returns
@@ -151,7 +181,7 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 		level = slog.LevelWarn
 	case cd == code.Code_UNAVAILABLE || cd == code.Code_INTERNAL:
 		level = slog.LevelError
-	case c.req.Method == listKeys || c.req.Method == getKey:
+	case ReadOnlyMethod(c.req.Method):
 		level = slog.LevelDebug
 	}
 	attrs := []slog.Attr{
@@ -168,6 +198,9 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 	if c.req.Force {
 		attrs = append(attrs, slog.Bool("force", true))
 	}
+	if c.req.Reason != "" {
+		attrs = append(attrs, slog.String("reason", c.req.Reason))
+	}
 	attrs = append(attrs, slog.String("code", cd.String()))
 	if cause != nil {
 		attrs = append(attrs, slog.String("error", cause.Error()))
@@ -178,26 +211,35 @@ func (c *call) end(ctx context.Context, answer, cause error) error {
 
 // fail ends the call with the answer to err, a store's error.
 func (c *call) fail(ctx context.Context, err error) error {
+	answer, cause := answerOf(err)
+	return c.end(ctx, answer, cause)
+}
+
+// answerOf returns the service's answer to err, a store's error, and the
+// error behind it to log (nil when the answer says it all).
+func answerOf(err error) (answer, cause error) {
 	var live *store.LeaseLiveError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return c.end(ctx, answerf(code.Code_NOT_FOUND, "the store holds no entry for the key"), nil)
+		return answerf(code.Code_NOT_FOUND, "the store holds no entry for the key"), nil
 	case errors.Is(err, store.ErrNotInProgress):
-		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already; forget the key instead"), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already; forget the key instead"), nil
 	case errors.As(err, &live):
-		return c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s; set force to fence its holder", live.Until.UTC().Format(time.RFC3339Nano)), nil
 	case errors.Is(err, store.ErrInvalidCursor):
-		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err)
+		return answerf(code.Code_INVALID_ARGUMENT, "%v", errBadToken), err
 	case errors.Is(err, store.ErrInvalidScope):
-		return c.end(ctx, answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err)
+		return answerf(code.Code_INVALID_ARGUMENT, "invalid key"), err
 	case errors.Is(err, store.ErrInvalidStatus):
-		return c.end(ctx, invalid("%v", err), nil)
+		return invalid("%v", err), nil
+	case errors.Is(err, store.ErrInvalidAudit):
+		return invalid("%s", rule(err, store.ErrInvalidAudit)), err
 	case errors.Is(err, context.Canceled):
-		return c.end(ctx, answerf(code.Code_CANCELLED, "canceled"), err)
+		return answerf(code.Code_CANCELLED, "canceled"), err
 	case errors.Is(err, context.DeadlineExceeded):
-		return c.end(ctx, answerf(code.Code_DEADLINE_EXCEEDED, "deadline exceeded"), err)
+		return answerf(code.Code_DEADLINE_EXCEEDED, "deadline exceeded"), err
 	}
-	return c.end(ctx, answerf(code.Code_UNAVAILABLE, "the store failed; the server's log has the detail"), err)
+	return answerf(code.Code_UNAVAILABLE, "the store failed; the server's log has the detail"), err
 }
 
 // answerf returns the service's answer with code c and the message
@@ -211,9 +253,58 @@ func invalid(format string, args ...any) error {
 	return answerf(code.Code_INVALID_ARGUMENT, format, args...)
 }
 
+// rule returns the rule err names, without its sentinel's text.
+func rule(err, sentinel error) string {
+	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
+}
+
 // keyRequest returns the Request of an RPC on one key.
-func keyRequest(method, tenant, scope, key string, force bool) Request {
-	return Request{Method: method, Tenant: tenant, Key: store.Scope{Tenant: tenant, Method: scope, Key: key}, Force: force}
+func keyRequest(method, tenant, scope, key string, force bool, reason string) Request {
+	return Request{Method: method, Tenant: tenant, Key: store.Scope{Tenant: tenant, Method: scope, Key: key}, Force: force, Reason: reason}
+}
+
+// checkAction checks the request of an action on one key: its key, and its
+// reason, which a forced action must give. It returns an INVALID_ARGUMENT
+// answer, or nil.
+func checkAction(r Request) error {
+	if err := r.Key.Validate(); err != nil {
+		return invalid("%v", err)
+	}
+	if r.Force && strings.TrimSpace(r.Reason) == "" {
+		return invalid("a forced action needs a reason, for the audit trail")
+	}
+	if err := store.ValidateReason(r.Reason); err != nil {
+		return invalid("%s", rule(err, store.ErrInvalidAudit))
+	}
+	return nil
+}
+
+// audit returns the audit entry of the call's action: the operator, the
+// reason and who asked. The fields the operator does not choose are made
+// to fit the store's rules (cut to their bound, valid UTF-8 without a NUL
+// byte), so that an odd subject or header never fails the action.
+func (c *call) audit() *store.AuditEntry {
+	requestID := ""
+	if ids := c.req.Header[RequestIDHeader]; len(ids) > 0 {
+		requestID = ids[0]
+	}
+	return &store.AuditEntry{
+		Operator:  fit(c.grant.Subject),
+		Reason:    c.req.Reason,
+		RequestID: fit(requestID),
+		Peer:      fit(c.req.Peer),
+	}
+}
+
+// fit returns s as an audit entry's field can hold it: valid UTF-8 without
+// a NUL byte, at most store.MaxAuditFieldLength bytes, cut at a rune.
+func fit(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+	for len(s) > store.MaxAuditFieldLength {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
 }
 
 // ListKeys lists the keys that match the request's filter, a page at a
@@ -231,7 +322,7 @@ func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*a
 	if err != nil {
 		return nil, c.end(ctx, err, nil)
 	}
-	f.After, err = s.tokens.open(f, req.GetPageToken())
+	f.After, err = s.tokens.open(keyListing(f), req.GetPageToken())
 	if err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
@@ -239,7 +330,7 @@ func (s *Server) ListKeys(ctx context.Context, req *adminv1.ListKeysRequest) (*a
 	if err != nil {
 		return nil, c.fail(ctx, err)
 	}
-	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(f, next)}
+	resp := &adminv1.ListKeysResponse{NextPageToken: s.tokens.seal(keyListing(f), next)}
 	for _, ki := range infos {
 		if !c.grant.Allows(ki.Scope.Tenant) {
 			// The store answered outside the filter: show nothing of it.
@@ -268,28 +359,12 @@ func filter(req *adminv1.ListKeysRequest) (store.KeyFilter, error) {
 		}
 		f.States = append(f.States, ks)
 	}
-	for _, t := range []struct {
-		name string
-		ts   *timestamppb.Timestamp
-		to   *time.Time
-	}{{"created_after", req.GetCreatedAfter(), &f.CreatedAfter}, {"created_before", req.GetCreatedBefore(), &f.CreatedBefore}} {
-		if t.ts == nil {
-			continue
-		}
-		if err := t.ts.CheckValid(); err != nil {
-			return f, invalid("%s is not a valid timestamp", t.name)
-		}
-		*t.to = t.ts.AsTime()
+	if err := timeRange(&f.CreatedAfter, &f.CreatedBefore, "created_after", req.GetCreatedAfter(), "created_before", req.GetCreatedBefore()); err != nil {
+		return f, err
 	}
-	switch n := req.GetPageSize(); {
-	case n < 0:
-		return f, invalid("page_size is negative")
-	case n > 1000:
-		f.Limit = 1000
-	default:
-		f.Limit = int(n)
-	}
-	return f, nil
+	var err error
+	f.Limit, err = pageSize(req.GetPageSize())
+	return f, err
 }
 
 var keyStates = map[adminv1.KeyState]store.State{
@@ -308,7 +383,7 @@ var protoStates = map[store.State]adminv1.KeyState{
 
 // GetKey returns everything kept of one key.
 func (s *Server) GetKey(ctx context.Context, req *adminv1.GetKeyRequest) (*adminv1.GetKeyResponse, error) {
-	r := keyRequest(getKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	r := keyRequest(getKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false, "")
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
@@ -325,15 +400,15 @@ func (s *Server) GetKey(ctx context.Context, req *adminv1.GetKeyRequest) (*admin
 
 // ForgetKey deletes one key's entry.
 func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (*adminv1.ForgetKeyResponse, error) {
-	r := keyRequest(forgetKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	r := keyRequest(forgetKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce(), req.GetReason())
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
 	}
-	if err := r.Key.Validate(); err != nil {
-		return nil, c.end(ctx, invalid("%v", err), nil)
+	if err := checkAction(r); err != nil {
+		return nil, c.end(ctx, err, nil)
 	}
-	if err := s.st.Forget(ctx, r.Key, store.ForgetOptions{Force: r.Force}); err != nil {
+	if err := s.st.Forget(ctx, r.Key, store.ForgetOptions{Force: r.Force, Audit: c.audit()}); err != nil {
 		return nil, c.fail(ctx, err)
 	}
 	return &adminv1.ForgetKeyResponse{}, c.end(ctx, nil, nil)
@@ -343,13 +418,13 @@ func (s *Server) ForgetKey(ctx context.Context, req *adminv1.ForgetKeyRequest) (
 // error's code is not OK, nor one clients retry: [store.SettleOutcome]
 // states the rule, which answers INVALID_ARGUMENT here.
 func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (*adminv1.SettleKeyResponse, error) {
-	r := keyRequest(settleKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce())
+	r := keyRequest(settleKey, req.GetTenant(), req.GetMethod(), req.GetKey(), req.GetForce(), req.GetReason())
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
 	}
-	if err := r.Key.Validate(); err != nil {
-		return nil, c.end(ctx, invalid("%v", err), nil)
+	if err := checkAction(r); err != nil {
+		return nil, c.end(ctx, err, nil)
 	}
 	// The store's rule, checked before the store is asked: a status it
 	// cannot record is the caller's mistake.
@@ -358,7 +433,7 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 	if err != nil {
 		return nil, c.end(ctx, invalid("%v", err), nil)
 	}
-	if err := s.st.Settle(ctx, r.Key, st, store.SettleOptions{Force: r.Force}); err != nil {
+	if err := s.st.Settle(ctx, r.Key, st, store.SettleOptions{Force: r.Force, Audit: c.audit()}); err != nil {
 		return nil, c.fail(ctx, err)
 	}
 	ki, err := s.st.Key(ctx, r.Key)
@@ -375,7 +450,7 @@ func (s *Server) SettleKey(ctx context.Context, req *adminv1.SettleKeyRequest) (
 // FinishKey finishes one abandoned call now, through the server's
 // finisher.
 func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (*adminv1.FinishKeyResponse, error) {
-	r := keyRequest(finishKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false)
+	r := keyRequest(finishKey, req.GetTenant(), req.GetMethod(), req.GetKey(), false, req.GetReason())
 	ctx, c, err := s.begin(ctx, r)
 	if c == nil {
 		return nil, err
@@ -383,42 +458,75 @@ func (s *Server) FinishKey(ctx context.Context, req *adminv1.FinishKeyRequest) (
 	if s.finisher == nil {
 		return nil, c.end(ctx, answerf(code.Code_UNIMPLEMENTED, "this server has no finisher to finish calls with (admin.WithFinisher)"), nil)
 	}
-	if err := r.Key.Validate(); err != nil {
-		return nil, c.end(ctx, invalid("%v", err), nil)
+	if err := checkAction(r); err != nil {
+		return nil, c.end(ctx, err, nil)
 	}
-	err = s.finisher.FinishKey(ctx, r.Key)
+	ki, kerr, answer, cause := c.finish(ctx, r.Key)
+	if answer != nil {
+		return nil, c.end(ctx, answer, cause)
+	}
+	if kerr != nil {
+		// Finished, but not read back (forgotten since, say).
+		return nil, c.fail(ctx, kerr)
+	}
+	return &adminv1.FinishKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+}
+
+// finish finishes k's abandoned call through the server's finisher and,
+// when it did, adds the finish's audit entry and reads the key back (ki,
+// or kerr when it cannot be read). answer is the service's answer when it
+// did not, and cause the error behind it to log.
+func (c *call) finish(ctx context.Context, k store.Scope) (ki store.KeyInfo, kerr, answer, cause error) {
+	s := c.s
+	if answer, cause := finishAnswer(s.finisher.FinishKey(ctx, k)); answer != nil {
+		return ki, nil, answer, cause
+	}
+	ki, kerr = s.st.Key(ctx, k)
+	// The finish's audit entry, in a transaction of its own: the outcome
+	// was recorded by the call's own transaction, the handler's. Written
+	// after it, it may be lost to a crash between, never written for a
+	// finish that did not happen.
+	e := c.audit()
+	e.Scope, e.Action, e.Before, e.After = k, store.ActionFinish, store.Abandoned, store.Recorded
+	if kerr == nil {
+		e.After = ki.State
+	}
+	if err := s.st.AddAudit(ctx, *e); err != nil {
+		s.log().LogAttrs(ctx, slog.LevelError, "idem admin: the audit entry of a finish could not be written",
+			slog.String("tenant", k.Tenant), slog.String("method", k.Method), slog.String("key", k.Key), slog.String("error", err.Error()))
+	}
+	return ki, kerr, nil, nil
+}
+
+// finishAnswer returns the service's answer to err, the error of the
+// finisher's FinishKey (nil for nil), and the error behind it to log.
+func finishAnswer(err error) (answer, cause error) {
 	var (
 		live *store.LeaseLiveError
 		ie   *idem.Error
 	)
 	switch {
 	case err == nil:
+		return nil, nil
 	case errors.Is(err, idem.ErrNotFinishable):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "nothing was kept to finish the call: its method does not opt in to finish ((idem.v1.method).finish); settle or forget the key instead"), nil
 	case errors.Is(err, store.ErrNotInProgress):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already: there is nothing to finish"), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's outcome is recorded already: there is nothing to finish"), nil
 	case errors.As(err, &live):
-		return nil, c.end(ctx, answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil)
+		return answerf(code.Code_FAILED_PRECONDITION, "the key's lease is live until %s: its call may still record an outcome; finish it once the lease has run out", live.Until.UTC().Format(time.RFC3339Nano)), nil
 	case errors.As(err, &ie):
 		// The attempt's answer (the call taken over first, its method not
 		// registered, or the handler's transient error): the call is left
 		// to the finisher.
 		st := ie.Status()
-		return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
-	default:
-		if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_UNKNOWN) {
-			// The handler's own status (a gRPC status, a *connect.Error),
-			// as the call's client would have got it.
-			return nil, c.end(ctx, answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err)
-		}
-		return nil, c.fail(ctx, err)
+		return answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err
 	}
-	ki, err := s.st.Key(ctx, r.Key)
-	if err != nil {
-		// Finished, but not read back (forgotten since, say).
-		return nil, c.fail(ctx, err)
+	if st, ok := adminwire.Status(err); ok && st.GetCode() != int32(code.Code_UNKNOWN) {
+		// The handler's own status (a gRPC status, a *connect.Error), as
+		// the call's client would have got it.
+		return answerf(code.Code(st.GetCode()), "the attempt to finish the call recorded no outcome; the finisher tries again later: %s", st.GetMessage()), err
 	}
-	return &adminv1.FinishKeyResponse{Key: s.key(ctx, ki)}, c.end(ctx, nil, nil)
+	return answerOf(err)
 }
 
 // key returns ki as the service shows it.
@@ -441,6 +549,8 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		LeaseExpireTime: ts(ki.LeaseUntil),
 		Takeovers:       int32(ki.Takeovers),
 		Finishable:      ki.Call != nil,
+		Replays:         ki.Replays,
+		LastReplayTime:  ts(ki.LastReplay),
 	}
 	for _, p := range ki.Steps {
 		k.Steps = append(k.Steps, &adminv1.Step{Name: p.Name, Result: p.Result})
@@ -453,5 +563,11 @@ func (s *Server) key(ctx context.Context, ki store.KeyInfo) *adminv1.Key {
 		}
 		k.Outcome = out
 	}
+	req, err := s.request(ki)
+	if err != nil {
+		s.log().LogAttrs(ctx, slog.LevelWarn, "idem admin: a kept request cannot be decoded",
+			slog.String("tenant", ki.Scope.Tenant), slog.String("method", ki.Scope.Method), slog.String("key", ki.Scope.Key), slog.String("error", err.Error()))
+	}
+	k.Request = req
 	return k
 }

@@ -253,9 +253,9 @@ func TestRefusedEveryRPC(t *testing.T) {
 	})
 }
 
-// filled returns a request of d naming tenant "acme", method Do, key k1
-// and every tenant where it can, so that refusals are not down to an empty
-// request.
+// filled returns a request of d naming tenant "acme", method Do, key k1,
+// force, and for the RPCs on many keys a selection of those and a limit,
+// where it can, so that refusals are not down to an empty request.
 func filled(d protoreflect.MessageDescriptor) *dynamicpb.Message {
 	m := dynamicpb.NewMessage(d)
 	for name, v := range map[protoreflect.Name]protoreflect.Value{
@@ -265,6 +265,13 @@ func filled(d protoreflect.MessageDescriptor) *dynamicpb.Message {
 		if fd := d.Fields().ByName(name); fd != nil {
 			m.Set(fd, v)
 		}
+	}
+	// The RPCs on many keys: a selection of tenant acme, and a limit.
+	if fd := d.Fields().ByName("selection"); fd != nil {
+		m.Set(fd, protoreflect.ValueOfMessage(filled(fd.Message())))
+	}
+	if fd := d.Fields().ByName("limit"); fd != nil {
+		m.Set(fd, protoreflect.ValueOfInt32(10))
 	}
 	return m
 }
@@ -361,7 +368,7 @@ func TestTenantScope(t *testing.T) {
 		}
 		_, err := c.GetKey(ctx, &adminv1.GetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2"})
 		wantCode(t, err, codes.PermissionDenied)
-		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true})
+		_, err = c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2", Force: true, Reason: "r"})
 		wantCode(t, err, codes.PermissionDenied)
 		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "globex", Method: doMethod, Key: "k2",
 			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}})
@@ -381,11 +388,15 @@ func TestTenantScope(t *testing.T) {
 			t.Errorf("a refused forget deleted a key: %d left", len(st.keys))
 		}
 		want := admin.Request{Method: adminv1connect.AdminServiceForgetKeyProcedure, Tenant: "globex",
-			Key: store.Scope{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true}
+			Key: store.Scope{Tenant: "globex", Method: doMethod, Key: "k2"}, Force: true, Reason: "r"}
 		mu.Lock()
 		defer mu.Unlock()
 		asked := got[2]
 		asked.Header = nil // the wire's (TestAuthorizerSeesCaller)
+		if asked.Peer == "" {
+			t.Errorf("the authorizer was asked with no peer")
+		}
+		asked.Peer = "" // the wire's
 		if !reflect.DeepEqual(asked, want) {
 			t.Errorf("the authorizer was asked %+v, want %+v", asked, want)
 		}
@@ -471,7 +482,7 @@ func TestSettleRefusesCodesClientsRetry(t *testing.T) {
 			{codes.OK, "must be an error's gRPC code"},
 			{17, "must be an error's gRPC code"},
 		} {
-			_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true,
+			_, err := c.SettleKey(t.Context(), &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "r",
 				Status: &spb.Status{Code: int32(tc.code), Message: "settled by an operator"}})
 			if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, tc.rule) {
 				t.Errorf("settle with %v: %q, want the rule (%q) named", tc.code, msg, tc.rule)
@@ -529,10 +540,10 @@ func TestLeaseLive(t *testing.T) {
 			t.Errorf("settle: %q does not name the lease's expiry %s", msg, wantUntil)
 		}
 
-		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "stuck"}); err != nil {
 			t.Fatalf("forced forget: %v", err)
 		}
-		settle.Force = true
+		settle.Force, settle.Reason = true, "stuck"
 		resp, err := c.SettleKey(ctx, settle)
 		if err != nil {
 			t.Fatalf("forced settle: %v", err)
@@ -551,7 +562,7 @@ func TestLeaseLive(t *testing.T) {
 		}
 
 		_, err = c.SettleKey(ctx, &adminv1.SettleKeyRequest{Tenant: "acme", Method: doMethod, Key: "done",
-			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true})
+			Status: &spb.Status{Code: int32(codes.FailedPrecondition)}, Force: true, Reason: "stuck"})
 		wantCode(t, err, codes.FailedPrecondition)
 	})
 }
@@ -653,6 +664,7 @@ func TestOutcomeDecoded(t *testing.T) {
 	onEachWire(t, func(t *testing.T, w wire) {
 		ok := info("acme", doMethod, "ok", store.Recorded, epoch)
 		ok.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid", Execution: 3, Labels: map[string]string{"a": "b"}})
+		ok.Replays, ok.LastReplay = 7, epoch.Add(time.Hour)
 		scoped := info("acme", "idem.test.Do", "scoped", store.Recorded, epoch)
 		scoped.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "renamed"})
 		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.Recorded, epoch)
@@ -685,6 +697,9 @@ func TestOutcomeDecoded(t *testing.T) {
 			!bytes.Equal(k.GetFingerprint(), []byte{0xfe, 0xed}) || !k.GetCreateTime().AsTime().Equal(epoch) {
 			t.Errorf("key: %v", k)
 		}
+		if k.GetReplays() != 7 || !k.GetLastReplayTime().AsTime().Equal(epoch.Add(time.Hour)) {
+			t.Errorf("replays: %d, the last at %v; want 7, at %v", k.GetReplays(), k.GetLastReplayTime(), epoch.Add(time.Hour))
+		}
 		if v := get(scoped).GetOutcome().GetResponse().GetStructValue().GetFields()["value"].GetStringValue(); v != "renamed" {
 			t.Errorf("a key under a scope name: value %q", v)
 		}
@@ -698,7 +713,8 @@ func TestOutcomeDecoded(t *testing.T) {
 		}
 		k = get(leased)
 		if k.GetTakeovers() != 2 || k.GetSteps()[0].GetName() != "charge" || string(k.GetSteps()[0].GetResult()) != "ch_1" ||
-			!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil {
+			!k.GetFinishable() || !k.GetLeaseExpireTime().AsTime().Equal(epoch.Add(time.Minute)) || k.GetOutcome() != nil ||
+			k.GetReplays() != 0 || k.GetLastReplayTime() != nil {
 			t.Errorf("leased key: %v", k)
 		}
 	})
@@ -817,7 +833,7 @@ func TestSpansAndLogs(t *testing.T) {
 
 		_, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held"})
 		wantCode(t, err, codes.FailedPrecondition)
-		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true}); err != nil {
+		if _, err := c.ForgetKey(ctx, &adminv1.ForgetKeyRequest{Tenant: "acme", Method: doMethod, Key: "held", Force: true, Reason: "stuck"}); err != nil {
 			t.Fatal(err)
 		}
 
@@ -851,3 +867,71 @@ func TestSpansAndLogs(t *testing.T) {
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// recordedWithRequest is recorded, keeping req with the outcome as
+// idem.MethodPolicy.KeepRequest does.
+func recordedWithRequest(t *testing.T, c code.Code, msg, req proto.Message) *store.Outcome {
+	t.Helper()
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _, err := record.EncodeRequest(c, msg, nil, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &store.Outcome{Code: c, Body: body}
+}
+
+// TestRequestShown: a key shows the request recorded with its outcome
+// (KeepRequest), or the one kept for a finisher while its call is in
+// progress, decoded with its method's request type; raw with a note when
+// the server does not know the method or cannot decode it; and none when
+// none was kept.
+func TestRequestShown(t *testing.T) {
+	onEachWire(t, func(t *testing.T, w wire) {
+		kept := info("acme", doMethod, "kept", store.Recorded, epoch)
+		kept.Outcome = recordedWithRequest(t, code.Code_OK, &testv1.DoResponse{Value: "paid"}, &testv1.DoRequest{Value: "pay"})
+		failed := info("acme", doMethod, "failed", store.Recorded, epoch)
+		failed.Outcome = recordedWithRequest(t, code.Code_NOT_FOUND, &spb.Status{Code: int32(codes.NotFound)}, &testv1.DoRequest{Value: "gone"})
+		none := info("acme", doMethod, "none", store.Recorded, epoch)
+		none.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid"})
+		finishable := info("acme", doMethod, "finishable", store.Abandoned, epoch)
+		charge, _ := proto.Marshal(&testv1.DoRequest{Value: "charge"})
+		finishable.Call = &store.Call{Method: doMethod, Request: charge}
+		unknown := info("acme", "/nowhere.v1.S/M", "unknown", store.Recorded, epoch)
+		unknown.Outcome = recordedWithRequest(t, code.Code_OK, &testv1.DoResponse{Value: "raw"}, &testv1.DoRequest{Value: "raw"})
+		garbled := info("acme", doMethod, "garbled", store.Abandoned, epoch)
+		garbled.Call = &store.Call{Method: doMethod, Request: []byte{0xff}}
+		var logs lockedBuffer
+		c := w.serve(t, &fakeStore{keys: []store.KeyInfo{kept, failed, none, finishable, unknown, garbled}}, allowAll,
+			admin.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+		get := func(ki store.KeyInfo) *adminv1.Request {
+			t.Helper()
+			resp, err := c.GetKey(t.Context(), &adminv1.GetKeyRequest{Tenant: ki.Scope.Tenant, Method: ki.Scope.Method, Key: ki.Scope.Key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.GetKey().GetRequest()
+		}
+		for ki, value := range map[*store.KeyInfo]string{&kept: "pay", &failed: "gone", &finishable: "charge"} {
+			r := get(*ki)
+			if v := r.GetDecoded().GetStructValue().GetFields()["value"].GetStringValue(); v != value || r.GetRequestType() != "idem.test.v1.DoRequest" || r.GetNote() != "" {
+				t.Errorf("%s: request %v, want a DoRequest of value %q", ki.Scope.Key, r, value)
+			}
+		}
+		if r := get(none); r != nil {
+			t.Errorf("a key that kept no request shows %v", r)
+		}
+		want, _ := proto.Marshal(&testv1.DoRequest{Value: "raw"})
+		if r := get(unknown); !bytes.Equal(r.GetRaw(), want) || r.GetRequestType() != "" || !strings.Contains(r.GetNote(), "does not know") {
+			t.Errorf("unknown method's request: %v", r)
+		}
+		if r := get(garbled); !bytes.Equal(r.GetRaw(), []byte{0xff}) || !strings.Contains(r.GetNote(), "cannot be decoded") {
+			t.Errorf("an undecodable request: %v", r)
+		}
+		if !strings.Contains(logs.String(), "a kept request cannot be decoded") {
+			t.Errorf("the log does not say the request could not be decoded:\n%s", logs.String())
+		}
+	})
+}

@@ -5,6 +5,9 @@ import (
 	"crypto/tls"
 	"slices"
 
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
 	"github.com/idemkit/idem/store"
 )
 
@@ -25,6 +28,9 @@ type Request struct {
 	// Force reports a forced ForgetKey or SettleKey, which fences a live
 	// lease.
 	Force bool
+	// Reason is the reason a ForgetKey, SettleKey or FinishKey gives, which
+	// the audit trail keeps.
+	Reason string
 	// Header is the call's request headers as gRPC metadata carries them,
 	// whichever the wire: lower-case names, the values of -bin names
 	// decoded; an operator's token, say, is Header["authorization"]. It is
@@ -36,6 +42,10 @@ type Request struct {
 	// call without TLS: the client certificate the handshake verified, when
 	// the server asks for one, is TLS.VerifiedChains[0][0].
 	TLS *tls.ConnectionState
+	// Peer is the network address the call came from, as its wire gives
+	// it (host:port); empty when a Server's method is called directly.
+	// The audit trail keeps it.
+	Peer string
 }
 
 // Grant is what an operator may do, as an [Authorizer] grants it.
@@ -49,7 +59,39 @@ type Grant struct {
 	// Tenants are the tenants whose keys the operator may see and act on,
 	// when AllTenants is not set.
 	Tenants []string
+	// ReadOnly lets the operator only read: list and get keys, count them
+	// and read the audit trail (the RPCs [ReadOnlyMethod] reports). Every
+	// other RPC (a forget, a settle, a finish) is refused with
+	// PERMISSION_DENIED before the store is asked. The zero value lets the
+	// operator act as well.
+	ReadOnly bool
 }
+
+// ReadOnlyMethod reports whether the admin service's RPC fullMethod
+// ("/idem.admin.v1.AdminService/ListKeys") only reads, so that a read-only
+// [Grant] allows it: the RPCs whose descriptor says they have no side
+// effects (idempotency_level = NO_SIDE_EFFECTS): ListKeys, GetKey,
+// GetKeyStats and ListAudit. It is false for every other name, those of
+// RPCs the service does not have included.
+func ReadOnlyMethod(fullMethod string) bool {
+	return readOnlyMethods[fullMethod]
+}
+
+// readOnlyMethods are the service's RPCs without side effects, by their
+// full names, from its descriptor.
+var readOnlyMethods = func() map[string]bool {
+	sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
+	out := map[string]bool{}
+	ms := sd.Methods()
+	for i := range ms.Len() {
+		md := ms.Get(i)
+		opts, _ := md.Options().(*descriptorpb.MethodOptions)
+		if opts.GetIdempotencyLevel() == descriptorpb.MethodOptions_NO_SIDE_EFFECTS {
+			out["/"+string(sd.FullName())+"/"+string(md.Name())] = true
+		}
+	}
+	return out
+}()
 
 // Allows reports whether s lets its operator see and act on tenant's keys.
 func (s Grant) Allows(tenant string) bool {

@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strconv"
@@ -22,6 +23,10 @@ type fakeStore struct {
 	err   error // returned by every method when set
 	calls int
 	last  store.KeyFilter
+	// lastKeys is the filter of the last Keys, which last is too unless
+	// a Stats followed.
+	lastKeys store.KeyFilter
+	audit    []store.AuditEntry
 }
 
 var _ store.Admin = (*fakeStore)(nil)
@@ -34,7 +39,7 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter) ([]store.KeyInf
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
-	f.last = flt
+	f.last, f.lastKeys = flt, flt
 	if f.err != nil {
 		return nil, "", f.err
 	}
@@ -100,6 +105,11 @@ func (f *fakeStore) Forget(_ context.Context, k store.Scope, o store.ForgetOptio
 	if err := f.live(f.keys[i]); err != nil && !o.Force {
 		return err
 	}
+	if o.Audit != nil {
+		e := *o.Audit
+		e.Scope, e.Action, e.Force, e.Before, e.Time = k, store.ActionForget, o.Force, f.keys[i].State, f.now
+		f.audit = append(f.audit, e)
+	}
 	f.keys = slices.Delete(f.keys, i, i+1)
 	return nil
 }
@@ -126,6 +136,11 @@ func (f *fakeStore) Settle(_ context.Context, k store.Scope, st *spb.Status, o s
 	if err := f.live(*ki); err != nil && !o.Force {
 		return err
 	}
+	if o.Audit != nil {
+		e := *o.Audit
+		e.Scope, e.Action, e.Force, e.Before, e.After, e.Time = k, store.ActionSettle, o.Force, ki.State, store.Recorded, f.now
+		f.audit = append(f.audit, e)
+	}
 	ki.State, ki.Outcome, ki.LeaseUntil, ki.Call = store.Recorded, &out, time.Time{}, nil
 	return nil
 }
@@ -134,4 +149,89 @@ func (f *fakeStore) storeCalls() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls
+}
+
+func (f *fakeStore) AddAudit(_ context.Context, e store.AuditEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.err != nil {
+		return f.err
+	}
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	e.Time = f.now
+	f.audit = append(f.audit, e)
+	return nil
+}
+
+// AuditLog pages as Keys does, by index.
+func (f *fakeStore) AuditLog(_ context.Context, flt store.AuditFilter) ([]store.AuditEntry, string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.err != nil {
+		return nil, "", f.err
+	}
+	start := 0
+	if after := flt.After; after != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(after, "after:"))
+		if err != nil || !strings.HasPrefix(after, "after:") {
+			return nil, "", store.ErrInvalidCursor
+		}
+		start = n
+	}
+	limit := cmp.Or(flt.Limit, 100)
+	var out []store.AuditEntry
+	for i := start; i < len(f.audit); i++ {
+		e := f.audit[i]
+		if (!flt.AllTenants && e.Scope.Tenant != flt.Tenant) || (flt.Method != "" && e.Scope.Method != flt.Method) ||
+			(flt.Key != "" && e.Scope.Key != flt.Key) {
+			continue
+		}
+		if len(out) == limit {
+			return out, "after:" + strconv.Itoa(i), nil
+		}
+		out = append(out, e)
+	}
+	return out, "", nil
+}
+
+func (f *fakeStore) Stats(_ context.Context, flt store.KeyFilter) (store.KeyStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.last = flt
+	if f.err != nil {
+		return store.KeyStats{}, f.err
+	}
+	var st store.KeyStats
+	for _, ki := range f.keys {
+		if (!flt.AllTenants && ki.Scope.Tenant != flt.Tenant) || (flt.Method != "" && ki.Scope.Method != flt.Method) ||
+			(len(flt.States) > 0 && !slices.Contains(flt.States, ki.State)) {
+			continue
+		}
+		i := slices.IndexFunc(st.Counts, func(c store.KeyCount) bool {
+			return c.Tenant == ki.Scope.Tenant && c.Method == ki.Scope.Method && c.State == ki.State
+		})
+		if i < 0 {
+			st.Counts = append(st.Counts, store.KeyCount{Tenant: ki.Scope.Tenant, Method: ki.Scope.Method, State: ki.State})
+			i = len(st.Counts) - 1
+		}
+		st.Counts[i].Count++
+		switch {
+		case ki.State == store.InProgress && st.OldestInProgress == nil:
+			st.OldestInProgress = &ki
+		case ki.State == store.Abandoned && st.OldestAbandoned == nil:
+			st.OldestAbandoned = &ki
+		}
+	}
+	return st, nil
+}
+
+func (f *fakeStore) auditEntries() []store.AuditEntry {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.audit)
 }

@@ -12,9 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/admin"
+	"github.com/idemkit/idem/fingerprint"
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
@@ -82,7 +84,7 @@ func testFinishKey(t *testing.T, w wire) {
 	wantCode(t, err, codes.ResourceExhausted)
 
 	client := w.serve(t, st, allowAll, admin.WithFinisher(f))
-	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7"}
+	k := &adminv1.FinishKeyRequest{Method: doMethod, Key: "order-7", Reason: "the customer called"}
 	got, err := client.GetKey(ctx, &adminv1.GetKeyRequest{Method: doMethod, Key: "order-7"})
 	if err != nil || got.GetKey().GetState() != adminv1.KeyState_KEY_STATE_ABANDONED || !got.GetKey().GetFinishable() {
 		t.Fatalf("GetKey: %v, %v; want it abandoned and finishable", got, err)
@@ -111,6 +113,13 @@ func testFinishKey(t *testing.T, w wire) {
 		out.GetResponseType() != "idem.test.v1.DoResponse" ||
 		out.GetResponse().GetStructValue().GetFields()["value"].GetStringValue() != "pay 7" {
 		t.Fatalf("FinishKey answered %v; want the key recorded with the finished call's response", fin)
+	}
+	// Only the finish that recorded an outcome is in the audit trail.
+	hist, err := client.ListAudit(ctx, &adminv1.ListAuditRequest{Method: doMethod, Key: "order-7"})
+	if es := hist.GetEntries(); err != nil || len(es) != 1 || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FINISH ||
+		es[0].GetStateBefore() != adminv1.KeyState_KEY_STATE_ABANDONED || es[0].GetStateAfter() != adminv1.KeyState_KEY_STATE_RECORDED ||
+		es[0].GetReason() != "the customer called" {
+		t.Fatalf("the key's history after the finish: %v, %v; want the finish, abandoned to recorded, with its reason", hist, err)
 	}
 
 	var header metadata.MD
@@ -157,4 +166,58 @@ func testFinishKey(t *testing.T, w wire) {
 	if n := svc.runs.Load(); n != 3 {
 		t.Fatalf("the handler ran %d times in all, want 3", n)
 	}
+
+	// FinishKeys over the abandoned keys, one a call: order-10 (its lease
+	// ran out, its call kept) is finished; order-8, whose kept call is not
+	// the request its fingerprint is of, and order-9, not kept, are
+	// skipped, saying why.
+	req10 := &testv1.DoRequest{Value: "pay 10"}
+	fp10, err := fingerprint.Sum(req10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body10, err := proto.Marshal(req10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc, err := st.ClaimLeased(ctx, store.Scope{Method: doMethod, Key: "order-10"}, store.LeaseRequest{Fingerprint: fp10,
+		Call: &store.Call{Method: doMethod, Request: body10}, Lease: time.Minute}); err != nil || lc.Lease == nil {
+		t.Fatalf("lease: %+v, %v", lc, err)
+	}
+	advance(2 * time.Minute)
+	sel := &adminv1.KeySelection{States: []adminv1.KeyState{adminv1.KeyState_KEY_STATE_ABANDONED}}
+	dry, err := client.FinishKeys(ctx, &adminv1.FinishKeysRequest{Selection: sel, Limit: 10, DryRun: true, Reason: "after the outage"})
+	if b := dry.GetBatch(); err != nil || b.GetCount() != 3 || len(b.GetSample()) != 3 || len(b.GetResults()) != 0 || svc.runs.Load() != 3 {
+		t.Fatalf("FinishKeys dry run: %v, %v; want a count of 3, a sample of 3, and nothing run", dry, err)
+	}
+	var results []*adminv1.KeyResult
+	for token := ""; ; {
+		resp, err := client.FinishKeys(ctx, &adminv1.FinishKeysRequest{Selection: sel, Limit: 1, Reason: "after the outage", PageToken: token})
+		if err != nil {
+			t.Fatalf("FinishKeys: %v", err)
+		}
+		results = append(results, resp.GetBatch().GetResults()...)
+		if token = resp.GetBatch().GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	if len(results) != 3 || results[0].GetKey() != "order-8" || results[0].GetOutcome() != adminv1.KeyResult_OUTCOME_SKIPPED ||
+		!strings.Contains(results[0].GetStatus().GetMessage(), "different request") ||
+		results[1].GetKey() != "order-9" || results[1].GetOutcome() != adminv1.KeyResult_OUTCOME_SKIPPED ||
+		!strings.Contains(results[1].GetStatus().GetMessage(), "does not opt in to finish") ||
+		results[2].GetKey() != "order-10" || results[2].GetOutcome() != adminv1.KeyResult_OUTCOME_DONE {
+		t.Fatalf("FinishKeys' results: %v; want order-8 and order-9 skipped, saying why, and order-10 done", results)
+	}
+	if n := svc.runs.Load(); n != 4 {
+		t.Fatalf("the handler ran %d times in all, want 4", n)
+	}
+	hist, err = client.ListAudit(ctx, &adminv1.ListAuditRequest{Method: doMethod, Key: "order-10"})
+	if es := hist.GetEntries(); err != nil || len(es) != 1 || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FINISH || es[0].GetReason() != "after the outage" {
+		t.Fatalf("order-10's history: %v, %v; want its finish, with the reason", hist, err)
+	}
+	if hist, err := client.ListAudit(ctx, &adminv1.ListAuditRequest{Method: doMethod, Key: "order-8"}); err != nil || len(hist.GetEntries()) != 0 {
+		t.Fatalf("order-8's history: %v, %v; want none: it was skipped", hist, err)
+	}
+	_, err = w.serve(t, st, allowAll).FinishKeys(ctx, &adminv1.FinishKeysRequest{Selection: sel, Limit: 1, Reason: "r"})
+	wantCode(t, err, codes.Unimplemented)
 }

@@ -121,25 +121,78 @@ func (s *Server) outcome(method string, o *store.Outcome) (*adminv1.Outcome, err
 		raw(rec.Payload, noteUnknown)
 		return out, nil
 	}
-	var msg proto.Message
-	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil {
-		msg = mt.New().Interface()
-	} else {
-		msg = dynamicpb.NewMessage(md.Output())
-	}
-	v := &structpb.Value{}
-	err = proto.Unmarshal(rec.Payload, msg)
-	if err == nil {
-		var js []byte
-		js, err = protojson.Marshal(msg)
-		if err == nil {
-			err = protojson.Unmarshal(js, v)
-		}
-	}
+	v, err := decodeJSON(md.Output(), rec.Payload)
 	if err != nil {
 		raw(rec.Payload, noteUnreadable)
 		return out, err
 	}
 	out.Result = &adminv1.Outcome_Response{Response: v}
 	return out, nil
+}
+
+// decodeJSON decodes b as a message of type d, rendered as protobuf's JSON
+// mapping: with the type's generated code when the server links it in,
+// else from its descriptor.
+func decodeJSON(d protoreflect.MessageDescriptor, b []byte) (*structpb.Value, error) {
+	var msg proto.Message
+	if mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName()); err == nil {
+		msg = mt.New().Interface()
+	} else {
+		msg = dynamicpb.NewMessage(d)
+	}
+	if err := proto.Unmarshal(b, msg); err != nil {
+		return nil, err
+	}
+	js, err := protojson.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	v := &structpb.Value{}
+	if err := protojson.Unmarshal(js, v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// The notes of a request returned raw.
+const (
+	noteRequestUnknown    = "the server does not know the method's request type (its generated Go package is not linked into the server); raw is the request as kept"
+	noteRequestUnreadable = "the kept request cannot be decoded with the method's request type; raw is the request as kept"
+)
+
+// request returns the request ki keeps, as the service shows it: the one
+// recorded with its outcome (idem.MethodPolicy.KeepRequest), else the one
+// kept for a finisher; nil when it keeps none. The error is the one that
+// kept it from being decoded, for the log.
+func (s *Server) request(ki store.KeyInfo) (*adminv1.Request, error) {
+	var (
+		b      []byte
+		method string
+	)
+	switch {
+	case ki.Outcome != nil && !ki.Outcome.NotCached:
+		rec, err := record.Decode(ki.Outcome.Body)
+		if err != nil || len(rec.Request) == 0 {
+			return nil, nil // an unreadable outcome is the outcome's to report
+		}
+		b, method = rec.Request, ki.Scope.Method
+	case ki.Call != nil && len(ki.Call.Request) > 0:
+		b, method = ki.Call.Request, ki.Call.Method
+	default:
+		return nil, nil
+	}
+	r := &adminv1.Request{}
+	md := s.methods.find(method)
+	if md == nil {
+		r.Body, r.Note = &adminv1.Request_Raw{Raw: b}, noteRequestUnknown
+		return r, nil
+	}
+	r.RequestType = string(md.Input().FullName())
+	v, err := decodeJSON(md.Input(), b)
+	if err != nil {
+		r.Body, r.Note = &adminv1.Request_Raw{Raw: b}, noteRequestUnreadable
+		return r, err
+	}
+	r.Body = &adminv1.Request_Decoded{Decoded: v}
+	return r, nil
 }

@@ -25,16 +25,47 @@ var errBadToken = errors.New("page token is invalid, or was issued for another f
 // tokens signs and opens page tokens with one key.
 type tokens struct{ key []byte }
 
-func (t tokens) mac(f store.KeyFilter, cursor string) []byte {
+// A listing is what a page token is bound to: its writeTo writes what
+// selects its entries, which no other listing writes alike.
+type listing interface{ writeTo(h hash.Hash) }
+
+// keyListing is a ListKeys filter, or a GetKeyStats one.
+type keyListing store.KeyFilter
+
+func (f keyListing) writeTo(h hash.Hash) { writeFilter(h, store.KeyFilter(f)) }
+
+// auditListing is a ListAudit filter. Its first byte, 2, is one that no
+// keyListing writes first (writeFilter writes 0 or 1), so that a token of
+// one listing is never taken for the other's.
+type auditListing store.AuditFilter
+
+func (f auditListing) writeTo(h hash.Hash) {
+	h.Write([]byte{2})
+	if f.AllTenants {
+		h.Write([]byte{1})
+		f.Tenant = ""
+	} else {
+		h.Write([]byte{0})
+	}
+	writeString(h, f.Tenant)
+	writeString(h, f.Method)
+	writeString(h, f.Key)
+	for _, tm := range [...]int64{f.Since.UnixNano(), f.Until.UnixNano()} {
+		writeInt(h, tm)
+	}
+	writeInt(h, boolInt(f.Since.IsZero())<<1|boolInt(f.Until.IsZero()))
+}
+
+func (t tokens) mac(f listing, cursor string) []byte {
 	m := hmac.New(sha256.New, t.key)
 	m.Write([]byte{tokenVersion})
-	writeFilter(m, f)
+	f.writeTo(m)
 	writeString(m, cursor)
 	return m.Sum(nil)
 }
 
 // seal returns the page token of cursor, listed with f; "" for "".
-func (t tokens) seal(f store.KeyFilter, cursor string) string {
+func (t tokens) seal(f listing, cursor string) string {
 	if cursor == "" {
 		return ""
 	}
@@ -44,7 +75,7 @@ func (t tokens) seal(f store.KeyFilter, cursor string) string {
 
 // open returns the cursor of token, which must have been sealed with f;
 // "" for "".
-func (t tokens) open(f store.KeyFilter, token string) (string, error) {
+func (t tokens) open(f listing, token string) (string, error) {
 	if token == "" {
 		return "", nil
 	}

@@ -42,11 +42,16 @@ func init() {
 // from its protobuf descriptor, which server reflection reads too.
 func RegisterAdmin(s grpc.ServiceRegistrar, srv *admin.Server) {
 	rpcs := map[protoreflect.Name]func(fullMethod string) grpc.MethodHandler{
-		"ListKeys":  adminMethod(srv.ListKeys),
-		"GetKey":    adminMethod(srv.GetKey),
-		"ForgetKey": adminMethod(srv.ForgetKey),
-		"SettleKey": adminMethod(srv.SettleKey),
-		"FinishKey": adminMethod(srv.FinishKey),
+		"ListKeys":    adminMethod(srv.ListKeys),
+		"GetKey":      adminMethod(srv.GetKey),
+		"ForgetKey":   adminMethod(srv.ForgetKey),
+		"SettleKey":   adminMethod(srv.SettleKey),
+		"FinishKey":   adminMethod(srv.FinishKey),
+		"ListAudit":   adminMethod(srv.ListAudit),
+		"GetKeyStats": adminMethod(srv.GetKeyStats),
+		"ForgetKeys":  adminMethod(srv.ForgetKeys),
+		"SettleKeys":  adminMethod(srv.SettleKeys),
+		"FinishKeys":  adminMethod(srv.FinishKeys),
 	}
 	sd := adminv1.File_idem_admin_v1_admin_proto.Services().ByName("AdminService")
 	desc := &grpc.ServiceDesc{
@@ -107,6 +112,9 @@ func grpcCaller(ctx context.Context) adminwire.Caller {
 	md, _ := metadata.FromIncomingContext(ctx)
 	c := adminwire.Caller{Header: md}
 	if p, ok := peer.FromContext(ctx); ok {
+		if p.Addr != nil {
+			c.Peer = p.Addr.String()
+		}
 		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
 			c.TLS = &info.State
 		}

@@ -12,8 +12,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -49,33 +51,8 @@ func (s *benchService) Maybe(ctx context.Context, req *testv1.MaybeRequest) (*te
 //
 //	go test -run '^$' -bench Unary -benchmem ./interceptor/
 func BenchmarkUnary(b *testing.B) {
-	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(newEngine(b, postgres.New(pool)))))
-	testv1.RegisterTestServiceServer(srv, &benchService{pool: pool})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	b.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close() })
-	client := testv1.NewTestServiceClient(conn)
+	pool := benchPool(b)
+	client := benchServer(b, pool)
 	req := &testv1.MaybeRequest{Value: "v"}
 	if _, err := client.Maybe(withKey("done"), req); err != nil {
 		b.Fatal(err)
@@ -96,6 +73,80 @@ func BenchmarkUnary(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					if _, err := client.Maybe(bc.ctx(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// benchPool returns a pool of 16 connections to a database of its own,
+// with the table effects.
+func benchPool(b *testing.B) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, key text, value text)`); err != nil {
+		b.Fatal(err)
+	}
+	return pool
+}
+
+// benchServer serves benchService under idem, with opts, on a store on
+// pool, and returns a client of it.
+func benchServer(b *testing.B, pool *pgxpool.Pool, opts ...idem.Option) testv1.TestServiceClient {
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(idemtest.NewEngine(b, postgres.New(pool), opts...))))
+	testv1.RegisterTestServiceServer(srv, &benchService{pool: pool})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	b.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	return testv1.NewTestServiceClient(conn)
+}
+
+// BenchmarkReplayCounts compares, in one run, replays of 1024 recorded
+// keys in turn with the replays counted (the default: in memory, written
+// in batches) and not (idem.WithReplayCounts(false)): what counting costs
+// a replay, the batches' writes included.
+//
+//	go test -run '^$' -bench ReplayCounts -benchmem ./interceptor/
+func BenchmarkReplayCounts(b *testing.B) {
+	pool := benchPool(b)
+	const keys = 1024
+	req := &testv1.MaybeRequest{Value: "v"}
+	for _, bc := range []struct {
+		name    string
+		counted bool
+	}{{"counted", true}, {"uncounted", false}} {
+		client := benchServer(b, pool, idem.WithReplayCounts(bc.counted))
+		for i := range keys {
+			if _, err := client.Maybe(withKey(fmt.Sprint(bc.name, i)), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(4) // 8 concurrent callers on 2 cores
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := client.Maybe(withKey(fmt.Sprint(bc.name, seq.Add(1)%keys)), req); err != nil {
 						b.Error(err)
 						return
 					}

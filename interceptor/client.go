@@ -27,6 +27,16 @@ import (
 // is. grpc-go's retries resend that copy's bytes, so every attempt carries
 // the same field and metadata.
 //
+// When the key is one the interceptor made for the call (a new one, or the
+// child key of a request marked as a first attempt), it also marks the
+// call as the key's first attempt, with metadata [idem.AttemptHeader] 1
+// (unless the caller set that metadata itself), so that a method in
+// idem.ModeAuto claims it without reading first. The retries below it
+// send that mark again, and their own beside it (grpc-go's retryPolicy
+// grpc-previous-rpc-attempts, go-grpc-middleware's x-retry-attempt),
+// which the server takes over the first attempt's. A key the caller chose
+// gets no mark: the call may be a retry of the caller's own.
+//
 // Streaming calls are not intercepted: idem's server interceptor handles
 // unary calls only, so a stream's metadata passes through untouched.
 func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientInterceptor {
@@ -35,7 +45,7 @@ func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientIntercept
 		ctx, opts = trackAttempts(ctx, opts)
 		md, _ := metadata.FromOutgoingContext(ctx)
 		sent := md.Get(idem.KeyHeader)
-		send, keys, err := k.For(ctx, method, req, sent)
+		send, keys, first, err := k.For(ctx, method, req, sent)
 		if err != nil {
 			var ie *idem.Error
 			if errors.As(err, &ie) {
@@ -43,12 +53,16 @@ func UnaryClientInterceptor(opts ...idem.ClientOption) grpc.UnaryClientIntercept
 			}
 			return err
 		}
-		if !slices.Equal(keys, sent) {
+		mark := first && len(md.Get(idem.AttemptHeader)) == 0
+		if !slices.Equal(keys, sent) || mark {
 			md = md.Copy()
 			if len(keys) == 0 {
 				md.Delete(idem.KeyHeader)
 			} else {
 				md.Set(idem.KeyHeader, keys...)
+			}
+			if mark {
+				md.Set(idem.AttemptHeader, "1")
 			}
 			ctx = metadata.NewOutgoingContext(ctx, md)
 		}

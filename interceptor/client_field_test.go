@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/transport"
@@ -108,7 +109,7 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 // interceptor hands a handler of Do under key.
 func keyedHandlerContext(t *testing.T, key string) context.Context {
 	t.Helper()
-	e := newEngine(t, memory.New())
+	e := idemtest.NewEngine(t, memory.New())
 	got := make(chan context.Context, 1)
 	call := transport.Call{Method: methodDo, Keys: []string{key}, Request: &testv1.DoRequest{Value: "parent"}}
 	_, err := transport.Handle(t.Context(), e, call, func(ctx context.Context) (transport.Reply, error) {
@@ -299,7 +300,7 @@ func TestClientNeverForwardsTheRequestFieldKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	child := callKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1)
+	child := idemtest.CallKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1)
 	as := downRec.of(methodDo)
 	if len(as) != 1 {
 		t.Fatalf("downstream saw %d calls, want 1", len(as))

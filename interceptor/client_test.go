@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
@@ -145,7 +146,7 @@ func serveWith(t *testing.T, pool *pgxpool.Pool, impl testv1.TestServiceServer, 
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		rec.unary,
 		recovery.UnaryServerInterceptor(),
-		interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(pool, storeOpts...), opts...)),
+		interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, postgres.New(pool, storeOpts...), opts...)),
 	))
 	testv1.RegisterTestServiceServer(srv, impl)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -530,7 +531,7 @@ func (r *relay) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoRespon
 	return &testv1.DoResponse{Value: req.GetValue()}, nil
 }
 
-// TestClientDerivesChildKeys: a keyed handler's calls get keys derived from
+// TestClientDerivesChildKeys: a keyed handler's calls get keys idemtest.Derived from
 // its request's, whether that key came in the metadata or in the request's
 // request_id, the same on every execution; each downstream call carries its
 // child key in its metadata and in its own request_id.
@@ -571,10 +572,10 @@ func testClientDerivesChildKeys(t *testing.T, via string) {
 
 	scope := store.Scope{Method: methodDo, Key: parent}
 	want := []string{
-		callKey(scope, methodDo, 1),
-		callKey(scope, methodDo, 2),
-		stepKey(scope, "named"),
-		callKey(scope, methodDo, 3),
+		idemtest.CallKey(scope, methodDo, 1),
+		idemtest.CallKey(scope, methodDo, 2),
+		idemtest.StepKey(scope, "named"),
+		idemtest.CallKey(scope, methodDo, 3),
 	}
 	var got, fields []string
 	for _, a := range downRec.of(methodDo) {
@@ -583,7 +584,7 @@ func testClientDerivesChildKeys(t *testing.T, via string) {
 	}
 	wantBoth := append(slices.Clone(want), want...)
 	if !slices.Equal(got, wantBoth) {
-		t.Fatalf("downstream saw keys\n%q\nwant the derived sequence twice\n%q", got, wantBoth)
+		t.Fatalf("downstream saw keys\n%q\nwant the idemtest.Derived sequence twice\n%q", got, wantBoth)
 	}
 	if !slices.Equal(fields, wantBoth) {
 		t.Errorf("downstream requests carried request_id\n%q\nwant their child keys\n%q", fields, wantBoth)
@@ -737,7 +738,7 @@ func TestClientChildKeysAreScopedByTenantAndMethod(t *testing.T) {
 	seen := map[string]bool{}
 	for i, op := range ops {
 		scope := store.Scope{Tenant: op.tenant, Method: op.method, Key: parent}
-		want := []string{callKey(scope, methodDo, 1), stepKey(scope, "charge")}
+		want := []string{idemtest.CallKey(scope, methodDo, 1), idemtest.StepKey(scope, "charge")}
 		if got := up.child(op.tenant, op.method); got != want[1] {
 			t.Errorf("%v: ChildKey(ctx, \"charge\") = %s, want %s", op, got, want[1])
 		}
@@ -823,7 +824,7 @@ func TestClientNeverForwardsTheRequestKey(t *testing.T) {
 		t.Errorf("Maybe with ContextWithKey received %s, want refund-1", k)
 	}
 	child := onlyKey(t, downRec.of(methodDo)[0])
-	if want := callKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1); child != want {
+	if want := idemtest.CallKey(store.Scope{Method: methodDo, Key: parent}, methodDo, 1); child != want {
 		t.Errorf("Do received key %s, want the child key %s", child, want)
 	}
 	// Read and the first Maybe ran without a key, Do under its child key.

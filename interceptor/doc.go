@@ -99,4 +99,10 @@
 // interceptor, idemconnect.NewRetryInterceptor, which returns such a
 // replay at once. Streaming calls are not intercepted by the client
 // interceptor and pass through untouched.
+//
+// With a key it made, the client interceptor marks the call as the key's
+// first attempt (metadata idem.AttemptHeader, 1), for servers whose
+// methods are in idem.ModeAuto; both retriers add their own mark of a
+// retry to the attempts after the first (grpc-previous-rpc-attempts,
+// x-retry-attempt), which the server takes over the first attempt's.
 package interceptor

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -220,8 +221,8 @@ func readOnlyUser(t *testing.T) func(pool *pgxpool.Pool) store.Store {
 // it.
 func TestInternalErrorsStayInTheLog(t *testing.T) {
 	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool),
-		idem.WithTenant(tenantFromMetadata),
+	intercept := interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, postgres.New(e.pool),
+		idem.WithTenant(idemtest.TenantFromHeader),
 		idem.WithLogger(e.log.logger())))
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	call := func(key string, handler grpc.UnaryHandler) error {

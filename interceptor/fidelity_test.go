@@ -3,7 +3,6 @@ package interceptor_test
 import (
 	"context"
 	"io"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
@@ -35,89 +35,6 @@ func wantExpires(t *testing.T, md metadata.MD, want time.Time) time.Time {
 	return got
 }
 
-// The headers and trailers a handler sets are recorded with its outcome
-// and replayed with it, with a response or an error; the key's expiry is
-// told on the first answer and on every replay.
-func TestResponseMetadataIsReplayed(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env) {
-		e.svc.setHook(func(ctx context.Context, value string) error {
-			_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-id", "ch_1", "x-multi", "a", "x-multi", "b"))
-			_ = grpc.SetTrailer(ctx, metadata.Pairs("x-ledger", "l-9"))
-			if value == "bad" {
-				return status.Error(codes.InvalidArgument, "bad value")
-			}
-			return nil
-		})
-		for _, value := range []string{"ok", "bad"} {
-			key := "k-" + value
-			var h1, t1, h2, t2 metadata.MD
-			_, err1 := e.client.Do(withKey(key), &testv1.DoRequest{Value: value}, grpc.Header(&h1), grpc.Trailer(&t1))
-			_, err2 := e.client.Do(withKey(key), &testv1.DoRequest{Value: value}, grpc.Header(&h2), grpc.Trailer(&t2))
-			if status.Code(err1) != status.Code(err2) {
-				t.Fatalf("%s: first %v, replay %v", value, err1, err2)
-			}
-			if got := h2.Get(idem.ReplayedHeader); len(got) != 1 {
-				t.Fatalf("%s: the second call was not a replay (%v)", value, h2)
-			}
-			for _, k := range []string{"x-charge-id", "x-multi"} {
-				if a, b := h1.Get(k), h2.Get(k); len(a) == 0 || !equal(a, b) {
-					t.Errorf("%s: header %s first %v, replayed %v", value, k, a, b)
-				}
-			}
-			if a, b := t1.Get("x-ledger"), t2.Get("x-ledger"); len(a) != 1 || !equal(a, b) {
-				t.Errorf("%s: trailer x-ledger first %v, replayed %v", value, a, b)
-			}
-			first := wantExpires(t, h1, time.Now().Add(24*time.Hour))
-			if again := wantExpires(t, h2, first); !again.Equal(first) {
-				t.Errorf("%s: the replay says the key expires at %v, the first answer %v", value, again, first)
-			}
-		}
-		if n := e.svc.count(); n != 2 {
-			t.Errorf("%d executions, want 2", n)
-		}
-	})
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// A request field marked (idem.v1.field).key carries the key when the
-// metadata does not; the two must agree when both do.
-func TestKeyFromRequestField(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env) {
-		req := &testv1.DoRequest{Value: "v", RequestId: "req-1"}
-		if _, err := e.client.Do(context.Background(), req); err != nil {
-			t.Fatalf("key in the request only: %v", err)
-		}
-		var header metadata.MD
-		if _, err := e.client.Do(context.Background(), req, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
-			t.Fatalf("retry with the key in the request: %v (header %v), want a replay", err, header)
-		}
-		header = nil
-		if _, err := e.client.Do(withKey("req-1"), req, grpc.Header(&header)); err != nil || len(header.Get(idem.ReplayedHeader)) != 1 {
-			t.Fatalf("retry with the same key in both: %v, want a replay", err)
-		}
-		_, err := e.client.Do(withKey("other"), req)
-		if st := wantCode(t, err, codes.InvalidArgument); !strings.Contains(st.Message(), "request_id") {
-			t.Errorf("conflicting keys: %q does not name the field", st.Message())
-		}
-		_, err = e.client.Do(context.Background(), &testv1.DoRequest{Value: "v", RequestId: "not a key"})
-		wantCode(t, err, codes.InvalidArgument)
-		if n := e.svc.count(); n != 1 {
-			t.Errorf("%d executions, want 1", n)
-		}
-	})
-}
-
 // A method's scope names its keys instead of its full name, and its TTL
 // overrides the store's.
 func TestMethodScopeAndTTL(t *testing.T) {
@@ -134,8 +51,8 @@ func TestMethodScopeAndTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantExpires(t, header, start.Add(time.Second))
-		if want := stepKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
-			t.Errorf("child key %s, want %s, derived from the method's scope", child, want)
+		if want := idemtest.StepKey(store.Scope{Method: "idem.test.Do", Key: "k"}, "step"); child != want {
+			t.Errorf("child key %s, want %s, idemtest.Derived from the method's scope", child, want)
 		}
 		if e.pool != nil {
 			if n := e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE method = 'idem.test.Do' AND key = 'k'`); n != 1 {
@@ -145,7 +62,7 @@ func TestMethodScopeAndTTL(t *testing.T) {
 		// Let the key expire: on PostgreSQL by the database's clock, on
 		// store/memory by moving its clock past the second.
 		if e.pool != nil {
-			waitFor(t, 10*time.Second, func() bool {
+			idemtest.WaitFor(t, 10*time.Second, func() bool {
 				return e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE method = 'idem.test.Do' AND key = 'k' AND expires_at < now()`) == 1
 			})
 		} else {

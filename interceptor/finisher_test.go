@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/fingerprint"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
@@ -42,7 +43,7 @@ type provider struct {
 var providerKeys = transport.NewOutgoingKeys()
 
 func (p *provider) charge(ctx context.Context) string {
-	_, keys, _ := providerKeys.For(ctx, doMethod, nil, nil)
+	_, keys, _, _ := providerKeys.For(ctx, doMethod, nil, nil)
 	key := keys[0]
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,7 +128,7 @@ func newFinishable(t *testing.T, mem bool, fopts []idem.FinisherOption, ics ...g
 	outcomes := &outcomeLog{}
 	opts := []idem.Option{
 		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true, FinishHeaders: []string{"x-user"}}),
-		idem.WithTenant(tenantFromMetadata),
+		idem.WithTenant(idemtest.TenantFromHeader),
 		idem.WithReportHook(outcomes.hook),
 	}
 	var st store.Store
@@ -142,7 +143,7 @@ func newFinishable(t *testing.T, mem bool, fopts []idem.FinisherOption, ics ...g
 	}
 	e := newEnv(t, s)
 	log := &logBuffer{}
-	engine := newEngine(t, st, append(opts, idem.WithLogger(log.logger()))...)
+	engine := idemtest.NewEngine(t, st, append(opts, idem.WithLogger(log.logger()))...)
 	fopts = append([]idem.FinisherOption{idem.WithMaxAttempts(3)}, fopts...)
 	c := newFinisher(t, engine, fopts, e.svc, ics...)
 	return &finishable{env: e, finisher: c, engine: engine, store: st, outcomes: outcomes, finisherLog: log}
@@ -230,7 +231,7 @@ func TestFinishersAndALateRetryRace(t *testing.T) {
 			}
 			// The run holds until the other two contenders have
 			// met it and given up.
-			if !eventually(30*time.Second, func() bool { return met.Load() >= 2 }) {
+			if !idemtest.Eventually(30*time.Second, func() bool { return met.Load() >= 2 }) {
 				return status.Error(codes.Internal, "the other contenders never met the run")
 			}
 			finishRuns.Add(1)
@@ -544,14 +545,14 @@ func TestFinisherSetsAsideARequestThatDoesNotDecode(t *testing.T) {
 // build their own store.
 var finishableOpts = []idem.Option{
 	idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
-	idem.WithTenant(tenantFromMetadata),
+	idem.WithTenant(idemtest.TenantFromHeader),
 }
 
 // newFinisherOn returns a finisher of e's service on st, configured by
 // opts as newFinisher does, logging to log.
 func newFinisherOn(t *testing.T, e *env, st store.Store, log *logBuffer, opts ...idem.FinisherOption) *idem.Finisher {
 	t.Helper()
-	engine := newEngine(t, st, append(slices.Clone(finishableOpts), idem.WithLogger(log.logger()))...)
+	engine := idemtest.NewEngine(t, st, append(slices.Clone(finishableOpts), idem.WithLogger(log.logger()))...)
 	return newFinisher(t, engine, opts, e.svc)
 }
 

@@ -3,14 +3,9 @@ package interceptor_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,15 +17,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
@@ -53,8 +47,6 @@ type testService struct {
 	mu         sync.Mutex
 	executions int64
 	hook       func(ctx context.Context, value string) error
-	// requestIDs holds the request_id of each request Do ran with.
-	requestIDs []string
 }
 
 func (s *testService) execute(ctx context.Context, value string) (int64, error) {
@@ -85,9 +77,6 @@ func (s *testService) execute(ctx context.Context, value string) (int64, error) 
 }
 
 func (s *testService) Do(ctx context.Context, req *testv1.DoRequest) (*testv1.DoResponse, error) {
-	s.mu.Lock()
-	s.requestIDs = append(s.requestIDs, req.GetRequestId())
-	s.mu.Unlock()
 	n, err := s.execute(ctx, req.GetValue())
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" && req.GetTraceId() == "mapped" {
 		return nil, status.Error(codes.AlreadyExists, "the effect exists")
@@ -223,7 +212,7 @@ func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 	t.Helper()
 	svc := &testService{pool: pool}
 	log := &logBuffer{}
-	e := newEngine(t, st, append([]idem.Option{idem.WithTenant(tenantFromMetadata), idem.WithLogger(log.logger())}, s.opts...)...)
+	e := idemtest.NewEngine(t, st, append([]idem.Option{idem.WithTenant(idemtest.TenantFromHeader), idem.WithLogger(log.logger())}, s.opts...)...)
 	arrive := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		svc.arrived.Add(1)
 		return h(ctx, req)
@@ -234,39 +223,8 @@ func serveEnv(t *testing.T, s setup, pool *pgxpool.Pool, st store.Store) *env {
 		interceptor.UnaryServerInterceptor(e),
 	), grpc.ChainStreamInterceptor(interceptor.StreamServerInterceptor()))
 	testv1.RegisterTestServiceServer(srv, svc)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := grpctest.Dial(t, grpctest.Start(t, srv))
 	return &env{pool: pool, svc: svc, client: testv1.NewTestServiceClient(conn), log: log}
-}
-
-// newEngine returns an engine on st with opts, failing the test when
-// idem.New refuses them.
-func newEngine(t testing.TB, st store.Store, opts ...idem.Option) *idem.Engine {
-	t.Helper()
-	e, err := idem.New(st, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-// tenantFromMetadata is the tenant of newEnv's servers: the x-tenant-id
-// header, when it has exactly one value.
-func tenantFromMetadata(_ context.Context, header map[string][]string) (string, error) {
-	if v := header["x-tenant-id"]; len(v) == 1 {
-		return v[0], nil
-	}
-	return "", nil
 }
 
 // logBuffer keeps what a logger wrote, for tests to search.
@@ -334,93 +292,8 @@ func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
 	return st
 }
 
-// rawCodec records the bytes of every response it decodes, so tests can
-// compare what crossed the wire.
-type rawCodec struct {
-	encoding.CodecV2
-	mu   sync.Mutex
-	seen [][]byte
-}
-
-func newRawCodec() *rawCodec { return &rawCodec{CodecV2: encoding.GetCodecV2("proto")} }
-
-func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	c.mu.Lock()
-	c.seen = append(c.seen, data.Materialize())
-	c.mu.Unlock()
-	return c.CodecV2.Unmarshal(data, v)
-}
-
-func (c *rawCodec) last() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.seen[len(c.seen)-1]
-}
-
 func deadline(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// callKey is the key idem gives the n-th call (from 1) to method that the
-// keyed request parent makes without naming a step: the hex-encoded SHA-256
-// of parent's tenant, method and key, "call", method and n in decimal, each
-// part preceded by its length in bytes as a big-endian uint64. It is
-// computed here from that documented layout rather than by idem's own code,
-// so that a change of the layout shows.
-func callKey(parent store.Scope, method string, n int) string {
-	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
-}
-
-// stepKey is the child key of the step named step of the keyed request
-// parent, as idem.ChildKey documents it: the hex-encoded SHA-256 of
-// parent's tenant, method and key and step, each part preceded by its
-// length as callKey's are.
-func stepKey(parent store.Scope, step string) string {
-	return derived(parent.Tenant, parent.Method, parent.Key, step)
-}
-
-// derived is the hex-encoded SHA-256 of parts, each preceded by its length
-// in bytes as a big-endian uint64.
-func derived(parts ...string) string {
-	h := sha256.New()
-	var l [8]byte
-	for _, s := range parts {
-		binary.BigEndian.PutUint64(l[:], uint64(len(s)))
-		h.Write(l[:])
-		h.Write([]byte(s))
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// grpcError is err as the gRPC interceptors send it: an *idem.Error as its
-// status, any other error as it is.
-func grpcError(err error) error {
-	if ie := (*idem.Error)(nil); errors.As(err, &ie) {
-		return status.ErrorProto(ie.Status())
-	}
-	return err
-}
-
-// eventually polls cond until it holds or timeout has passed, and reports
-// whether it held. It is for waits on a condition that nothing signals; its
-// answer does not depend on how often it polls.
-func eventually(timeout time.Duration, cond func() bool) bool {
-	limit := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(limit) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	if !eventually(timeout, cond) {
-		t.Fatalf("gave up waiting after %v", timeout)
-	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
@@ -142,7 +143,7 @@ func TestLeasedLiveLease(t *testing.T) {
 	// of a lease at most, so twelve beats take four leases. Every duplicate
 	// meanwhile is refused, none takes over.
 	for beat := range int64(12) {
-		waitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > beat })
+		idemtest.WaitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > beat })
 		if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 			t.Fatalf("duplicate while the heartbeat runs: %v", err)
 		}
@@ -394,7 +395,7 @@ func TestLeasedHeartbeatAfterRecord(t *testing.T) {
 	e.svc.setHook(func(context.Context, string) error {
 		// Let the heartbeat beat.
 		before := beats.beats.Load()
-		if !eventually(10*time.Second, func() bool { return beats.beats.Load() > before }) {
+		if !idemtest.Eventually(10*time.Second, func() bool { return beats.beats.Load() > before }) {
 			return status.Error(codes.Internal, "the heartbeat never beat")
 		}
 		return nil
@@ -430,7 +431,7 @@ func settle(t *testing.T, e *env, key string) (*testv1.DoResponse, metadata.MD, 
 		header metadata.MD
 		err    error
 	)
-	if !eventually(10*time.Second, func() bool {
+	if !idemtest.Eventually(10*time.Second, func() bool {
 		header = nil
 		resp, err = e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}, grpc.Header(&header))
 		return status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse
@@ -530,7 +531,7 @@ func TestLeasedHeartbeatOutlivesClient(t *testing.T) {
 			// take four leases.
 			from := beats.beats.Load()
 			for beat := range int64(12) {
-				waitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > from+beat })
+				idemtest.WaitFor(t, 10*time.Second, func() bool { return beats.beats.Load() > from+beat })
 				if err := callErr(e, "slow"); status.Code(err) != codes.Aborted || reason(err) != idem.ReasonKeyInUse {
 					t.Fatalf("retry while the handler runs without its client: %v, want ABORTED %s", err, idem.ReasonKeyInUse)
 				}
@@ -619,7 +620,7 @@ func TestLeasedFailedRecordKeepsClaim(t *testing.T) {
 				// by store/memory's moved past it, a retry takes the call
 				// over.
 				if st.name == "postgres" {
-					waitFor(t, 10*time.Second, func() bool {
+					idemtest.WaitFor(t, 10*time.Second, func() bool {
 						return e.countRows(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND locked_until < now()`) == 1
 					})
 				} else {

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store/memory"
 )
 
@@ -77,7 +78,7 @@ func TestOutcomeOnTheFinishedCallLine(t *testing.T) {
 	log := &lineLogger{}
 	client := serveChain(t, &testService{}, []grpc.UnaryServerInterceptor{
 		logging.UnaryServerInterceptor(log, logging.WithLogOnEvents(logging.FinishCall)),
-		interceptor.UnaryServerInterceptor(newEngine(t, memory.New())),
+		interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, memory.New())),
 	})
 	for _, c := range []struct {
 		name string
@@ -138,7 +139,7 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 	var trailers trailerRecorder
 	client := serveChain(t, svc, []grpc.UnaryServerInterceptor{
 		trailers.unary,
-		interceptor.UnaryServerInterceptor(newEngine(t, memory.New(memory.WithLockTimeout(50*time.Millisecond)),
+		interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, memory.New(memory.WithLockTimeout(50*time.Millisecond)),
 			idem.WithRetryDelay(delay), idem.WithReportHook(hook))),
 	}, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
 		"name": [{"service": "idem.test.v1.TestService"}],
@@ -157,7 +158,7 @@ func TestServiceConfigRetryWaitsForThePushback(t *testing.T) {
 		first <- err
 	}()
 	// Once the first call holds the key, a duplicate finds it in use.
-	waitFor(t, 10*time.Second, func() bool { return svc.count() == 1 })
+	idemtest.WaitFor(t, 10*time.Second, func() bool { return svc.count() == 1 })
 	second := make(chan error, 1)
 	var resp *testv1.DoResponse
 	go func() {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 )
 
 // outcomes keeps what a report hook saw.
@@ -48,7 +50,7 @@ func (o *outcomes) results(mode idem.Mode) map[idem.Result]int {
 func TestOptimisticRetriesReplay(t *testing.T) {
 	var seen outcomes
 	e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	var header metadata.MD
 	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec), grpc.Header(&header))
 	if err != nil {
@@ -60,7 +62,7 @@ func TestOptimisticRetriesReplay(t *testing.T) {
 	if len(header.Get(idem.ExpiresHeader)) != 1 {
 		t.Fatalf("first response carries no %s: %v", idem.ExpiresHeader, header)
 	}
-	firstBytes := codec.last()
+	firstBytes := codec.Last()
 	if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
 		t.Fatalf("after the first call: %d effects, %d keys; want 1, 1", n, k)
 	}
@@ -71,7 +73,7 @@ func TestOptimisticRetriesReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+		if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
 			t.Fatalf("retry %d got %v, want the first response %v", i+1, again, first)
 		}
 		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
@@ -122,7 +124,7 @@ func TestOptimisticDuplicatesShareOneExecution(t *testing.T) {
 	const callers = 12
 	e := newEnv(t, setup{poolSize: callers, opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic})}})
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never ran")
 		}
 		return nil
@@ -174,7 +176,7 @@ func TestOptimisticModeFromTheProto(t *testing.T) {
 }
 
 // TestOptimisticHandlerFailingOnTheKeyReplays runs a handler in optimistic
-// mode whose write has a unique id derived from the key (a unique index on
+// mode whose write has a unique id idemtest.Derived from the key (a unique index on
 // effects.key) and which returns the driver's error as it is, UNKNOWN to
 // idem's classifier. A retry's write fails with a unique violation, as does
 // a concurrent duplicate's once the first call commits: each gets the first
@@ -184,12 +186,12 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		var seen outcomes
 		e := newEnv(t, setup{opts: []idem.Option{idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}), idem.WithReportHook(seen.hook)}})
 		uniqueEffects(t, e)
-		codec := newRawCodec()
+		codec := grpctest.NewRawCodec()
 		first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 		if err != nil {
 			t.Fatal(err)
 		}
-		firstBytes := codec.last()
+		firstBytes := codec.Last()
 		const retries = 3
 		for i := range retries {
 			var header metadata.MD
@@ -197,7 +199,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if err != nil {
 				t.Fatalf("retry %d: %v, want the first response", i+1, err)
 			}
-			if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
+			if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
 				t.Fatalf("retry %d got %v, want the first response %v", i+1, again, first)
 			}
 			if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
@@ -218,7 +220,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		// Every caller starts its write before the first commits: the
 		// duplicates' writes wait for the first's row, then fail.
 		e.svc.setHook(func(context.Context, string) error {
-			if !eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
+			if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.count() >= callers }) {
 				return status.Error(codes.Internal, "the duplicates never ran")
 			}
 			return nil
@@ -262,7 +264,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if _, err := e.client.Do(withKey(key), &testv1.DoRequest{Value: "v"}); err != nil {
 				t.Fatal(err)
 			}
-			if !eventually(30*time.Second, idle) {
+			if !idemtest.Eventually(30*time.Second, idle) {
 				t.Fatal("the pool's connection never came back")
 			}
 			tracer.reset()
@@ -273,7 +275,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 			if resp.GetExecution() != int64(2*i+1) {
 				t.Fatalf("retry of %s answered execution %d, want %d", key, resp.GetExecution(), 2*i+1)
 			}
-			if !eventually(30*time.Second, idle) {
+			if !idemtest.Eventually(30*time.Second, idle) {
 				t.Fatal("the pool's connection never came back")
 			}
 			retryTrips, retryCommits = tracer.get()
@@ -289,7 +291,7 @@ func TestOptimisticHandlerFailingOnTheKeyReplays(t *testing.T) {
 		tracer.reset()
 		_, err := e.client.Do(withKey("bad"), &testv1.DoRequest{Value: "v"})
 		wantCode(t, err, codes.InvalidArgument)
-		if !eventually(30*time.Second, idle) {
+		if !idemtest.Eventually(30*time.Second, idle) {
 			t.Fatal("the pool's connection never came back")
 		}
 		if trips, commits := tracer.get(); trips != 5 || commits != 1 {

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -88,11 +89,11 @@ func TestTenantBytesClientsCannotSend(t *testing.T) {
 	e := newEnv(t, setup{})
 	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
 	for _, leased := range []bool{false, true} {
-		opts := []idem.Option{idem.WithTenant(tenantFromMetadata)}
+		opts := []idem.Option{idem.WithTenant(idemtest.TenantFromHeader)}
 		if leased {
 			opts = append(opts, idem.WithMethodPolicy(info.FullMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute}))
 		}
-		intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool), opts...))
+		intercept := interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, postgres.New(e.pool), opts...))
 		call := func(tenant, key string, handler grpc.UnaryHandler) (any, error) {
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key, "x-tenant-id", tenant))
 			return intercept(ctx, &testv1.DoRequest{Value: "v"}, info, handler)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,8 +19,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
-	"github.com/idemkit/idem/interceptor"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/record"
 	"github.com/idemkit/idem/store/postgres"
@@ -31,7 +30,7 @@ import (
 func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	e := newEnv(t, setup{})
 	var header metadata.MD
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	resp, err := e.client.Do(withKey("k1"), &testv1.DoRequest{Value: "v"}, grpc.Header(&header), grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
@@ -63,8 +62,8 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 		t.Fatalf("recorded body %x: %+v, %v; want a record of code %d", body, rec, err, code)
 	}
 	payload := rec.Payload
-	if !bytes.Equal(payload, codec.last()) {
-		t.Fatalf("recorded payload %x, the client got %x", payload, codec.last())
+	if !bytes.Equal(payload, codec.Last()) {
+		t.Fatalf("recorded payload %x, the client got %x", payload, codec.Last())
 	}
 	recorded := new(testv1.DoResponse)
 	if err := proto.Unmarshal(payload, recorded); err != nil {
@@ -75,57 +74,22 @@ func TestFirstCallCommitsClaimEffectAndResponse(t *testing.T) {
 	}
 }
 
-func TestRetryReplaysRecordedBytes(t *testing.T) {
-	e := newEnv(t, setup{})
-	codec := newRawCodec()
-
-	first, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: "t1"}, grpc.ForceCodecV2(codec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	firstBytes := codec.last()
-	for i := range 5 {
-		var header metadata.MD
-		// A new trace id: excluded from the fingerprint, so still a retry.
-		again, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v", TraceId: fmt.Sprint("t", i+2)},
-			grpc.ForceCodecV2(codec), grpc.Header(&header))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(codec.last(), firstBytes) {
-			t.Fatalf("replay %d bytes differ from the first response:\n%x\n%x", i, codec.last(), firstBytes)
-		}
-		if !proto.Equal(again, first) {
-			t.Fatalf("replay %v, want %v", again, first)
-		}
-		if got := header.Get(idem.ReplayedHeader); len(got) != 1 || got[0] != "true" {
-			t.Fatalf("%s = %v, want [true]", idem.ReplayedHeader, got)
-		}
-	}
-	if n := e.svc.count(); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
-	if n := e.effects(t); n != 1 {
-		t.Fatalf("%d effect rows, want 1", n)
-	}
-}
-
 func TestReplayOfMapFreeResponseIsDecoded(t *testing.T) {
 	// MaybeResponse has no maps: the replay is an ordinary message that
 	// encodes to the recorded bytes.
 	e := newEnv(t, setup{})
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	first, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
 	}
-	firstBytes := codec.last()
+	firstBytes := codec.Last()
 	again, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"}, grpc.ForceCodecV2(codec))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(codec.last(), firstBytes) || !proto.Equal(again, first) {
-		t.Fatalf("replay %x (%v), want %x (%v)", codec.last(), again, firstBytes, first)
+	if !bytes.Equal(codec.Last(), firstBytes) || !proto.Equal(again, first) {
+		t.Fatalf("replay %x (%v), want %x (%v)", codec.Last(), again, firstBytes, first)
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)
@@ -143,7 +107,7 @@ func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
 	// Hold the first execution until every duplicate has reached the
 	// server while it is in flight.
 	e.svc.setHook(func(context.Context, string) error {
-		if !eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
+		if !idemtest.Eventually(30*time.Second, func() bool { return e.svc.arrived.Load() >= callers }) {
 			return status.Error(codes.Internal, "the duplicates never arrived")
 		}
 		return nil
@@ -186,24 +150,6 @@ func concurrentDuplicatesExecuteOnce(t *testing.T, e *env) {
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)
-	}
-}
-
-func TestReusedKeyWithOtherRequestIsRejected(t *testing.T) {
-	e := newEnv(t, setup{})
-	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "a"}); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "b"})
-	st := wantCode(t, err, codes.FailedPrecondition)
-	if info := errorInfo(st); info == nil || info.GetReason() != idem.ReasonKeyReused || info.GetDomain() != idem.Domain {
-		t.Fatalf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyReused)
-	}
-	if n := e.effects(t); n != 1 {
-		t.Fatalf("%d effect rows, want 1", n)
-	}
-	if n := e.countRows(t, `SELECT count(*) FROM effects WHERE value = 'b'`); n != 0 {
-		t.Fatal("the mismatched request ran")
 	}
 }
 
@@ -278,117 +224,6 @@ func TestPanicReleasesKey(t *testing.T) {
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effect rows after the retry, want 1", n)
 	}
-}
-
-func TestTenantsAreIndependent(t *testing.T) {
-	e := newEnv(t, setup{})
-	call := func(tenant, value string) (*testv1.DoResponse, error) {
-		ctx := metadata.AppendToOutgoingContext(withKey("shared"), "x-tenant-id", tenant)
-		return e.client.Do(ctx, &testv1.DoRequest{Value: value})
-	}
-	a, err := call("acme", "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Same key, another tenant, another body: its own operation, neither a
-	// replay of acme's response nor a reuse error.
-	b, err := call("globex", "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.GetExecution() == b.GetExecution() || b.GetValue() != "b" {
-		t.Fatalf("globex got %v after acme got %v", b, a)
-	}
-	if again, err := call("acme", "a"); err != nil || !proto.Equal(again, a) {
-		t.Fatalf("acme retry: %v, %v; want %v", again, err, a)
-	}
-	if n := e.effects(t); n != 2 {
-		t.Fatalf("%d effect rows, want 2", n)
-	}
-	if n := e.countRows(t, `SELECT count(DISTINCT tenant) FROM idempotency_keys WHERE key = 'shared'`); n != 2 {
-		t.Fatalf("%d tenants hold the key, want 2", n)
-	}
-}
-
-func TestKeyIsScopedByMethod(t *testing.T) {
-	e := newEnv(t, setup{})
-	if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := e.client.Maybe(withKey("k"), &testv1.MaybeRequest{Value: "v"})
-	if err != nil || resp.GetExecution() != 2 {
-		t.Fatalf("Maybe with Do's key: %v, %v; want a second execution", resp, err)
-	}
-	if n := e.keys(t); n != 2 {
-		t.Fatalf("%d keys, want 2", n)
-	}
-}
-
-func TestInvalidKeysAreRejected(t *testing.T) {
-	e := newEnv(t, setup{})
-	cases := map[string]metadata.MD{
-		"missing":    {},
-		"empty":      metadata.Pairs(idem.KeyHeader, ""),
-		"256 bytes":  metadata.Pairs(idem.KeyHeader, strings.Repeat("k", 256)),
-		"space":      metadata.Pairs(idem.KeyHeader, "a b"),
-		"two values": metadata.Pairs(idem.KeyHeader, "a", idem.KeyHeader, "b"),
-	}
-	for name, md := range cases {
-		t.Run(name, func(t *testing.T) {
-			ctx := metadata.NewOutgoingContext(context.Background(), md)
-			_, err := e.client.Do(ctx, &testv1.DoRequest{Value: "v"})
-			wantBadKey(t, err)
-		})
-	}
-	if n, k, x := e.effects(t), e.keys(t), e.svc.count(); n != 0 || k != 0 || x != 0 {
-		t.Fatalf("invalid keys left %d effects, %d keys, %d executions; want none", n, k, x)
-	}
-	// 255 bytes is the longest key accepted.
-	if _, err := e.client.Do(withKey(strings.Repeat("k", 255)), &testv1.DoRequest{Value: "v"}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestKeysClientsCannotSend covers bytes a gRPC client refuses to put in a
-// header, by calling the interceptor with crafted metadata.
-func TestKeysClientsCannotSend(t *testing.T) {
-	e := newEnv(t, setup{})
-	intercept := interceptor.UnaryServerInterceptor(newEngine(t, postgres.New(e.pool)))
-	info := &grpc.UnaryServerInfo{FullMethod: testv1.TestService_Do_FullMethodName}
-	for name, key := range map[string]string{
-		"newline":   "a\nb",
-		"tab":       "a\tb",
-		"nul":       "a\x00b",
-		"DEL":       "a\x7fb",
-		"non-ASCII": "ключ",
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idem.KeyHeader, key))
-			_, err := intercept(ctx, &testv1.DoRequest{Value: "v"}, info, func(context.Context, any) (any, error) {
-				t.Fatal("handler called with an invalid key")
-				return nil, nil
-			})
-			wantBadKey(t, err)
-		})
-	}
-	if n := e.keys(t); n != 0 {
-		t.Fatalf("%d keys written, want 0", n)
-	}
-}
-
-func wantBadKey(t *testing.T, err error) {
-	t.Helper()
-	st := wantCode(t, err, codes.InvalidArgument)
-	for _, d := range st.Details() {
-		if br, ok := d.(*errdetails.BadRequest); ok {
-			for _, v := range br.GetFieldViolations() {
-				if v.GetField() == idem.KeyHeader {
-					return
-				}
-			}
-		}
-	}
-	t.Fatalf("no BadRequest violation on %s in %v", idem.KeyHeader, st.Proto())
 }
 
 func TestMethodPolicy(t *testing.T) {
@@ -789,35 +624,5 @@ func TestLostConnectionBeforeCommitReleasesKey(t *testing.T) {
 	}
 	if n := e.effects(t); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
-	}
-}
-
-// TestHeaderKeyReachesTheRequestField: a call of a method whose request has
-// a key field (DoRequest.request_id), with the key in its metadata alone,
-// reaches its handler with the key in that field too, so that the handler
-// reads it where its request carries it; a retry that carries the key in
-// the field instead is the same request and replays.
-func TestHeaderKeyReachesTheRequestField(t *testing.T) {
-	e := newEnv(t, setup{})
-	first, err := e.client.Do(withKey("k-header"), &testv1.DoRequest{Value: "v"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var header metadata.MD
-	again, err := e.client.Do(context.Background(), &testv1.DoRequest{Value: "v", RequestId: "k-header"}, grpc.Header(&header))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(again, first) || len(header.Get(idem.ReplayedHeader)) != 1 {
-		t.Fatalf("the retry with the key in the field: %v (replayed %v), want the first response %v replayed", again, header.Get(idem.ReplayedHeader), first)
-	}
-	e.svc.mu.Lock()
-	ids := slices.Clone(e.svc.requestIDs)
-	e.svc.mu.Unlock()
-	if !slices.Equal(ids, []string{"k-header"}) {
-		t.Fatalf("the handler ran with request_id %q, want the header's key once", ids)
-	}
-	if n, k := e.effects(t), e.keys(t); n != 1 || k != 1 {
-		t.Fatalf("%d effects, %d keys; want 1, 1", n, k)
 	}
 }

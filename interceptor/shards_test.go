@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store/postgres"
 )
@@ -115,10 +116,10 @@ func TestFinisherFinishesAbandonedCallsOnEveryShard(t *testing.T) {
 	st := postgres.NewSharded(shards, shardOf)
 	opts := []idem.Option{
 		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
-		idem.WithTenant(tenantFromMetadata),
+		idem.WithTenant(idemtest.TenantFromHeader),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	engine := newEngine(t, st, opts...)
+	engine := idemtest.NewEngine(t, st, opts...)
 	finisher := newFinisher(t, engine, nil, e.svc)
 
 	// Each tenant's first run dies, as a crashed worker's would; the
@@ -189,10 +190,10 @@ func TestFinisherTakesOnWhatTheShardsThatAnsweredListed(t *testing.T) {
 	})
 	opts := []idem.Option{
 		idem.WithMethodPolicy(doMethod, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: time.Minute, Finish: true}),
-		idem.WithTenant(tenantFromMetadata),
+		idem.WithTenant(idemtest.TenantFromHeader),
 	}
 	e := serveEnv(t, setup{opts: opts}, nil, st)
-	finisher := newFinisher(t, newEngine(t, st, opts...), nil, e.svc)
+	finisher := newFinisher(t, idemtest.NewEngine(t, st, opts...), nil, e.svc)
 	var crashed sync.Map
 	e.svc.setHook(func(_ context.Context, value string) error {
 		if _, again := crashed.LoadOrStore(value, true); !again {

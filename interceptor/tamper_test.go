@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/fingerprint"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -127,14 +128,14 @@ func TestRecordsOfEarlierVersions(t *testing.T) {
 	}
 	insert(maybeMethod, "status-99", maybeReq, 99, status99)
 
-	codec := newRawCodec()
+	codec := grpctest.NewRawCodec()
 	var header metadata.MD
 	got, err := e.client.Maybe(withKey("ok"), maybeReq, grpc.ForceCodecV2(codec), grpc.Header(&header))
-	if err != nil || !proto.Equal(got, recorded) || string(codec.last()) != string(maybeBody) || len(header.Get(idem.ReplayedHeader)) != 1 {
-		t.Fatalf("replay of an earlier Maybe record: %v, %v (bytes %x), want %v (bytes %x)", got, err, codec.last(), recorded, maybeBody)
+	if err != nil || !proto.Equal(got, recorded) || string(codec.Last()) != string(maybeBody) || len(header.Get(idem.ReplayedHeader)) != 1 {
+		t.Fatalf("replay of an earlier Maybe record: %v, %v (bytes %x), want %v (bytes %x)", got, err, codec.Last(), recorded, maybeBody)
 	}
-	if _, err := e.client.Do(withKey("ok"), doReq, grpc.ForceCodecV2(codec)); err != nil || string(codec.last()) != string(doBody) {
-		t.Fatalf("replay of an earlier Do record: %v, bytes %x, want %x", err, codec.last(), doBody)
+	if _, err := e.client.Do(withKey("ok"), doReq, grpc.ForceCodecV2(codec)); err != nil || string(codec.Last()) != string(doBody) {
+		t.Fatalf("replay of an earlier Do record: %v, bytes %x, want %x", err, codec.Last(), doBody)
 	}
 	_, err = e.client.Maybe(withKey("error"), maybeReq, grpc.Header(&header))
 	if st := wantCode(t, err, codes.InvalidArgument); st.Message() != "value rejected" || len(header.Get(idem.ReplayedHeader)) != 1 {

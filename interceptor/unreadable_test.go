@@ -52,7 +52,7 @@ func TestUnreadableStepsAreDataLoss(t *testing.T) {
 		t.Errorf("log %q: want an ERROR naming the key", log)
 	}
 
-	// The operator's way out, as the README says.
+	// The operator's way out, as docs/operations.md says.
 	if _, err := e.pool.Exec(t.Context(), `DELETE FROM idempotency_keys WHERE tenant = '' AND method = $1 AND key = 'broken'`, doMethod); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@
 -- It runs in one transaction that holds an ACCESS EXCLUSIVE lock on
 -- idempotency_keys from its first statement to its commit: claims wait for
 -- it (each for at most its lock timeout, then the client retries). It
--- rewrites the table once (the UPDATE) and builds the new indexes; see the
--- README's "Upgrading" for how long that takes. Servers of an earlier version
+-- rewrites the table once (the UPDATE) and builds the new indexes; see
+-- docs/upgrading.md for how long that takes. Servers of an earlier version
 -- cannot claim keys once it has run (their ON CONFLICT names the old primary
 -- key, and fails), so replace them promptly; their leased calls in flight
 -- still record their outcomes.

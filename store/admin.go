@@ -57,18 +57,52 @@ type Admin interface {
 	// when its entry is recorded already (forget it instead), and with a
 	// *LeaseLiveError when its lease is live and o.Force is false.
 	Settle(ctx context.Context, s Scope, st *spb.Status, o SettleOptions) error
+
+	// AddAudit adds e to the store's audit trail, on its own: the entry of
+	// an action that went through another path than Forget and Settle (a
+	// finisher's run of an abandoned call, whose outcome the call's own
+	// transaction records). The store sets e.Time by its clock. It fails
+	// with an error wrapping [ErrInvalidAudit] when e breaks the rules of
+	// [AuditEntry.Validate], before it touches its storage.
+	AddAudit(ctx context.Context, e AuditEntry) error
+
+	// AuditLog returns a page of the audit trail's entries that f selects,
+	// oldest first (by their Time, then in an order of the store's own),
+	// at most f.Limit of them, after the cursor f.After, and the cursor
+	// of the next page ("" when there is none). Entries are kept for the
+	// store's audit retention, then swept as expired keys are. A filter
+	// that fails [AuditFilter.Validate] fails with its error, and a cursor
+	// the store did not make with ErrInvalidCursor.
+	AuditLog(ctx context.Context, f AuditFilter) ([]AuditEntry, string, error)
+
+	// Stats counts the entries that f selects by tenant, method and state
+	// (f.Limit and f.After are ignored), and returns the oldest of them in
+	// progress and the oldest abandoned. A filter that fails
+	// [KeyFilter.Validate] fails with its error.
+	Stats(ctx context.Context, f KeyFilter) (KeyStats, error)
 }
 
 // ForgetOptions are the options of [Admin.Forget].
 type ForgetOptions struct {
 	// Force forgets an entry whose lease is live, fencing its holder.
 	Force bool
+	// Audit, when not nil, is added to the audit trail in the same
+	// transaction as the forget, and only if the entry is forgotten: the
+	// store sets its Time, Scope, Action (ActionForget), Force, Before (the
+	// entry's state as the forget found it) and After (""). An entry that
+	// breaks [AuditEntry.Validate] fails the Forget with an error wrapping
+	// [ErrInvalidAudit], before the store touches its storage.
+	Audit *AuditEntry
 }
 
 // SettleOptions are the options of [Admin.Settle].
 type SettleOptions struct {
 	// Force settles an entry whose lease is live, fencing its holder.
 	Force bool
+	// Audit, when not nil, is added to the audit trail in the same
+	// transaction as the settle, and only if the entry is settled, as
+	// [ForgetOptions.Audit] is; After is Recorded.
+	Audit *AuditEntry
 }
 
 // retried are the codes clients are told to retry: ABORTED and
@@ -183,6 +217,14 @@ type KeyInfo struct {
 	// Call is what was kept for a finisher to run the call again; nil
 	// when nothing was.
 	Call *Call
+	// Replays counts the calls answered from the entry's recorded outcome
+	// (see [ReplayCounter]), as far as the store has written them: a
+	// store that counts in memory shows them once it has flushed them. 0
+	// when the store does not count.
+	Replays int64
+	// LastReplay is when the last counted replay was, by the clock of the
+	// server that answered it; zero when none was counted.
+	LastReplay time.Time
 }
 
 // LeaseLiveError refuses an action on an entry whose lease is live, unless

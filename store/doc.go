@@ -51,12 +51,14 @@
 //
 // # Optional parts
 //
-// A store may implement two more interfaces, which callers discover by a
-// type assertion on the Store: [Finishing], for stores that keep what a
+// A store may implement three more interfaces, which callers discover by
+// a type assertion on the Store: [Finishing], for stores that keep what a
 // finisher needs to finish a leased call whose caller is gone
-// ([LeaseRequest].Call), and [Admin], for stores that let an operator list,
-// read, forget and settle entries. The conformance suite runs the cases of
-// each exactly when the store implements it.
+// ([LeaseRequest].Call), [Admin], for stores that let an operator list,
+// read, forget and settle entries, and [ReplayCounter], for stores that
+// count each entry's replays, without a write on the replay's path, for
+// Admin to show. The conformance suite runs the cases of each exactly when
+// the store implements it (ReplayCounter's with Admin).
 //
 // # Errors
 //
@@ -86,5 +88,5 @@
 // PostgreSQL, in the same transaction as the handler's own writes. Package
 // github.com/idemkit/idem/store/memory keeps them in the memory of one
 // process, for unit tests and single-process demos. Both implement
-// [Finishing] and [Admin].
+// [Finishing], [Admin] and [ReplayCounter].
 package store

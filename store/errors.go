@@ -65,4 +65,9 @@ var (
 
 	// ErrInvalidCursor reports a page cursor the store did not make.
 	ErrInvalidCursor = errors.New("store: invalid page cursor")
+
+	// ErrInvalidAudit reports an [AuditEntry] or an [AuditFilter] that
+	// breaks the rules of its Validate method. Nothing was written or
+	// read; the same entry fails the same way again.
+	ErrInvalidAudit = errors.New("store: invalid audit entry")
 )

@@ -12,7 +12,8 @@ import (
 
 // The bounds every store enforces: of the fields of a [Scope], in bytes
 // (together they stay well within what a PostgreSQL B-tree index entry can
-// hold), of a [Step], and of the steps an entry keeps.
+// hold), of a [Step], of the steps an entry keeps, and of the fields of an
+// audit entry.
 const (
 	// MaxTenantLength, MaxMethodLength and MaxKeyLength are the longest
 	// Tenant, Method and Key of a Scope.
@@ -30,6 +31,12 @@ const (
 	// MaxStepsBytes bounds the names and results of an entry's steps,
 	// together.
 	MaxStepsBytes = 256 << 10
+
+	// MaxReasonLength is the longest Reason of an [AuditEntry].
+	MaxReasonLength = 1024
+	// MaxAuditFieldLength is the longest Operator, RequestID and Peer of
+	// an [AuditEntry].
+	MaxAuditFieldLength = 255
 )
 
 // Scope is what a claim is made for: the client's idempotency key, within
@@ -64,15 +71,21 @@ func (s Scope) Validate() error {
 }
 
 func validateField(name, v string, minLen, maxLen int) error {
+	return validateFieldAs(ErrInvalidScope, name, v, minLen, maxLen)
+}
+
+// validateFieldAs checks v, the field name, as validateField does, with an
+// error that wraps sentinel.
+func validateFieldAs(sentinel error, name, v string, minLen, maxLen int) error {
 	switch {
 	case len(v) < minLen:
-		return fmt.Errorf("%w: %s is empty", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s is empty", sentinel, name)
 	case len(v) > maxLen:
-		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", ErrInvalidScope, name, len(v), maxLen)
+		return fmt.Errorf("%w: %s is %d bytes, longer than the %d allowed", sentinel, name, len(v), maxLen)
 	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s is not valid UTF-8", sentinel, name)
 	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidScope, name)
+		return fmt.Errorf("%w: %s contains a NUL byte", sentinel, name)
 	}
 	return nil
 }
@@ -411,4 +424,33 @@ type AbandonedCall struct {
 	// again; a finisher takes it over and records it as failed, so that it
 	// stops being listed and its retries get an answer.
 	Unreadable error
+}
+
+// ReplayCounter is implemented by stores that count, per entry, the calls
+// answered from its recorded outcome, and when the last was, for an
+// operator to see ([KeyInfo].Replays and LastReplay): whether a call was
+// retried, and how often. idem's engine calls CountReplay for every
+// replay, unless told not to (idem.WithReplayCounts). Callers discover it
+// by a type assertion on the [Store].
+//
+// The counts are a record for operators, never a decision: a store may
+// keep them in memory and write them in batches, so that a replay costs
+// no write, and may lose those it has not written yet (a crash, a write
+// that keeps failing). An entry deleted, taken over afresh after it
+// expired, or not recorded, by the time its counts are written does not
+// get them: writing them then changes nothing and is no error. An entry
+// taken over afresh starts from no replays.
+type ReplayCounter interface {
+	// CountReplay counts one replay of s's entry, now, by the store's
+	// clock. It returns at once, without I/O and without waiting for any:
+	// it is on the replay's path. It refuses nothing: a scope the store
+	// cannot hold is never replayed.
+	CountReplay(s Scope)
+
+	// FlushReplays writes the counts the store keeps in memory, and
+	// returns once they are written, or fail to be, or ctx ends. Counts
+	// it could not write are kept for the next flush, as far as the
+	// store's bound on them allows. Call it at shutdown, before closing
+	// what the store writes to, so that the last counts are not lost.
+	FlushReplays(ctx context.Context) error
 }

@@ -41,5 +41,7 @@
 // through the same handler chain and [Handle].
 //
 // Package interceptor (grpc-go) is the shortest complete example;
-// idemconnect shows an HTTP wire with three protocols.
+// idemconnect shows an HTTP wire with three protocols. Test an adapter with
+// the conformance suite of package transporttest, which every adapter of
+// idem's passes.
 package transport

@@ -73,12 +73,12 @@ func ExampleOutgoingKeys() {
 	// (idem.v1.field).key: the request to send is a copy with the key
 	// there too, and the caller's message is left as it was.
 	ctx := idem.ContextWithKey(context.Background(), "invoice-2024-0042")
-	send, k, err := keys.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
+	send, k, _, err := keys.For(ctx, testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
 	fmt.Println(k, err)
 	fmt.Printf("%q %q\n", send.(*testv1.CreatePaymentRequest).GetRequestId(), req.GetRequestId())
 
 	// A key the caller set that is not a key fails the call before it is sent.
-	_, _, err = keys.For(idem.ContextWithKey(context.Background(), "has space"),
+	_, _, _, err = keys.For(idem.ContextWithKey(context.Background(), "has space"),
 		testv1.PaymentService_CreatePayment_FullMethodName, req, nil)
 	fmt.Println(err)
 	// Output:

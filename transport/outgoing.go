@@ -38,6 +38,13 @@ func NewOutgoingKeys(opts ...idem.ClientOption) *OutgoingKeys {
 // [ValidateKey] refuses. Each call of For with a key counts in the metric
 // idem.client.keys ([idem.WithMeterProvider]): call it once per logical
 // call, and send the request it returns on every attempt.
-func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, req any, sent []string) (send any, keys []string, err error) {
+//
+// first reports that the call is, as far as the client can tell, the
+// first of its key: the key is one idem made for it (a new one, or a
+// child key of a request that its own client marked as a first attempt).
+// The adapter then marks the call's first attempt with [idem.AttemptHeader]
+// 1, unless the caller set that header itself; it sends nothing when
+// first is false, since a key the caller chose may well be a retry's.
+func (k *OutgoingKeys) For(ctx context.Context, fullMethod string, req any, sent []string) (send any, keys []string, first bool, err error) {
 	return k.keysFor(ctx, fullMethod, req, sent)
 }

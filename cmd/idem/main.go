@@ -17,6 +17,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
@@ -24,12 +25,20 @@ import (
 )
 
 const usage = `Usage:
-  idem keys list   [connection] [-tenant T | -all-tenants] [-method M] [-state S]...
-                   [-created-after T] [-created-before T] [-limit N] [-page-token P] [-all]
-  idem keys get    [connection] -tenant T -method M -key K   (or the key as an argument)
-  idem keys forget [connection] -tenant T -method M -key K [-force]
-  idem keys settle [connection] -tenant T -method M -key K -code C [-message M] [-force]
-  idem keys finish [connection] -tenant T -method M -key K
+  idem keys list    [connection] [-tenant T | -all-tenants] [-method M] [-state S]...
+                    [-created-after T] [-created-before T] [-limit N] [-page-token P] [-all]
+                    [-watch D]
+  idem keys stats   [connection] [-tenant T | -all-tenants] [-method M] [-state S]...
+                    [-created-after T] [-created-before T]
+  idem keys get     [connection] -tenant T -method M -key K   (or the key as an argument)
+  idem keys history [connection] -tenant T -method M -key K
+  idem keys forget  [connection] -tenant T -method M -key K [-force -reason R]
+  idem keys settle  [connection] -tenant T -method M -key K -code C [-message M] [-force -reason R]
+  idem keys finish  [connection] -tenant T -method M -key K [-reason R]
+  idem audit list   [connection] [-tenant T | -all-tenants] [-method M [-key K]]
+                    [-since T] [-until T] [-limit N] [-page-token P] [-all]
+  idem bulk forget|settle|finish [connection] [list's filters] -limit N -reason R
+                    [-force] [-code C -message M] [-dry-run | -yes] [-all] [-page-token P]
 
 Connection, exactly one of:
   -addr host:port     a server's admin service (default $IDEM_ADMIN_ADDR), over TLS:
@@ -43,7 +52,17 @@ Output: -o table (default) or -o json (the service's messages as protobuf JSON).
 -timeout bounds each call (default 30s).
 
 list: -state is in_progress, abandoned, recorded or expired (repeat or comma list);
-times are RFC 3339; -limit is the page size; -all follows page tokens.
+times are RFC 3339; -limit is the page size; -all follows page tokens;
+-watch 5s lists again every 5 seconds until interrupted.
+stats: counts per tenant, method and state, and the oldest key in progress and
+abandoned; -state in_progress,abandoned reads only the keys in progress.
+forget, settle, finish: -reason is kept in the audit trail (required with -force);
+history and audit list print the audit trail: who did what, when and why.
+bulk: acts on the keys that match the filters, -limit a call, each with the
+single action's rules (a live lease is skipped unless -force), and prints each
+key's result; without -yes it is a dry run on a terminal (a count and a
+sample) and refused elsewhere; -all goes on until no key is left; progress and
+the -page-token to resume with go to stderr.
 settle: -code is a gRPC code name or number, never OK nor a code clients retry
 (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED); e.g. FAILED_PRECONDITION.
 
@@ -124,22 +143,32 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, usage)
 		return nil
 	case "keys":
+	case "bulk":
+		return bulkCommand(ctx, args[1:], stdout, stderr)
+	case "audit":
+		if len(args) < 2 || args[1] != "list" {
+			return usagef("audit needs a subcommand: list")
+		}
+		return auditList(ctx, args[2:], stdout, stderr)
 	default:
 		return usagef("unknown command %q", args[0])
 	}
+	const subcommands = "list, stats, get, history, forget, settle or finish"
 	if len(args) < 2 {
-		return usagef("keys needs a subcommand: list, get, forget, settle or finish")
+		return usagef("keys needs a subcommand: " + subcommands)
 	}
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"list":   list,
-		"get":    get,
-		"forget": forget,
-		"settle": settle,
-		"finish": finish,
+		"list":    list,
+		"stats":   stats,
+		"get":     get,
+		"history": history,
+		"forget":  forget,
+		"settle":  settle,
+		"finish":  finish,
 	}
 	cmd, ok := cmds[args[1]]
 	if !ok {
-		return usagef("unknown command \"keys %s\": want list, get, forget, settle or finish", args[1])
+		return usagef("unknown command \"keys %s\": want "+subcommands, args[1])
 	}
 	return cmd(ctx, args[2:], stdout, stderr)
 }
@@ -147,10 +176,13 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // newFlagSet returns the flag set of "idem keys name", with the connection
 // and output flags.
 func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *connection) {
-	fs := flag.NewFlagSet("idem keys "+name, flag.ContinueOnError)
+	if !strings.Contains(name, " ") {
+		name = "keys " + name
+	}
+	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage of idem keys %s (see 'idem -h'):\n", name)
+		fmt.Fprintf(stderr, "Usage of idem %s (see 'idem -h'):\n", name)
 		fs.PrintDefaults()
 	}
 	c := &connection{}
@@ -219,6 +251,7 @@ func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		after, before timeFlag
 		limit         int
 		all           bool
+		watch         time.Duration
 	)
 	fs.StringVar(&req.Tenant, "tenant", "", "list this `tenant`'s keys (default the empty tenant's)")
 	fs.BoolVar(&req.AllTenants, "all-tenants", false, "list every tenant's keys")
@@ -229,6 +262,7 @@ func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&limit, "limit", 0, "at most `n` keys a page (default the service's, 100; at most 1000)")
 	fs.StringVar(&req.PageToken, "page-token", "", "list the page this `token` (printed after the previous page) names")
 	fs.BoolVar(&all, "all", false, "follow the page tokens to the last page")
+	fs.DurationVar(&watch, "watch", 0, "list again every `duration` (such as 5s), until interrupted")
 	rest, err := parse(fs, c, args)
 	if err != nil {
 		return err
@@ -240,37 +274,69 @@ func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usagef("-tenant and -all-tenants exclude each other")
 	case limit < 0 || limit > 1000:
 		return usagef("-limit must be between 1 and 1000")
+	case watch < 0:
+		return usagef("-watch must be positive")
+	case watch > 0 && req.PageToken != "":
+		return usagef("-watch lists from the first page: drop -page-token")
 	}
 	req.States, req.PageSize = states, int32(limit)
 	req.CreatedAfter, req.CreatedBefore = after.ts, before.ts
+	if watch == 0 {
+		return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
+			return listOnce(ctx, c, &req, all, client, stdout, stderr)
+		})
+	}
 	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
-		var keys []*adminv1.Key
+		t := time.NewTicker(watch)
+		defer t.Stop()
 		for {
-			resp, err := call(ctx, c.timeout, &req, client.ListKeys)
-			if err != nil {
+			fmt.Fprintf(stdout, "%s  (every %v; interrupt to stop)\n", time.Now().UTC().Format(time.RFC3339), watch)
+			r := proto.CloneOf(&req)
+			if err := listOnce(ctx, c, r, all, client, stdout, stderr); err != nil {
+				if ctx.Err() != nil {
+					return nil // interrupted
+				}
 				return err
 			}
-			if !all {
-				if c.json() {
-					return printJSON(stdout, resp)
-				}
-				printKeys(stdout, resp.GetKeys())
-				if t := resp.GetNextPageToken(); t != "" {
-					fmt.Fprintf(stderr, "More keys: add -page-token %s (or list with -all)\n", t)
-				}
-				return nil
-			}
-			keys = append(keys, resp.GetKeys()...)
-			if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
-				break
+			fmt.Fprintln(stdout)
+			select {
+			case <-ctx.Done():
+				return nil // interrupted: the watch's end
+			case <-t.C:
 			}
 		}
-		if c.json() {
-			return printJSON(stdout, &adminv1.ListKeysResponse{Keys: keys})
-		}
-		printKeys(stdout, keys)
-		return nil
 	})
+}
+
+// listOnce lists the keys req selects, one page or, with all, every page,
+// and prints them.
+func listOnce(ctx context.Context, c *connection, req *adminv1.ListKeysRequest, all bool, client adminv1connect.AdminServiceClient, stdout, stderr io.Writer) error {
+	var keys []*adminv1.Key
+	for {
+		resp, err := call(ctx, c.timeout, req, client.ListKeys)
+		if err != nil {
+			return err
+		}
+		if !all {
+			if c.json() {
+				return printJSON(stdout, resp)
+			}
+			printKeys(stdout, resp.GetKeys())
+			if t := resp.GetNextPageToken(); t != "" {
+				fmt.Fprintf(stderr, "More keys: add -page-token %s (or list with -all)\n", t)
+			}
+			return nil
+		}
+		keys = append(keys, resp.GetKeys()...)
+		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+			break
+		}
+	}
+	if c.json() {
+		return printJSON(stdout, &adminv1.ListKeysResponse{Keys: keys})
+	}
+	printKeys(stdout, keys)
+	return nil
 }
 
 func get(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -299,11 +365,13 @@ func get(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, c := newFlagSet("forget", stderr)
 	var (
-		k     keyFlags
-		force bool
+		k      keyFlags
+		force  bool
+		reason string
 	)
 	k.register(fs)
-	fs.BoolVar(&force, "force", false, "forget a key whose lease is live, fencing its holder")
+	fs.BoolVar(&force, "force", false, "forget a key whose lease is live, fencing its holder (give -reason)")
+	fs.StringVar(&reason, "reason", "", "why, for the audit trail (required with -force)")
 	rest, err := parse(fs, c, args)
 	if err != nil {
 		return err
@@ -311,8 +379,11 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := k.resolve(rest); err != nil {
 		return err
 	}
+	if force && strings.TrimSpace(reason) == "" {
+		return usagef("-force needs -reason: a forced action fences the call that holds the key, and the audit trail keeps why")
+	}
 	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
-		resp, err := call(ctx, c.timeout, &adminv1.ForgetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force}, client.ForgetKey)
+		resp, err := call(ctx, c.timeout, &adminv1.ForgetKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force, Reason: reason}, client.ForgetKey)
 		if err != nil {
 			return err
 		}
@@ -331,11 +402,13 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		cd      codeFlag
 		message string
 		force   bool
+		reason  string
 	)
 	k.register(fs)
+	fs.StringVar(&reason, "reason", "", "why, for the audit trail (required with -force)")
 	fs.Var(&cd, "code", "the error's gRPC `code`, by name (FAILED_PRECONDITION) or number; never OK nor a code clients retry (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)")
 	fs.StringVar(&message, "message", "", "the error's `message`")
-	fs.BoolVar(&force, "force", false, "settle a key whose lease is live, fencing its holder")
+	fs.BoolVar(&force, "force", false, "settle a key whose lease is live, fencing its holder (give -reason)")
 	rest, err := parse(fs, c, args)
 	if err != nil {
 		return err
@@ -346,7 +419,10 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if cd == 0 {
 		return usagef("-code is required: the error that the key's retries are to replay")
 	}
-	req := &adminv1.SettleKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force,
+	if force && strings.TrimSpace(reason) == "" {
+		return usagef("-force needs -reason: a forced action fences the call that holds the key, and the audit trail keeps why")
+	}
+	req := &adminv1.SettleKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Force: force, Reason: reason,
 		Status: &spb.Status{Code: int32(cd), Message: message}}
 	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
 		resp, err := call(ctx, c.timeout, req, client.SettleKey)
@@ -362,8 +438,12 @@ func settle(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, c := newFlagSet("finish", stderr)
-	var k keyFlags
+	var (
+		k      keyFlags
+		reason string
+	)
 	k.register(fs)
+	fs.StringVar(&reason, "reason", "", "why, for the audit trail")
 	rest, err := parse(fs, c, args)
 	if err != nil {
 		return err
@@ -372,7 +452,7 @@ func finish(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	return c.do(ctx, stderr, func(ctx context.Context, client adminv1connect.AdminServiceClient) error {
-		resp, err := call(ctx, c.timeout, &adminv1.FinishKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key}, client.FinishKey)
+		resp, err := call(ctx, c.timeout, &adminv1.FinishKeyRequest{Tenant: k.tenant, Method: k.method, Key: k.key, Reason: reason}, client.FinishKey)
 		if err != nil {
 			return err
 		}

@@ -44,6 +44,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The tests' standard input is no operator's terminal, whatever runs
+	// them; TestBulk says when it is.
+	isTerminal = func() bool { return false }
 	os.Exit(pgtest.Run(m))
 }
 
@@ -119,12 +122,23 @@ func seed(t *testing.T, st store.Store, between func()) store.Lease {
 	if err != nil || c.Txn == nil {
 		t.Fatalf("claim %v: %+v, %v", recorded, c, err)
 	}
-	body, _, err := record.Encode(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil)
+	req, err := proto.Marshal(&testv1.DoRequest{Value: "pay"}) // kept, as KeepRequest keeps it
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _, err := record.EncodeRequest(code.Code_OK, &testv1.DoResponse{Value: "paid"}, nil, nil, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Txn.Record(ctx, store.Outcome{Code: code.Code_OK, Body: body}); err != nil {
 		t.Fatalf("record %v: %v", recorded, err)
+	}
+	if rc, ok := st.(store.ReplayCounter); ok { // two retries of the recorded key
+		rc.CountReplay(recorded)
+		rc.CountReplay(recorded)
+		if err := rc.FlushReplays(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return lc.Lease
 }
@@ -202,7 +216,7 @@ func (f *fixture) cmd(args ...string) []string {
 func rows(t *testing.T, table string) [][]string {
 	t.Helper()
 	lines := strings.Split(strings.TrimSuffix(table, "\n"), "\n")
-	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS"; strings.Join(strings.Fields(lines[0]), " ") != want {
+	if want := "KEY TENANT METHOD STATE CREATED EXPIRES LEASE UNTIL TAKEOVERS REPLAYS"; strings.Join(strings.Fields(lines[0]), " ") != want {
 		t.Fatalf("table header %q, want %q", lines[0], want)
 	}
 	var rs [][]string
@@ -224,8 +238,8 @@ func TestListTable(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		got := rows(t, ok(t, f.cmd("keys", "list", "-tenant", "acme")...))
 		want := [][]string{
-			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0"},
-			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0"},
+			{"order-7", "acme", checkout, "in_progress", "2026-01-02T03:04:05Z", "2026-01-03T03:04:05Z", "2026-01-02T03:05:05Z", "0", "0"},
+			{"pay-1", "acme", doMethod, "recorded", "2026-01-02T03:04:06Z", "2026-01-03T03:04:06Z", "-", "0", "2"},
 		}
 		if strings.Join(flat(got), " ") != strings.Join(flat(want), " ") {
 			t.Fatalf("list:\n%q\nwant\n%q", got, want)
@@ -279,7 +293,9 @@ func TestGet(t *testing.T) {
 	onEachProtocol(t, func(t *testing.T, f *fixture) {
 		out := ok(t, f.cmd("keys", "get", "-tenant", "acme", "-method", doMethod, "pay-1")...)
 		for _, want := range []string{`(?m)^key: +pay-1$`, `(?m)^state: +recorded$`, `(?m)^outcome: +OK$`,
-			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`} {
+			`(?m)^response: +idem\.test\.v1\.DoResponse \{"value":"paid"\}$`, `(?m)^fingerprint: +66702d31$`,
+			`(?m)^replays: +2$`, `(?m)^last replay: +2026-01-02T03:04:06Z$`,
+			`(?m)^request: +idem\.test\.v1\.DoRequest \{"value":"pay"\}$`} {
 			if !regexp.MustCompile(want).MatchString(out) {
 				t.Errorf("get pay-1 printed\n%s\nwant a line matching %s", out, want)
 			}
@@ -307,7 +323,7 @@ func TestForget(t *testing.T) {
 
 		fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until 2026-01-02T03:05:05Z",
 			f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7")...)
-		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-o", "json")...); strings.TrimSpace(out) != "{}" {
+		if out := ok(t, f.cmd("keys", "forget", "-tenant", "acme", "-method", checkout, "order-7", "-force", "-reason", "stuck", "-o", "json")...); strings.TrimSpace(out) != "{}" {
 			t.Fatalf("forget -o json printed %q, want {}", out)
 		}
 		if err := f.pending.Extend(t.Context(), time.Minute); err == nil {
@@ -412,6 +428,22 @@ func TestUsage(t *testing.T) {
 		{append(append([]string{"keys", "settle", "-code", "0"}, key...), addr...), "OK is not an error"},
 		{append(append([]string{"keys", "settle", "-code", "17"}, key...), addr...), "not a gRPC error code"},
 		{append(append([]string{"keys", "settle", "-code", "Later"}, key...), addr...), "not a gRPC error code"},
+		{append(append([]string{"keys", "settle", "-code", "9", "-force"}, key...), addr...), "-force needs -reason"},
+		{append(append([]string{"keys", "forget", "-force", "-reason", " "}, key...), addr...), "-force needs -reason"},
+		{append([]string{"keys", "list", "-watch", "-1s"}, addr...), "-watch must be positive"},
+		{append([]string{"keys", "list", "-watch", "1s", "-page-token", "x"}, addr...), "drop -page-token"},
+		{append([]string{"keys", "stats", "-tenant", "acme", "-all-tenants"}, addr...), "exclude each other"},
+		{append([]string{"keys", "history", "-tenant", "acme", "-key", "k"}, addr...), "-method is required"},
+		{append([]string{"audit"}, addr...), "audit needs a subcommand: list"},
+		{append([]string{"audit", "list", "-key", "k"}, addr...), "-key needs -method"},
+		{append([]string{"audit", "list", "-since", "today"}, addr...), "not an RFC 3339 time"},
+		{[]string{"bulk"}, "bulk needs a subcommand"},
+		{append([]string{"bulk", "drop"}, addr...), `unknown command "bulk drop"`},
+		{append([]string{"bulk", "forget", "-reason", "r", "-yes"}, addr...), "-limit is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-yes"}, addr...), "-reason is required"},
+		{append([]string{"bulk", "forget", "-limit", "10", "-reason", "r", "-yes", "-dry-run"}, addr...), "exclude each other"},
+		{append([]string{"bulk", "settle", "-limit", "10", "-reason", "r", "-yes"}, addr...), "-code is required"},
+		{append([]string{"bulk", "finish", "-limit", "10", "-reason", "r", "-yes", "-force"}, addr...), "flag provided but not defined: -force"},
 	} {
 		out, errOut, exit := idem(t, tc.args...)
 		if exit != 2 || !strings.Contains(errOut, tc.want) || out != "" {
@@ -491,21 +523,41 @@ func TestDatabaseURL(t *testing.T) {
 	// A code clients retry is refused on this path too, and leaves the key
 	// as it was.
 	fails(t, "INVALID_ARGUMENT: idem admin: store: invalid status: status.code ABORTED is a code clients retry",
-		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force")...)
+		db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "ABORTED", "-message", "stuck", "-force", "-reason", "stuck")...)
 	if k := unmarshal(t, ok(t, db("keys", "get", "-tenant", "acme", "-method", checkout, "order-7", "-o", "json")...), &adminv1.GetKeyResponse{}).GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || k.GetOutcome() != nil {
 		t.Fatalf("order-7 after a refused settle: %v, want it in progress", k)
 	}
 	settle := db("keys", "settle", "-tenant", "acme", "-method", checkout, "order-7", "-code", "FAILED_PRECONDITION", "-message", "stuck")
 	fails(t, "FAILED_PRECONDITION: idem admin: the key's lease is live until", settle...)
-	settled := unmarshal(t, ok(t, append(settle, "-force", "-o", "json")...), &adminv1.SettleKeyResponse{})
+	settled := unmarshal(t, ok(t, append(settle, "-force", "-reason", "stuck", "-o", "json")...), &adminv1.SettleKeyResponse{})
 	if k := settled.GetKey(); k.GetState() != adminv1.KeyState_KEY_STATE_RECORDED || k.GetOutcome().GetError().GetMessage() != "stuck" {
 		t.Fatalf("settle -force: %v, want order-7 recorded with the error", k)
 	}
 	if err := lease.Extend(t.Context(), time.Minute); err == nil {
 		t.Fatal("the holder of the force-settled lease extended it")
 	}
+	// The counts and a dry run before the forget, on PostgreSQL.
+	stats := unmarshal(t, ok(t, db("keys", "stats", "-all-tenants", "-o", "json")...), &adminv1.GetKeyStatsResponse{})
+	if c := stats.GetCounts(); len(c) != 2 || c[0].GetState() != adminv1.KeyState_KEY_STATE_RECORDED || c[1].GetState() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("stats: %v, want the two keys recorded", stats)
+	}
+	dry := unmarshal(t, ok(t, db("bulk", "forget", "-tenant", "acme", "-method", doMethod, "-limit", "10", "-reason", "r", "-dry-run", "-o", "json")...), &adminv1.KeyBatch{})
+	if dry.GetCount() != 1 || len(dry.GetSample()) != 1 || dry.GetSample()[0].GetKey() != "pay-1" {
+		t.Errorf("bulk forget -dry-run: %v, want pay-1", dry)
+	}
 	ok(t, db("keys", "forget", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
 	fails(t, "NOT_FOUND: ", db("keys", "get", "-tenant", "acme", "-method", doMethod, "-key", "pay-1")...)
+
+	// The audit trail, in the database: the forced settle and the forget,
+	// by the database's user.
+	trail := unmarshal(t, ok(t, db("audit", "list", "-tenant", "acme", "-o", "json")...), &adminv1.ListAuditResponse{})
+	if es := trail.GetEntries(); len(es) != 2 ||
+		es[0].GetKey() != "order-7" || es[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_SETTLE || !es[0].GetForce() || es[0].GetReason() != "stuck" ||
+		es[0].GetStateBefore() != adminv1.KeyState_KEY_STATE_IN_PROGRESS || es[0].GetStateAfter() != adminv1.KeyState_KEY_STATE_RECORDED ||
+		es[0].GetOperator() != "database user" ||
+		es[1].GetKey() != "pay-1" || es[1].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FORGET || es[1].GetStateBefore() != adminv1.KeyState_KEY_STATE_RECORDED {
+		t.Errorf("audit list: %v, want the forced settle of order-7 and the forget of pay-1", trail)
+	}
 }
 
 // TestTLS dials a server over TLS with -ca, -server-name and a client

@@ -32,10 +32,11 @@ func printJSON(w io.Writer, m proto.Message) error {
 // printKeys prints keys as a table, one key a row.
 func printKeys(w io.Writer, keys []*adminv1.Key) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tTENANT\tMETHOD\tSTATE\tCREATED\tEXPIRES\tLEASE UNTIL\tTAKEOVERS")
+	fmt.Fprintln(tw, "KEY\tTENANT\tMETHOD\tSTATE\tCREATED\tEXPIRES\tLEASE UNTIL\tTAKEOVERS\tREPLAYS")
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", k.GetKey(), orDash(k.GetTenant()), k.GetMethod(),
-			stateName(k.GetState()), timeOf(k.GetCreateTime()), timeOf(k.GetExpireTime()), timeOf(k.GetLeaseExpireTime()), k.GetTakeovers())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", k.GetKey(), orDash(k.GetTenant()), k.GetMethod(),
+			stateName(k.GetState()), timeOf(k.GetCreateTime()), timeOf(k.GetExpireTime()), timeOf(k.GetLeaseExpireTime()), k.GetTakeovers(),
+			k.GetReplays())
 	}
 	tw.Flush()
 }
@@ -53,6 +54,8 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 	row("expires", timeOf(k.GetExpireTime()))
 	row("lease until", timeOf(k.GetLeaseExpireTime()))
 	row("takeovers", strconv.Itoa(int(k.GetTakeovers())))
+	row("replays", strconv.FormatInt(k.GetReplays(), 10))
+	row("last replay", timeOf(k.GetLastReplayTime()))
 	row("fingerprint", orDash(hex.EncodeToString(k.GetFingerprint())))
 	row("finishable", strconv.FormatBool(k.GetFinishable()))
 	var steps []string
@@ -69,17 +72,11 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 				row("details", fmt.Sprintf("%d (see -o json)", n))
 			}
 		case *adminv1.Outcome_Response:
-			b, err := protojson.Marshal(r.Response)
+			js, err := compactJSON(r.Response)
 			if err != nil {
 				return err
 			}
-			// protojson varies its spacing from one build to the
-			// next; the compact form reads the same from every idem.
-			var js bytes.Buffer
-			if err := json.Compact(&js, b); err != nil {
-				return err
-			}
-			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), js.Bytes()))
+			row("response", fmt.Sprintf("%s %s", out.GetResponseType(), js))
 		case *adminv1.Outcome_RawResponse:
 			row("response", fmt.Sprintf("%d bytes, undecoded (see -o json)", len(r.RawResponse)))
 		}
@@ -90,7 +87,37 @@ func printKey(w io.Writer, k *adminv1.Key) error {
 			row("note", note)
 		}
 	}
+	if req := k.GetRequest(); req != nil {
+		switch b := req.GetBody().(type) {
+		case *adminv1.Request_Decoded:
+			js, err := compactJSON(b.Decoded)
+			if err != nil {
+				return err
+			}
+			row("request", fmt.Sprintf("%s %s", req.GetRequestType(), js))
+		case *adminv1.Request_Raw:
+			row("request", fmt.Sprintf("%d bytes, undecoded (see -o json)", len(b.Raw)))
+		}
+		if note := req.GetNote(); note != "" {
+			row("request note", note)
+		}
+	}
 	return tw.Flush()
+}
+
+// compactJSON renders m as protobuf's JSON mapping, compact: protojson
+// varies its spacing from one build to the next, and the compact form
+// reads the same from every idem.
+func compactJSON(m proto.Message) ([]byte, error) {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var js bytes.Buffer
+	if err := json.Compact(&js, b); err != nil {
+		return nil, err
+	}
+	return js.Bytes(), nil
 }
 
 // timeOf formats ts in UTC to the second, "-" when unset.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,12 +18,13 @@ import (
 )
 
 // serveAdmin serves idem's admin service over the checkout database on
-// lis, behind the demo operator token, until stop is called. Its FinishKey
+// lis, and its console on console unless it is nil, behind the demo
+// operator token, until stop is called. Its FinishKey
 // runs abandoned checkouts through a finisher of this process, as a
 // replica's finisher would: Checkout, with the provider's client, over the
 // same database. That finisher never runs passes of its own (Run): the
 // replicas' finishers do.
-func (s *system) serveAdmin(lis net.Listener, token string) (stop func(), err error) {
+func (s *system) serveAdmin(lis, console net.Listener, token string) (stop func(), err error) {
 	conn, err := grpc.NewClient(s.providerAddr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithChainUnaryInterceptor(checkoutsvc.ClientInterceptors()...))
@@ -35,25 +37,42 @@ func (s *system) serveAdmin(lis net.Listener, token string) (stop func(), err er
 		conn.Close()
 		return nil, err
 	}
-	srv, err := adminlisten.NewServer(adminlisten.Config{Store: postgres.New(s.checkoutDB), Token: token, Finisher: finisher})
+	cfg := adminlisten.Config{Store: postgres.New(s.checkoutDB), Token: token, Finisher: finisher}
+	srv, err := adminlisten.NewServer(cfg)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
+	var cs *http.Server
+	if console != nil {
+		h, err := adminlisten.NewConsole(cfg)
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		cs = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = cs.Serve(console) }()
+	}
 	go func() { _ = srv.Serve(lis) }()
 	return func() {
+		if cs != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = cs.Shutdown(ctx)
+			cancel()
+		}
 		srv.GracefulStop()
 		conn.Close()
 	}, nil
 }
 
 // adminFlags is where and behind which token the demo serves the admin
-// service; lis is nil when it does not. After the stories, it keeps
-// serving until until ends.
+// service, and its console; lis is nil when it does not, console when it
+// serves no console. After the stories, it keeps serving until until ends.
 type adminFlags struct {
-	lis   net.Listener
-	token string
-	until context.Context
+	lis     net.Listener
+	console net.Listener
+	token   string
+	until   context.Context
 }
 
 // abandonedKey is the key of the checkout the demo leaves abandoned for an

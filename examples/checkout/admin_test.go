@@ -2,7 +2,10 @@ package main
 
 import (
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +22,9 @@ import (
 	"github.com/idemkit/idem/internal/admingrpc"
 )
 
-// TestAdminFinishKey serves the admin service as -admin-listen does and
-// finishes an abandoned checkout with FinishKey, at once, with no replica
+// TestAdminFinishKey serves the admin service as -admin-listen does, and
+// its console as -console-listen does, and finishes an abandoned checkout
+// with FinishKey, from the console's form, at once, with no replica
 // running a finisher: without the operator token ListKeys is
 // UNAUTHENTICATED; with it, it lists the checkout; FinishKey is refused
 // while the lease is live, naming its end, and once the lease has run out
@@ -37,7 +41,11 @@ func TestAdminFinishKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := s.serveAdmin(lis, "s3cret")
+	consoleLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := s.serveAdmin(lis, consoleLis, "s3cret")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,13 +96,42 @@ func TestAdminFinishKey(t *testing.T) {
 		t.Fatalf("FinishKey of a live lease: %v, want FAILED_PRECONDITION naming %s", err, until)
 	}
 
-	// The lease runs out: FinishKey finishes the checkout now.
+	// The same refusal on the console, as a page naming the lease's end.
+	finish := func() (int, string) {
+		t.Helper()
+		form := url.Values{"tenant": {k.GetTenant()}, "method": {k.GetMethod()}, "key": {k.GetKey()}, "reason": {"INC-12: the replica died after the charge"}}
+		hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+consoleLis.Addr().String()+adminlisten.ConsolePath+"finish", strings.NewReader(form.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hreq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		hreq.SetBasicAuth("operator", "s3cret")
+		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(hreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
+	}
+	if code, body := finish(); code != http.StatusConflict || !strings.Contains(body, until) {
+		t.Fatalf("the console's finish of a live lease: %d, want 409 naming %s\n%s", code, until, body)
+	}
+
+	// The lease runs out: FinishKey finishes the checkout now, from the
+	// console as over gRPC.
 	if _, err := s.checkoutDB.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
-	fin, err := client.FinishKey(operator, req)
+	if code, body := finish(); code != http.StatusSeeOther {
+		t.Fatalf("the console's finish: %d\n%s", code, body)
+	}
+	fin, err := client.GetKey(operator, &adminv1.GetKeyRequest{Tenant: k.GetTenant(), Method: k.GetMethod(), Key: k.GetKey()})
 	if err != nil {
-		t.Fatalf("FinishKey: %v", err)
+		t.Fatalf("GetKey: %v", err)
 	}
 	r, err := s.rows(ctx, key)
 	if err != nil {
@@ -106,7 +143,15 @@ func TestAdminFinishKey(t *testing.T) {
 	out := fin.GetKey().GetOutcome()
 	if fin.GetKey().GetState() != adminv1.KeyState_KEY_STATE_RECORDED || out.GetCode() != 0 ||
 		out.GetResponse().GetStructValue().GetFields()["orderId"].GetStringValue() != r.orderID {
-		t.Errorf("FinishKey answered %v; want the key recorded with a response naming order %s", fin, r.orderID)
+		t.Errorf("the finished key is %v; want it recorded with a response naming order %s", fin, r.orderID)
+	}
+	audit, err := client.ListAudit(operator, &adminv1.ListAuditRequest{Tenant: k.GetTenant(), Method: k.GetMethod(), Key: k.GetKey()})
+	if err != nil || len(audit.GetEntries()) != 1 || audit.GetEntries()[0].GetAction() != adminv1.AuditAction_AUDIT_ACTION_FINISH ||
+		audit.GetEntries()[0].GetReason() != "INC-12: the replica died after the charge" || audit.GetEntries()[0].GetOperator() != "operator-token" {
+		t.Errorf("the key's audit trail: %v, %v; want the console's finish, with its reason", audit, err)
+	}
+	if _, err := client.FinishKey(operator, req); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("FinishKey of the finished key: %v, want FAILED_PRECONDITION", err)
 	}
 
 	late, err := s.retryLater(ctx, key)

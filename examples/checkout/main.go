@@ -32,7 +32,10 @@
 // mTLS or your identity provider instead. After the stories it leaves
 // checkout order-1 abandoned after its charge step, with no finisher
 // running, and keeps serving, for an operator to find and finish it, until
-// interrupted.
+// interrupted. With -console-listen ADDR too, it serves the admin
+// service's console (admin.NewConsole) at http://ADDR/console/, behind the
+// same token, which a browser sends as the password of HTTP basic
+// authentication (any user name).
 package main
 
 import (
@@ -66,6 +69,7 @@ func main() {
 		return
 	}
 	adminListen := flag.String("admin-listen", "", "address to serve idem's admin service on, for operators (default: none)")
+	consoleListen := flag.String("console-listen", "", "address to serve the admin service's console on, at /console/, for operators' browsers, with -admin-listen (default: none)")
 	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen)")
 	flag.Parse()
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -81,6 +85,15 @@ func main() {
 			fmt.Fprintln(os.Stderr, "FAIL:", err)
 			os.Exit(1)
 		}
+		if *consoleListen != "" {
+			if adm.console, err = net.Listen("tcp", *consoleListen); err != nil {
+				fmt.Fprintln(os.Stderr, "FAIL:", err)
+				os.Exit(1)
+			}
+		}
+	} else if *consoleListen != "" {
+		fmt.Fprintln(os.Stderr, "FAIL: -console-listen serves the admin service's console: give -admin-listen too")
+		os.Exit(2)
 	}
 	// The system serves the admin service after the stories, until
 	// interrupted: then nothing bounds the whole run.
@@ -104,6 +117,9 @@ func run(ctx context.Context, w, logs io.Writer) error {
 
 // runAdmin is run, serving the admin service too unless adm.lis is nil.
 func runAdmin(ctx context.Context, w, logs io.Writer, adm adminFlags) error {
+	if adm.console != nil {
+		defer adm.console.Close()
+	}
 	if adm.lis != nil {
 		defer adm.lis.Close()
 		if adm.token == "" {
@@ -136,7 +152,7 @@ func runAdmin(ctx context.Context, w, logs io.Writer, adm adminFlags) error {
 	if adm.lis == nil {
 		return play(ctx, w, sys)
 	}
-	stopAdmin, err := sys.serveAdmin(adm.lis, adm.token)
+	stopAdmin, err := sys.serveAdmin(adm.lis, adm.console, adm.token)
 	if err != nil {
 		return err
 	}
@@ -151,6 +167,9 @@ func runAdmin(ctx context.Context, w, logs io.Writer, adm adminFlags) error {
 	fmt.Fprintf(w, "\nCheckout %s was abandoned after its charge step, and no finisher runs now: its lease has run out, it waits for an operator.\n", abandonedKey)
 	fmt.Fprintf(w, "The admin service stays up on %s until interrupted, for a look at the keys the stories left:\n", adm.lis.Addr())
 	fmt.Fprintf(w, "  grpcurl -plaintext -H 'authorization: Bearer TOKEN' -d '{}' %s idem.admin.v1.AdminService/ListKeys\n", adm.lis.Addr())
+	if adm.console != nil {
+		fmt.Fprintf(w, "and its console at http://%s%s (the token is the password; any user name).\n", adm.console.Addr(), adminlisten.ConsolePath)
+	}
 	<-adm.until.Done()
 	return nil
 }

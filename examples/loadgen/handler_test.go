@@ -29,7 +29,7 @@ func TestFloorCountsExactly(t *testing.T) {
 	for _, h := range handlers {
 		t.Run(h.name, func(t *testing.T) {
 			got := map[string]counts{}
-			for _, name := range []string{"baseline", "atomic", "optimistic", "leased", "naive", "sql-baseline", "sql-atomic", "sql-optimistic", "sql-floor"} {
+			for _, name := range []string{"baseline", "atomic", "optimistic", "auto", "leased", "naive", "sql-baseline", "sql-atomic", "sql-optimistic", "sql-floor"} {
 				got[name] = countRequests(ctx, t, h, pg, name, n)
 			}
 			per := func(c int64) float64 { return float64(c) / n }
@@ -37,6 +37,9 @@ func TestFloorCountsExactly(t *testing.T) {
 			if floor.RoundTrips != atomic.RoundTrips || floor.Commits != atomic.Commits {
 				t.Errorf("sql-floor: %v round trips and %v commits per request, sql-atomic %v and %v: the floor must send what atomic sends",
 					per(floor.RoundTrips), per(floor.Commits), per(atomic.RoundTrips), per(atomic.Commits))
+			}
+			if a, o := got["auto"], got["optimistic"]; a != o {
+				t.Errorf("auto, first attempts: %+v; optimistic %+v: want the same", a, o)
 			}
 			// BEGIN, the handler's statements, COMMIT (pipelined with the
 			// key row where there is one).
@@ -47,6 +50,7 @@ func TestFloorCountsExactly(t *testing.T) {
 				"sql-baseline": {RoundTrips: trips, Commits: 1, Statements: trips},
 				"sql-atomic":   {RoundTrips: trips, Commits: 1},
 				"optimistic":   {RoundTrips: trips, Commits: 1},
+				"auto":         {RoundTrips: trips, Commits: 1},
 				// BEGIN, the statements, the lock timeout, the key row,
 				// COMMIT: one statement more than the floor.
 				"sql-optimistic": {RoundTrips: trips, Commits: 1, Statements: trips + 2},

@@ -281,6 +281,7 @@ func roundRatios(a, b *summary) (lo, hi *float64) {
 // handler that does more work (-handler ledger) leaves idem a smaller
 // share.
 func targets(by map[string]*summary, cfg reportConfig) []target {
+	const countedGoal = "replay throughput ÷ replay-uncounted (counting replays costs at most 2 %)"
 	rtt, _ := time.ParseDuration(cfg.PGRTT)
 	var out []target
 	ratio := func(goal, a, b string, min float64) {
@@ -318,6 +319,7 @@ func targets(by map[string]*summary, cfg reportConfig) []target {
 		ratio("atomic throughput ÷ baseline", "atomic", "baseline", 0.95)
 		ratio("optimistic throughput ÷ baseline", "optimistic", "baseline", 0.95)
 		ratio("replay throughput ÷ baseline", "replay", "baseline", 1.5)
+		ratio(countedGoal, "replay", "replay-uncounted", 0.98)
 		ratio("atomic throughput ÷ naive", "atomic", "naive", 1.5)
 		ratio("atomic throughput ÷ leased", "atomic", "leased", 1.5)
 		return out
@@ -329,6 +331,7 @@ func targets(by map[string]*summary, cfg reportConfig) []target {
 	ratio("atomic throughput ÷ baseline", "atomic", "baseline", first)
 	ratio("optimistic throughput ÷ baseline", "optimistic", "baseline", first)
 	ratio("replay throughput ÷ baseline", "replay", "baseline", 1.5)
+	ratio(countedGoal, "replay", "replay-uncounted", 0.98)
 	ratio("atomic throughput ÷ leased", "atomic", "leased", 1.3)
 	ratio("atomic throughput ÷ naive", "atomic", "naive", 1.25)
 	ratio("sql-atomic ÷ sql-floor (the claim against a key row with the same round trips, no gRPC)", "sql-atomic", "sql-floor", 0.92)

@@ -78,6 +78,16 @@ var scenarios = []*scenario{
 		call:      replay,
 	},
 	{
+		name:      "replay-uncounted",
+		about:     "replay with the replays' counts off (idem.WithReplayCounts(false)): replay ÷ replay-uncounted is what counting them costs",
+		reference: "baseline",
+		server: func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+			return newIdemServer(pool, h, idem.WithReplayCounts(false))
+		},
+		prepare: recordReplayKeys,
+		call:    replay,
+	},
+	{
 		name:      "leased",
 		about:     "the handler under idem in leased mode, fresh keys: the claim commits, the handler's own BEGIN, statements, COMMIT, the record commits",
 		reference: "baseline",
@@ -113,6 +123,36 @@ var scenarios = []*scenario{
 		reference: "baseline",
 		server:    newOptimisticServer,
 		call:      storm,
+	},
+	{
+		name:      "auto",
+		about:     "the handler under idem in auto mode, fresh keys marked as first attempts (idempotency-attempt: 1): claimed as in optimistic mode",
+		reference: "baseline",
+		server:    newAutoServer,
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			return e.createMarked(ctx, e.freshKey(), e.seq.Add(1), "1")
+		},
+	},
+	{
+		name:      "auto-replay",
+		about:     "auto mode, keys already recorded, marked as retries (idempotency-attempt: 2): claimed as in atomic mode, the stored response comes back",
+		reference: "baseline",
+		server:    newAutoServer,
+		prepare:   recordReplayKeys,
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1) % replayKeys
+			return e.createMarked(ctx, e.replayKey(i), i, "2")
+		},
+	},
+	{
+		name:      "auto-storm",
+		about:     "auto mode, -storm-duplicates concurrent requests per key, each marked as a first attempt",
+		reference: "baseline",
+		server:    newAutoServer,
+		call: func(ctx context.Context, e *env) (outcome, error) {
+			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
+			return e.createMarked(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i, "1")
+		},
 	},
 	{
 		name:      "naive",
@@ -324,9 +364,18 @@ func request(i int64) *paymentsv1.CreatePaymentRequest {
 
 // create calls CreatePayment with key and request(i).
 func (e *env) create(ctx context.Context, key string, i int64) (outcome, error) {
+	return e.createMarked(ctx, key, i, "")
+}
+
+// createMarked is create with the call marked as attempt number attempt
+// of its key (idem.AttemptHeader), unless attempt is "".
+func (e *env) createMarked(ctx context.Context, key string, i int64, attempt string) (outcome, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx,
 		paymentsvc.TenantHeader, tenant,
 		idem.KeyHeader, key)
+	if attempt != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, idem.AttemptHeader, attempt)
+	}
 	var header metadata.MD
 	if _, err := e.client.CreatePayment(ctx, request(i), grpc.Header(&header)); err != nil {
 		return "", err

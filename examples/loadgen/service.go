@@ -143,6 +143,11 @@ func newOptimisticServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
 	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}))
 }
 
+// newAutoServer is newIdemServer with CreatePayment in auto mode.
+func newAutoServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeAuto}))
+}
+
 type naiveTxKey struct{}
 
 // naive is the textbook idempotency interceptor that idem is measured

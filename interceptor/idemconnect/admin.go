@@ -57,7 +57,7 @@ type tlsKey struct{}
 func adminCall(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		state, _ := ctx.Value(tlsKey{}).(*tls.ConnectionState)
-		ctx = adminwire.NewContext(ctx, adminwire.Caller{Header: toMetadata(req.Header()), TLS: state})
+		ctx = adminwire.NewContext(ctx, adminwire.Caller{Header: toMetadata(req.Header()), TLS: state, Peer: req.Peer().Addr})
 		resp, err := next(ctx, req)
 		if err != nil {
 			return nil, adminError(err)

@@ -40,6 +40,15 @@ import (
 // form, which it takes as the key itself: the same on every retry through
 // the proxy, but not the key of a direct gRPC call with the same value.)
 //
+// When the key is one the interceptor made for the call (a new one, or the
+// child key of a request marked as a first attempt), it also marks the
+// call as the key's first attempt, with the header Idempotency-Attempt: 1
+// ([idem.HTTPAttemptHeader]), unless the caller set that header itself,
+// so that a method in idem.ModeAuto claims it without reading first. A
+// [NewRetryInterceptor] numbers its attempts after the first in the same
+// header, in place of that mark. A key the caller chose gets no mark: the
+// call may be a retry of the caller's own.
+//
 // Streaming calls are not intercepted. Used on a handler, it does nothing.
 func NewClientInterceptor(opts ...idem.ClientOption) connect.Interceptor {
 	return &clientInterceptor{keys: transport.NewOutgoingKeys(opts...)}
@@ -68,7 +77,7 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 				sent[n] = k
 			}
 		}
-		send, keys, err := c.keysFor(ctx, req, sent)
+		send, keys, first, err := c.keysFor(ctx, req, sent)
 		if err != nil {
 			var ie *idem.Error
 			if errors.As(err, &ie) {
@@ -83,6 +92,10 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 				defer restore()
 			}
 		}
+		if first && len(h.Values(idem.HTTPAttemptHeader)) == 0 {
+			h.Set(idem.HTTPAttemptHeader, "1")
+			defer h.Del(idem.HTTPAttemptHeader)
+		}
 		if slices.Equal(keys, sent) {
 			return next(ctx, req)
 		}
@@ -96,16 +109,16 @@ func (c *clientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc 
 // sent, as [transport.OutgoingKeys.For] decides them once per logical call: an
 // attempt of a [NewRetryInterceptor] placed before this interceptor sends
 // what the call's first attempt sent.
-func (c *clientInterceptor) keysFor(ctx context.Context, req connect.AnyRequest, sent []string) (any, []string, error) {
+func (c *clientInterceptor) keysFor(ctx context.Context, req connect.AnyRequest, sent []string) (any, []string, bool, error) {
 	p, _ := ctx.Value(pinCtxKey{}).(*pin)
 	if p != nil && p.req == req && p.set {
-		return p.send, p.keys, nil
+		return p.send, p.keys, p.first, nil
 	}
-	send, keys, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
+	send, keys, first, err := c.keys.For(ctx, req.Spec().Procedure, req.Any(), sent)
 	if err == nil && p != nil && p.req == req {
-		p.set, p.send, p.keys = true, send, keys
+		p.set, p.send, p.keys, p.first = true, send, keys, first
 	}
-	return send, keys, err
+	return send, keys, first, err
 }
 
 // setMessage makes msg the message that req sends, and returns a function

@@ -2,12 +2,8 @@ package idemconnect_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"slices"
-	"strconv"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -16,6 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 )
@@ -111,7 +108,7 @@ func TestClientSendsTheChosenKey(t *testing.T) {
 	})
 }
 
-// A keyed handler's calls get keys derived from its request's, whether that
+// A keyed handler's calls get keys idemtest.Derived from its request's, whether that
 // key came in the header or in the request's request_id, the same on every
 // execution, so that a retried handler's calls are replayed; each call
 // carries its child key in its own request_id too.
@@ -161,7 +158,7 @@ func testClientDerivesChildKeys(t *testing.T, downstream *env, p protocol, via s
 		return connect.NewResponse(&testv1.DoResponse{Value: req.Msg.GetValue()}), nil
 	}
 	mux := serveMuxFor(do, connect.NewUnaryHandler(do, front, connect.WithInterceptors(
-		idemconnect.NewInterceptor(newEngine(t, memory.New(), idem.WithTenant(tenantFromHeader))))))
+		idemconnect.NewInterceptor(idemtest.NewEngine(t, memory.New(), idem.WithTenant(idemtest.TenantFromHeader))))))
 	frontURL := serveMux(t, mux)
 	key := "parent-" + p.name + "-" + via
 	req := connect.NewRequest(&testv1.DoRequest{Value: "v"})
@@ -186,7 +183,7 @@ func testClientDerivesChildKeys(t *testing.T, downstream *env, p protocol, via s
 	}
 
 	parent := store.Scope{Tenant: "acme", Method: do, Key: key}
-	want := []string{callKey(parent, createPayment, 1), stepKey(parent, "refund")}
+	want := []string{idemtest.CallKey(parent, createPayment, 1), idemtest.StepKey(parent, "refund")}
 	n, keys := downstream.svc.executions()
 	if got := keys[before:]; n-before != 2 || !slices.Equal(got, want) {
 		t.Errorf("downstream executions with keys %q, want %q", got, want)
@@ -232,30 +229,4 @@ func TestClientSendsTheRequestFieldKey(t *testing.T) {
 			t.Errorf("%d payments, want 1", n)
 		}
 	})
-}
-
-// callKey is the key of the n-th call to method that the request parent
-// makes without naming a step, as the client interceptor derives it: the
-// hex-encoded SHA-256 of the parent's tenant, method and key, "call",
-// method and n, each preceded by its length as a big-endian uint64.
-func callKey(parent store.Scope, method string, n int) string {
-	return derived(parent.Tenant, parent.Method, parent.Key, "call", method, strconv.Itoa(n))
-}
-
-// stepKey is the child key of the step named step of the request parent,
-// as idem.ChildKey documents it: the hex-encoded SHA-256 of the parent's
-// tenant, method and key and step, each preceded as callKey's are.
-func stepKey(parent store.Scope, step string) string {
-	return derived(parent.Tenant, parent.Method, parent.Key, step)
-}
-
-// derived is the hex-encoded SHA-256 of parts, each preceded by its length
-// as a big-endian uint64.
-func derived(parts ...string) string {
-	h := sha256.New()
-	for _, s := range parts {
-		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
-		h.Write([]byte(s))
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }

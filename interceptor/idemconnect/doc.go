@@ -132,4 +132,9 @@
 //			idemconnect.NewClientInterceptor(), // first: one key per logical call
 //			idemconnect.NewRetryInterceptor(),  // then the retries, each with that key
 //		))
+//
+// For servers whose methods are in idem.ModeAuto, the two mark each
+// attempt in the header Idempotency-Attempt ([idem.HTTPAttemptHeader]): the
+// client interceptor 1 on a call whose key it made, the retry interceptor
+// 2, 3 and so on on its attempts after the first.
 package idemconnect

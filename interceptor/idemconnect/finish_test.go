@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
@@ -78,7 +79,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 				s = postgres.New(pgtest.NewPool(t))
 			}
 			outcomes := make(chan idem.Report, 10)
-			e := newEngine(t, s,
+			e := idemtest.NewEngine(t, s,
 				idem.WithReportHook(func(_ context.Context, o idem.Report) { outcomes <- o }),
 				idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 2 * time.Second, Finish: true, FinishHeaders: []string{"x-user-id", "x-trace-bin"}}))
 			svc := &abandoning{entered: make(chan struct{})}
@@ -122,7 +123,7 @@ func TestFinishHandlerFinishesAbandonedCalls(t *testing.T) {
 			// A pass finishes the call once the grace has passed by the
 			// store's clock: passes run until one finishes something.
 			var n int
-			eventually(20*time.Second, func() bool {
+			idemtest.Eventually(20*time.Second, func() bool {
 				n, err = f.Finish(t.Context())
 				return err != nil || n != 0
 			})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,19 +13,19 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemconnect"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
@@ -208,17 +207,9 @@ func (g grpcPayments) CreatePayment(ctx context.Context, req *testv1.CreatePayme
 // gRPC interceptor, on e's store, and returns a client of it.
 func (e *env) serveGRPC(t *testing.T, opts ...idem.Option) testv1.PaymentServiceClient {
 	t.Helper()
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(newEngine(t, e.store, opts...))))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(idemtest.NewEngine(t, e.store, opts...))))
 	testv1.RegisterPaymentServiceServer(srv, grpcPayments{svc: e.svc})
-	lis := listen(t)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return testv1.NewPaymentServiceClient(conn)
+	return testv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Start(t, srv)))
 }
 
 func (s *service) watch(ctx context.Context, req *connect.Request[testv1.ReadRequest], stream *connect.ServerStream[testv1.ReadResponse]) error {
@@ -269,7 +260,7 @@ func newEnv(t *testing.T, s setup) *env {
 	}
 	e.svc = &service{pool: e.pool}
 	e.arrivals = &arrivals{}
-	e.url = serve(t, e.svc, e.arrivals, idemconnect.NewInterceptor(newEngine(t, e.store, s.opts...)))
+	e.url = serve(t, e.svc, e.arrivals, idemconnect.NewInterceptor(idemtest.NewEngine(t, e.store, s.opts...)))
 	e.bodies = &bodies{}
 	e.client = &http.Client{Transport: &recordingTransport{next: h2cTransport(), bodies: e.bodies}}
 	return e
@@ -476,45 +467,4 @@ func violation(ce *connect.Error) *errdetails.BadRequest_FieldViolation {
 		return nil
 	}
 	return br.GetFieldViolations()[0]
-}
-
-// tenantFromHeader is the tenant resolver of the tests' servers, grpc-go's
-// and connect-go's alike: it reads x-tenant-id from the request metadata.
-func tenantFromHeader(_ context.Context, header map[string][]string) (string, error) {
-	return strings.Join(header["x-tenant-id"], ","), nil
-}
-
-// newEngine returns an Engine on s with opts, failing the test if opts
-// are refused.
-func newEngine(t testing.TB, s store.Store, opts ...idem.Option) *idem.Engine {
-	t.Helper()
-	e, err := idem.New(s, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-// listen returns a listener on 127.0.0.1.
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lis
-}
-
-// eventually polls cond until it holds or timeout has passed, and reports
-// whether it held. It is for waits on a condition that nothing signals; its
-// answer does not depend on how often it polls.
-func eventually(timeout time.Duration, cond func() bool) bool {
-	limit := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(limit) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/adminwire"
 	"github.com/idemkit/idem/internal/retryhint"
 	"github.com/idemkit/idem/transport"
 )
@@ -153,21 +154,10 @@ func requestKeys(h http.Header, protocol string) ([]string, error) {
 
 // toMetadata returns h as gRPC metadata: lower-case names, and the values
 // of names ending in -bin decoded from base64 (a value that does not decode
-// is kept as it is).
+// is kept as it is): adminwire.Metadata, the mapping the admin service's
+// console shares.
 func toMetadata(h http.Header) map[string][]string {
-	md := make(map[string][]string, len(h))
-	for name, values := range h {
-		name = strings.ToLower(name)
-		for _, v := range values {
-			if strings.HasSuffix(name, "-bin") {
-				if b, err := connect.DecodeBinaryHeader(v); err == nil {
-					v = string(b)
-				}
-			}
-			md[name] = append(md[name], v)
-		}
-	}
-	return md
+	return adminwire.Metadata(h)
 }
 
 // addMetadata adds md to h, encoding the values of names ending in -bin.

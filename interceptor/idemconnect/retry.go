@@ -3,6 +3,8 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -48,6 +50,13 @@ import (
 // NO_SIDE_EFFECTS or IDEMPOTENT; a call without a key answered UNAVAILABLE
 // is retried too, as grpc-go's retry interceptors do.
 //
+// Each attempt after the first carries its number in the header
+// Idempotency-Attempt ([idem.HTTPAttemptHeader]): 2, 3 and so on, so that
+// a method in idem.ModeAuto claims it reading first, as a retry of a
+// recorded call is best claimed. The first attempt goes as the caller and
+// the interceptors after this one make it: [NewClientInterceptor] marks
+// it 1 when it made the call's key.
+//
 // Streaming calls are not retried: their messages are sent and received as
 // the stream goes, and idem keys unary calls only. Used on a handler, it
 // does nothing.
@@ -65,7 +74,18 @@ func (r *retryInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return next(ctx, req)
 		}
 		ctx = context.WithValue(ctx, pinCtxKey{}, &pin{req: req})
+		h := req.Header()
+		marked := slices.Clone(h.Values(idem.HTTPAttemptHeader))
+		defer func() {
+			h.Del(idem.HTTPAttemptHeader)
+			for _, v := range marked {
+				h.Add(idem.HTTPAttemptHeader, v)
+			}
+		}()
 		for attempt := uint(1); ; attempt++ {
+			if attempt > 1 {
+				h.Set(idem.HTTPAttemptHeader, strconv.FormatUint(uint64(attempt), 10))
+			}
 			resp, err := next(ctx, req)
 			if err == nil || attempt >= r.opts.maxAttempts || !retryable(err) {
 				return resp, err
@@ -139,8 +159,9 @@ type pinCtxKey struct{}
 // with the call's context is another logical call. The attempts of one
 // call run one after another, so it needs no lock.
 type pin struct {
-	req  connect.AnyRequest
-	set  bool
-	send any      // the message sent
-	keys []string // the keys sent
+	req   connect.AnyRequest
+	set   bool
+	send  any      // the message sent
+	keys  []string // the keys sent
+	first bool     // the keys are the call's first (OutgoingKeys.For)
 }

@@ -1,11 +1,9 @@
 package idemconnect_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,11 +13,11 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkit/idem"
 	testv1 "github.com/idemkit/idem/internal/gen/idem/test/v1"
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/store/memory"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/transport"
@@ -29,106 +27,12 @@ import (
 // once per protocol.
 func eachStore(t *testing.T, s setup, f func(t *testing.T, e *env, p protocol)) {
 	t.Helper()
-	for _, mem := range []bool{false, true} {
-		name := "postgres"
-		if mem {
-			name = "memory"
-		}
-		t.Run(name, func(t *testing.T) {
-			eachProtocol(t, func(t *testing.T, p protocol) {
-				s := s
-				s.memory = mem
-				f(t, newEnv(t, s), p)
-			})
+	idemtest.EachStore(t, func(t *testing.T, mem bool) {
+		eachProtocol(t, func(t *testing.T, p protocol) {
+			s := s
+			s.memory = mem
+			f(t, newEnv(t, s), p)
 		})
-	}
-}
-
-func TestRunsOnceAndReplays(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		client := e.payments(p)
-		first, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		firstBody := e.bodies.last()
-		again, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(first.Msg, again.Msg) || first.Msg.GetPayment().GetId() == "" {
-			t.Errorf("replay %v differs from the first response %v", again.Msg, first.Msg)
-		}
-		if !bytes.Equal(e.bodies.last(), firstBody) {
-			t.Errorf("replayed body differs from the first:\n%q\n%q", e.bodies.last(), firstBody)
-		}
-		if got := first.Header().Values(idem.HTTPReplayedHeader); len(got) != 0 {
-			t.Errorf("first response carries %s: %q", idem.HTTPReplayedHeader, got)
-		}
-		if got := again.Header().Values(idem.HTTPReplayedHeader); len(got) != 1 || got[0] != "true" {
-			t.Errorf("replay header %q, want true", got)
-		}
-		if got := first.Header().Get("X-Payment-Id"); got != first.Msg.GetPayment().GetId() {
-			t.Errorf("the handler's header X-Payment-Id = %q on the first response, want %q", got, first.Msg.GetPayment().GetId())
-		}
-		if runs, keys := e.svc.executions(); runs != 1 || keys[0] != "k1" {
-			t.Errorf("%d executions with keys %q, want 1 with k1", runs, keys)
-		}
-		if n := e.paid(t); n != 1 {
-			t.Errorf("%d payments, want 1", n)
-		}
-	})
-}
-
-// A response with a map is replayed as the recorded bytes with the binary
-// codec: encoding the decoded message again could order the entries
-// differently.
-func TestReplayIsByteIdentical(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		client := newClient[testv1.DoRequest, testv1.DoResponse](e, p, do)
-		var got [][]byte
-		for range 4 {
-			resp, err := client.CallUnary(t.Context(), keyed(&testv1.DoRequest{Value: "v"}, p.header("k1")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.Msg.GetExecution() != 1 || len(resp.Msg.GetLabels()) != 6 {
-				t.Fatalf("response %v, want execution 1 and six labels", resp.Msg)
-			}
-			got = append(got, e.bodies.last())
-		}
-		for n, body := range got[1:] {
-			if !bytes.Equal(body, got[0]) {
-				t.Errorf("replay %d differs from the first response:\n%q\n%q", n+1, body, got[0])
-			}
-		}
-		if runs, _ := e.svc.executions(); runs != 1 {
-			t.Errorf("%d executions, want 1", runs)
-		}
-	})
-}
-
-func TestSameKeyOtherRequestIsRefused(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		client := e.payments(p)
-		if _, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1"))); err != nil {
-			t.Fatal(err)
-		}
-		_, err := client.CallUnary(t.Context(), keyed(payment(9999), p.header("k1")))
-		ce := wantCode(t, err, connect.CodeFailedPrecondition)
-		info := detail[*errdetails.ErrorInfo](ce)
-		if info.GetReason() != idem.ReasonKeyReused || info.GetDomain() != idem.Domain {
-			t.Errorf("ErrorInfo %v, want %s in %s", info, idem.ReasonKeyReused, idem.Domain)
-		}
-		if got := ce.Meta().Get(idem.HTTPReplayedHeader); got != "" {
-			t.Errorf("a refusal carries %s: %q", idem.HTTPReplayedHeader, got)
-		}
-		if runs, _ := e.svc.executions(); runs != 1 {
-			t.Errorf("%d executions, want 1", runs)
-		}
-		if n := e.paid(t); n != 1 {
-			t.Errorf("%d payments, want 1", n)
-		}
 	})
 }
 
@@ -184,103 +88,6 @@ func TestDuplicateInFlightIsAborted(t *testing.T) {
 	})
 }
 
-func TestDeterministicErrorIsRecordedAndReplayed(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		e.svc.setHook(func(context.Context, int) error {
-			ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("card declined"))
-			d, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example"})
-			if err != nil {
-				return err
-			}
-			ce.AddDetail(d)
-			ce.Meta().Set("X-Decline", "insufficient-funds")
-			return ce
-		})
-		client := e.payments(p)
-		_, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		first := wantCode(t, err, connect.CodeFailedPrecondition)
-		if got := first.Meta().Get("X-Decline"); got != "insufficient-funds" {
-			t.Errorf("the handler's error metadata X-Decline = %q on the first answer", got)
-		}
-		_, err = client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		again := wantCode(t, err, connect.CodeFailedPrecondition)
-		for _, ce := range []*connect.Error{first, again} {
-			if ce.Message() != "card declined" || detail[*errdetails.ErrorInfo](ce).GetReason() != "CARD_DECLINED" {
-				t.Errorf("error %v, want the handler's message and detail", ce)
-			}
-		}
-		if got := again.Meta().Get(idem.HTTPReplayedHeader); got != "true" {
-			t.Errorf("replayed error: %s = %q, want true", idem.HTTPReplayedHeader, got)
-		}
-		if runs, _ := e.svc.executions(); runs != 1 {
-			t.Errorf("%d executions, want 1", runs)
-		}
-		if e.pool != nil {
-			// The payment the handler wrote was rolled back; the key
-			// stays, with the error.
-			if n := e.paid(t); n != 0 {
-				t.Errorf("%d payments, want the handler's write rolled back", n)
-			}
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'recorded' AND response_code = 9`); n != 1 {
-				t.Errorf("%d recorded errors, want 1", n)
-			}
-		}
-	})
-}
-
-func TestTransientErrorReleasesTheKey(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		e.svc.setHook(func(_ context.Context, run int) error {
-			if run == 1 {
-				return connect.NewError(connect.CodeUnavailable, errors.New("ledger unreachable"))
-			}
-			return nil
-		})
-		client := e.payments(p)
-		_, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		if ce := wantCode(t, err, connect.CodeUnavailable); ce.Message() != "ledger unreachable" {
-			t.Errorf("message %q, want the handler's", ce.Message())
-		}
-		if e.pool != nil {
-			if n := e.paid(t) + e.keys(t); n != 0 {
-				t.Errorf("%d payments and keys left by a transient error, want none", n)
-			}
-		}
-		resp, err := client.CallUnary(t.Context(), keyed(payment(1250), p.header("k1")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := resp.Header().Get(idem.HTTPReplayedHeader); got != "" {
-			t.Errorf("the retry after a transient error is a replay")
-		}
-		if runs, _ := e.svc.executions(); runs != 2 {
-			t.Errorf("%d executions, want 2", runs)
-		}
-		if n := e.paid(t); n != 1 {
-			t.Errorf("%d payments, want 1", n)
-		}
-	})
-}
-
-func TestMissingKeyIsRefused(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		_, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), ""))
-		ce := wantCode(t, err, connect.CodeInvalidArgument)
-		if v := violation(ce); v.GetField() != idem.KeyHeader || !strings.Contains(v.GetDescription(), "required") {
-			t.Errorf("violation %v, want one on %s saying it is required", v, idem.KeyHeader)
-		}
-		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyMissing || info.GetDomain() != idem.Domain {
-			t.Errorf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyMissing)
-		}
-		if runs, _ := e.svc.executions(); runs != 0 {
-			t.Errorf("%d executions, want none", runs)
-		}
-		if n := e.paid(t) + e.keys(t); n != 0 {
-			t.Errorf("%d payments and keys, want none", n)
-		}
-	})
-}
-
 func TestMalformedKeyIsRefused(t *testing.T) {
 	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
 		cases := []struct{ value, says string }{
@@ -332,59 +139,6 @@ func TestMalformedKeyIsRefused(t *testing.T) {
 	})
 }
 
-// A malformed key in the request's key field (request_id), with no key
-// header, is refused as malformed, naming the field, as on grpc-go: not as
-// missing.
-func TestMalformedKeyFieldIsRefused(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		req := payment(1250)
-		req.RequestId = "has space"
-		_, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
-		ce := wantCode(t, err, connect.CodeInvalidArgument)
-		if info := detail[*errdetails.ErrorInfo](ce); info.GetReason() != idem.ReasonKeyInvalid || info.GetDomain() != idem.Domain {
-			t.Errorf("ErrorInfo %v, want reason %s", info, idem.ReasonKeyInvalid)
-		}
-		if v := violation(ce); v.GetField() != idem.KeyHeader || !strings.Contains(v.GetDescription(), "request_id") ||
-			!strings.Contains(v.GetDescription(), "visible ASCII") {
-			t.Errorf("violation %v, want one on %s naming request_id and the rule", v, idem.KeyHeader)
-		}
-		if runs, _ := e.svc.executions(); runs != 0 {
-			t.Errorf("%d executions, want none", runs)
-		}
-		if n := e.paid(t) + e.keys(t); n != 0 {
-			t.Errorf("%d payments and keys, want none", n)
-		}
-	})
-}
-
-// A key that came in the header alone reaches the handler in the request's
-// key field (request_id) too, as on grpc-go; a retry that carries it in the
-// field instead is the same request, and replays.
-func TestHeaderKeyReachesTheRequestField(t *testing.T) {
-	eachStore(t, setup{}, func(t *testing.T, e *env, p protocol) {
-		first, err := e.payments(p).CallUnary(t.Context(), keyed(payment(1250), p.header("k-header")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := payment(1250)
-		req.RequestId = "k-header"
-		again, err := e.payments(p).CallUnary(t.Context(), keyed(req, ""))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(again.Msg, first.Msg) || again.Header().Get(idem.HTTPReplayedHeader) != "true" {
-			t.Errorf("the retry with the key in the field: %v (%s %q), want the first response %v replayed",
-				again.Msg, idem.HTTPReplayedHeader, again.Header().Get(idem.HTTPReplayedHeader), first.Msg)
-		}
-		if ids := e.svc.requestIDs(); !slices.Equal(ids, []string{"k-header"}) {
-			t.Errorf("the handler ran with request_id %q, want the header's key once", ids)
-		}
-		if n := e.paid(t); n != 1 {
-			t.Errorf("%d payments, want 1", n)
-		}
-	})
-}
-
 // A method without side effects ignores a well-formed key, as on grpc-go:
 // the call runs untouched. A malformed key is refused with
 // INVALID_ARGUMENT, as on any method, and the handler does not run.
@@ -425,34 +179,6 @@ func TestMethodWithoutSideEffectsIgnoresKeys(t *testing.T) {
 	if n := e.keys(t); n != 0 {
 		t.Errorf("%d keys, want none", n)
 	}
-}
-
-func TestTenantFromHeaders(t *testing.T) {
-	s := setup{opts: []idem.Option{idem.WithTenant(tenantFromHeader)}}
-	eachStore(t, s, func(t *testing.T, e *env, p protocol) {
-		client := e.payments(p)
-		ids := map[string]string{}
-		for _, tenant := range []string{"acme", "globex", "acme"} {
-			req := keyed(payment(1250), p.header("k1"))
-			req.Header().Set("X-Tenant-Id", tenant)
-			resp, err := client.CallUnary(t.Context(), req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if id, seen := ids[tenant]; seen && id != resp.Msg.GetPayment().GetId() {
-				t.Errorf("tenant %s: payment %s, then %s", tenant, id, resp.Msg.GetPayment().GetId())
-			}
-			ids[tenant] = resp.Msg.GetPayment().GetId()
-		}
-		if runs, _ := e.svc.executions(); runs != 2 {
-			t.Errorf("%d executions, want one per tenant", runs)
-		}
-		if e.pool != nil {
-			if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'k1' AND tenant IN ('acme', 'globex')`); n != 2 {
-				t.Errorf("%d keys, want one per tenant", n)
-			}
-		}
-	})
 }
 
 func TestKeyedStreamIsRefused(t *testing.T) {

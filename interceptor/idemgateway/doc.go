@@ -31,8 +31,9 @@
 // gRPC server's interceptors: idem does not run for its routes, and a
 // retried POST runs again.
 //
-// The options set the ServeMux's incoming and outgoing header matchers and
-// its error handler, each of which a ServeMux has only one of. To add your
+// The options set the ServeMux's incoming and outgoing header matchers,
+// its outgoing trailer matcher and its error handler, each of which a
+// ServeMux has only one of. To add your
 // own, give an option of your own after ServeMuxOptions, wrapping yours with
 // this package's, which handles idem's headers and errors and passes the rest
 // on:

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
@@ -22,7 +21,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -32,6 +30,8 @@ import (
 	"github.com/idemkit/idem/interceptor"
 	"github.com/idemkit/idem/interceptor/idemgateway"
 	gatewaytestv1 "github.com/idemkit/idem/interceptor/idemgateway/internal/gen/idem/gatewaytest/v1"
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/idemtest/grpctest"
 	"github.com/idemkit/idem/store/postgres"
 	"github.com/idemkit/idem/store/postgres/pgtest"
 	"github.com/idemkit/idem/transport"
@@ -53,8 +53,6 @@ type service struct {
 	// hook, if set, runs first in CreateTransfer: it may block, or fail
 	// the call.
 	hook func(ctx context.Context) error
-	// requestIDs holds the request_id of each CreateTransfer request.
-	requestIDs []string
 }
 
 func (s *service) setHook(h func(ctx context.Context) error) {
@@ -67,7 +65,6 @@ func (s *service) CreateTransfer(ctx context.Context, req *gatewaytestv1.CreateT
 	s.calls.Add(1)
 	s.mu.Lock()
 	hook := s.hook
-	s.requestIDs = append(s.requestIDs, req.GetRequestId())
 	s.mu.Unlock()
 	if hook != nil {
 		if err := hook(ctx); err != nil {
@@ -173,24 +170,10 @@ func newEnv(t *testing.T, cfg config) *env {
 		return "", errors.New("missing x-tenant-id")
 	}
 	opts := append([]idem.Option{idem.WithTenant(tenant)}, cfg.server...)
-	engine, err := idem.New(postgres.New(pool, cfg.store...), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	engine := idemtest.NewEngine(t, postgres.New(pool, cfg.store...), opts...)
 	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 	gatewaytestv1.RegisterTransferServiceServer(srv, svc)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := grpctest.Dial(t, grpctest.Start(t, srv))
 	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(),
 		runtime.WithIncomingHeaderMatcher(idemgateway.IncomingHeaderMatcher(tenantHeaders)))...)
 	if err := gatewaytestv1.RegisterTransferServiceHandler(t.Context(), mux, conn); err != nil {
@@ -361,30 +344,6 @@ func TestReplay(t *testing.T) {
 	}
 }
 
-// TestKeyReused: the same key with another request is refused with 422,
-// and nothing runs.
-func TestKeyReused(t *testing.T) {
-	e := newEnv(t, config{})
-	if r := e.create(t, transfer, "Idempotency-Key", "order-2"); r.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", r.status, r.body)
-	}
-	changed := strings.Replace(transfer, `"1250"`, `"9999"`, 1)
-	r := e.create(t, changed, "Idempotency-Key", "order-2")
-	p := problem(t, r, http.StatusUnprocessableEntity, idem.ReasonKeyReused)
-	if p.Type != "https://pkg.go.dev/github.com/idemkit/idem#ReasonKeyReused" {
-		t.Fatalf("type %q", p.Type)
-	}
-	if n := e.svc.calls.Load(); n != 1 {
-		t.Fatalf("the handler ran %d times, want 1", n)
-	}
-	if n := e.count(t, `SELECT count(*) FROM transfers WHERE amount_cents = 1250`); n != 1 {
-		t.Fatalf("%d transfers of the first request, want 1", n)
-	}
-	if n := e.count(t, `SELECT count(*) FROM transfers WHERE amount_cents = 9999`); n != 0 {
-		t.Fatalf("%d transfers of the changed request, want 0", n)
-	}
-}
-
 // TestKeyMissing: a method that requires a key refuses a request without
 // one with 400, before anything runs or is written.
 func TestKeyMissing(t *testing.T) {
@@ -519,72 +478,6 @@ func TestKeyInUse(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM transfers`); n != 1 {
 		t.Fatalf("%d transfers, want 1", n)
 	}
-}
-
-// TestHandlerErrors: a handler's deterministic errors are recorded and
-// replayed with Idempotent-Replayed: true, and answered by grpc-gateway's
-// default handler, even FAILED_PRECONDITION, which idem's key reuse shares;
-// a transient error releases the key, so the retry runs.
-func TestHandlerErrors(t *testing.T) {
-	e := newEnv(t, config{})
-	for _, c := range []struct {
-		name, key, body string
-		status, code    int
-	}{
-		{"invalid argument", "order-6", strings.Replace(transfer, `"1250"`, `"0"`, 1), http.StatusBadRequest, int(codes.InvalidArgument)},
-		{"failed precondition", "order-7", strings.Replace(transfer, `"bob"`, `"alice"`, 1), http.StatusBadRequest, int(codes.FailedPrecondition)},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			first := e.create(t, c.body, "Idempotency-Key", c.key)
-			var body struct {
-				Code int `json:"code"`
-			}
-			if err := json.Unmarshal(first.body, &body); err != nil || first.status != c.status || body.Code != c.code ||
-				first.header.Get("Content-Type") != "application/json" {
-				t.Fatalf("first call: %d %s %s; want %d with a google.rpc.Status of code %d in JSON",
-					first.status, first.header.Get("Content-Type"), first.body, c.status, c.code)
-			}
-			if state, code, ok := e.keyRow(t, "acme", c.key); !ok || state != "recorded" || code != c.code {
-				t.Fatalf("key row: %q %d %v; want completed with code %d", state, code, ok, c.code)
-			}
-			again := e.create(t, c.body, "Idempotency-Key", c.key)
-			if again.status != c.status || again.header.Get(idem.HTTPReplayedHeader) != "true" ||
-				string(again.body) != string(first.body) {
-				t.Fatalf("retry: %d %q %s; want the first answer, replayed", again.status,
-					again.header.Get(idem.HTTPReplayedHeader), again.body)
-			}
-		})
-	}
-	if n := e.svc.calls.Load(); n != 2 {
-		t.Fatalf("the handler ran %d times, want 2", n)
-	}
-	if n := e.count(t, `SELECT count(*) FROM transfers`); n != 0 {
-		t.Fatalf("%d transfers, want 0", n)
-	}
-
-	t.Run("transient", func(t *testing.T) {
-		var failed atomic.Bool
-		e.svc.setHook(func(context.Context) error {
-			if failed.CompareAndSwap(false, true) {
-				return status.Error(codes.Unavailable, "the ledger is down")
-			}
-			return nil
-		})
-		r := e.create(t, transfer, "Idempotency-Key", "order-8")
-		if r.status != http.StatusServiceUnavailable || r.header.Get("Content-Type") != "application/json" {
-			t.Fatalf("first call: %d %s %s", r.status, r.header.Get("Content-Type"), r.body)
-		}
-		if _, _, ok := e.keyRow(t, "acme", "order-8"); ok {
-			t.Fatal("a transient error left the key's row")
-		}
-		again := e.create(t, transfer, "Idempotency-Key", "order-8")
-		if again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "" {
-			t.Fatalf("retry: %d %q %s; want a fresh 200", again.status, again.header.Get(idem.HTTPReplayedHeader), again.body)
-		}
-		if n := e.count(t, `SELECT count(*) FROM transfers WHERE request_key = 'order-8'`); n != 1 {
-			t.Fatalf("%d transfers, want 1", n)
-		}
-	})
 }
 
 // TestMixedTransports: a call over gRPC and its retry over HTTP, or the

@@ -15,7 +15,12 @@ import (
 // ServeMuxOptions returns the options that serve idem's contract on a
 // grpc-gateway ServeMux: [KeyMiddleware], and [IncomingHeaderMatcher],
 // [OutgoingHeaderMatcher] and [ErrorHandler] in front of grpc-gateway's
-// defaults. An option given after them replaces the matcher or error handler
+// defaults, and an outgoing trailer matcher that forwards the trailers as
+// grpc-gateway does (as Grpc-Trailer-<key>, to a request with TE:
+// trailers) but for grpc-status-details-bin: its value is the binary
+// google.rpc.Status of an error, which the body carries already and which
+// an HTTP trailer cannot carry (its bytes break the response, and every
+// refusal of idem's has details). An option given after them replaces the matcher or error handler
 // it sets; wrap yours with this package's to keep idem's part (see the
 // package documentation).
 func ServeMuxOptions() []runtime.ServeMuxOption {
@@ -24,7 +29,18 @@ func ServeMuxOptions() []runtime.ServeMuxOption {
 		runtime.WithIncomingHeaderMatcher(IncomingHeaderMatcher(nil)),
 		runtime.WithOutgoingHeaderMatcher(OutgoingHeaderMatcher(nil)),
 		runtime.WithErrorHandler(ErrorHandler(nil)),
+		runtime.WithOutgoingTrailerMatcher(outgoingTrailerMatcher),
 	}
+}
+
+// outgoingTrailerMatcher forwards each trailer key as grpc-gateway's
+// default does, as Grpc-Trailer-<key>, except grpc-status-details-bin (see
+// ServeMuxOptions).
+func outgoingTrailerMatcher(key string) (string, bool) {
+	if strings.EqualFold(key, "grpc-status-details-bin") {
+		return "", false
+	}
+	return runtime.MetadataTrailerPrefix + key, true
 }
 
 // KeyMiddleware parses the request's Idempotency-Key header
@@ -60,7 +76,10 @@ func KeyMiddleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 
 // IncomingHeaderMatcher returns an incoming header matcher that maps the
 // Idempotency-Key header to idem's metadata key, idempotency-key
-// ([idem.KeyHeader]), and leaves every other header to next, by
+// ([idem.KeyHeader]), and the Idempotency-Attempt header
+// ([idem.HTTPAttemptHeader]) to idempotency-attempt ([idem.AttemptHeader]),
+// by which an HTTP client marks a first attempt (1) or a retry (2 and
+// on), and leaves every other header to next, by
 // default (nil) grpc-gateway's [runtime.DefaultHeaderMatcher], which drops
 // the headers it does not know. A header that next would map to
 // idempotency-key too (Grpc-Metadata-Idempotency-Key, say) is dropped: only
@@ -70,8 +89,11 @@ func IncomingHeaderMatcher(next runtime.HeaderMatcherFunc) runtime.HeaderMatcher
 		next = runtime.DefaultHeaderMatcher
 	}
 	return func(key string) (string, bool) {
-		if textproto.CanonicalMIMEHeaderKey(key) == idem.HTTPKeyHeader {
+		switch textproto.CanonicalMIMEHeaderKey(key) {
+		case idem.HTTPKeyHeader:
 			return idem.KeyHeader, true
+		case idem.HTTPAttemptHeader:
+			return idem.AttemptHeader, true
 		}
 		name, ok := next(key)
 		if ok && strings.EqualFold(name, idem.KeyHeader) {

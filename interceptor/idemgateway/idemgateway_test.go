@@ -32,6 +32,7 @@ func TestIncomingHeaderMatcher(t *testing.T) {
 	}{
 		{idemgateway.IncomingHeaderMatcher(nil), "Idempotency-Key", idem.KeyHeader, true},
 		{idemgateway.IncomingHeaderMatcher(nil), "idempotency-key", idem.KeyHeader, true},
+		{idemgateway.IncomingHeaderMatcher(nil), "Idempotency-Attempt", idem.AttemptHeader, true},
 		{idemgateway.IncomingHeaderMatcher(nil), "Accept", "grpcgateway-Accept", true}, // the default's
 		{idemgateway.IncomingHeaderMatcher(nil), "X-Tenant-Id", "", false},             // the default's
 		{idemgateway.IncomingHeaderMatcher(tenantHeaders), "X-Tenant-Id", "x-tenant-id", true},

@@ -3,7 +3,6 @@ package idemgateway_test
 import (
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"testing"
 
@@ -74,30 +73,6 @@ func TestKeyField(t *testing.T) {
 	wantKeyError(t, err, idem.ReasonKeyMissing, "required")
 	if n := e.svc.calls.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
-	}
-}
-
-// TestHeaderKeyReachesTheRequestField: a key that came in the
-// Idempotency-Key header alone reaches the handler in the request's key
-// field (request_id) too, as over gRPC; a retry that carries it in the
-// field instead is the same request, and replays.
-func TestHeaderKeyReachesTheRequestField(t *testing.T) {
-	e := newEnv(t, config{})
-	first := e.create(t, transfer, "Idempotency-Key", `"order-h1"`)
-	again := e.create(t, withRequestID("order-h1"))
-	if first.status != http.StatusOK || again.status != http.StatusOK || again.header.Get(idem.HTTPReplayedHeader) != "true" ||
-		string(again.body) != string(first.body) {
-		t.Fatalf("key in the header, then in the field: %d %s, then %d %q %s", first.status, first.body, again.status,
-			again.header.Get(idem.HTTPReplayedHeader), again.body)
-	}
-	e.svc.mu.Lock()
-	ids := slices.Clone(e.svc.requestIDs)
-	e.svc.mu.Unlock()
-	if !slices.Equal(ids, []string{"order-h1"}) {
-		t.Fatalf("the handler ran with request_id %q, want the header's key once", ids)
-	}
-	if n := e.count(t, `SELECT count(*) FROM transfers`); n != 1 {
-		t.Fatalf("%d transfers, want 1", n)
 	}
 }
 

@@ -48,6 +48,26 @@ func (c Client) FinishKey(ctx context.Context, in *adminv1.FinishKeyRequest) (*a
 	return invoke[adminv1.FinishKeyResponse](ctx, c.cc, "FinishKey", in)
 }
 
+func (c Client) ListAudit(ctx context.Context, in *adminv1.ListAuditRequest) (*adminv1.ListAuditResponse, error) {
+	return invoke[adminv1.ListAuditResponse](ctx, c.cc, "ListAudit", in)
+}
+
+func (c Client) GetKeyStats(ctx context.Context, in *adminv1.GetKeyStatsRequest) (*adminv1.GetKeyStatsResponse, error) {
+	return invoke[adminv1.GetKeyStatsResponse](ctx, c.cc, "GetKeyStats", in)
+}
+
+func (c Client) ForgetKeys(ctx context.Context, in *adminv1.ForgetKeysRequest) (*adminv1.ForgetKeysResponse, error) {
+	return invoke[adminv1.ForgetKeysResponse](ctx, c.cc, "ForgetKeys", in)
+}
+
+func (c Client) SettleKeys(ctx context.Context, in *adminv1.SettleKeysRequest) (*adminv1.SettleKeysResponse, error) {
+	return invoke[adminv1.SettleKeysResponse](ctx, c.cc, "SettleKeys", in)
+}
+
+func (c Client) FinishKeys(ctx context.Context, in *adminv1.FinishKeysRequest) (*adminv1.FinishKeysResponse, error) {
+	return invoke[adminv1.FinishKeysResponse](ctx, c.cc, "FinishKeys", in)
+}
+
 // invoke calls the service's RPC name with in and returns its response.
 func invoke[Resp any, PResp interface {
 	*Resp

@@ -15,7 +15,10 @@ package adminwire
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
+	"net/http"
+	"strings"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 
@@ -29,6 +32,46 @@ type Caller struct {
 	Header map[string][]string
 	// TLS is the state of the call's TLS connection; nil without TLS.
 	TLS *tls.ConnectionState
+	// Peer is the network address the call came from, as the wire gives
+	// it; empty when it gives none.
+	Peer string
+}
+
+// HTTPCaller returns the caller of r, an HTTP request: its headers as
+// [Metadata] maps them, its TLS state, and its RemoteAddr as the peer.
+func HTTPCaller(r *http.Request) Caller {
+	return Caller{Header: Metadata(r.Header), TLS: r.TLS, Peer: r.RemoteAddr}
+}
+
+// Metadata returns h, HTTP headers, as gRPC metadata carries them:
+// lower-case names, and the values of names ending in -bin decoded from
+// base64, padded or not, as the gRPC and Connect protocols send them (a
+// value that does not decode is kept as it is). Every HTTP wire of the
+// admin service maps a request's headers with it: idemconnect's, and the
+// admin package's console.
+func Metadata(h http.Header) map[string][]string {
+	md := make(map[string][]string, len(h))
+	for name, values := range h {
+		name = strings.ToLower(name)
+		for _, v := range values {
+			if strings.HasSuffix(name, "-bin") {
+				if b, err := decodeBinary(v); err == nil {
+					v = string(b)
+				}
+			}
+			md[name] = append(md[name], v)
+		}
+	}
+	return md
+}
+
+// decodeBinary decodes the value of a -bin header, as
+// connect.DecodeBinaryHeader does: unpadded when its length says so.
+func decodeBinary(v string) ([]byte, error) {
+	if len(v)%4 != 0 {
+		return base64.RawStdEncoding.DecodeString(v)
+	}
+	return base64.StdEncoding.DecodeString(v)
 }
 
 type callerKey struct{}

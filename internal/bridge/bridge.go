@@ -58,7 +58,7 @@ type FinishFunc func(ctx context.Context, engine any, req proto.Message, header 
 
 // KeysFunc decides the request and the keys of an outgoing call
 // (transport.OutgoingKeys.For).
-type KeysFunc func(ctx context.Context, fullMethod string, req any, sent []string) (any, []string, error)
+type KeysFunc func(ctx context.Context, fullMethod string, req any, sent []string) (any, []string, bool, error)
 
 // The engine's entry points, set by package idem.
 var (

@@ -23,11 +23,11 @@ func TestMain(m *testing.M) {
 	os.Exit(pgtest.Run(m))
 }
 
-// opsMark precedes a shell block of the README's operations walkthrough.
+// opsMark precedes a shell block of the walkthrough in docs/operations.md.
 var opsMark = regexp.MustCompile(`^<!-- ops: ([a-z-]+) -->$`)
 
-// opsBlocks returns the README's shell blocks marked "<!-- ops: NAME -->",
-// by name, and their names in the README's order.
+// opsBlocks returns the shell blocks of md marked "<!-- ops: NAME -->", by
+// name, and their names in md's order.
 func opsBlocks(md string) (map[string]string, []string) {
 	blocks := map[string]string{}
 	var order []string
@@ -55,8 +55,8 @@ func opsBlocks(md string) (map[string]string, []string) {
 	return blocks, order
 }
 
-// walkthrough is a bash that runs the README's blocks one at a time, as a
-// reader types them into one interactive shell: job control on (so that
+// walkthrough is a bash that runs the walkthrough's blocks one at a time,
+// as a reader types them into one interactive shell: job control on (so that
 // "kill %%" stops a job's whole process group, go run's child included),
 // every job's process group stopped, and waited for, when it exits.
 type walkthrough struct {
@@ -133,8 +133,8 @@ func (w *walkthrough) log(name string) string {
 	return string(b)
 }
 
-// run runs the README's block name and returns what it printed, failing
-// the test if a command of it fails.
+// run runs the walkthrough's block name and returns what it printed,
+// failing the test if a command of it fails.
 func (w *walkthrough) run(name, script string) string {
 	w.t.Helper()
 	w.t.Logf("+ %s", script)
@@ -194,12 +194,13 @@ func listening(addrs ...string) func() bool {
 	}
 }
 
-// TestOperationsWalkthrough runs the shell blocks of the README's
-// "Operations" walkthrough as written, in one bash, on a fresh database:
+// TestOperationsWalkthrough runs the shell blocks of the walkthrough in
+// docs/operations.md as written, in one bash, on a fresh database:
 // it installs the idem command into a directory of its own, starts the
 // payments server in the background, pays and retries, finds the key and
-// reads it, then starts the checkout demo, finds the checkout it left
-// abandoned and finishes it. It waits for each server by polling its
+// reads it, then starts the checkout demo, counts the stuck keys, finds
+// the checkout it left abandoned, makes a dry run of finishing every
+// abandoned key, finishes it and reads its audit trail. It waits for each server by polling its
 // listener (or, for the demo, its output), and checks what each step
 // printed and that one payment was made.
 func TestOperationsWalkthrough(t *testing.T) {
@@ -207,25 +208,25 @@ func TestOperationsWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	md, err := os.ReadFile(filepath.Join(root, "README.md"))
+	md, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	blocks, order := opsBlocks(string(md))
 	want := []string{"setup", "payments-server", "payments-retry", "payments-keys", "checkout-demo", "checkout-keys"}
 	if strings.Join(order, " ") != strings.Join(want, " ") {
-		t.Fatalf("README.md's <!-- ops: NAME --> blocks are %v, want %v", order, want)
+		t.Fatalf("docs/operations.md's <!-- ops: NAME --> blocks are %v, want %v", order, want)
 	}
 	for _, tool := range []string{"bash", "curl", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("the walkthrough needs %s on PATH: %v", tool, err)
 		}
 	}
-	// The README's commands name their addresses.
+	// docs/operations.md's commands name their addresses.
 	for _, a := range []string{"127.0.0.1:50051", "127.0.0.1:8080", "127.0.0.1:9464", "127.0.0.1:9091", "127.0.0.1:9092"} {
 		l, err := net.Listen("tcp", a)
 		if err != nil {
-			t.Fatalf("the README's walkthrough listens on %s, which is taken (%v): stop what listens there", a, err)
+			t.Fatalf("docs/operations.md's walkthrough listens on %s, which is taken (%v): stop what listens there", a, err)
 		}
 		l.Close()
 	}
@@ -294,9 +295,20 @@ func TestOperationsWalkthrough(t *testing.T) {
 		return strings.Contains(w.log("checkout-demo"), "it waits for an operator")
 	}, "checkout-demo")
 	out = w.run("checkout-keys", blocks["checkout-keys"])
-	if n := len(regexp.MustCompile(`(?m)^\S+ +\S+ +\S+ +abandoned `).FindAllString(out, -1)); n != 1 ||
-		!regexp.MustCompile(`(?m)^order-1 +- +/checkout\.v1\.CheckoutService/Checkout +abandoned `).MatchString(out) {
-		t.Errorf("idem keys list -state abandoned: want order-1 alone")
+	// The list and the dry run's sample each show order-1, alone.
+	if n := len(regexp.MustCompile(`(?m)^\S+ +\S+ +\S+ +abandoned `).FindAllString(out, -1)); n != 2 ||
+		len(regexp.MustCompile(`(?m)^order-1 +- +/checkout\.v1\.CheckoutService/Checkout +abandoned `).FindAllString(out, -1)) != 2 {
+		t.Errorf("idem keys list -state abandoned and the dry run's sample: want order-1 alone in each")
+	}
+	if !regexp.MustCompile(`(?m)^- +/checkout\.v1\.CheckoutService/Checkout +abandoned +1$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^oldest abandoned: order-1 \(tenant -, method /checkout\.v1\.CheckoutService/Checkout\), created `).MatchString(out) {
+		t.Errorf("idem keys stats: want order-1 counted abandoned, and named the oldest")
+	}
+	if !strings.Contains(out, "Dry run: 1 keys match; the first 1, which one call would finish:") {
+		t.Errorf("idem bulk finish -dry-run: want a count of 1")
+	}
+	if !regexp.MustCompile(`(?m)^\S+ +finish +order-1 +- +/checkout\.v1\.CheckoutService/Checkout +\S+ +false +abandoned +recorded +replica crash, INC-42$`).MatchString(out) {
+		t.Errorf("idem keys history: want the finish, abandoned to recorded, with its reason")
 	}
 	// finish and get each print the key, recorded, with its answer.
 	if n := len(regexp.MustCompile(`(?m)^state: +recorded$`).FindAllString(out, -1)); n != 2 {

@@ -1,9 +1,12 @@
-// Package readme checks that the Go snippets of README.md compile: each one
-// must appear, verbatim but for white space, in a Go file of the repository
-// that CI vets and builds (most are in examples/internal/readme; the handler
-// test of "Testing" is internal/testdata/shop's, which .ci/run builds, vets
-// and tests through its run.sh), and runs the shell blocks of the
-// "Operations" walkthrough as written (operations_test.go).
+// Package readme checks that the Go snippets of README.md, CONTRIBUTING.md
+// and every page under docs/ compile: each one must appear, verbatim but
+// for white space, in a Go file of the repository that CI vets and builds
+// (most are in examples/internal/readme; the handler test of docs/testing.md
+// is internal/testdata/shop's, which .ci/run builds, vets and tests through
+// its run.sh); that every relative link of the repository's Markdown files
+// names a file, and a heading where it has an anchor (links_test.go); and
+// runs the shell blocks of the walkthrough in docs/operations.md as written
+// (operations_test.go).
 package readme
 
 import (
@@ -45,14 +48,65 @@ func squash(s string) string {
 	return strings.Join(strings.Fields(s), "")
 }
 
-func TestReadmeSnippetsAreCompiled(t *testing.T) {
-	root := filepath.Join("..", "..")
-	md, err := os.ReadFile(filepath.Join(root, "README.md"))
+// compiled reports whether snippet s is in one of the squashed Go files
+// sources: verbatim but for white space, or, for a snippet with lines that
+// are only "..." (code left out, as tools/doccheck reads them), each part
+// between them in the same file, in the snippet's order.
+func compiled(sources []string, s string) bool {
+	var parts []string
+	var cur []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.TrimSpace(line) == "..." {
+			parts, cur = append(parts, squash(strings.Join(cur, "\n"))), nil
+			continue
+		}
+		cur = append(cur, line)
+	}
+	parts = append(parts, squash(strings.Join(cur, "\n")))
+next:
+	for _, src := range sources {
+		rest := src
+		for _, p := range parts {
+			i := strings.Index(rest, p)
+			if i < 0 {
+				continue next
+			}
+			rest = rest[i+len(p):]
+		}
+		return true
+	}
+	return false
+}
+
+// docs returns the Markdown files whose Go snippets must be compiled, as
+// paths relative to root: README.md, CONTRIBUTING.md and every page under
+// docs/.
+func docs(t *testing.T, root string) []string {
+	t.Helper()
+	files := []string{"README.md", "CONTRIBUTING.md"}
+	err := filepath.WalkDir(filepath.Join(root, "docs"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".md") {
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return err
+			}
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sources strings.Builder
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	return files
+}
+
+func TestReadmeSnippetsAreCompiled(t *testing.T) {
+	root := filepath.Join("..", "..")
+	var sources []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -66,21 +120,27 @@ func TestReadmeSnippetsAreCompiled(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		sources.WriteString(squash(string(b)))
-		sources.WriteString("\x00")
+		sources = append(sources, squash(string(b)))
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := sources.String()
-	found := snippets(string(md))
-	if len(found) == 0 {
-		t.Fatal("README.md has no Go snippets")
-	}
-	for i, s := range found {
-		if !strings.Contains(all, squash(s)) {
-			t.Errorf("README.md's Go snippet %d is in no Go file of the repository, so nothing compiles it; put it, as it is, in examples/internal/readme:\n%s", i+1, s)
+	files := docs(t, root)
+	n := 0
+	for _, name := range files {
+		md, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
 		}
+		for i, s := range snippets(string(md)) {
+			n++
+			if !compiled(sources, s) {
+				t.Errorf("%s's Go snippet %d is in no Go file of the repository, so nothing compiles it; put it, as it is, in examples/internal/readme:\n%s", name, i+1, s)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("%v have no Go snippets", files)
 	}
 }

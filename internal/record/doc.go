@@ -12,14 +12,15 @@ A body is the byte 0x02 followed by the encoding of an idem.record.v1.Record
 (internal/proto/idem/record/v1/record.proto): the status code, the payload
 (the deterministic encoding of the response for code 0, else of the
 error's google.rpc.Status), the response header and trailer entries the
-handler set, and a CRC-32C checksum. Encode writes it, Decode reads it; no
-other code does.
+handler set, for methods that keep it the request (EncodeRequest; replays
+never send it), and a CRC-32C checksum. Encode and EncodeRequest write
+it, Decode reads it; no other code does.
 
 	body, payload, err := record.Encode(code.Code_OK, resp, header, trailer)
 	...
 	r, err := record.Decode(body)
 
-The checksum covers the code, the payload and the metadata, so a body
+The checksum covers the code, the payload, the metadata and the request, so a body
 corrupted in storage or in transit is refused, never replayed. Only metadata
 that a replay may send again is kept (not grpc- names, pseudo-headers, the
 content type, te, user-agent or idem's own headers), under its lowercase

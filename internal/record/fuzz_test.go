@@ -54,7 +54,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		again, err := seal(r.Code, r.Payload, r.Header, r.Trailer)
+		again, err := seal(r.Code, r.Payload, r.Header, r.Trailer, r.Request)
 		if err != nil {
 			t.Fatalf("seal(%+v): %v", r, err)
 		}
@@ -62,10 +62,10 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Decode(seal(%+v)): %v", r, err)
 		}
-		if r2.Bare || r2.Code != r.Code || !bytes.Equal(r2.Payload, r.Payload) || !equalMD(r2.Header, r.Header) || !equalMD(r2.Trailer, r.Trailer) {
+		if r2.Bare || r2.Code != r.Code || !bytes.Equal(r2.Payload, r.Payload) || !bytes.Equal(r2.Request, r.Request) || !equalMD(r2.Header, r.Header) || !equalMD(r2.Trailer, r.Trailer) {
 			t.Fatalf("Decode(seal(%+v)) = %+v", r, r2)
 		}
-		if third, err := seal(r2.Code, r2.Payload, r2.Header, r2.Trailer); err != nil || !bytes.Equal(third, again) {
+		if third, err := seal(r2.Code, r2.Payload, r2.Header, r2.Trailer, r2.Request); err != nil || !bytes.Equal(third, again) {
 			t.Fatalf("seal(%+v) = %x, %v; then %x", r2, again, err, third)
 		}
 	})
@@ -83,8 +83,8 @@ func replayed(md map[string][]string) map[string][]string {
 	return out
 }
 
-// FuzzEncode records arbitrary payloads and metadata: what Decode reads
-// back is what was sealed, less the metadata a replay does not send, names
+// FuzzEncode records arbitrary payloads, metadata and requests (v2): what
+// Decode reads back is what was sealed, less the metadata a replay does not send, names
 // lowercased.
 func FuzzEncode(f *testing.F) {
 	f.Add(uint8(0), []byte{0x0a, 0x00}, "x-a", "1", "X-A", []byte{0xff})
@@ -95,7 +95,7 @@ func FuzzEncode(f *testing.F) {
 		if code.Code(c) > maxCode {
 			return
 		}
-		body, err := seal(code.Code(c), payload, header, trailer)
+		body, err := seal(code.Code(c), payload, header, trailer, v2)
 		if err != nil {
 			// Only a name that is not UTF-8 cannot be recorded.
 			if utf8.ValidString(strings.ToLower(k1)) && utf8.ValidString(strings.ToLower(k2)) {
@@ -107,7 +107,7 @@ func FuzzEncode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Decode(seal(%d, %x, %q, %q)): %v", c, payload, header, trailer, err)
 		}
-		if r.Bare || r.Code != code.Code(c) || !bytes.Equal(r.Payload, payload) ||
+		if r.Bare || r.Code != code.Code(c) || !bytes.Equal(r.Payload, payload) || !bytes.Equal(r.Request, v2) ||
 			!equalMD(r.Header, replayed(header)) || !equalMD(r.Trailer, replayed(trailer)) {
 			t.Fatalf("Decode(seal(%d, %x, %q, %q)) = %+v", c, payload, header, trailer, r)
 		}

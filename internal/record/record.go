@@ -32,6 +32,9 @@ type Record struct {
 	// Header and Trailer are the response metadata recorded with the
 	// outcome, under lowercase names; nil when there was none.
 	Header, Trailer map[string][]string
+	// Request is the deterministic encoding of the request, kept with the
+	// outcome for an operator ([EncodeRequest]); nil when none was.
+	Request []byte
 	// Bare reports a body recorded before bodies had an envelope: it is
 	// the payload alone, with no code, no metadata and no checksum.
 	Bare bool
@@ -43,6 +46,13 @@ type Record struct {
 // a reply sends. msg is encoded once. Metadata names are lowercased; values
 // of names equal once lowercased are kept in the order of their names.
 func Encode(c code.Code, msg proto.Message, header, trailer map[string][]string) (body, payload []byte, err error) {
+	return EncodeRequest(c, msg, header, trailer, nil)
+}
+
+// EncodeRequest is [Encode], keeping request, the deterministic encoding
+// of the call's request, in the body too (nil keeps none), where only
+// [Decode] reads it: replays send the payload alone.
+func EncodeRequest(c code.Code, msg proto.Message, header, trailer map[string][]string, request []byte) (body, payload []byte, err error) {
 	if c < 0 || c > maxCode {
 		return nil, nil, fmt.Errorf("status code %d is not a gRPC code", c)
 	}
@@ -50,21 +60,22 @@ func Encode(c code.Code, msg proto.Message, header, trailer map[string][]string)
 	if err != nil {
 		return nil, nil, err
 	}
-	body, err = seal(c, payload, header, trailer)
+	body, err = seal(c, payload, header, trailer, request)
 	if err != nil {
 		return nil, nil, err
 	}
 	return body, payload, nil
 }
 
-// seal returns the body of payload recorded with code c (a valid code) and
-// the recordable entries of header and trailer.
-func seal(c code.Code, payload []byte, header, trailer map[string][]string) ([]byte, error) {
+// seal returns the body of payload recorded with code c (a valid code),
+// the recordable entries of header and trailer, and request.
+func seal(c code.Code, payload []byte, header, trailer map[string][]string, request []byte) ([]byte, error) {
 	rec := &recordv1.Record{
 		Code:    int32(c),
 		Payload: payload,
 		Header:  entries(header),
 		Trailer: entries(trailer),
+		Request: request,
 	}
 	rec.Checksum = checksum(c, rec)
 	opts := proto.MarshalOptions{Deterministic: true}
@@ -136,11 +147,13 @@ var codeBytes = func() (b [maxCode + 1]byte) {
 // then, if it has metadata, for its header and then its trailer the number
 // of entries, and for each entry the length of its name, the name, the
 // number of values and each value preceded by its length, every number a
-// uvarint. The framing is only summed, never parsed.
+// uvarint; then, if it keeps a request, the request's length and the
+// request (with the metadata's framing, empty, before them when it has
+// none). The framing is only summed, never parsed.
 func checksum(c code.Code, rec *recordv1.Record) uint32 {
 	s := crc32.Update(0, castagnoli, codeBytes[c:c+1])
 	s = crc32.Update(s, castagnoli, rec.GetPayload())
-	if len(rec.GetHeader()) == 0 && len(rec.GetTrailer()) == 0 {
+	if len(rec.GetHeader()) == 0 && len(rec.GetTrailer()) == 0 && len(rec.GetRequest()) == 0 {
 		return s
 	}
 	var n [binary.MaxVarintLen64]byte
@@ -158,6 +171,10 @@ func checksum(c code.Code, rec *recordv1.Record) uint32 {
 				s = crc32.Update(s, castagnoli, v)
 			}
 		}
+	}
+	if req := rec.GetRequest(); len(req) > 0 {
+		s = num(s, len(req))
+		s = crc32.Update(s, castagnoli, req)
 	}
 	return s
 }
@@ -185,7 +202,7 @@ func Decode(body []byte) (Record, error) {
 	if rec.GetChecksum() != checksum(c, &rec) {
 		return Record{}, errors.New("recorded outcome fails its checksum")
 	}
-	r := Record{Code: c, Payload: rec.GetPayload()}
+	r := Record{Code: c, Payload: rec.GetPayload(), Request: rec.GetRequest()}
 	for _, e := range rec.GetHeader() {
 		for _, v := range e.GetValues() {
 			r.Header = add(r.Header, e.GetName(), string(v))

@@ -171,6 +171,42 @@ func TestDecodeCorrupt(t *testing.T) {
 	}
 }
 
+// TestRequestKept: a request kept with an outcome comes back from Decode,
+// beside the payload and metadata, and is under the checksum; a record
+// without one reads back none.
+func TestRequestKept(t *testing.T) {
+	req := deterministic(t, &testv1.CreatePaymentRequest{CustomerId: "cus_1", AmountCents: 1250})
+	for _, md := range []map[string][]string{nil, {"x-order-id": {"o-9"}}} {
+		body, payload, err := EncodeRequest(code.Code_OK, paymentResponse(), md, nil, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Decode(body)
+		if err != nil || !bytes.Equal(r.Request, req) || !bytes.Equal(r.Payload, payload) || !equalMD(r.Header, md) {
+			t.Fatalf("Decode = %+v, %v; want the request %x, the payload and metadata %q", r, err, req, md)
+		}
+		var rec recordv1.Record
+		if err := proto.Unmarshal(body[1:], &rec); err != nil {
+			t.Fatal(err)
+		}
+		rec.Request[0] ^= 1
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := Decode(append([]byte{mark}, b...)); err == nil || !strings.Contains(err.Error(), "checksum") {
+			t.Errorf("a changed request: Decode = %+v, %v; want the checksum to refuse it", r, err)
+		}
+	}
+	body, _, err := Encode(code.Code_OK, paymentResponse(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := Decode(body); err != nil || r.Request != nil {
+		t.Errorf("a record without a request: Decode = %+v, %v; want no request", r, err)
+	}
+}
+
 // TestChecksumAsBefore: without metadata, a record's checksum is the one
 // the envelope before it held, the CRC-32C of the code byte and payload.
 func TestChecksumAsBefore(t *testing.T) {

@@ -48,6 +48,8 @@ func (e *entry) info(k store.Scope, now time.Time) store.KeyInfo {
 		ExpiresAt:   e.expiresAt,
 		Takeovers:   e.takeovers,
 		Call:        cloneCall(e.call),
+		Replays:     e.replays,
+		LastReplay:  e.lastReplay,
 	}
 	if len(e.steps) > 0 {
 		ki.Steps = cloneSteps(e.steps)
@@ -196,6 +198,10 @@ func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions
 	if err := k.Validate(); err != nil {
 		return err
 	}
+	audit, err := auditOf(o.Audit, k, store.ActionForget, o.Force)
+	if err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -205,10 +211,16 @@ func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions
 	if e == nil {
 		return store.ErrNotFound
 	}
-	if now := s.now(); !o.Force && e.state(now) == store.InProgress {
+	now := s.now()
+	before := e.state(now)
+	if !o.Force && before == store.InProgress {
 		return &store.LeaseLiveError{Until: e.lockedUntil}
 	}
 	delete(s.entries, k)
+	if audit != nil {
+		audit.Before = before
+		s.addAuditLocked(*audit, now)
+	}
 	return nil
 }
 
@@ -224,6 +236,10 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o sto
 	if err != nil {
 		return err
 	}
+	audit, err := auditOf(o.Audit, k, store.ActionSettle, o.Force)
+	if err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -234,7 +250,8 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o sto
 		return store.ErrNotFound
 	}
 	now := s.now()
-	switch e.state(now) {
+	before := e.state(now)
+	switch before {
 	case store.Expired:
 		return fmt.Errorf("%w: the key's entry expired", store.ErrNotFound)
 	case store.Recorded:
@@ -250,5 +267,9 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o sto
 	e.lockedUntil = time.Time{}
 	e.steps, e.call = nil, nil
 	e.updatedAt = now
+	if audit != nil {
+		audit.Before, audit.After = before, store.Recorded
+		s.addAuditLocked(*audit, now)
+	}
 	return nil
 }

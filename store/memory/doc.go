@@ -42,7 +42,12 @@
 //   - It implements store.Admin: [Store.Keys] orders entries by their
 //     creation (by [WithClock]), then by tenant, method and key, and an
 //     atomic claim still running, like an uncommitted row, is neither
-//     listed nor found.
+//     listed nor found. Its audit trail is kept in memory for
+//     [WithAuditRetention] (90 days): an entry past it is not listed, and
+//     is dropped when expired keys are.
+//   - It implements store.ReplayCounter: [Store.CountReplay] counts a
+//     replay in its entry at once, under the store's lock, so
+//     [Store.FlushReplays] has nothing to write.
 //
 // Outcomes, fingerprints and steps are copied in and out, so
 // callers may reuse their buffers.

@@ -16,16 +16,20 @@ type Store struct {
 	ttl         time.Duration
 	lockTimeout time.Duration
 	now         func() time.Time
+	retention   time.Duration // of the audit trail
 
 	mu        sync.Mutex
 	entries   map[store.Scope]*entry
-	tokens    uint64    // the last fencing token issued, by any key
-	lastSweep time.Time // by s.now
+	audit     []auditRecord // oldest first
+	auditSeq  uint64        // the last auditRecord.seq issued
+	tokens    uint64        // the last fencing token issued, by any key
+	lastSweep time.Time     // by s.now
 }
 
 var (
-	_ store.Store     = (*Store)(nil)
-	_ store.Finishing = (*Store)(nil)
+	_ store.Store         = (*Store)(nil)
+	_ store.Finishing     = (*Store)(nil)
+	_ store.ReplayCounter = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -38,6 +42,7 @@ func New(opts ...Option) *Store {
 		ttl:         o.ttl,
 		lockTimeout: o.lockTimeout,
 		now:         o.now,
+		retention:   o.audit,
 		entries:     make(map[store.Scope]*entry),
 	}
 }
@@ -68,6 +73,11 @@ type entry struct {
 	steps     []store.Step
 	call      *store.Call
 	takeovers int
+
+	// replays counts the replays of the recorded outcome, the last at
+	// lastReplay.
+	replays    int64
+	lastReplay time.Time
 }
 
 // expired reports whether e counts as absent at now. An entry whose atomic
@@ -118,6 +128,7 @@ func (s *Store) sweepLocked(now time.Time) {
 			delete(s.entries, k)
 		}
 	}
+	s.sweepAuditLocked(now)
 }
 
 // Claim implements [store.Store]. A key that breaks the rules of
@@ -246,3 +257,21 @@ func (t *txn) Release(context.Context) error {
 	close(t.e.done)
 	return nil
 }
+
+// CountReplay implements [store.ReplayCounter]: it counts the replay in
+// the entry at once, by the store's clock, under the store's lock (no
+// I/O). An entry that is not recorded, or has expired, or is gone, is not
+// counted.
+func (s *Store) CountReplay(k store.Scope) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if e := s.entries[k]; e != nil && e.recorded && !e.expired(now) {
+		e.replays++
+		e.lastReplay = now
+	}
+}
+
+// FlushReplays implements [store.ReplayCounter]: CountReplay keeps nothing
+// to write, so it returns nil at once.
+func (s *Store) FlushReplays(context.Context) error { return nil }

@@ -7,18 +7,22 @@ import "time"
 const (
 	defaultLockTimeout = 2 * time.Second
 	defaultTTL         = 24 * time.Hour
+	// defaultAuditRetention is how long an audit entry is kept.
+	defaultAuditRetention = 90 * 24 * time.Hour
 )
 
 type options struct {
 	lockTimeout time.Duration
 	ttl         time.Duration
 	now         func() time.Time
+	audit       time.Duration
 }
 
 var defaultOptions = options{
 	lockTimeout: defaultLockTimeout,
 	ttl:         defaultTTL,
 	now:         time.Now,
+	audit:       defaultAuditRetention,
 }
 
 // Option configures a [Store].
@@ -58,5 +62,17 @@ func WithClock(now func() time.Time) Option {
 			now = time.Now
 		}
 		o.now = now
+	}
+}
+
+// WithAuditRetention sets how long an entry of the audit trail (see
+// store.Admin) is kept: past it, the entry is swept, as expired keys are.
+// Default: 90 days. Non-positive values select the default.
+func WithAuditRetention(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			d = defaultAuditRetention
+		}
+		o.audit = d
 	}
 }

@@ -99,3 +99,36 @@ func TestClockMovesLeases(t *testing.T) {
 		t.Errorf("Extend of the earlier owner: %v, want ErrLeaseLost", err)
 	}
 }
+
+// TestAuditRetention: an audit entry past its retention is not listed,
+// and the next sweep drops it; one within it stays.
+func TestAuditRetention(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := New(WithClock(clock.Now), WithTTL(time.Hour), WithAuditRetention(2*time.Hour))
+	k := store.Scope{Tenant: "t", Method: "/m", Key: "k"}
+	add := func(reason string) {
+		t.Helper()
+		if err := s.AddAudit(ctx, store.AuditEntry{Scope: k, Action: store.ActionFinish, Before: store.Abandoned, Reason: reason}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("old")
+	clock.Add(90 * time.Minute)
+	add("new")
+	clock.Add(time.Hour) // "old" is 2.5 h old, "new" 1 h
+	list, _, err := s.AuditLog(ctx, store.AuditFilter{Tenant: "t"})
+	if err != nil || len(list) != 1 || list[0].Reason != "new" {
+		t.Fatalf("AuditLog past the old entry's retention: %+v, %v; want the new one only", list, err)
+	}
+	// A claim sweeps (at most once per TTL): the old entry is dropped.
+	if _, err := s.Claim(ctx, store.Scope{Tenant: "t", Method: "/m", Key: "other"}, store.ClaimRequest{Fingerprint: []byte("f")}); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	n := len(s.audit)
+	s.mu.Unlock()
+	if n != 1 {
+		t.Errorf("the store keeps %d audit entries after a sweep, want 1", n)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,7 +32,8 @@ const (
     k.created_at, k.updated_at, k.expires_at, k.locked_until, k.takeovers,
     k.status, k.response_code, k.response, k.response_not_cached,
     k.step_names, k.step_results,
-    k.request_method, k.request_payload, k.request_header_names, k.request_header_values
+    k.request_method, k.request_payload, k.request_header_names, k.request_header_values,
+    k.replays, k.last_replayed_at
 FROM idempotency_keys k
 CROSS JOIN LATERAL (SELECT CASE
     WHEN k.expires_at <= coalesce($1::timestamptz, now()) THEN 'expired'
@@ -174,34 +174,16 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, s
 	args := []any{s.now(), f.AllTenants, f.Tenant, f.Method, timeOrNull(f.CreatedAfter), timeOrNull(f.CreatedBefore),
 		states, afterAt, afterID, limit + 1}
 
-	pools := s.shards
-	if !f.AllTenants {
-		pool, err := s.shardOf(f.Tenant)
-		if err != nil {
-			return nil, "", err
-		}
-		pools = []*pgxpool.Pool{pool}
-	}
-	pages := make([][]keyRow, len(pools))
-	errs := make([]error, len(pools))
-	var wg sync.WaitGroup
-	for i, pool := range pools {
-		if pool == nil {
-			continue // no tenant's key can be there
-		}
-		wg.Go(func() {
-			var err error
-			if pages[i], err = s.readKeys(ctx, pool, adminKeys, args...); err != nil && len(pools) > 1 {
-				err = fmt.Errorf("postgres: shard %d: %w", i, err)
-			}
-			errs[i] = err
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	pools, err := s.poolsOf(f.AllTenants, f.Tenant)
+	if err != nil {
 		return nil, "", err
 	}
-	rows := slices.Concat(pages...)
+	rows, err := onEachPool(ctx, s, pools, func(ctx context.Context, pool *pgxpool.Pool) ([]keyRow, error) {
+		return s.readKeys(ctx, pool, adminKeys, args...)
+	})
+	if err != nil {
+		return nil, "", err
+	}
 	slices.SortFunc(rows, func(a, b keyRow) int { return a.pos.compare(b.pos) })
 	next := ""
 	if len(rows) > limit {
@@ -273,44 +255,8 @@ func decodeCursor(s string) (position, error) {
 
 // readKeys runs sql, a query of adminColumns, with args, in a transaction
 // of its own on pool under the lock timeout, and reads its rows.
-func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (out []keyRow, err error) {
-	conn, err := s.acquire(ctx, pool)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = abandon(ctx, conn) }()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
-		{SQL: sql, Arguments: args},
-		{SQL: "COMMIT"},
-	})
-	if err != nil {
-		return nil, pgerr.Interpret(err)
-	}
-	defer func() {
-		if cerr := br.Close(); err == nil {
-			err = pgerr.Interpret(cerr)
-		}
-	}()
-	rows, err := br.Query()
-	if err != nil {
-		return nil, pgerr.Interpret(err)
-	}
-	for rows.Next() {
-		r, err := scanKeyInfo(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, pgerr.Interpret(err)
-	}
-	if _, err := br.Exec(); err != nil { // COMMIT
-		return nil, pgerr.Interpret(err)
-	}
-	return out, nil
+func (s *Store) readKeys(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) ([]keyRow, error) {
+	return readAll(ctx, s, pool, scanKeyInfo, sql, args...)
 }
 
 // scanKeyInfo reads a row of adminColumns, with the decoders of the
@@ -331,14 +277,19 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 		payload     []byte
 		mdNames     []*string
 		mdValues    [][]byte
+		lastReplay  *time.Time
 	)
 	err := row.Scan(&r.pos.id, &r.Scope.Tenant, &r.Scope.Method, &r.Scope.Key, &state, &r.Fingerprint,
 		&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &lockedUntil, &r.Takeovers,
 		&status, &rcode, &body, &notCached,
 		&stepNames, &stepResults,
-		&method, &payload, &mdNames, &mdValues)
+		&method, &payload, &mdNames, &mdValues,
+		&r.Replays, &lastReplay)
 	if err != nil {
 		return keyRow{}, err
+	}
+	if lastReplay != nil {
+		r.LastReplay = *lastReplay
 	}
 	r.pos.at = r.CreatedAt
 	r.State = store.State(state)
@@ -385,7 +336,14 @@ func scanKeyInfo(row pgx.Row) (keyRow, error) {
 // a later claim with a token of its own, and fail with
 // [store.ErrLeaseLost].
 func (s *Store) Forget(ctx context.Context, k store.Scope, o store.ForgetOptions) error {
-	return s.adminWrite(ctx, k, adminForget, o.Force, false)
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	audit, err := auditOf(o.Audit, k, store.ActionForget, o.Force)
+	if err != nil {
+		return err
+	}
+	return s.adminWrite(ctx, k, adminForget, o.Force, false, audit)
 }
 
 // Settle implements [store.Admin], as Forget does, with one UPDATE that
@@ -404,15 +362,21 @@ func (s *Store) Settle(ctx context.Context, k store.Scope, st *spb.Status, o sto
 	if err != nil {
 		return err
 	}
-	return s.adminWrite(ctx, k, adminSettle, o.Force, true, int32(out.Code), out.Body, out.NotCached)
+	audit, err := auditOf(o.Audit, k, store.ActionSettle, o.Force)
+	if err != nil {
+		return err
+	}
+	return s.adminWrite(ctx, k, adminSettle, o.Force, true, audit, int32(out.Code), out.Body, out.NotCached)
 }
 
 // adminWrite runs write, adminForget or adminSettle (settle) with the
 // scope, force, the time and extra, and adminProbe behind it when it
 // changed nothing, in one transaction under the lock timeout, one round
-// trip. A row whose lease ended between the two statements (its holder
-// released or recorded it) is tried again.
-func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, force, settle bool, extra ...any) error {
+// trip. With audit, the key's row is locked first, and write runs as the
+// audited statement that adds audit to idem_audit when it changes the
+// row (see audited). A row whose lease ended between the two statements
+// (its holder released or recorded it) is tried again.
+func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, force, settle bool, audit *store.AuditEntry, extra ...any) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
@@ -422,7 +386,7 @@ func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, for
 	}
 	sc := scopeOf(k)
 	for range maxLeaseRounds {
-		done, err := s.adminWriteOnce(ctx, pool, sc, k, write, force, settle, extra)
+		done, err := s.adminWriteOnce(ctx, pool, sc, k, write, force, settle, audit, extra)
 		if done || err != nil {
 			return err
 		}
@@ -432,18 +396,25 @@ func (s *Store) adminWrite(ctx context.Context, k store.Scope, write string, for
 
 // adminWriteOnce runs one round of adminWrite; it reports false, without
 // an error, when the round decided nothing.
-func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Scope, write string, force, settle bool, extra []any) (done bool, err error) {
+func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope, k store.Scope, write string, force, settle bool, audit *store.AuditEntry, extra []any) (done bool, err error) {
 	conn, err := s.acquire(ctx, pool)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = abandon(ctx, conn) }() // rolls back what failed
 	now := s.now()
-	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, []*pgx.QueuedQuery{
-		{SQL: write, Arguments: append([]any{sc.id, k.Tenant, k.Method, k.Key, force, now}, extra...)},
-		{SQL: adminProbe, Arguments: []any{sc.id, k.Tenant, k.Method, k.Key, now}},
-		{SQL: "COMMIT"},
-	})
+	args := append([]any{sc.id, k.Tenant, k.Method, k.Key, force, now}, extra...)
+	var qs []*pgx.QueuedQuery
+	if audit != nil {
+		qs = append(qs, &pgx.QueuedQuery{SQL: adminLock, Arguments: []any{sc.id, k.Tenant, k.Method, k.Key}})
+		write = auditedWrites[write]
+		args = append(args, s.retention(), audit.Operator, audit.Reason, audit.RequestID, audit.Peer)
+	}
+	qs = append(qs,
+		&pgx.QueuedQuery{SQL: write, Arguments: args},
+		&pgx.QueuedQuery{SQL: adminProbe, Arguments: []any{sc.id, k.Tenant, k.Method, k.Key, now}},
+		&pgx.QueuedQuery{SQL: "COMMIT"})
+	br, _, err := s.sendBounded(ctx, conn.Conn(), s.modeOf(pool), true, qs)
 	if err != nil {
 		return false, pgerr.Interpret(err)
 	}
@@ -452,6 +423,11 @@ func (s *Store) adminWriteOnce(ctx context.Context, pool *pgxpool.Pool, sc scope
 			err = pgerr.Interpret(cerr)
 		}
 	}()
+	if audit != nil {
+		if _, err := br.Exec(); err != nil { // adminLock
+			return false, pgerr.Interpret(err)
+		}
+	}
 	tag, err := br.Exec()
 	if err != nil {
 		return false, pgerr.Interpret(err)

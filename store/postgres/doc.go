@@ -145,9 +145,41 @@
 // forced write fences the lease's holder, whose later writes match no row
 // and fail with store.ErrLeaseLost. States are told by the store's clock
 // ([WithClock]). On a sharded store a listing of one tenant asks its shard;
-// one of every tenant asks every shard and merges their pages. No index
-// serves the listing's order: a page reads the rows its filter selects, so
-// narrow it (one tenant, a method, creation times) on large tables.
+// one of every tenant asks every shard and merges their pages. The index
+// idempotency_keys_created_at_idx (migration 0009) serves the listing's
+// order: a page walks it from its cursor and reads the rows until it has
+// its limit of those its filter selects.
+//
+// Forget and Settle keep their [store.AuditEntry], when given one, in the
+// table idem_audit, in the transaction of the change: they lock the key's
+// row first, then one statement changes it and inserts the entry only if
+// it did, with the state the row had. [Store.AddAudit] inserts an entry
+// on its own (a finish's) and [Store.AuditLog] lists them, on the key's
+// tenant's shard. Entries are kept for [WithAuditRetention] (90 days)
+// and deleted by the [Sweeper] after that. [Store.Stats] counts the keys a
+// filter selects: a filter of the states in progress and abandoned reads
+// only the rows in progress, through the partial index
+// idempotency_keys_in_progress_idx, and so does the search for the oldest
+// of them; counts of recorded keys read every row the filter selects (on
+// a table of 100 000 keys, about 40 ms here), so bound them by creation
+// time on large tables.
+//
+// # Replays
+//
+// The store counts, per key, the calls answered from its recorded outcome
+// ([Store.CountReplay], which idem's engine calls; [store.KeyInfo] shows
+// Replays and LastReplay). A replay writes nothing: it adds to a count in
+// memory, and the store writes the counts in batches, one UPDATE of up to
+// 1000 keys every second, or sooner once 1000 keys' counts wait
+// ([WithReplayFlush]), in a goroutine of its own that runs only while
+// counts wait. Each key's row is written once per batch however often it
+// was replayed, and a row that another session holds locked is skipped and
+// counted at the next batch. Call [Store.FlushReplays] at shutdown, after
+// the server stopped and before the pool closes; a server that crashes
+// loses the counts of its last second, which is acceptable for a record
+// that decides nothing. idem.WithReplayCounts(false) turns counting off.
+// The counts live in the columns replays and last_replayed_at (migration
+// 0010).
 //
 // # Expiry
 //
@@ -155,7 +187,7 @@
 // absent: the next request with it takes the row over and runs again.
 //
 // Expired rows stay in the tables until a [Sweeper] deletes them, from
-// idempotency_keys and processed_messages alike. [Sweeper.Run] sweeps every
+// idempotency_keys, processed_messages and idem_audit alike. [Sweeper.Run] sweeps every
 // minute, in batches of 1000 rows with a pause between them; each batch
 // locks only expired rows and skips those others hold, so claims of live
 // keys never wait for it and every replica may run one.

@@ -39,6 +39,31 @@ func ExampleNew() {
 	_ = grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
 }
 
+func ExampleStore_FlushReplays() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	s := postgres.New(pool)
+	engine, err := idem.New(s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))
+	// ... srv.Serve(lis) until interrupted ...
+	<-ctx.Done()
+	srv.GracefulStop()
+	// The replays counted since the last batch, before the pool closes.
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.FlushReplays(fctx); err != nil {
+		log.Printf("the last replays' counts were not written: %v", err)
+	}
+}
+
 func ExampleTxFromContext() {
 	// A handler's writes join the transaction that holds the key.
 	createOrder := func(ctx context.Context, customer string) error {

@@ -50,6 +50,7 @@ SET tenant = excluded.tenant, method = excluded.method, key = excluded.key,
     step_names = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_names END,
     step_results = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN NULL ELSE k.step_results END,
     takeovers = CASE WHEN k.expires_at <= coalesce($13::timestamptz, now()) THEN 0 ELSE k.takeovers + 1 END,
+    replays = 0, last_replayed_at = NULL,
     request_method = coalesce(excluded.request_method, k.request_method),
     request_payload = coalesce(excluded.request_payload, k.request_payload),
     request_header_names = CASE WHEN excluded.request_method IS NULL THEN k.request_header_names

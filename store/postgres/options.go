@@ -6,17 +6,26 @@ import "time"
 const (
 	defaultLockTimeout = 2 * time.Second
 	defaultTTL         = 24 * time.Hour
+	// defaultAuditRetention is how long an audit entry is kept.
+	defaultAuditRetention = 90 * 24 * time.Hour
 )
 
 type options struct {
 	lockTimeout time.Duration
 	ttl         time.Duration
 	now         func() time.Time // nil: the database's clock
+	audit       time.Duration
+
+	replayInterval time.Duration
+	replayBatch    int
 }
 
 var defaultOptions = options{
-	lockTimeout: defaultLockTimeout,
-	ttl:         defaultTTL,
+	lockTimeout:    defaultLockTimeout,
+	ttl:            defaultTTL,
+	audit:          defaultAuditRetention,
+	replayInterval: defaultReplayInterval,
+	replayBatch:    defaultReplayBatch,
 }
 
 // Option configures a [Store].
@@ -70,4 +79,18 @@ func WithTTL(ttl time.Duration) Option {
 // server that shares the database. A nil clock selects the default.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.now = now }
+}
+
+// WithAuditRetention sets how long an entry of the audit trail (the table
+// idem_audit, which [Store.Forget], [Store.Settle] and [Store.AddAudit]
+// write and [Store.AuditLog] lists) is kept: its expires_at is its time
+// plus d, and a [Sweeper] deletes it once that has passed, as it deletes
+// expired keys. Default: 90 days. Non-positive values select the default.
+func WithAuditRetention(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			d = defaultAuditRetention
+		}
+		o.audit = d
+	}
 }

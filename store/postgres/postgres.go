@@ -25,6 +25,8 @@ type Store struct {
 	route  func(tenant string) int // nil: every tenant on shards[0]
 	ttl    time.Duration
 	clock  func() time.Time // nil: the database's clock
+	// auditRetention is how long an entry of the audit trail is kept.
+	auditRetention time.Duration
 
 	lockTimeout       time.Duration
 	lockTimeoutMillis string
@@ -33,6 +35,8 @@ type Store struct {
 	// modes holds the QueryExecMode each pool's connections are configured
 	// with, read once: sendBounded sends by it.
 	modes map[*pgxpool.Pool]pgx.QueryExecMode
+
+	replays *replays // the replays counted and not yet written
 }
 
 var (
@@ -135,12 +139,13 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 			modes[pool] = pool.Config().ConnConfig.DefaultQueryExecMode
 		}
 	}
-	return &Store{
+	s := &Store{
 		modes:             modes,
 		shards:            shards,
 		route:             route,
 		ttl:               o.ttl,
 		clock:             o.now,
+		auditRetention:    o.audit,
 		lockTimeout:       o.lockTimeout,
 		lockTimeoutMillis: strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		// The session's lock_timeout is kept in idem.lock_timeout, so that
@@ -152,6 +157,8 @@ func newStore(shards []*pgxpool.Pool, route func(string) int, opts []Option) *St
 		setLockTimeout: fmt.Sprintf("SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', '%d', true)",
 			o.lockTimeout.Milliseconds()),
 	}
+	s.replays = newReplays(s, o)
+	return s
 }
 
 // modeOf returns the QueryExecMode of pool's connections.
@@ -228,7 +235,8 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4`
         response_code = excluded.response_code, response = excluded.response,
         response_not_cached = excluded.response_not_cached,
         created_at = now(), updated_at = now(), expires_at = excluded.expires_at,
-        locked_until = NULL, fencing_token = NULL, step_names = NULL, step_results = NULL
+        locked_until = NULL, fencing_token = NULL, step_names = NULL, step_results = NULL,
+        replays = 0, last_replayed_at = NULL
     WHERE k.expires_at <= coalesce($10::timestamptz, now())`
 	recordCheck = `
     RETURNING 1

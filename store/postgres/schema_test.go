@@ -535,10 +535,16 @@ FROM idem_schema_migrations WHERE version = 5`).Scan(&name, &old); err != nil {
 // the status 'recorded', is told so as for any outdated schema: Check
 // names the migration, and a record fails with store.ErrNotReady (which
 // the engine answers INTERNAL, not UNAVAILABLE, which clients retry for
-// ever), committing nothing.
+// ever), committing nothing. The columns of migration 0010, which a
+// leased claim writes, are added back: the schema lacks 0008 alone.
 func TestRecordOnASchemaBefore0008IsNotReady(t *testing.T) {
 	pool := pgtest.NewPool(t)
-	migrateDownTo(t, pool, 7)
+	exec := migrateDownTo(t, pool, 7)
+	up, err := fs.ReadFile(migrations.FS, "0010_replay_counts.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(string(up))
 	s := postgres.New(pool)
 	if err := s.Check(ctx); !errors.Is(err, store.ErrNotReady) || !strings.Contains(err.Error(), "0008_recorded_status") {
 		t.Fatalf("Check before 0008: %v; want ErrNotReady naming the migration", err)
@@ -560,5 +566,35 @@ func TestRecordOnASchemaBefore0008IsNotReady(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status <> 'in_progress'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d rows recorded (%v), want none", n, err)
+	}
+}
+
+// TestMigration0009AfterIndexesBuiltConcurrently takes the schema back to
+// migration 0008, builds migration 0009's indexes on idempotency_keys by
+// hand with CREATE INDEX CONCURRENTLY, as the migration's comment tells
+// operators of a large table to, and migrates: the migration finds them,
+// builds no second copy, and the store's audit trail works.
+func TestMigration0009AfterIndexesBuiltConcurrently(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	exec := migrateDownTo(t, pool, 8)
+	if n := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'idem_audit'`); n != 0 {
+		t.Fatalf("after the down migration idem_audit exists")
+	}
+	exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_created_at_idx ON idempotency_keys (created_at, id)`)
+	exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_in_progress_idx ON idempotency_keys (created_at, id) WHERE status = 'in_progress'`)
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM pg_indexes WHERE tablename = 'idempotency_keys'
+  AND indexdef LIKE '%(created_at, id)%'`); n != 2 {
+		t.Errorf("idempotency_keys has %d indexes on (created_at, id), want the 2 built by hand", n)
+	}
+	s := postgres.New(pool)
+	k := store.Scope{Tenant: "t", Method: "/m", Key: "k"}
+	if err := s.AddAudit(ctx, store.AuditEntry{Scope: k, Action: store.ActionFinish, Before: store.Abandoned}); err != nil {
+		t.Fatalf("AddAudit after the migration: %v", err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check after the migration: %v", err)
 	}
 }

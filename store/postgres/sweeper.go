@@ -71,8 +71,9 @@ func WithPause(d time.Duration) SweeperOption {
 	return func(o *sweeperOptions) { o.pause = max(d, 0) }
 }
 
-// Sweeper deletes expired rows of the tables idempotency_keys and
-// processed_messages. Expired rows already count as absent, so sweeping is
+// Sweeper deletes expired rows of the tables idempotency_keys,
+// processed_messages and idem_audit (the admin service's audit trail,
+// kept for the store's [WithAuditRetention]). Expired rows already count as absent, so sweeping is
 // only about space: nothing depends on when it happens.
 //
 // It deletes in small batches, each its own transaction, found through the
@@ -142,6 +143,20 @@ USING (
 ) d
 WHERE t.consumer = d.consumer AND t.message_id = d.message_id
   AND t.expires_at <= now()`,
+	},
+	{
+		// The audit trail's entries past their retention
+		// (WithAuditRetention).
+		name: "idem_audit",
+		delete: `DELETE FROM idem_audit t
+USING (
+    SELECT id FROM idem_audit
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) d
+WHERE t.id = d.id AND t.expires_at <= now()`,
 	},
 }
 

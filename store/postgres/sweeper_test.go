@@ -560,3 +560,29 @@ func TestVacuumDoesNotTruncateKeys(t *testing.T) {
 		t.Fatal("VACUUM truncated idempotency_keys: vacuum_truncate is on, so vacuum takes an ACCESS EXCLUSIVE lock that makes claims fail")
 	}
 }
+
+// TestSweepDeletesAuditPastItsRetention: the sweeper deletes the audit
+// trail's entries whose retention has passed, and keeps the others.
+func TestSweepDeletesAuditPastItsRetention(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	k := store.Scope{Tenant: "t", Method: "/m", Key: "k"}
+	entry := func(reason string) store.AuditEntry {
+		return store.AuditEntry{Scope: k, Action: store.ActionFinish, Operator: "op", Reason: reason, Before: store.Abandoned, After: store.Recorded}
+	}
+	// Written two hours ago with a retention of one: past it.
+	past := postgres.New(pool, postgres.WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) }), postgres.WithAuditRetention(time.Hour))
+	if err := past.AddAudit(ctx, entry("old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.New(pool).AddAudit(ctx, entry("new")); err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := postgres.NewSweeper(pool).Sweep(ctx)
+	if err != nil || deleted != 1 {
+		t.Fatalf("Sweep: %d rows, %v; want the old audit entry", deleted, err)
+	}
+	list, _, err := postgres.New(pool).AuditLog(ctx, store.AuditFilter{Tenant: "t"})
+	if err != nil || len(list) != 1 || list[0].Reason != "new" {
+		t.Errorf("the audit trail after the sweep: %+v, %v; want the new entry only", list, err)
+	}
+}

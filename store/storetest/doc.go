@@ -48,7 +48,20 @@
 // reading a key in each state; Forget and Settle of recorded, abandoned,
 // expired and unknown keys; a live lease refused unless forced, and a
 // forced action fencing the lease's holder; a status Settle cannot
-// record; invalid keys and filters.
+// record; invalid keys and filters. The audit trail and counts (also
+// [store.Admin]): a forget, a settle and a forced forget each keep their
+// entry, with the key's states before and after, and a refused action or
+// an invalid entry none; a key's history outlives its entry; AuditLog by
+// key, method, tenant, every tenant and time range, page after page;
+// Stats by tenant, method and state, with the oldest key in progress and
+// abandoned; and what the admin service's actions on many keys ask: a
+// listing whose cursor goes on, visiting every key once, while the keys
+// of its pages are forgotten and settled.
+// Replays ([store.ReplayCounter], with
+// store.Admin to read them): counts and the last replay's time shown once
+// flushed, by Key and Keys; concurrent counts exact; a forgotten key's
+// flush a no-op; a key taken over afresh after it expired, atomically or
+// leased, starting from none; an entry in progress not counted.
 //
 // Keys ([store.Scope.Validate]): keys at the length bounds and of non-ASCII
 // text are held, in Claim and in ClaimLeased; keys past a bound, not valid

@@ -70,8 +70,8 @@ func (c *clock) advance(d time.Duration) {
 // newStore is called from the subtest with that subtest's t, and should
 // register any cleanup there.
 //
-// The cases of the optional interfaces, [store.Finishing] and
-// [store.Admin], run exactly when the stores newStore builds implement
+// The cases of the optional interfaces, [store.Finishing], [store.Admin]
+// and [store.ReplayCounter] (with Admin, which shows the counts), run exactly when the stores newStore builds implement
 // them (as the first one built shows); Run logs each group that does not
 // apply.
 func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
@@ -103,6 +103,9 @@ func Run(t *testing.T, newStore func(t *testing.T, cfg Config) store.Store) {
 		{"Steps", stepCases, nil},
 		{"Finishing", finishingCases, finishingPart},
 		{"Admin", adminCases, adminPart},
+		{"Audit", auditCases, adminPart},
+		{"Bulk", bulkCases, adminPart},
+		{"Replays", replayCases, replaysPart},
 	} {
 		if group.part != nil {
 			mu.Lock()
@@ -144,6 +147,11 @@ type optional struct {
 var (
 	finishingPart = &optional{"store.Finishing", func(s store.Store) bool { _, ok := s.(store.Finishing); return ok }}
 	adminPart     = &optional{"store.Admin", func(s store.Store) bool { _, ok := s.(store.Admin); return ok }}
+	replaysPart   = &optional{"store.ReplayCounter and store.Admin", func(s store.Store) bool {
+		_, counts := s.(store.ReplayCounter)
+		_, admin := s.(store.Admin)
+		return counts && admin
+	}}
 )
 
 type testCase struct {

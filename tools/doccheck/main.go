@@ -39,9 +39,9 @@
 // # Go blocks
 //
 // An indented block of a doc comment, and a fenced go block of a Markdown
-// file of the module (README.md included: internal/readme checks that its
-// blocks are in files that compile, doccheck that they compile as they
-// are), is Go when it parses as a Go file, as Go declarations or, in a
+// file of the module (README.md and docs/ included: internal/readme checks
+// that their blocks are in files that compile, doccheck that they compile
+// as they are), is Go when it parses as a Go file, as Go declarations or, in a
 // function returning error, as Go statements; other blocks (shell
 // commands, protobuf, tables) are left alone. A line that is only "..." and
 // a body that is only "{ ... }" stand for elided code. A file is

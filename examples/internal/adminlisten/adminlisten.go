@@ -1,10 +1,11 @@
 // Package adminlisten serves idem's admin service for the example servers,
-// on a listener of its own, over gRPC, behind a demo authorizer: a fixed
-// operator token in the authorization header, which serves a Connect
-// handler of the service (idemconnect.NewAdminHandler) alike. It is a
-// demo: in production, use mTLS or your identity provider (see package
-// admin's example), and never serve the admin service on the public
-// listener.
+// on a listener of its own, over gRPC, and its console (admin.NewConsole)
+// over HTTP, behind a demo authorizer: a fixed operator token in the
+// authorization header, which serves a Connect handler of the service
+// (idemconnect.NewAdminHandler) alike, and a browser as the password of
+// HTTP basic authentication. It is a demo: in production, use mTLS or your
+// identity provider (see package admin's example), and never serve the
+// admin service or its console on the public listener.
 package adminlisten
 
 import (
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -72,12 +74,48 @@ func NewServer(cfg Config) (*grpc.Server, error) {
 	s := grpc.NewServer(grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)))
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	reflection.Register(s)
+	interceptor.RegisterAdmin(s, newAdmin(cfg))
+	return s, nil
+}
+
+// newAdmin returns the admin service of cfg, which has a token.
+func newAdmin(cfg Config) *admin.Server {
 	opts := []admin.Option{admin.WithLogger(cfg.Logger), admin.WithTracerProvider(cfg.TracerProvider)}
 	if cfg.Finisher != nil {
 		opts = append(opts, admin.WithFinisher(cfg.Finisher))
 	}
-	interceptor.RegisterAdmin(s, admin.NewServer(cfg.Store, TokenAuthorizer(cfg.Token), opts...))
-	return s, nil
+	return admin.NewServer(cfg.Store, TokenAuthorizer(cfg.Token), opts...)
+}
+
+// ConsolePath is the path NewConsole serves the console at.
+const ConsolePath = "/console/"
+
+// NewConsole returns an HTTP handler of the admin service's console
+// (admin.NewConsole) at ConsolePath, with / redirecting there, behind
+// cfg's operator token, or ErrNoToken. A browser signs in with HTTP basic
+// authentication, any user name and the token as the password: a request
+// that the authorizer answers UNAUTHENTICATED gets a basic challenge, which
+// makes the browser ask for them.
+func NewConsole(cfg Config) (http.Handler, error) {
+	if cfg.Token == "" {
+		return nil, ErrNoToken
+	}
+	mux := http.NewServeMux()
+	mux.Handle(ConsolePath, http.StripPrefix(strings.TrimSuffix(ConsolePath, "/"), admin.NewConsole(newAdmin(cfg))))
+	mux.Handle("GET /{$}", http.RedirectHandler(ConsolePath, http.StatusFound))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(challenger{w}, r)
+	}), nil
+}
+
+// challenger adds a basic authentication challenge to a 401 answer.
+type challenger struct{ http.ResponseWriter }
+
+func (c challenger) WriteHeader(status int) {
+	if status == http.StatusUnauthorized {
+		c.Header().Set("WWW-Authenticate", `Basic realm="idem console", charset="UTF-8"`)
+	}
+	c.ResponseWriter.WriteHeader(status)
 }
 
 // Serve serves cfg's admin server on lis until ctx ends, then stops it
@@ -101,10 +139,11 @@ func Serve(ctx context.Context, lis net.Listener, cfg Config) error {
 }
 
 // TokenAuthorizer is the demo authorizer: a caller that sends
-// "authorization: Bearer TOKEN" with the operator token is the operator,
+// "authorization: Bearer TOKEN" with the operator token, or a browser that
+// sends it as the password of HTTP basic authentication, is the operator,
 // allowed every tenant; any other is UNAUTHENTICATED. It reads the
 // request's header and answers with an idem.Error, so it serves the admin
-// service over gRPC and Connect alike.
+// service over gRPC and Connect, and its console, alike.
 func TokenAuthorizer(token string) admin.Authorizer {
 	return admin.AuthorizerFunc(func(_ context.Context, r admin.Request) (admin.Grant, error) {
 		v := r.Header["authorization"]
@@ -112,6 +151,10 @@ func TokenAuthorizer(token string) admin.Authorizer {
 			return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "send the operator token as authorization: Bearer TOKEN")
 		}
 		got, ok := strings.CutPrefix(v[0], "Bearer ")
+		if !ok {
+			// A browser's basic authentication: the token is the password.
+			_, got, ok = (&http.Request{Header: http.Header{"Authorization": v}}).BasicAuth()
+		}
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			return admin.Grant{}, idem.NewError(code.Code_UNAUTHENTICATED, "the operator token is not valid")
 		}

@@ -2,10 +2,12 @@ package adminlisten_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -96,6 +98,70 @@ func TestTokenAuthorizer(t *testing.T) {
 		keys, err := w.client.ListKeys(w.authorization(ctx, "Bearer s3cret"), list)
 		if err != nil || len(keys.GetKeys()) != 1 || keys.GetKeys()[0].GetKey() != "order-1" {
 			t.Errorf("%s: ListKeys with the operator token: %v, %v; want order-1", w.name, keys, err)
+		}
+	}
+}
+
+// TestConsole: the console answers a browser without the token with a
+// basic challenge, and shows the keys to one that sends the token as its
+// password, or as a bearer token.
+func TestConsole(t *testing.T) {
+	st := memory.New()
+	ctx := t.Context()
+	k := store.Scope{Tenant: "acme", Method: "/shop.v1.Shop/Checkout", Key: "order-1"}
+	c, err := st.Claim(ctx, k, store.ClaimRequest{Fingerprint: []byte("fp")})
+	if err != nil || c.Txn == nil {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	if err := c.Txn.Record(ctx, store.Outcome{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminlisten.NewConsole(adminlisten.Config{Store: st}); err != adminlisten.ErrNoToken {
+		t.Errorf("NewConsole without a token: %v", err)
+	}
+	h, err := adminlisten.NewConsole(adminlisten.Config{Store: st, Token: "s3cret", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(h)
+	t.Cleanup(hs.Close)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string, auth func(*http.Request)) *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != nil {
+			auth(req)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	if resp := get("/", nil); resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != adminlisten.ConsolePath {
+		t.Errorf("/: %d %q, want a redirect to the console", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for name, auth := range map[string]func(*http.Request){
+		"no token":    nil,
+		"other token": func(r *http.Request) { r.SetBasicAuth("operator", "guess") },
+	} {
+		resp := get(adminlisten.ConsolePath, auth)
+		if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic ") {
+			t.Errorf("%s: %d %q, want 401 with a basic challenge", name, resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+		}
+	}
+	for name, auth := range map[string]func(*http.Request){
+		"basic":  func(r *http.Request) { r.SetBasicAuth("operator", "s3cret") },
+		"bearer": func(r *http.Request) { r.Header.Set("Authorization", "Bearer s3cret") },
+	} {
+		resp := get(adminlisten.ConsolePath, auth)
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "order-1") {
+			t.Errorf("%s: %d, %v\n%s", name, resp.StatusCode, err, body)
 		}
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/idemkit/idem/store/postgres"
 )
 
-// serveAdmin serves the admin service of "Operations" over gRPC and over
-// Connect, behind one authorizer; both servers verify client certificates
-// against the operators' CA.
+// serveAdmin serves the admin service of docs/operations.md over gRPC and
+// over Connect, behind one authorizer; both servers verify client
+// certificates against the operators' CA.
 func serveAdmin(pool *pgxpool.Pool, grpcServer *grpc.Server, mux *http.ServeMux) {
 	authorize := admin.AuthorizerFunc(func(ctx context.Context, r admin.Request) (admin.Grant, error) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 { // the client certificate, over gRPC or Connect

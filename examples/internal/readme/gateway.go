@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idem/interceptor/idemgateway"
 )
 
-// The snippet of the README's section "HTTP/JSON".
+// The snippet of docs/http.md.
 
 func gateway(ctx context.Context, conn *grpc.ClientConn) (http.Handler, error) {
 	mux := runtime.NewServeMux(idemgateway.ServeMuxOptions()...)

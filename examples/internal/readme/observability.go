@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idem/store/postgres"
 )
 
-// The snippets of the README's section "Observability".
+// The snippets of docs/observability.md.
 
 func observed(store *postgres.Store, meterProvider metric.MeterProvider, tracerProvider trace.TracerProvider, logger *slog.Logger) (*idem.Engine, error) {
 	return idem.New(store,

@@ -89,7 +89,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, msg jetstream.Msg, msgID, 
 	return msg.Ack() // acknowledge after the commit
 }
 
-// upgraded is the snippet of the README's section "Upgrading".
+// upgraded is the snippet of docs/upgrading.md.
 func upgraded(store *postgres.Store, opts []idem.Option) (*grpc.Server, error) {
 	engine, err := idem.New(store, opts...) // fails when an option names a method that is not a unary method in the protobuf registry
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.UnaryServerInterceptor(engine)))

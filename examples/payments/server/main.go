@@ -39,7 +39,11 @@
 // "authorization: Bearer TOKEN"; the server refuses to start without one.
 // In production, use mTLS or your identity provider instead. The admin
 // calls are counted in the metrics (rpc_server_call_duration_seconds,
-// through otelgrpc) and traced with the global tracer provider.
+// through otelgrpc) and traced with the global tracer provider. With
+// -console-listen ADDR it serves the admin service's console
+// (admin.NewConsole) at http://ADDR/console/, behind the same token, which
+// a browser sends as the password of HTTP basic authentication (any user
+// name).
 package main
 
 import (
@@ -77,7 +81,8 @@ func main() {
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL, else the libpq defaults)")
 	metricsListen := flag.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (default: none)")
 	adminListen := flag.String("admin-listen", "", "address to serve idem's admin service on, for operators (default: none)")
-	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen)")
+	consoleListen := flag.String("console-listen", "", "address to serve the admin service's console on, at /console/, for operators' browsers (default: none)")
+	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen and -console-listen)")
 	var shards []string
 	flag.Func("shard-database-url", "PostgreSQL connection string of a shard; repeat it for each shard, in a fixed order (default: one database, -database-url)", func(url string) error {
 		shards = append(shards, url)
@@ -106,15 +111,22 @@ func main() {
 		}
 	}
 	var adm *adminConfig
-	if *adminListen != "" {
+	if *adminListen != "" || *consoleListen != "" {
 		if *adminToken == "" {
-			log.Fatalf("-admin-listen: %v", adminlisten.ErrNoToken)
+			log.Fatalf("-admin-listen, -console-listen: %v", adminlisten.ErrNoToken)
 		}
-		adminLis, err := net.Listen("tcp", *adminListen)
-		if err != nil {
-			log.Fatal(err)
+		adm = &adminConfig{token: *adminToken}
+		for _, l := range []struct {
+			addr string
+			lis  *net.Listener
+		}{{*adminListen, &adm.lis}, {*consoleListen, &adm.console}} {
+			if l.addr == "" {
+				continue
+			}
+			if *l.lis, err = net.Listen("tcp", l.addr); err != nil {
+				log.Fatal(err)
+			}
 		}
-		adm = &adminConfig{lis: adminLis, token: *adminToken}
 	}
 	if err := runAdmin(ctx, lis, httpLis, metricsLis, adm, shards...); err != nil {
 		log.Fatal(err)
@@ -131,17 +143,22 @@ func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...s
 }
 
 // adminConfig is where and behind which operator token the admin service
-// is served.
+// and its console are served: on lis and console, each unless nil.
 type adminConfig struct {
-	lis   net.Listener
-	token string
+	lis     net.Listener
+	console net.Listener
+	token   string
 }
 
 // runAdmin is run, serving the admin service too unless adm is nil.
 func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *adminConfig, dbURLs ...string) error {
 	defer lis.Close()
 	if adm != nil {
-		defer adm.lis.Close()
+		for _, l := range []net.Listener{adm.lis, adm.console} {
+			if l != nil {
+				defer l.Close()
+			}
+		}
 		if adm.token == "" {
 			return adminlisten.ErrNoToken
 		}
@@ -231,7 +248,7 @@ func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *a
 		log.Printf("payments gateway serving HTTP/JSON on %s", httpLis.Addr())
 	}
 
-	if adm != nil {
+	if adm != nil && adm.lis != nil {
 		// The operators' listener: the admin service over the same store,
 		// its calls in the same metrics as idem's.
 		as, err := adminlisten.NewServer(adminlisten.Config{Store: st, Token: adm.token, MeterProvider: mp})
@@ -241,6 +258,21 @@ func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *a
 		go func() { _ = as.Serve(adm.lis) }()
 		defer as.GracefulStop()
 		log.Printf("payments server: admin service on %s (demo operator token; use mTLS or your identity provider in production)", adm.lis.Addr())
+	}
+	if adm != nil && adm.console != nil {
+		// The operators' browsers: the admin service's console, next to it.
+		h, err := adminlisten.NewConsole(adminlisten.Config{Store: st, Token: adm.token})
+		if err != nil {
+			return err
+		}
+		cs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = cs.Serve(adm.console) }()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = cs.Shutdown(sctx)
+		}()
+		log.Printf("payments server: admin console at http://%s%s (demo operator token as the basic authentication password)", adm.console.Addr(), adminlisten.ConsolePath)
 	}
 
 	served := make(chan struct{})

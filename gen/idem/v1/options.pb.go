@@ -56,6 +56,20 @@ const (
 	// handlers whose every effect is in the database and whose retries are
 	// rare.
 	Mode_MODE_OPTIMISTIC Mode = 3
+	// MODE_AUTO chooses per call, from what the client says of it: a call
+	// marked as a first attempt (the request metadata idempotency-attempt,
+	// HTTP header Idempotency-Attempt, set to 1) is claimed as in
+	// MODE_OPTIMISTIC, reading nothing before the handler; a call marked as a
+	// retry (idempotency-attempt above 1, grpc-go's
+	// grpc-previous-rpc-attempts above 0, go-grpc-middleware's
+	// x-retry-attempt), or not marked, as in MODE_ATOMIC, so that a retry of
+	// a recorded call is replayed without running the handler. idem's client
+	// interceptors mark the calls whose key they made. The mark is never
+	// trusted for correctness: a retry marked as a first attempt still gets
+	// the recorded outcome and runs no side effect twice, at the cost of a
+	// handler run that is rolled back. For handlers whose every effect is in
+	// the database, as in MODE_ATOMIC and MODE_OPTIMISTIC.
+	Mode_MODE_AUTO Mode = 4
 )
 
 // Enum value maps for Mode.
@@ -65,12 +79,14 @@ var (
 		1: "MODE_ATOMIC",
 		2: "MODE_LEASED",
 		3: "MODE_OPTIMISTIC",
+		4: "MODE_AUTO",
 	}
 	Mode_value = map[string]int32{
 		"MODE_UNSPECIFIED": 0,
 		"MODE_ATOMIC":      1,
 		"MODE_LEASED":      2,
 		"MODE_OPTIMISTIC":  3,
+		"MODE_AUTO":        4,
 	}
 )
 
@@ -358,12 +374,13 @@ const file_idem_v1_options_proto_rawDesc = "" +
 	"\x0efinish_headers\x18\b \x03(\tR\rfinishHeaders\"P\n" +
 	"\vFieldPolicy\x12/\n" +
 	"\x13fingerprint_exclude\x18\x01 \x01(\bR\x12fingerprintExclude\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\bR\x03key*S\n" +
+	"\x03key\x18\x02 \x01(\bR\x03key*b\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_ATOMIC\x10\x01\x12\x0f\n" +
 	"\vMODE_LEASED\x10\x02\x12\x13\n" +
-	"\x0fMODE_OPTIMISTIC\x10\x03:O\n" +
+	"\x0fMODE_OPTIMISTIC\x10\x03\x12\r\n" +
+	"\tMODE_AUTO\x10\x04:O\n" +
 	"\x06method\x12\x1e.google.protobuf.MethodOptions\x18\xcc\xe3\x03 \x01(\v2\x15.idem.v1.MethodPolicyR\x06method:K\n" +
 	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\xe3\x03 \x01(\v2\x14.idem.v1.FieldPolicyR\x05fieldB,Z*github.com/idemkit/idem/gen/idem/v1;idemv1b\x06proto3"
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Plays a buf user's first day with idem, from the README's own text, in a
+# Plays a buf user's first day with idem, from docs/buf.md's own text, in a
 # fresh copy of this module outside idem's tree: pin buf and the protoc
-# plugins in a tools module as the README's recipe does (run from the
-# README, so the two cannot drift), export idem's options and Google's
+# plugins in a tools module as that page's recipe does (run from the page,
+# so the two cannot drift), export idem's options and Google's
 # google.api.http annotations into the buf workspace, lint, generate gRPC,
 # Connect and grpc-gateway code with managed mode on, and run the module's
 # tests with duplicate protobuf registrations made fatal: a handler test on
@@ -19,29 +19,29 @@ cp -R "$(dirname "$0")/." "$work"
 rm "$work/run.sh"
 cd "$work"
 
-# readme NAME prints the README's code block that follows the line
+# readme NAME prints docs/buf.md's code block that follows the line
 # "<!-- shop: NAME -->".
 readme() {
 	awk -v mark="<!-- shop: $1 -->" '
 		$0 == mark { found = 1; next }
 		found && /^```/ { if (inside) exit; inside = 1; next }
-		inside { print }' "$repo/README.md"
+		inside { print }' "$repo/docs/buf.md"
 }
-# readme_run NAME runs the README's shell block NAME as it is written.
+# readme_run NAME runs docs/buf.md's shell block NAME as it is written.
 readme_run() {
 	local script
 	script=$(readme "$1")
 	if [ -z "$script" ]; then
-		echo "README.md has no block after <!-- shop: $1 -->" >&2
+		echo "docs/buf.md has no block after <!-- shop: $1 -->" >&2
 		exit 1
 	fi
 	printf '+ %s\n' "$script"
 	bash -euo pipefail -c "$script"
 }
-# This module's buf.yaml and buf.gen.yaml are the README's.
+# This module's buf.yaml and buf.gen.yaml are docs/buf.md's.
 for f in buf.yaml buf.gen.yaml; do
 	if ! diff -u <(readme "$f") "$f"; then
-		echo "internal/testdata/shop/$f differs from the README's (after <!-- shop: $f -->); make them one" >&2
+		echo "internal/testdata/shop/$f differs from docs/buf.md's (after <!-- shop: $f -->); make them one" >&2
 		exit 1
 	fi
 done
@@ -53,8 +53,8 @@ go mod edit -require=github.com/idemkit/idem@v0.0.0 -replace=github.com/idemkit/
 	-require=github.com/idemkit/idem/interceptor/idemgateway@v0.0.0 \
 	-replace=github.com/idemkit/idem/interceptor/idemgateway="$repo/interceptor/idemgateway"
 
-# The README's tools module: buf and the plugins, outside the module and
-# outside any go.work. Then the lint plugin, which the README pins with
+# docs/buf.md's tools module: buf and the plugins, outside the module and
+# outside any go.work. Then the lint plugin, which docs/buf.md pins with
 # go get -tool github.com/idemkit/idem/cmd/buf-plugin-idem; here it comes
 # from the repository under test.
 readme_run tools
@@ -64,8 +64,8 @@ plugin=github.com/idemkit/idem/cmd/buf-plugin-idem
 	GOWORK=off go mod tidy)
 buf() { GOWORK=off go tool -modfile=tools/go.mod buf "$@"; }
 
-# idem's options, from the Go module, and Google's annotations, from the
-# README's recipe.
+# idem's options, from the Go module, and Google's annotations, from
+# docs/buf.md's recipe.
 idem=$(go list -m -f '{{.Dir}}' github.com/idemkit/idem)
 buf export "$idem/proto" --path "$idem/proto/idem/v1/options.proto" -o third_party/idem
 readme_run googleapis
@@ -110,7 +110,7 @@ for m in google.golang.org/protobuf connectrpc.com/connect github.com/grpc-ecosy
 	tool=$(GOWORK=off go list -modfile=tools/go.mod -m -f '{{.Version}}' "$m")
 	service=$(go list -m -f '{{.Version}}' "$m")
 	if [ "$tool" != "$service" ]; then
-		echo "the README's recipe pins $m $tool, but the service builds with $service: pin $service" >&2
+		echo "docs/buf.md's recipe pins $m $tool, but the service builds with $service: pin $service" >&2
 		exit 1
 	fi
 done
@@ -122,7 +122,7 @@ GOLANG_PROTOBUF_REGISTRATION_CONFLICT=panic go test -count=1 ./...
 # as a user runs them, and buf is not in its module graph. (grpc-gateway's
 # go.mod brings buf.build/go/protovalidate into it, tools or not.)
 if [ -n "$(go env GOWORK)" ]; then
-	echo "the module is in a workspace ($(go env GOWORK)); the README's recipe makes none" >&2
+	echo "the module is in a workspace ($(go env GOWORK)); docs/buf.md's recipe makes none" >&2
 	exit 1
 fi
 go doc github.com/idemkit/idem/store/postgres/pgtest.NewPool >/dev/null

@@ -5,8 +5,9 @@
 // source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, settle one
-// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, count them, read one, forget one,
+// settle one that is stuck in progress, and finish one that was abandoned,
+// and read the audit trail of those actions. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 
 package adminv1
@@ -93,6 +94,118 @@ func (KeyState) EnumDescriptor() ([]byte, []int) {
 	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+// AuditAction is an operator's action the audit trail records.
+type AuditAction int32
+
+const (
+	// AUDIT_ACTION_UNSPECIFIED is not an action.
+	AuditAction_AUDIT_ACTION_UNSPECIFIED AuditAction = 0
+	// AUDIT_ACTION_FORGET is a forget: the key's entry was deleted.
+	AuditAction_AUDIT_ACTION_FORGET AuditAction = 1
+	// AUDIT_ACTION_SETTLE is a settle: an error was recorded as the key's
+	// outcome.
+	AuditAction_AUDIT_ACTION_SETTLE AuditAction = 2
+	// AUDIT_ACTION_FINISH is a finish: an abandoned call was run to its end.
+	AuditAction_AUDIT_ACTION_FINISH AuditAction = 3
+)
+
+// Enum value maps for AuditAction.
+var (
+	AuditAction_name = map[int32]string{
+		0: "AUDIT_ACTION_UNSPECIFIED",
+		1: "AUDIT_ACTION_FORGET",
+		2: "AUDIT_ACTION_SETTLE",
+		3: "AUDIT_ACTION_FINISH",
+	}
+	AuditAction_value = map[string]int32{
+		"AUDIT_ACTION_UNSPECIFIED": 0,
+		"AUDIT_ACTION_FORGET":      1,
+		"AUDIT_ACTION_SETTLE":      2,
+		"AUDIT_ACTION_FINISH":      3,
+	}
+)
+
+func (x AuditAction) Enum() *AuditAction {
+	p := new(AuditAction)
+	*p = x
+	return p
+}
+
+func (x AuditAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_idem_admin_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (AuditAction) Type() protoreflect.EnumType {
+	return &file_idem_admin_v1_admin_proto_enumTypes[1]
+}
+
+func (x AuditAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditAction.Descriptor instead.
+func (AuditAction) EnumDescriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+// Outcome is whether the action was done.
+type KeyResult_Outcome int32
+
+const (
+	// OUTCOME_UNSPECIFIED is not an outcome.
+	KeyResult_OUTCOME_UNSPECIFIED KeyResult_Outcome = 0
+	// OUTCOME_DONE: the key was acted on, and the audit trail keeps it.
+	KeyResult_OUTCOME_DONE KeyResult_Outcome = 1
+	// OUTCOME_SKIPPED: the key was left as it was; status says why (the
+	// answer the action on that key alone would have had).
+	KeyResult_OUTCOME_SKIPPED KeyResult_Outcome = 2
+)
+
+// Enum value maps for KeyResult_Outcome.
+var (
+	KeyResult_Outcome_name = map[int32]string{
+		0: "OUTCOME_UNSPECIFIED",
+		1: "OUTCOME_DONE",
+		2: "OUTCOME_SKIPPED",
+	}
+	KeyResult_Outcome_value = map[string]int32{
+		"OUTCOME_UNSPECIFIED": 0,
+		"OUTCOME_DONE":        1,
+		"OUTCOME_SKIPPED":     2,
+	}
+)
+
+func (x KeyResult_Outcome) Enum() *KeyResult_Outcome {
+	p := new(KeyResult_Outcome)
+	*p = x
+	return p
+}
+
+func (x KeyResult_Outcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyResult_Outcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_idem_admin_v1_admin_proto_enumTypes[2].Descriptor()
+}
+
+func (KeyResult_Outcome) Type() protoreflect.EnumType {
+	return &file_idem_admin_v1_admin_proto_enumTypes[2]
+}
+
+func (x KeyResult_Outcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyResult_Outcome.Descriptor instead.
+func (KeyResult_Outcome) EnumDescriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21, 0}
+}
+
 // Key is everything a store keeps of a key's entry.
 type Key struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -123,7 +236,21 @@ type Key struct {
 	// outcome is the recorded outcome; unset unless one is recorded.
 	Outcome *Outcome `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// finishable reports that the request was kept for a finisher.
-	Finishable    bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
+	Finishable bool `protobuf:"varint,13,opt,name=finishable,proto3" json:"finishable,omitempty"`
+	// replays counts the calls answered from the key's recorded outcome, as
+	// far as the servers have written them: they count in memory and write
+	// the counts in batches (every second by default), and a server that
+	// crashes loses the counts it had not written. 0 when the servers do not
+	// count.
+	Replays int64 `protobuf:"varint,14,opt,name=replays,proto3" json:"replays,omitempty"`
+	// last_replay_time is when the last counted replay was, by the clock of
+	// the server that answered it; unset when none was counted.
+	LastReplayTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_replay_time,json=lastReplayTime,proto3" json:"last_replay_time,omitempty"`
+	// request is what was asked: the request recorded with the outcome, for
+	// a method that keeps its requests (idem.MethodPolicy.KeepRequest), or
+	// the one kept for a finisher while a finishable call is in progress;
+	// unset when none was kept. It holds the caller's data.
+	Request       *Request `protobuf:"bytes,16,opt,name=request,proto3" json:"request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -249,6 +376,135 @@ func (x *Key) GetFinishable() bool {
 	return false
 }
 
+func (x *Key) GetReplays() int64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *Key) GetLastReplayTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastReplayTime
+	}
+	return nil
+}
+
+func (x *Key) GetRequest() *Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// Request is a request kept under a key.
+type Request struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_type is the full name of the request's message type, when the
+	// server knows the method.
+	RequestType string `protobuf:"bytes,1,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
+	// body is the request; unset when nothing could be decoded (see note).
+	//
+	// Types that are valid to be assigned to Body:
+	//
+	//	*Request_Decoded
+	//	*Request_Raw
+	Body isRequest_Body `protobuf_oneof:"body"`
+	// note says why the request is raw, when it is.
+	Note          string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Request) Reset() {
+	*x = Request{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Request) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Request) ProtoMessage() {}
+
+func (x *Request) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Request.ProtoReflect.Descriptor instead.
+func (*Request) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Request) GetRequestType() string {
+	if x != nil {
+		return x.RequestType
+	}
+	return ""
+}
+
+func (x *Request) GetBody() isRequest_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Request) GetDecoded() *structpb.Value {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Decoded); ok {
+			return x.Decoded
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetRaw() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Raw); ok {
+			return x.Raw
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type isRequest_Body interface {
+	isRequest_Body()
+}
+
+type Request_Decoded struct {
+	// decoded is the request, decoded with the method's input type and
+	// rendered as protobuf's JSON mapping.
+	Decoded *structpb.Value `protobuf:"bytes,2,opt,name=decoded,proto3,oneof"`
+}
+
+type Request_Raw struct {
+	// raw is the request as it was kept, when it could not be decoded
+	// (note says why).
+	Raw []byte `protobuf:"bytes,3,opt,name=raw,proto3,oneof"`
+}
+
+func (*Request_Decoded) isRequest_Body() {}
+
+func (*Request_Raw) isRequest_Body() {}
+
 // Step is a named step a leased call reached, with the result it saved.
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -262,7 +518,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -274,7 +530,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -287,7 +543,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Step) GetName() string {
@@ -331,7 +587,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +599,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +612,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Outcome) GetCode() int32 {
@@ -482,7 +738,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +750,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +763,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListKeysRequest) GetTenant() string {
@@ -579,7 +835,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +847,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +860,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListKeysResponse) GetKeys() []*Key {
@@ -636,7 +892,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +904,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +917,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetKeyRequest) GetTenant() string {
@@ -696,7 +952,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +964,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +977,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetKeyResponse) GetKey() *Key {
@@ -741,14 +997,17 @@ type ForgetKeyRequest struct {
 	// key is the idempotency key.
 	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// force forgets a key whose lease is live, fencing its holder.
-	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required with force; at most
+	// 1024 bytes of UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForgetKeyRequest) Reset() {
 	*x = ForgetKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +1019,7 @@ func (x *ForgetKeyRequest) String() string {
 func (*ForgetKeyRequest) ProtoMessage() {}
 
 func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +1032,7 @@ func (x *ForgetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ForgetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForgetKeyRequest) GetTenant() string {
@@ -804,6 +1063,13 @@ func (x *ForgetKeyRequest) GetForce() bool {
 	return false
 }
 
+func (x *ForgetKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ForgetKeyResponse is empty: the key is forgotten.
 type ForgetKeyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -813,7 +1079,7 @@ type ForgetKeyResponse struct {
 
 func (x *ForgetKeyResponse) Reset() {
 	*x = ForgetKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +1091,7 @@ func (x *ForgetKeyResponse) String() string {
 func (*ForgetKeyResponse) ProtoMessage() {}
 
 func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +1104,7 @@ func (x *ForgetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ForgetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 // SettleKeyRequest names the key to settle and the error to record.
@@ -859,14 +1125,17 @@ type SettleKeyRequest struct {
 	// is fixed.
 	Status *status.Status `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
 	// force settles a key whose lease is live, fencing its holder.
-	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required with force; at most
+	// 1024 bytes of UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SettleKeyRequest) Reset() {
 	*x = SettleKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +1147,7 @@ func (x *SettleKeyRequest) String() string {
 func (*SettleKeyRequest) ProtoMessage() {}
 
 func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1160,7 @@ func (x *SettleKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyRequest.ProtoReflect.Descriptor instead.
 func (*SettleKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SettleKeyRequest) GetTenant() string {
@@ -929,6 +1198,13 @@ func (x *SettleKeyRequest) GetForce() bool {
 	return false
 }
 
+func (x *SettleKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // SettleKeyResponse is the key as settled.
 type SettleKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -940,7 +1216,7 @@ type SettleKeyResponse struct {
 
 func (x *SettleKeyResponse) Reset() {
 	*x = SettleKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1228,7 @@ func (x *SettleKeyResponse) String() string {
 func (*SettleKeyResponse) ProtoMessage() {}
 
 func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1241,7 @@ func (x *SettleKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleKeyResponse.ProtoReflect.Descriptor instead.
 func (*SettleKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SettleKeyResponse) GetKey() *Key {
@@ -983,14 +1259,17 @@ type FinishKeyRequest struct {
 	// method is the method's full name or scope.
 	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// key is the idempotency key.
-	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// reason says why, for the audit trail; optional; at most 1024 bytes of
+	// UTF-8 without a NUL byte (INVALID_ARGUMENT otherwise).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FinishKeyRequest) Reset() {
 	*x = FinishKeyRequest{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1281,7 @@ func (x *FinishKeyRequest) String() string {
 func (*FinishKeyRequest) ProtoMessage() {}
 
 func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1294,7 @@ func (x *FinishKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyRequest.ProtoReflect.Descriptor instead.
 func (*FinishKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FinishKeyRequest) GetTenant() string {
@@ -1039,6 +1318,13 @@ func (x *FinishKeyRequest) GetKey() string {
 	return ""
 }
 
+func (x *FinishKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // FinishKeyResponse is the key as finished.
 type FinishKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1050,7 +1336,7 @@ type FinishKeyResponse struct {
 
 func (x *FinishKeyResponse) Reset() {
 	*x = FinishKeyResponse{}
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1348,7 @@ func (x *FinishKeyResponse) String() string {
 func (*FinishKeyResponse) ProtoMessage() {}
 
 func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1361,7 @@ func (x *FinishKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishKeyResponse.ProtoReflect.Descriptor instead.
 func (*FinishKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FinishKeyResponse) GetKey() *Key {
@@ -1085,11 +1371,1223 @@ func (x *FinishKeyResponse) GetKey() *Key {
 	return nil
 }
 
+// AuditEntry is the record of one operator's action on one key.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// time is when the action took effect.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// tenant is the tenant of the key's scope.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// key is the idempotency key.
+	Key string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	// action is what was done.
+	Action AuditAction `protobuf:"varint,5,opt,name=action,proto3,enum=idem.admin.v1.AuditAction" json:"action,omitempty"`
+	// operator names who did it, as the service's authorizer named them.
+	Operator string `protobuf:"bytes,6,opt,name=operator,proto3" json:"operator,omitempty"`
+	// reason is why, as the operator gave it; empty when none was given.
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// force reports a forced action, which fenced a live lease's holder.
+	Force bool `protobuf:"varint,8,opt,name=force,proto3" json:"force,omitempty"`
+	// state_before is the key's state when the action found it.
+	StateBefore KeyState `protobuf:"varint,9,opt,name=state_before,json=stateBefore,proto3,enum=idem.admin.v1.KeyState" json:"state_before,omitempty"`
+	// state_after is the key's state the action left; unspecified when the
+	// action deleted the key's entry (a forget).
+	StateAfter KeyState `protobuf:"varint,10,opt,name=state_after,json=stateAfter,proto3,enum=idem.admin.v1.KeyState" json:"state_after,omitempty"`
+	// request_id is the x-request-id header of the call that asked, if any.
+	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// peer is the network address the call came from, if any.
+	Peer          string `protobuf:"bytes,12,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetAction() AuditAction {
+	if x != nil {
+		return x.Action
+	}
+	return AuditAction_AUDIT_ACTION_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *AuditEntry) GetStateBefore() KeyState {
+	if x != nil {
+		return x.StateBefore
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetStateAfter() KeyState {
+	if x != nil {
+		return x.StateAfter
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+// ListAuditRequest selects the audit entries to list.
+type ListAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's entries (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's entries; tenant must then be empty.
+	// Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the entries of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// key, with method, selects one key's entries: its history.
+	Key string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	// start_time selects entries at or after this time.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// end_time selects entries before this time.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// page_size is the most entries to return: 0 means 100, and at most
+	// 1000.
+	PageSize int32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page, to get the
+	// next one; it is only valid with the same filter (every field above
+	// except page_size).
+	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListAuditRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *ListAuditRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAuditRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListAuditResponse is a page of audit entries.
+type ListAuditResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entries are the page's entries, oldest first.
+	Entries []*AuditEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// next_page_token gets the next page; empty when there is none.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListAuditResponse) GetEntries() []*AuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListAuditResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// GetKeyStatsRequest selects the keys to count, as ListKeysRequest does.
+type GetKeyStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's keys (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's keys, counted per tenant; tenant
+	// must then be empty. Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the keys of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// states selects the keys in any of these states; empty selects all. A
+	// filter of in_progress and abandoned only reads the keys in progress,
+	// which an index holds on their own: cheap on any table; counting the
+	// recorded keys reads every key the filter selects.
+	States []KeyState `protobuf:"varint,4,rep,packed,name=states,proto3,enum=idem.admin.v1.KeyState" json:"states,omitempty"`
+	// created_after selects keys claimed at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// created_before selects keys claimed before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyStatsRequest) Reset() {
+	*x = GetKeyStatsRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyStatsRequest) ProtoMessage() {}
+
+func (x *GetKeyStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetKeyStatsRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetKeyStatsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetKeyStatsRequest) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *GetKeyStatsRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *GetKeyStatsRequest) GetStates() []KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *GetKeyStatsRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *GetKeyStatsRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+// KeyCount is how many keys of one tenant and method are in one state.
+type KeyCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the keys' tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the keys' method full name or scope.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// state is the keys' state.
+	State KeyState `protobuf:"varint,3,opt,name=state,proto3,enum=idem.admin.v1.KeyState" json:"state,omitempty"`
+	// count is how many there are.
+	Count         int64 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyCount) Reset() {
+	*x = KeyCount{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyCount) ProtoMessage() {}
+
+func (x *KeyCount) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyCount.ProtoReflect.Descriptor instead.
+func (*KeyCount) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KeyCount) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeyCount) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeyCount) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *KeyCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// GetKeyStatsResponse is the counts of the keys asked for.
+type GetKeyStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// counts are the counts of every tenant, method and state that has keys,
+	// ordered by tenant, method and state.
+	Counts []*KeyCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	// oldest_in_progress is the key in progress (its lease live) claimed
+	// first; unset when there is none.
+	OldestInProgress *Key `protobuf:"bytes,2,opt,name=oldest_in_progress,json=oldestInProgress,proto3" json:"oldest_in_progress,omitempty"`
+	// oldest_abandoned is the abandoned key claimed first; unset when there
+	// is none.
+	OldestAbandoned *Key `protobuf:"bytes,3,opt,name=oldest_abandoned,json=oldestAbandoned,proto3" json:"oldest_abandoned,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GetKeyStatsResponse) Reset() {
+	*x = GetKeyStatsResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyStatsResponse) ProtoMessage() {}
+
+func (x *GetKeyStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetKeyStatsResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetKeyStatsResponse) GetCounts() []*KeyCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *GetKeyStatsResponse) GetOldestInProgress() *Key {
+	if x != nil {
+		return x.OldestInProgress
+	}
+	return nil
+}
+
+func (x *GetKeyStatsResponse) GetOldestAbandoned() *Key {
+	if x != nil {
+		return x.OldestAbandoned
+	}
+	return nil
+}
+
+// KeySelection selects keys to act on, as ListKeysRequest's filter does.
+type KeySelection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant selects one tenant's keys (the empty tenant's, when empty and
+	// all_tenants is not set).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants selects every tenant's keys; tenant must then be empty.
+	// Only an operator allowed every tenant may set it.
+	AllTenants bool `protobuf:"varint,2,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
+	// method selects the keys of one method's full name or scope.
+	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	// states selects the keys in any of these states; empty selects all.
+	States []KeyState `protobuf:"varint,4,rep,packed,name=states,proto3,enum=idem.admin.v1.KeyState" json:"states,omitempty"`
+	// created_after selects keys claimed at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// created_before selects keys claimed before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeySelection) Reset() {
+	*x = KeySelection{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeySelection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeySelection) ProtoMessage() {}
+
+func (x *KeySelection) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeySelection.ProtoReflect.Descriptor instead.
+func (*KeySelection) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *KeySelection) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeySelection) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
+}
+
+func (x *KeySelection) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeySelection) GetStates() []KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *KeySelection) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *KeySelection) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+// KeyResult is what an action on many keys did with one of them.
+type KeyResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the tenant of the key's scope.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// method is the method's full name or scope.
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// key is the idempotency key.
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// outcome is whether the action was done.
+	Outcome KeyResult_Outcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=idem.admin.v1.KeyResult_Outcome" json:"outcome,omitempty"`
+	// status says why a key was skipped.
+	Status        *status.Status `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyResult) Reset() {
+	*x = KeyResult{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyResult) ProtoMessage() {}
+
+func (x *KeyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyResult.ProtoReflect.Descriptor instead.
+func (*KeyResult) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *KeyResult) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *KeyResult) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *KeyResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyResult) GetOutcome() KeyResult_Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return KeyResult_OUTCOME_UNSPECIFIED
+}
+
+func (x *KeyResult) GetStatus() *status.Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// KeyBatch is the answer of an action on many keys.
+type KeyBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// count is, for a dry run, how many keys the selection matches now.
+	Count int64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// sample is, for a dry run, the first keys the call would act on.
+	Sample []*Key `protobuf:"bytes,2,rep,name=sample,proto3" json:"sample,omitempty"`
+	// results are each key's result, in the order the keys were acted on;
+	// empty for a dry run.
+	Results []*KeyResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
+	// next_page_token resumes after the call's last key: give it with the
+	// same selection; empty when no key is left.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyBatch) Reset() {
+	*x = KeyBatch{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyBatch) ProtoMessage() {}
+
+func (x *KeyBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyBatch.ProtoReflect.Descriptor instead.
+func (*KeyBatch) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *KeyBatch) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *KeyBatch) GetSample() []*Key {
+	if x != nil {
+		return x.Sample
+	}
+	return nil
+}
+
+func (x *KeyBatch) GetResults() []*KeyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *KeyBatch) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ForgetKeysRequest selects the keys to forget.
+type ForgetKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// force forgets keys whose lease is live, fencing their holders.
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetKeysRequest) Reset() {
+	*x = ForgetKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetKeysRequest) ProtoMessage() {}
+
+func (x *ForgetKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetKeysRequest.ProtoReflect.Descriptor instead.
+func (*ForgetKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForgetKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *ForgetKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ForgetKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ForgetKeysRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *ForgetKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ForgetKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ForgetKeysResponse is what ForgetKeys did.
+type ForgetKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetKeysResponse) Reset() {
+	*x = ForgetKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetKeysResponse) ProtoMessage() {}
+
+func (x *ForgetKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetKeysResponse.ProtoReflect.Descriptor instead.
+func (*ForgetKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForgetKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+// SettleKeysRequest selects the keys to settle and the error to record.
+type SettleKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// force settles keys whose lease is live, fencing their holders.
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// status is the error to record, as in SettleKeyRequest.
+	Status        *status.Status `protobuf:"bytes,7,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleKeysRequest) Reset() {
+	*x = SettleKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleKeysRequest) ProtoMessage() {}
+
+func (x *SettleKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleKeysRequest.ProtoReflect.Descriptor instead.
+func (*SettleKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SettleKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *SettleKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SettleKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *SettleKeysRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *SettleKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SettleKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *SettleKeysRequest) GetStatus() *status.Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// SettleKeysResponse is what SettleKeys did.
+type SettleKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleKeysResponse) Reset() {
+	*x = SettleKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleKeysResponse) ProtoMessage() {}
+
+func (x *SettleKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleKeysResponse.ProtoReflect.Descriptor instead.
+func (*SettleKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SettleKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+// FinishKeysRequest selects the keys to finish.
+type FinishKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selection selects the keys.
+	Selection *KeySelection `protobuf:"bytes,1,opt,name=selection,proto3" json:"selection,omitempty"`
+	// limit is the most keys the call acts on, 1 to 1000: required.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// dry_run changes nothing: the answer holds the count and the sample.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// reason says why, for the audit trail: required; at most 1024 bytes.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// page_token is the next_page_token of the previous call, to resume.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeysRequest) Reset() {
+	*x = FinishKeysRequest{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeysRequest) ProtoMessage() {}
+
+func (x *FinishKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeysRequest.ProtoReflect.Descriptor instead.
+func (*FinishKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *FinishKeysRequest) GetSelection() *KeySelection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+func (x *FinishKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *FinishKeysRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *FinishKeysRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FinishKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// FinishKeysResponse is what FinishKeys did.
+type FinishKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// batch is the count and sample, or each key's result.
+	Batch         *KeyBatch `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishKeysResponse) Reset() {
+	*x = FinishKeysResponse{}
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishKeysResponse) ProtoMessage() {}
+
+func (x *FinishKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_admin_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishKeysResponse.ProtoReflect.Descriptor instead.
+func (*FinishKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *FinishKeysResponse) GetBatch() *KeyBatch {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
 var File_idem_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xb2\x04\n" +
+	"\x19idem/admin/v1/admin.proto\x12\ridem.admin.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xc4\x05\n" +
 	"\x03Key\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
@@ -1109,7 +2607,16 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\aoutcome\x18\f \x01(\v2\x16.idem.admin.v1.OutcomeR\aoutcome\x12\x1e\n" +
 	"\n" +
 	"finishable\x18\r \x01(\bR\n" +
-	"finishable\"2\n" +
+	"finishable\x12\x18\n" +
+	"\areplays\x18\x0e \x01(\x03R\areplays\x12D\n" +
+	"\x10last_replay_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayTime\x120\n" +
+	"\arequest\x18\x10 \x01(\v2\x16.idem.admin.v1.RequestR\arequest\"\x90\x01\n" +
+	"\aRequest\x12!\n" +
+	"\frequest_type\x18\x01 \x01(\tR\vrequestType\x122\n" +
+	"\adecoded\x18\x02 \x01(\v2\x16.google.protobuf.ValueH\x00R\adecoded\x12\x12\n" +
+	"\x03raw\x18\x03 \x01(\fH\x00R\x03raw\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04noteB\x06\n" +
+	"\x04body\"2\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\fR\x06result\"\x86\x02\n" +
@@ -1142,39 +2649,157 @@ const file_idem_admin_v1_admin_proto_rawDesc = "" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\"6\n" +
 	"\x0eGetKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"j\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"\x82\x01\n" +
 	"\x10ForgetKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x14\n" +
-	"\x05force\x18\x04 \x01(\bR\x05force\"\x13\n" +
-	"\x11ForgetKeyResponse\"\x96\x01\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x13\n" +
+	"\x11ForgetKeyResponse\"\xae\x01\n" +
 	"\x10SettleKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12*\n" +
 	"\x06status\x18\x04 \x01(\v2\x12.google.rpc.StatusR\x06status\x12\x14\n" +
-	"\x05force\x18\x05 \x01(\bR\x05force\"9\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"9\n" +
 	"\x11SettleKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"T\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"l\n" +
 	"\x10FinishKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key\"9\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"9\n" +
 	"\x11FinishKeyResponse\x12$\n" +
-	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key*\x88\x01\n" +
+	"\x03key\x18\x01 \x01(\v2\x12.idem.admin.v1.KeyR\x03key\"\xa5\x03\n" +
+	"\n" +
+	"AuditEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\x122\n" +
+	"\x06action\x18\x05 \x01(\x0e2\x1a.idem.admin.v1.AuditActionR\x06action\x12\x1a\n" +
+	"\boperator\x18\x06 \x01(\tR\boperator\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\b \x01(\bR\x05force\x12:\n" +
+	"\fstate_before\x18\t \x01(\x0e2\x17.idem.admin.v1.KeyStateR\vstateBefore\x128\n" +
+	"\vstate_after\x18\n" +
+	" \x01(\x0e2\x17.idem.admin.v1.KeyStateR\n" +
+	"stateAfter\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\v \x01(\tR\trequestId\x12\x12\n" +
+	"\x04peer\x18\f \x01(\tR\x04peer\"\xa3\x02\n" +
+	"\x10ListAuditRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\x129\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\"p\n" +
+	"\x11ListAuditResponse\x123\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.idem.admin.v1.AuditEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9a\x02\n" +
+	"\x12GetKeyStatsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12/\n" +
+	"\x06states\x18\x04 \x03(\x0e2\x17.idem.admin.v1.KeyStateR\x06states\x12?\n" +
+	"\rcreated_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\"\x7f\n" +
+	"\bKeyCount\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12-\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x17.idem.admin.v1.KeyStateR\x05state\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\"\xc7\x01\n" +
+	"\x13GetKeyStatsResponse\x12/\n" +
+	"\x06counts\x18\x01 \x03(\v2\x17.idem.admin.v1.KeyCountR\x06counts\x12@\n" +
+	"\x12oldest_in_progress\x18\x02 \x01(\v2\x12.idem.admin.v1.KeyR\x10oldestInProgress\x12=\n" +
+	"\x10oldest_abandoned\x18\x03 \x01(\v2\x12.idem.admin.v1.KeyR\x0foldestAbandoned\"\x94\x02\n" +
+	"\fKeySelection\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x02 \x01(\bR\n" +
+	"allTenants\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\x12/\n" +
+	"\x06states\x18\x04 \x03(\x0e2\x17.idem.admin.v1.KeyStateR\x06states\x12?\n" +
+	"\rcreated_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\"\x80\x02\n" +
+	"\tKeyResult\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12:\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2 .idem.admin.v1.KeyResult.OutcomeR\aoutcome\x12*\n" +
+	"\x06status\x18\x05 \x01(\v2\x12.google.rpc.StatusR\x06status\"I\n" +
+	"\aOutcome\x12\x17\n" +
+	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fOUTCOME_DONE\x10\x01\x12\x13\n" +
+	"\x0fOUTCOME_SKIPPED\x10\x02\"\xa8\x01\n" +
+	"\bKeyBatch\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\x12*\n" +
+	"\x06sample\x18\x02 \x03(\v2\x12.idem.admin.v1.KeyR\x06sample\x122\n" +
+	"\aresults\x18\x03 \x03(\v2\x18.idem.admin.v1.KeyResultR\aresults\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\"\xca\x01\n" +
+	"\x11ForgetKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\"C\n" +
+	"\x12ForgetKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch\"\xf6\x01\n" +
+	"\x11SettleKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x12*\n" +
+	"\x06status\x18\a \x01(\v2\x12.google.rpc.StatusR\x06status\"C\n" +
+	"\x12SettleKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch\"\xb4\x01\n" +
+	"\x11FinishKeysRequest\x129\n" +
+	"\tselection\x18\x01 \x01(\v2\x1b.idem.admin.v1.KeySelectionR\tselection\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"C\n" +
+	"\x12FinishKeysResponse\x12-\n" +
+	"\x05batch\x18\x01 \x01(\v2\x17.idem.admin.v1.KeyBatchR\x05batch*\x88\x01\n" +
 	"\bKeyState\x12\x19\n" +
 	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15KEY_STATE_IN_PROGRESS\x10\x01\x12\x17\n" +
 	"\x13KEY_STATE_ABANDONED\x10\x02\x12\x16\n" +
 	"\x12KEY_STATE_RECORDED\x10\x03\x12\x15\n" +
-	"\x11KEY_STATE_EXPIRED\x10\x042\xab\x03\n" +
+	"\x11KEY_STATE_EXPIRED\x10\x04*v\n" +
+	"\vAuditAction\x12\x1c\n" +
+	"\x18AUDIT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13AUDIT_ACTION_FORGET\x10\x01\x12\x17\n" +
+	"\x13AUDIT_ACTION_SETTLE\x10\x02\x12\x17\n" +
+	"\x13AUDIT_ACTION_FINISH\x10\x032\xe3\x06\n" +
 	"\fAdminService\x12P\n" +
 	"\bListKeys\x12\x1e.idem.admin.v1.ListKeysRequest\x1a\x1f.idem.admin.v1.ListKeysResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\x06GetKey\x12\x1c.idem.admin.v1.GetKeyRequest\x1a\x1d.idem.admin.v1.GetKeyResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\tForgetKey\x12\x1f.idem.admin.v1.ForgetKeyRequest\x1a .idem.admin.v1.ForgetKeyResponse\"\x03\x90\x02\x02\x12S\n" +
 	"\tSettleKey\x12\x1f.idem.admin.v1.SettleKeyRequest\x1a .idem.admin.v1.SettleKeyResponse\"\x03\x90\x02\x02\x12S\n" +
-	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
+	"\tFinishKey\x12\x1f.idem.admin.v1.FinishKeyRequest\x1a .idem.admin.v1.FinishKeyResponse\"\x03\x90\x02\x02\x12S\n" +
+	"\tListAudit\x12\x1f.idem.admin.v1.ListAuditRequest\x1a .idem.admin.v1.ListAuditResponse\"\x03\x90\x02\x01\x12Y\n" +
+	"\vGetKeyStats\x12!.idem.admin.v1.GetKeyStatsRequest\x1a\".idem.admin.v1.GetKeyStatsResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\n" +
+	"ForgetKeys\x12 .idem.admin.v1.ForgetKeysRequest\x1a!.idem.admin.v1.ForgetKeysResponse\"\x03\x90\x02\x02\x12V\n" +
+	"\n" +
+	"SettleKeys\x12 .idem.admin.v1.SettleKeysRequest\x1a!.idem.admin.v1.SettleKeysResponse\"\x03\x90\x02\x02\x12V\n" +
+	"\n" +
+	"FinishKeys\x12 .idem.admin.v1.FinishKeysRequest\x1a!.idem.admin.v1.FinishKeysResponse\"\x03\x90\x02\x02B3Z1github.com/idemkit/idem/gen/idem/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_idem_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1188,60 +2813,119 @@ func file_idem_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_idem_admin_v1_admin_proto_rawDescData
 }
 
-var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_idem_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_idem_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_idem_admin_v1_admin_proto_goTypes = []any{
 	(KeyState)(0),                 // 0: idem.admin.v1.KeyState
-	(*Key)(nil),                   // 1: idem.admin.v1.Key
-	(*Step)(nil),                  // 2: idem.admin.v1.Step
-	(*Outcome)(nil),               // 3: idem.admin.v1.Outcome
-	(*ListKeysRequest)(nil),       // 4: idem.admin.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),      // 5: idem.admin.v1.ListKeysResponse
-	(*GetKeyRequest)(nil),         // 6: idem.admin.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 7: idem.admin.v1.GetKeyResponse
-	(*ForgetKeyRequest)(nil),      // 8: idem.admin.v1.ForgetKeyRequest
-	(*ForgetKeyResponse)(nil),     // 9: idem.admin.v1.ForgetKeyResponse
-	(*SettleKeyRequest)(nil),      // 10: idem.admin.v1.SettleKeyRequest
-	(*SettleKeyResponse)(nil),     // 11: idem.admin.v1.SettleKeyResponse
-	(*FinishKeyRequest)(nil),      // 12: idem.admin.v1.FinishKeyRequest
-	(*FinishKeyResponse)(nil),     // 13: idem.admin.v1.FinishKeyResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 15: google.protobuf.Value
-	(*status.Status)(nil),         // 16: google.rpc.Status
+	(AuditAction)(0),              // 1: idem.admin.v1.AuditAction
+	(KeyResult_Outcome)(0),        // 2: idem.admin.v1.KeyResult.Outcome
+	(*Key)(nil),                   // 3: idem.admin.v1.Key
+	(*Request)(nil),               // 4: idem.admin.v1.Request
+	(*Step)(nil),                  // 5: idem.admin.v1.Step
+	(*Outcome)(nil),               // 6: idem.admin.v1.Outcome
+	(*ListKeysRequest)(nil),       // 7: idem.admin.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 8: idem.admin.v1.ListKeysResponse
+	(*GetKeyRequest)(nil),         // 9: idem.admin.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 10: idem.admin.v1.GetKeyResponse
+	(*ForgetKeyRequest)(nil),      // 11: idem.admin.v1.ForgetKeyRequest
+	(*ForgetKeyResponse)(nil),     // 12: idem.admin.v1.ForgetKeyResponse
+	(*SettleKeyRequest)(nil),      // 13: idem.admin.v1.SettleKeyRequest
+	(*SettleKeyResponse)(nil),     // 14: idem.admin.v1.SettleKeyResponse
+	(*FinishKeyRequest)(nil),      // 15: idem.admin.v1.FinishKeyRequest
+	(*FinishKeyResponse)(nil),     // 16: idem.admin.v1.FinishKeyResponse
+	(*AuditEntry)(nil),            // 17: idem.admin.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 18: idem.admin.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 19: idem.admin.v1.ListAuditResponse
+	(*GetKeyStatsRequest)(nil),    // 20: idem.admin.v1.GetKeyStatsRequest
+	(*KeyCount)(nil),              // 21: idem.admin.v1.KeyCount
+	(*GetKeyStatsResponse)(nil),   // 22: idem.admin.v1.GetKeyStatsResponse
+	(*KeySelection)(nil),          // 23: idem.admin.v1.KeySelection
+	(*KeyResult)(nil),             // 24: idem.admin.v1.KeyResult
+	(*KeyBatch)(nil),              // 25: idem.admin.v1.KeyBatch
+	(*ForgetKeysRequest)(nil),     // 26: idem.admin.v1.ForgetKeysRequest
+	(*ForgetKeysResponse)(nil),    // 27: idem.admin.v1.ForgetKeysResponse
+	(*SettleKeysRequest)(nil),     // 28: idem.admin.v1.SettleKeysRequest
+	(*SettleKeysResponse)(nil),    // 29: idem.admin.v1.SettleKeysResponse
+	(*FinishKeysRequest)(nil),     // 30: idem.admin.v1.FinishKeysRequest
+	(*FinishKeysResponse)(nil),    // 31: idem.admin.v1.FinishKeysResponse
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 33: google.protobuf.Value
+	(*status.Status)(nil),         // 34: google.rpc.Status
 }
 var file_idem_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: idem.admin.v1.Key.state:type_name -> idem.admin.v1.KeyState
-	14, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	14, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	14, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	14, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
-	3,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
-	15, // 7: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
-	16, // 8: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
-	0,  // 9: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
-	14, // 10: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
-	14, // 11: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
-	1,  // 12: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
-	1,  // 13: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
-	16, // 14: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
-	1,  // 15: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
-	1,  // 16: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
-	4,  // 17: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
-	6,  // 18: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
-	8,  // 19: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
-	10, // 20: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
-	12, // 21: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
-	5,  // 22: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
-	7,  // 23: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
-	9,  // 24: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
-	11, // 25: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
-	13, // 26: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	32, // 1: idem.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	32, // 2: idem.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	32, // 3: idem.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	32, // 4: idem.admin.v1.Key.lease_expire_time:type_name -> google.protobuf.Timestamp
+	5,  // 5: idem.admin.v1.Key.steps:type_name -> idem.admin.v1.Step
+	6,  // 6: idem.admin.v1.Key.outcome:type_name -> idem.admin.v1.Outcome
+	32, // 7: idem.admin.v1.Key.last_replay_time:type_name -> google.protobuf.Timestamp
+	4,  // 8: idem.admin.v1.Key.request:type_name -> idem.admin.v1.Request
+	33, // 9: idem.admin.v1.Request.decoded:type_name -> google.protobuf.Value
+	33, // 10: idem.admin.v1.Outcome.response:type_name -> google.protobuf.Value
+	34, // 11: idem.admin.v1.Outcome.error:type_name -> google.rpc.Status
+	0,  // 12: idem.admin.v1.ListKeysRequest.states:type_name -> idem.admin.v1.KeyState
+	32, // 13: idem.admin.v1.ListKeysRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 14: idem.admin.v1.ListKeysRequest.created_before:type_name -> google.protobuf.Timestamp
+	3,  // 15: idem.admin.v1.ListKeysResponse.keys:type_name -> idem.admin.v1.Key
+	3,  // 16: idem.admin.v1.GetKeyResponse.key:type_name -> idem.admin.v1.Key
+	34, // 17: idem.admin.v1.SettleKeyRequest.status:type_name -> google.rpc.Status
+	3,  // 18: idem.admin.v1.SettleKeyResponse.key:type_name -> idem.admin.v1.Key
+	3,  // 19: idem.admin.v1.FinishKeyResponse.key:type_name -> idem.admin.v1.Key
+	32, // 20: idem.admin.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 21: idem.admin.v1.AuditEntry.action:type_name -> idem.admin.v1.AuditAction
+	0,  // 22: idem.admin.v1.AuditEntry.state_before:type_name -> idem.admin.v1.KeyState
+	0,  // 23: idem.admin.v1.AuditEntry.state_after:type_name -> idem.admin.v1.KeyState
+	32, // 24: idem.admin.v1.ListAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	32, // 25: idem.admin.v1.ListAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 26: idem.admin.v1.ListAuditResponse.entries:type_name -> idem.admin.v1.AuditEntry
+	0,  // 27: idem.admin.v1.GetKeyStatsRequest.states:type_name -> idem.admin.v1.KeyState
+	32, // 28: idem.admin.v1.GetKeyStatsRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 29: idem.admin.v1.GetKeyStatsRequest.created_before:type_name -> google.protobuf.Timestamp
+	0,  // 30: idem.admin.v1.KeyCount.state:type_name -> idem.admin.v1.KeyState
+	21, // 31: idem.admin.v1.GetKeyStatsResponse.counts:type_name -> idem.admin.v1.KeyCount
+	3,  // 32: idem.admin.v1.GetKeyStatsResponse.oldest_in_progress:type_name -> idem.admin.v1.Key
+	3,  // 33: idem.admin.v1.GetKeyStatsResponse.oldest_abandoned:type_name -> idem.admin.v1.Key
+	0,  // 34: idem.admin.v1.KeySelection.states:type_name -> idem.admin.v1.KeyState
+	32, // 35: idem.admin.v1.KeySelection.created_after:type_name -> google.protobuf.Timestamp
+	32, // 36: idem.admin.v1.KeySelection.created_before:type_name -> google.protobuf.Timestamp
+	2,  // 37: idem.admin.v1.KeyResult.outcome:type_name -> idem.admin.v1.KeyResult.Outcome
+	34, // 38: idem.admin.v1.KeyResult.status:type_name -> google.rpc.Status
+	3,  // 39: idem.admin.v1.KeyBatch.sample:type_name -> idem.admin.v1.Key
+	24, // 40: idem.admin.v1.KeyBatch.results:type_name -> idem.admin.v1.KeyResult
+	23, // 41: idem.admin.v1.ForgetKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	25, // 42: idem.admin.v1.ForgetKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	23, // 43: idem.admin.v1.SettleKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	34, // 44: idem.admin.v1.SettleKeysRequest.status:type_name -> google.rpc.Status
+	25, // 45: idem.admin.v1.SettleKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	23, // 46: idem.admin.v1.FinishKeysRequest.selection:type_name -> idem.admin.v1.KeySelection
+	25, // 47: idem.admin.v1.FinishKeysResponse.batch:type_name -> idem.admin.v1.KeyBatch
+	7,  // 48: idem.admin.v1.AdminService.ListKeys:input_type -> idem.admin.v1.ListKeysRequest
+	9,  // 49: idem.admin.v1.AdminService.GetKey:input_type -> idem.admin.v1.GetKeyRequest
+	11, // 50: idem.admin.v1.AdminService.ForgetKey:input_type -> idem.admin.v1.ForgetKeyRequest
+	13, // 51: idem.admin.v1.AdminService.SettleKey:input_type -> idem.admin.v1.SettleKeyRequest
+	15, // 52: idem.admin.v1.AdminService.FinishKey:input_type -> idem.admin.v1.FinishKeyRequest
+	18, // 53: idem.admin.v1.AdminService.ListAudit:input_type -> idem.admin.v1.ListAuditRequest
+	20, // 54: idem.admin.v1.AdminService.GetKeyStats:input_type -> idem.admin.v1.GetKeyStatsRequest
+	26, // 55: idem.admin.v1.AdminService.ForgetKeys:input_type -> idem.admin.v1.ForgetKeysRequest
+	28, // 56: idem.admin.v1.AdminService.SettleKeys:input_type -> idem.admin.v1.SettleKeysRequest
+	30, // 57: idem.admin.v1.AdminService.FinishKeys:input_type -> idem.admin.v1.FinishKeysRequest
+	8,  // 58: idem.admin.v1.AdminService.ListKeys:output_type -> idem.admin.v1.ListKeysResponse
+	10, // 59: idem.admin.v1.AdminService.GetKey:output_type -> idem.admin.v1.GetKeyResponse
+	12, // 60: idem.admin.v1.AdminService.ForgetKey:output_type -> idem.admin.v1.ForgetKeyResponse
+	14, // 61: idem.admin.v1.AdminService.SettleKey:output_type -> idem.admin.v1.SettleKeyResponse
+	16, // 62: idem.admin.v1.AdminService.FinishKey:output_type -> idem.admin.v1.FinishKeyResponse
+	19, // 63: idem.admin.v1.AdminService.ListAudit:output_type -> idem.admin.v1.ListAuditResponse
+	22, // 64: idem.admin.v1.AdminService.GetKeyStats:output_type -> idem.admin.v1.GetKeyStatsResponse
+	27, // 65: idem.admin.v1.AdminService.ForgetKeys:output_type -> idem.admin.v1.ForgetKeysResponse
+	29, // 66: idem.admin.v1.AdminService.SettleKeys:output_type -> idem.admin.v1.SettleKeysResponse
+	31, // 67: idem.admin.v1.AdminService.FinishKeys:output_type -> idem.admin.v1.FinishKeysResponse
+	58, // [58:68] is the sub-list for method output_type
+	48, // [48:58] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_idem_admin_v1_admin_proto_init() }
@@ -1249,7 +2933,11 @@ func file_idem_admin_v1_admin_proto_init() {
 	if File_idem_admin_v1_admin_proto != nil {
 		return
 	}
-	file_idem_admin_v1_admin_proto_msgTypes[2].OneofWrappers = []any{
+	file_idem_admin_v1_admin_proto_msgTypes[1].OneofWrappers = []any{
+		(*Request_Decoded)(nil),
+		(*Request_Raw)(nil),
+	}
+	file_idem_admin_v1_admin_proto_msgTypes[3].OneofWrappers = []any{
 		(*Outcome_Response)(nil),
 		(*Outcome_RawResponse)(nil),
 		(*Outcome_Error)(nil),
@@ -1259,8 +2947,8 @@ func file_idem_admin_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_admin_v1_admin_proto_rawDesc), len(file_idem_admin_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   13,
+			NumEnums:      3,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -3,8 +3,9 @@
 // Source: idem/admin/v1/admin.proto
 
 // Package idem.admin.v1 is idem's admin service: it lets an operator list
-// the idempotency keys a store holds, read one, forget one, settle one
-// that is stuck in progress, and finish one that was abandoned. Serve it with github.com/idemkit/idem/admin,
+// the idempotency keys a store holds, count them, read one, forget one,
+// settle one that is stuck in progress, and finish one that was abandoned,
+// and read the audit trail of those actions. Serve it with github.com/idemkit/idem/admin,
 // on a listener only operators reach, behind an authorizer.
 package adminv1connect
 
@@ -47,6 +48,17 @@ const (
 	AdminServiceSettleKeyProcedure = "/idem.admin.v1.AdminService/SettleKey"
 	// AdminServiceFinishKeyProcedure is the fully-qualified name of the AdminService's FinishKey RPC.
 	AdminServiceFinishKeyProcedure = "/idem.admin.v1.AdminService/FinishKey"
+	// AdminServiceListAuditProcedure is the fully-qualified name of the AdminService's ListAudit RPC.
+	AdminServiceListAuditProcedure = "/idem.admin.v1.AdminService/ListAudit"
+	// AdminServiceGetKeyStatsProcedure is the fully-qualified name of the AdminService's GetKeyStats
+	// RPC.
+	AdminServiceGetKeyStatsProcedure = "/idem.admin.v1.AdminService/GetKeyStats"
+	// AdminServiceForgetKeysProcedure is the fully-qualified name of the AdminService's ForgetKeys RPC.
+	AdminServiceForgetKeysProcedure = "/idem.admin.v1.AdminService/ForgetKeys"
+	// AdminServiceSettleKeysProcedure is the fully-qualified name of the AdminService's SettleKeys RPC.
+	AdminServiceSettleKeysProcedure = "/idem.admin.v1.AdminService/SettleKeys"
+	// AdminServiceFinishKeysProcedure is the fully-qualified name of the AdminService's FinishKeys RPC.
+	AdminServiceFinishKeysProcedure = "/idem.admin.v1.AdminService/FinishKeys"
 )
 
 // AdminServiceClient is a client for the idem.admin.v1.AdminService service.
@@ -83,6 +95,30 @@ type AdminServiceClient interface {
 	// took the call over first), the answer is that attempt's error and the
 	// call is left to the finisher.
 	FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error)
+	// ListAudit lists the audit trail's entries, oldest first, a page at a
+	// time: every forget, settle and finish an operator made through the
+	// service, with who made it, when, why and what it changed. Filtered by
+	// key, it is the key's history.
+	ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error)
+	// GetKeyStats counts the keys that match a filter by tenant, method and
+	// state, and returns the oldest in progress and the oldest abandoned.
+	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
+	// ForgetKeys forgets, one by one and with ForgetKey's rules, the keys a
+	// selection matches, at most limit of them a call, oldest first, and
+	// reports each key's result: done, or skipped and why (a live lease,
+	// unless forced). A dry run changes nothing and returns how many keys
+	// the selection matches and the first limit of them. next_page_token
+	// resumes after the last key of the call. Every key forgotten keeps its
+	// audit entry, with the call's reason, which is required.
+	ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error)
+	// SettleKeys settles, as SettleKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a recorded key or a live lease (unless
+	// forced) is skipped.
+	SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error)
+	// FinishKeys finishes, as FinishKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a key that cannot be finished is skipped,
+	// with FinishKey's answer.
+	FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error)
 }
 
 // NewAdminServiceClient constructs a client for the idem.admin.v1.AdminService service. By default,
@@ -131,16 +167,56 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		listAudit: connect.NewClient[v1.ListAuditRequest, v1.ListAuditResponse](
+			httpClient,
+			baseURL+AdminServiceListAuditProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListAudit")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getKeyStats: connect.NewClient[v1.GetKeyStatsRequest, v1.GetKeyStatsResponse](
+			httpClient,
+			baseURL+AdminServiceGetKeyStatsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetKeyStats")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		forgetKeys: connect.NewClient[v1.ForgetKeysRequest, v1.ForgetKeysResponse](
+			httpClient,
+			baseURL+AdminServiceForgetKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ForgetKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		settleKeys: connect.NewClient[v1.SettleKeysRequest, v1.SettleKeysResponse](
+			httpClient,
+			baseURL+AdminServiceSettleKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SettleKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		finishKeys: connect.NewClient[v1.FinishKeysRequest, v1.FinishKeysResponse](
+			httpClient,
+			baseURL+AdminServiceFinishKeysProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("FinishKeys")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	listKeys  *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
-	getKey    *connect.Client[v1.GetKeyRequest, v1.GetKeyResponse]
-	forgetKey *connect.Client[v1.ForgetKeyRequest, v1.ForgetKeyResponse]
-	settleKey *connect.Client[v1.SettleKeyRequest, v1.SettleKeyResponse]
-	finishKey *connect.Client[v1.FinishKeyRequest, v1.FinishKeyResponse]
+	listKeys    *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
+	getKey      *connect.Client[v1.GetKeyRequest, v1.GetKeyResponse]
+	forgetKey   *connect.Client[v1.ForgetKeyRequest, v1.ForgetKeyResponse]
+	settleKey   *connect.Client[v1.SettleKeyRequest, v1.SettleKeyResponse]
+	finishKey   *connect.Client[v1.FinishKeyRequest, v1.FinishKeyResponse]
+	listAudit   *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
+	getKeyStats *connect.Client[v1.GetKeyStatsRequest, v1.GetKeyStatsResponse]
+	forgetKeys  *connect.Client[v1.ForgetKeysRequest, v1.ForgetKeysResponse]
+	settleKeys  *connect.Client[v1.SettleKeysRequest, v1.SettleKeysResponse]
+	finishKeys  *connect.Client[v1.FinishKeysRequest, v1.FinishKeysResponse]
 }
 
 // ListKeys calls idem.admin.v1.AdminService.ListKeys.
@@ -188,6 +264,51 @@ func (c *adminServiceClient) FinishKey(ctx context.Context, req *v1.FinishKeyReq
 	return nil, err
 }
 
+// ListAudit calls idem.admin.v1.AdminService.ListAudit.
+func (c *adminServiceClient) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (*v1.ListAuditResponse, error) {
+	response, err := c.listAudit.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// GetKeyStats calls idem.admin.v1.AdminService.GetKeyStats.
+func (c *adminServiceClient) GetKeyStats(ctx context.Context, req *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error) {
+	response, err := c.getKeyStats.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// ForgetKeys calls idem.admin.v1.AdminService.ForgetKeys.
+func (c *adminServiceClient) ForgetKeys(ctx context.Context, req *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error) {
+	response, err := c.forgetKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// SettleKeys calls idem.admin.v1.AdminService.SettleKeys.
+func (c *adminServiceClient) SettleKeys(ctx context.Context, req *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error) {
+	response, err := c.settleKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// FinishKeys calls idem.admin.v1.AdminService.FinishKeys.
+func (c *adminServiceClient) FinishKeys(ctx context.Context, req *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error) {
+	response, err := c.finishKeys.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // AdminServiceHandler is an implementation of the idem.admin.v1.AdminService service.
 type AdminServiceHandler interface {
 	// ListKeys lists the keys that match a filter, oldest first, a page at a
@@ -222,6 +343,30 @@ type AdminServiceHandler interface {
 	// took the call over first), the answer is that attempt's error and the
 	// call is left to the finisher.
 	FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error)
+	// ListAudit lists the audit trail's entries, oldest first, a page at a
+	// time: every forget, settle and finish an operator made through the
+	// service, with who made it, when, why and what it changed. Filtered by
+	// key, it is the key's history.
+	ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error)
+	// GetKeyStats counts the keys that match a filter by tenant, method and
+	// state, and returns the oldest in progress and the oldest abandoned.
+	GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error)
+	// ForgetKeys forgets, one by one and with ForgetKey's rules, the keys a
+	// selection matches, at most limit of them a call, oldest first, and
+	// reports each key's result: done, or skipped and why (a live lease,
+	// unless forced). A dry run changes nothing and returns how many keys
+	// the selection matches and the first limit of them. next_page_token
+	// resumes after the last key of the call. Every key forgotten keeps its
+	// audit entry, with the call's reason, which is required.
+	ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error)
+	// SettleKeys settles, as SettleKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a recorded key or a live lease (unless
+	// forced) is skipped.
+	SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error)
+	// FinishKeys finishes, as FinishKey does, the keys a selection matches,
+	// as ForgetKeys forgets them: a key that cannot be finished is skipped,
+	// with FinishKey's answer.
+	FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -266,6 +411,41 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListAuditHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceListAuditProcedure,
+		svc.ListAudit,
+		connect.WithSchema(adminServiceMethods.ByName("ListAudit")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetKeyStatsHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceGetKeyStatsProcedure,
+		svc.GetKeyStats,
+		connect.WithSchema(adminServiceMethods.ByName("GetKeyStats")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceForgetKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceForgetKeysProcedure,
+		svc.ForgetKeys,
+		connect.WithSchema(adminServiceMethods.ByName("ForgetKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSettleKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceSettleKeysProcedure,
+		svc.SettleKeys,
+		connect.WithSchema(adminServiceMethods.ByName("SettleKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceFinishKeysHandler := connect.NewUnaryHandlerSimple(
+		AdminServiceFinishKeysProcedure,
+		svc.FinishKeys,
+		connect.WithSchema(adminServiceMethods.ByName("FinishKeys")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/idem.admin.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceListKeysProcedure:
@@ -278,6 +458,16 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceSettleKeyHandler.ServeHTTP(w, r)
 		case AdminServiceFinishKeyProcedure:
 			adminServiceFinishKeyHandler.ServeHTTP(w, r)
+		case AdminServiceListAuditProcedure:
+			adminServiceListAuditHandler.ServeHTTP(w, r)
+		case AdminServiceGetKeyStatsProcedure:
+			adminServiceGetKeyStatsHandler.ServeHTTP(w, r)
+		case AdminServiceForgetKeysProcedure:
+			adminServiceForgetKeysHandler.ServeHTTP(w, r)
+		case AdminServiceSettleKeysProcedure:
+			adminServiceSettleKeysHandler.ServeHTTP(w, r)
+		case AdminServiceFinishKeysProcedure:
+			adminServiceFinishKeysHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -305,4 +495,24 @@ func (UnimplementedAdminServiceHandler) SettleKey(context.Context, *v1.SettleKey
 
 func (UnimplementedAdminServiceHandler) FinishKey(context.Context, *v1.FinishKeyRequest) (*v1.FinishKeyResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.FinishKey is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListAudit(context.Context, *v1.ListAuditRequest) (*v1.ListAuditResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.ListAudit is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetKeyStats(context.Context, *v1.GetKeyStatsRequest) (*v1.GetKeyStatsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.GetKeyStats is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ForgetKeys(context.Context, *v1.ForgetKeysRequest) (*v1.ForgetKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.ForgetKeys is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SettleKeys(context.Context, *v1.SettleKeysRequest) (*v1.SettleKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.SettleKeys is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) FinishKeys(context.Context, *v1.FinishKeysRequest) (*v1.FinishKeysResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("idem.admin.v1.AdminService.FinishKeys is not implemented"))
 }

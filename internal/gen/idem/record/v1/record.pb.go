@@ -46,9 +46,15 @@ type Record struct {
 	// name, sorted by name.
 	Trailer []*Entry `protobuf:"bytes,4,rep,name=trailer,proto3" json:"trailer,omitempty"`
 	// checksum is the CRC-32C (Castagnoli) of the code, as one byte, then the
-	// payload, then the header and the trailer entries (see internal/record
-	// for their framing), so that a corrupted body is refused, not replayed.
-	Checksum      uint32 `protobuf:"fixed32,5,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	// payload, then the header and the trailer entries, then the request
+	// (see internal/record for their framing), so that a corrupted body is
+	// refused, not replayed.
+	Checksum uint32 `protobuf:"fixed32,5,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	// request is the deterministic encoding of the request, kept with the
+	// outcome for an operator to read, for methods that keep requests
+	// (idem.MethodPolicy.KeepRequest); empty otherwise. Replays do not send
+	// it.
+	Request       []byte `protobuf:"bytes,6,opt,name=request,proto3" json:"request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +124,13 @@ func (x *Record) GetChecksum() uint32 {
 	return 0
 }
 
+func (x *Record) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
 // Entry is one metadata name and its values, in the order the handler set
 // them.
 type Entry struct {
@@ -179,13 +192,14 @@ var File_idem_record_v1_record_proto protoreflect.FileDescriptor
 
 const file_idem_record_v1_record_proto_rawDesc = "" +
 	"\n" +
-	"\x1bidem/record/v1/record.proto\x12\x0eidem.record.v1\"\xb2\x01\n" +
+	"\x1bidem/record/v1/record.proto\x12\x0eidem.record.v1\"\xcc\x01\n" +
 	"\x06Record\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\x12-\n" +
 	"\x06header\x18\x03 \x03(\v2\x15.idem.record.v1.EntryR\x06header\x12/\n" +
 	"\atrailer\x18\x04 \x03(\v2\x15.idem.record.v1.EntryR\atrailer\x12\x1a\n" +
-	"\bchecksum\x18\x05 \x01(\aR\bchecksum\"3\n" +
+	"\bchecksum\x18\x05 \x01(\aR\bchecksum\x12\x18\n" +
+	"\arequest\x18\x06 \x01(\fR\arequest\"3\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06values\x18\x02 \x03(\fR\x06valuesB>Z<github.com/idemkit/idem/internal/gen/idem/record/v1;recordv1b\x06proto3"
