@@ -84,7 +84,7 @@ func countRequests(ctx context.Context, t *testing.T, h *handler, pg *pgtest.Ser
 	}
 	cfg := defaultConfig()
 	cfg.Clients, cfg.PoolSize = 1, 1
-	e, closeEnv, err := openEnv(ctx, cfg, h, pg, nil, s)
+	e, closeEnv, err := openEnv(ctx, cfg, h, pg, "", nil, s)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}

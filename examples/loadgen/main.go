@@ -30,8 +30,10 @@
 // -soak 10m runs one long load instead, with keys that expire after -ttl
 // and a sweeper deleting them, and samples the key table, autovacuum and
 // the sweeper over time (soak.json, soak.svg). -capacity measures what a
-// key row takes on disk and how fast the sweeper deletes. Both are
-// described in the README and docs/capacity.md.
+// key row takes on disk and how fast the sweeper deletes. -growth 1M,10M,30M
+// measures scenarios and the sweeper as the key table grows, at each
+// -growth-shared-buffers. They are described in the README and
+// docs/capacity.md.
 package main
 
 import (
@@ -50,6 +52,7 @@ func main() {
 	cfg := defaultConfig()
 	var scenarios, cpuProfile, rtts string
 	var capacity bool
+	var growth, growthBuffers, growthScenarios string
 	var replot, rereport string
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each scenario is measured per round")
 	flag.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each measurement")
@@ -82,8 +85,14 @@ func main() {
 	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")
 	flag.IntVar(&cfg.Capacity.Rows, "capacity-rows", cfg.Capacity.Rows, "with -capacity: rows to measure, and to sweep at each sweeper setting")
+	flag.StringVar(&growth, "growth", "", "measure instead -growth-scenarios and the sweeper with the key table filled to each of these sizes in turn, e.g. 1M,10M,30M")
+	flag.StringVar(&growthBuffers, "growth-shared-buffers", "", "with -growth: measure on a throwaway cluster at each of these shared_buffers (e.g. 128MB,6GB) rather than on the server found")
+	flag.StringVar(&growthScenarios, "growth-scenarios", strings.Join(cfg.Growth.Scenarios, ","), "with -growth: the scenarios to run at each size")
+	flag.IntVar(&cfg.Growth.SweepRows, "growth-sweep-rows", cfg.Growth.SweepRows, "with -growth: expired rows the sweeper deletes at each size")
 	flag.Parse()
 	cfg.Scenarios = splitList(scenarios)
+	cfg.Growth.SharedBuffers = splitList(growthBuffers)
+	cfg.Growth.Scenarios = splitList(growthScenarios)
 	var err error
 	if cfg.RTTs, err = parseRTTs(rtts); err != nil {
 		fatal(err)
@@ -125,6 +134,19 @@ func main() {
 			fatal(err)
 		}
 		if err := writeCapacityOutputs(cfg, rep, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if growth != "" {
+		if cfg.Growth.Sizes, err = parseSizes(growth); err != nil {
+			fatal(err)
+		}
+		rep, err := runGrowth(ctx, cfg, os.Stderr)
+		if err != nil {
+			fatal(err)
+		}
+		if err := writeGrowthOutputs(cfg, rep, os.Stdout); err != nil {
 			fatal(err)
 		}
 		return
@@ -190,6 +212,8 @@ type config struct {
 	Soak soakConfig
 	// Capacity is what -capacity measures.
 	Capacity capacityConfig
+	// Growth is what -growth measures.
+	Growth growthConfig
 }
 
 func defaultConfig() config {
@@ -204,5 +228,6 @@ func defaultConfig() config {
 		RTTs:            []time.Duration{0},
 		Soak:            defaultSoakConfig(),
 		Capacity:        capacityConfig{Rows: 200_000, Sweeps: defaultSweepSettings},
+		Growth:          defaultGrowthConfig(),
 	}
 }

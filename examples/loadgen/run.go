@@ -191,7 +191,14 @@ func randomPrefix() string {
 // server, preparation, warm-up, and the measurement. The pool connects
 // through proxy, when there is one, which delays round trips by rtt.
 func runOnce(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, proxy *delayProxy, rtt time.Duration, s *scenario, round int) (*roundResult, error) {
-	e, closeEnv, err := openEnv(ctx, cfg, h, pg, proxy, s)
+	return runOn(ctx, cfg, h, pg, "", proxy, rtt, s, round)
+}
+
+// runOn is runOnce on the database dsn, which already holds the schemas,
+// rather than a fresh one: for -growth, whose database keeps its key rows
+// from one scenario to the next. An empty dsn is a fresh database.
+func runOn(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, dsn string, proxy *delayProxy, rtt time.Duration, s *scenario, round int) (*roundResult, error) {
+	e, closeEnv, err := openEnv(ctx, cfg, h, pg, dsn, proxy, s)
 	if err != nil {
 		return nil, err
 	}
@@ -270,12 +277,13 @@ func runOnce(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, pro
 }
 
 // openEnv opens what one run of s with handler h needs: unless pg is nil
-// (-target), a fresh database with paymentsvc's schema, naive's and h's,
-// and a pool of cfg.PoolSize connections, all open, that counts into
-// e.counters and connects through proxy when there is one; and, when s
-// calls a server, that server on 127.0.0.1:0 (or cfg.Target) and a
+// (-target), a fresh database with paymentsvc's schema, naive's and h's
+// (or, when dsn is not empty, that database, whose schemas are made
+// already), and a pool of cfg.PoolSize connections, all open, that counts
+// into e.counters and connects through proxy when there is one; and, when
+// s calls a server, that server on 127.0.0.1:0 (or cfg.Target) and a
 // client of it. closeEnv undoes it all.
-func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, proxy *delayProxy, s *scenario) (e *env, closeEnv func(), err error) {
+func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, dsn string, proxy *delayProxy, s *scenario) (e *env, closeEnv func(), err error) {
 	e = newEnv(cfg, h, randomPrefix())
 	var closers []func()
 	closeEnv = func() {
@@ -290,11 +298,14 @@ func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, pro
 	}()
 
 	if pg != nil {
-		dsn, drop, err := pg.CreateDatabase(ctx)
-		if err != nil {
-			return nil, nil, err
+		fresh := dsn == ""
+		if fresh {
+			var drop func(context.Context) error
+			if dsn, drop, err = pg.CreateDatabase(ctx); err != nil {
+				return nil, nil, err
+			}
+			closers = append(closers, func() { _ = drop(context.WithoutCancel(ctx)) })
 		}
-		closers = append(closers, func() { _ = drop(context.WithoutCancel(ctx)) })
 		pcfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
 			return nil, nil, err
@@ -312,15 +323,9 @@ func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, pro
 			return nil, nil, err
 		}
 		closers = append(closers, pool.Close)
-		if err := paymentsvc.Migrate(ctx, pool); err != nil {
-			return nil, nil, err
-		}
-		if _, err := pool.Exec(ctx, naiveSchema); err != nil {
-			return nil, nil, err
-		}
-		if h.schema != "" {
-			if _, err := pool.Exec(ctx, h.schema); err != nil {
-				return nil, nil, fmt.Errorf("the %s handler's schema: %w", h.name, err)
+		if fresh {
+			if err := makeSchemas(ctx, pool, h); err != nil {
+				return nil, nil, err
 			}
 		}
 		if err := openAll(ctx, pool, cfg.PoolSize); err != nil {
@@ -354,6 +359,23 @@ func openEnv(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, pro
 		e.client = paymentsv1.NewPaymentServiceClient(conn)
 	}
 	return e, closeEnv, nil
+}
+
+// makeSchemas creates in pool's database what the scenarios need besides
+// idem's table: paymentsvc's schema, naive's and h's.
+func makeSchemas(ctx context.Context, pool *pgxpool.Pool, h *handler) error {
+	if err := paymentsvc.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, naiveSchema); err != nil {
+		return err
+	}
+	if h.schema != "" {
+		if _, err := pool.Exec(ctx, h.schema); err != nil {
+			return fmt.Errorf("the %s handler's schema: %w", h.name, err)
+		}
+	}
+	return nil
 }
 
 // quiesce waits, for at most a few seconds, until no connection of pool is

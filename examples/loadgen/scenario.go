@@ -64,7 +64,7 @@ var scenarios = []*scenario{
 		name:      "atomic",
 		about:     "the handler under idem, fresh keys: claim, the handler's statements and record in one transaction",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
+		server:    newAtomicServer,
 		remote:    true,
 		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
@@ -72,7 +72,7 @@ var scenarios = []*scenario{
 		name:      "replay",
 		about:     "the handler under idem, keys already recorded: the stored response comes back",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
+		server:    newAtomicServer,
 		remote:    true,
 		prepare:   recordReplayKeys,
 		call:      replay,
@@ -98,7 +98,7 @@ var scenarios = []*scenario{
 		name:      "storm",
 		about:     "the handler under idem, -storm-duplicates concurrent requests per key",
 		reference: "baseline",
-		server:    func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) { return newIdemServer(pool, h) },
+		server:    newAtomicServer,
 		remote:    true,
 		call:      storm,
 	},
@@ -126,33 +126,25 @@ var scenarios = []*scenario{
 	},
 	{
 		name:      "auto",
-		about:     "the handler under idem in auto mode, fresh keys marked as first attempts (idempotency-attempt: 1): claimed as in optimistic mode",
+		about:     "the handler under idem in auto mode, fresh keys marked as first attempts: claimed as in optimistic mode",
 		reference: "baseline",
 		server:    newAutoServer,
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			return e.createMarked(ctx, e.freshKey(), e.seq.Add(1), "1")
-		},
+		call:      func(ctx context.Context, e *env) (outcome, error) { return e.create(ctx, e.freshKey(), e.seq.Add(1)) },
 	},
 	{
 		name:      "auto-replay",
-		about:     "auto mode, keys already recorded, marked as retries (idempotency-attempt: 2): claimed as in atomic mode, the stored response comes back",
+		about:     "auto mode, keys already recorded, marked as retries: claimed as in atomic mode, the stored response comes back",
 		reference: "baseline",
 		server:    newAutoServer,
 		prepare:   recordReplayKeys,
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) % replayKeys
-			return e.createMarked(ctx, e.replayKey(i), i, "2")
-		},
+		call:      replay,
 	},
 	{
 		name:      "auto-storm",
-		about:     "auto mode, -storm-duplicates concurrent requests per key, each marked as a first attempt",
+		about:     "auto mode, -storm-duplicates concurrent requests per key, every one marked as a first attempt",
 		reference: "baseline",
 		server:    newAutoServer,
-		call: func(ctx context.Context, e *env) (outcome, error) {
-			i := e.seq.Add(1) / int64(e.cfg.StormDuplicates)
-			return e.createMarked(ctx, fmt.Sprintf("%s-storm-%d", e.prefix, i), i, "1")
-		},
+		call:      storm,
 	},
 	{
 		name:      "naive",
@@ -240,10 +232,51 @@ func recordReplayKeys(ctx context.Context, e *env) error {
 	return nil
 }
 
-// replay sends a key recordReplayKeys recorded.
+// replay sends a key recordReplayKeys recorded, as a retry.
 func replay(ctx context.Context, e *env) (outcome, error) {
 	i := e.seq.Add(1) % replayKeys
-	return e.create(ctx, e.replayKey(i), i)
+	return e.send(ctx, e.replayKey(i), i, retryAttempt)
+}
+
+// mixed returns the call of a workload where percent of the calls in
+// every hundred are retries of a key recordReplayKeys recorded, and the
+// others first attempts with fresh keys.
+func mixed(percent int64) func(context.Context, *env) (outcome, error) {
+	return func(ctx context.Context, e *env) (outcome, error) {
+		if e.calls.Add(1)%100 < percent {
+			i := e.seq.Add(1) % replayKeys
+			return e.send(ctx, e.replayKey(i), i, retryAttempt)
+		}
+		return e.create(ctx, e.freshKey(), e.seq.Add(1))
+	}
+}
+
+// retryShares are the shares of retries, in percent, of the mixed-*
+// scenarios.
+var retryShares = []int64{10, 25, 50}
+
+// The mixed-* scenarios: each claim mode at each share of retries.
+func init() {
+	servers := []struct {
+		mode   string
+		server func(pool *pgxpool.Pool, h *handler) (*grpc.Server, error)
+	}{
+		{"atomic", newAtomicServer},
+		{"optimistic", newOptimisticServer},
+		{"auto", newAutoServer},
+	}
+	for _, s := range servers {
+		for _, p := range retryShares {
+			scenarios = append(scenarios, &scenario{
+				name:      fmt.Sprintf("mixed-%s-%d", s.mode, p),
+				about:     fmt.Sprintf("CreatePayment in %s mode, %d %% of the calls retries of recorded keys (marked as retries), the others first attempts with fresh keys", s.mode, p),
+				reference: "baseline",
+				server:    s.server,
+				prepare:   recordReplayKeys,
+				call:      mixed(p),
+			})
+		}
+	}
 }
 
 // storm sends each key -storm-duplicates times, from as many clients at
@@ -293,6 +326,7 @@ type env struct {
 	store   *postgres.Store
 	prefix  string // makes keys unique to this run
 	seq     atomic.Int64
+	calls   atomic.Int64 // counts the mixed scenarios' calls
 
 	// counters count what pool sends; dsn and dbName are its database's.
 	counters *counters
@@ -362,20 +396,27 @@ func request(i int64) *paymentsv1.CreatePaymentRequest {
 	}
 }
 
-// create calls CreatePayment with key and request(i).
+// create calls CreatePayment with key and request(i), as a first attempt.
 func (e *env) create(ctx context.Context, key string, i int64) (outcome, error) {
-	return e.createMarked(ctx, key, i, "")
+	return e.send(ctx, key, i, firstAttempt)
 }
 
-// createMarked is create with the call marked as attempt number attempt
-// of its key (idem.AttemptHeader), unless attempt is "".
-func (e *env) createMarked(ctx context.Context, key string, i int64, attempt string) (outcome, error) {
+// The attempt numbers the clients send in idem's attempt header
+// (idem.AttemptHeader), as idem's own clients do: a fresh key is a first
+// attempt, a recorded key's call a retry. Every scenario sends it, so that
+// every request carries the same bytes; only MODE_AUTO reads it.
+const (
+	firstAttempt = "1"
+	retryAttempt = "2"
+)
+
+// send calls CreatePayment with key and request(i), marked as the attempt
+// given.
+func (e *env) send(ctx context.Context, key string, i int64, attempt string) (outcome, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx,
 		paymentsvc.TenantHeader, tenant,
-		idem.KeyHeader, key)
-	if attempt != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, idem.AttemptHeader, attempt)
-	}
+		idem.KeyHeader, key,
+		idem.AttemptHeader, attempt)
 	var header metadata.MD
 	if _, err := e.client.CreatePayment(ctx, request(i), grpc.Header(&header)); err != nil {
 		return "", err

@@ -137,15 +137,22 @@ func newLeasedServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
 	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeLeased, Lease: 60 * time.Second})) // idem's default lease
 }
 
+// newAtomicServer is newIdemServer with CreatePayment in atomic mode,
+// named, whatever the default mode.
+func newAtomicServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeAtomic}))
+}
+
+// newAutoServer is newIdemServer with CreatePayment in auto mode: a first
+// attempt claimed as in optimistic mode, a retry as in atomic mode.
+func newAutoServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
+	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeAuto}))
+}
+
 // newOptimisticServer is newIdemServer with CreatePayment in optimistic
 // mode.
 func newOptimisticServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
 	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeOptimistic}))
-}
-
-// newAutoServer is newIdemServer with CreatePayment in auto mode.
-func newAutoServer(pool *pgxpool.Pool, h *handler) (*grpc.Server, error) {
-	return newIdemServer(pool, h, idem.WithMethodPolicy(createPayment, idem.MethodPolicy{KeyRequired: true, Mode: idem.ModeAuto}))
 }
 
 type naiveTxKey struct{}

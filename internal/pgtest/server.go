@@ -77,7 +77,14 @@ func Start(ctx context.Context) (*Server, error) {
 // When the machine has no PostgreSQL server binaries, the error says how to
 // install them.
 func StartCluster(ctx context.Context) (*Server, error) {
-	s, err := defaultDiscovery().openCluster(ctx)
+	return StartClusterWith(ctx)
+}
+
+// StartClusterWith is [StartCluster] with settings added to the cluster's
+// postgresql.conf, one "name = value" line each ("shared_buffers =
+// '6GB'"), after the ones pgtest writes, so that they override them.
+func StartClusterWith(ctx context.Context, settings ...string) (*Server, error) {
+	s, err := defaultDiscovery().openCluster(ctx, settings...)
 	if err != nil {
 		return nil, fmt.Errorf("start a throwaway PostgreSQL cluster: %w\n%s", err, howToGetServerBinaries)
 	}
@@ -228,10 +235,10 @@ func (d discovery) start(ctx context.Context) (*Server, error) {
 		strings.Join(tried, "\n\t"), howToGetPostgres)
 }
 
-// openCluster starts a throwaway cluster and opens it as a Server that
-// owns it.
-func (d discovery) openCluster(ctx context.Context) (*Server, error) {
-	c, err := d.startCluster(ctx)
+// openCluster starts a throwaway cluster with settings (see
+// [discovery.startCluster]) and opens it as a Server that owns it.
+func (d discovery) openCluster(ctx context.Context, settings ...string) (*Server, error) {
+	c, err := d.startCluster(ctx, settings...)
 	if err != nil {
 		return nil, err
 	}
