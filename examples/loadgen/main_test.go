@@ -148,13 +148,15 @@ func TestScenarios(t *testing.T) {
 	if o := by["auto-storm"].Outcomes; o[string(executed)] == 0 || o[string(replayed)] == 0 {
 		t.Errorf("auto-storm outcomes %v, want both executed and replayed", o)
 	}
-	// A mixed workload replays its share of retries and executes the rest.
+	// A mixed workload replays its share of retries and executes the rest
+	// (of the calls that ended in the measured second: a replay ends
+	// sooner than a first execution, hence the margin).
 	for _, mode := range []string{"atomic", "optimistic", "auto"} {
 		for _, p := range retryShares {
 			name := fmt.Sprintf("mixed-%s-%d", mode, p)
 			s := by[name]
 			replays := float64(s.Outcomes[string(replayed)]) / float64(s.Requests)
-			if d := replays - float64(p)/100; d < -0.02 || d > 0.02 {
+			if d := replays - float64(p)/100; d < -0.05 || d > 0.05 {
 				t.Errorf("%s: %.3f of the calls replayed, want %.2f", name, replays, float64(p)/100)
 			}
 		}

@@ -321,6 +321,7 @@ func targets(by map[string]*summary, cfg reportConfig) []target {
 	}
 	if rtt >= time.Millisecond {
 		ratio("auto throughput ÷ baseline (first attempts)", "auto", "baseline", 0.95)
+		ratio("auto-replay throughput ÷ baseline (retries)", "auto-replay", "baseline", 1.5)
 		ratio("atomic throughput ÷ baseline", "atomic", "baseline", 0.95)
 		ratio("optimistic throughput ÷ baseline", "optimistic", "baseline", 0.95)
 		ratio("replay throughput ÷ baseline", "replay", "baseline", 1.5)

@@ -238,12 +238,13 @@ func replay(ctx context.Context, e *env) (outcome, error) {
 	return e.send(ctx, e.replayKey(i), i, retryAttempt)
 }
 
-// mixed returns the call of a workload where percent of the calls in
-// every hundred are retries of a key recordReplayKeys recorded, and the
-// others first attempts with fresh keys.
+// mixed returns the call of a workload where percent of the calls are
+// retries of a key recordReplayKeys recorded, spread evenly (the nth call
+// is a retry when n×percent/100 passes a whole number), and the others
+// first attempts with fresh keys.
 func mixed(percent int64) func(context.Context, *env) (outcome, error) {
 	return func(ctx context.Context, e *env) (outcome, error) {
-		if e.calls.Add(1)%100 < percent {
+		if n := e.calls.Add(1); n*percent/100 != (n-1)*percent/100 {
 			i := e.seq.Add(1) % replayKeys
 			return e.send(ctx, e.replayKey(i), i, retryAttempt)
 		}
