@@ -170,7 +170,7 @@
 // ([Store.CountReplay], which idem's engine calls; [store.KeyInfo] shows
 // Replays and LastReplay). A replay writes nothing: it adds to a count in
 // memory, and the store writes the counts in batches, one UPDATE of up to
-// 1000 keys every second, or sooner once 1000 keys' counts wait
+// 10 000 keys every second, or sooner once 10 000 keys' counts wait
 // ([WithReplayFlush]), in a goroutine of its own that runs only while
 // counts wait. Each key's row is written once per batch however often it
 // was replayed, and a row that another session holds locked is skipped and

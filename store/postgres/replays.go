@@ -21,11 +21,11 @@ var _ store.ReplayCounter = (*Store)(nil)
 // memory.
 const (
 	defaultReplayInterval = time.Second
-	defaultReplayBatch    = 1000
+	defaultReplayBatch    = 10000
 	// replayKeptBatches is how many batches of keys' counts a store keeps
 	// in memory at most, while its flushes fail or fall behind; the counts
 	// of further keys are dropped.
-	replayKeptBatches = 100
+	replayKeptBatches = 10
 	// replayFlushTimeout bounds a flush the store starts on its own.
 	replayFlushTimeout = 30 * time.Second
 )
@@ -34,9 +34,9 @@ const (
 // ([Store.CountReplay]): every interval after the first count that waits,
 // and at once when the counts of batch keys wait, each write one UPDATE of
 // at most batch rows. Counts that fail to be written wait for the next
-// flush; the counts of at most 100 × batch keys are kept in memory, and a
-// replay of a further key is not counted. Default: every second, or 1000
-// keys. Non-positive values select the defaults.
+// flush; the counts of at most 10 × batch keys are kept in memory, and a
+// replay of a further key is not counted. Default: every second, or
+// 10 000 keys. Non-positive values select the defaults.
 func WithReplayFlush(interval time.Duration, batch int) Option {
 	return func(o *options) {
 		if interval <= 0 {
