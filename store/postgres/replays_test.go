@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/code"
 
+	"github.com/idemkit/idem/internal/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/store"
 	"github.com/idemkit/idem/store/postgres"
@@ -44,12 +45,8 @@ func replaysOf(t *testing.T, pool *pgxpool.Pool, k store.Scope) int64 {
 // waitForReplays waits until k's row counts n replays.
 func waitForReplays(t *testing.T, pool *pgxpool.Pool, k store.Scope, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for replaysOf(t, pool, k) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s counts %d replays, want %d", k.Key, replaysOf(t, pool, k), n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !idemtest.Eventually(10*time.Second, func() bool { return replaysOf(t, pool, k) == n }) {
+		t.Fatalf("%s counts %d replays, want %d", k.Key, replaysOf(t, pool, k), n)
 	}
 }
 
@@ -307,12 +304,8 @@ func TestReplayFlushThatFailsKeepsItsCounts(t *testing.T) {
 		t.Fatalf("a flush of nothing: %v", err)
 	}
 	s.CountReplay(k) // a batch of 1: a flush starts, and fails
-	deadline := time.Now().Add(10 * time.Second)
-	for running, _ := postgres.ReplayFlushState(s); running; running, _ = postgres.ReplayFlushState(s) {
-		if time.Now().After(deadline) {
-			t.Fatal("the flush behind the table lock never ended")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !idemtest.Eventually(10*time.Second, func() bool { running, _ := postgres.ReplayFlushState(s); return !running }) {
+		t.Fatal("the flush behind the table lock never ended")
 	}
 	if _, armed := postgres.ReplayFlushState(s); armed {
 		t.Error("a timer is armed after a failed flush, want none until the next count")
