@@ -161,7 +161,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 	}
 
 	fmt.Fprintf(log, "capacity: writing %d key rows\n", cc.Rows)
-	if err := fill(ctx, pool, clone, key, cc.Rows-1, false); err != nil {
+	if err := fill(ctx, pool, clone, key, 0, cc.Rows-1, false); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idempotency_keys"); err != nil {
@@ -179,7 +179,7 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 		if _, err := pool.Exec(ctx, "VACUUM idempotency_keys"); err != nil {
 			return nil, err
 		}
-		if err := fill(ctx, pool, clone, key, cc.Rows, true); err != nil {
+		if err := fill(ctx, pool, clone, key, 0, cc.Rows, true); err != nil {
 			return nil, err
 		}
 		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idempotency_keys"); err != nil {
@@ -199,10 +199,12 @@ func runCapacity(ctx context.Context, cfg config, log io.Writer) (*capacityRepor
 }
 
 // cloneStatement returns an INSERT that copies the row whose key is $1
-// into $2 rows, each with a random id and key, expiring when the original
-// does (or, when $3 is true, an hour ago) plus one millisecond per row, so that, as in a table filled by
-// requests, expiry follows insertion order. Every other column is copied
-// as the store wrote it, whatever columns later migrations add.
+// into $2 rows, each with a random id and key, made and expiring when the
+// original was (or, when $3 is true, expiring an hour ago) plus a
+// millisecond per row, counted from the $4th: as in a table filled by
+// requests, creation and expiry follow insertion order, and the indexes on
+// them grow at their right-hand end. Every other column is copied as the
+// store wrote it, whatever columns later migrations add.
 func cloneStatement(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	cols, err := columns(ctx, pool)
 	if err != nil {
@@ -215,8 +217,10 @@ func cloneStatement(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 			exprs[i] = "gen_random_uuid()"
 		case "key":
 			exprs[i] = "gen_random_uuid()::text"
+		case "created_at":
+			exprs[i] = "CASE WHEN $3::bool THEN now() - interval '1 hour' - (t.expires_at - t.created_at) ELSE t.created_at END + ($4::bigint + g) * interval '1 millisecond'"
 		case "expires_at":
-			exprs[i] = "CASE WHEN $3::bool THEN now() - interval '1 hour' ELSE t.expires_at END + g * interval '1 millisecond'"
+			exprs[i] = "CASE WHEN $3::bool THEN now() - interval '1 hour' ELSE t.expires_at END + ($4::bigint + g) * interval '1 millisecond'"
 		default:
 			exprs[i] = "t." + pgx.Identifier{c}.Sanitize()
 		}
@@ -227,11 +231,12 @@ func cloneStatement(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 }
 
 // fill inserts n copies of the row with key, in statements of at most
-// 100 000 rows; expired ones expire an hour before now.
-func fill(ctx context.Context, pool *pgxpool.Pool, clone, key string, n int, expired bool) error {
+// 100 000 rows, the first of them the from'th copy; expired ones expire an
+// hour before now.
+func fill(ctx context.Context, pool *pgxpool.Pool, clone, key string, from, n int, expired bool) error {
 	const chunk = 100_000
 	for done := 0; done < n; done += chunk {
-		if _, err := pool.Exec(ctx, clone, key, min(chunk, n-done), expired); err != nil {
+		if _, err := pool.Exec(ctx, clone, key, min(chunk, n-done), expired, from+done); err != nil {
 			return err
 		}
 	}

@@ -120,7 +120,7 @@ func runGrowth(ctx context.Context, cfg config, log io.Writer) (*growthReport, e
 		if err != nil {
 			return nil, err
 		}
-		run, m, err := growOne(ctx, cfg, h, pg, list, log)
+		run, m, err := growOne(ctx, cfg, h, pg, sb != "", list, log)
 		_ = pg.Close()
 		if err != nil {
 			return nil, err
@@ -137,7 +137,9 @@ func runGrowth(ctx context.Context, cfg config, log io.Writer) (*growthReport, e
 
 // growOne measures on pg: it fills a database's key table to each size in
 // turn, and at each runs the scenarios in that database and the sweeper.
-func growOne(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, list []*scenario, log io.Writer) (*growthRun, machine, error) {
+// On a throwaway cluster the fills run with the settings of a bulk load
+// (see bulkLoad), and each measurement with the cluster's own.
+func growOne(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, throwaway bool, list []*scenario, log io.Writer) (*growthRun, machine, error) {
 	m := describeMachine(ctx, pg)
 	dsn, drop, err := pg.CreateDatabase(ctx)
 	if err != nil {
@@ -180,7 +182,14 @@ func growOne(ctx context.Context, cfg config, h *handler, pg *pgtest.Server, lis
 		fmt.Fprintf(log, "growth: filling the key table from %d to %d rows\n", have, size)
 		t0 := time.Now()
 		if n := int64(size) - have; n > 0 {
-			if err := fill(ctx, pool, clone, key, int(n), false); err != nil {
+			restore := func() error { return nil }
+			if throwaway {
+				if restore, err = bulkLoad(ctx, pool); err != nil {
+					return nil, m, err
+				}
+			}
+			err := fill(ctx, pool, clone, key, int(have), int(n), false)
+			if err := errors.Join(err, restore()); err != nil {
 				return nil, m, err
 			}
 		}
@@ -222,7 +231,7 @@ FROM idempotency_keys`).Scan(&p.Rows, &p.HeapBytes, &p.PKeyBytes, &p.IndexesByte
 		}
 		// The sweeper: expired rows among the live ones, deleted in the
 		// library's batches without a pause between them.
-		if err := fill(ctx, pool, clone, key, cfg.Growth.SweepRows, true); err != nil {
+		if err := fill(ctx, pool, clone, key, 0, cfg.Growth.SweepRows, true); err != nil {
 			return nil, m, err
 		}
 		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) idempotency_keys"); err != nil {
@@ -239,6 +248,36 @@ FROM idempotency_keys`).Scan(&p.Rows, &p.HeapBytes, &p.PKeyBytes, &p.IndexesByte
 		run.Steps = append(run.Steps, p)
 	}
 	return run, m, nil
+}
+
+// bulkLoad sets a throwaway cluster up for a fill of millions of rows, and
+// returns a function that sets it back. A fill inserts each row at a
+// random place of the primary key; once that index outgrows shared_buffers,
+// nearly every insert dirties a page not written since the last
+// checkpoint, which the write-ahead log then holds whole (8 kB a row), and
+// a checkpoint comes every max_wal_size of it. Without full-page images and
+// with checkpoints far apart, the same rows and index pages are written at
+// a fraction of the cost. A crash during the fill could leave the cluster
+// unreadable, which on a throwaway cluster costs only the run.
+func bulkLoad(ctx context.Context, pool *pgxpool.Pool) (restore func() error, err error) {
+	settings := map[string]string{"full_page_writes": "off", "max_wal_size": "32GB", "checkpoint_timeout": "1h"}
+	apply := func(ctx context.Context, set bool) error {
+		for name, value := range settings {
+			q := "ALTER SYSTEM RESET " + name
+			if set {
+				q = "ALTER SYSTEM SET " + name + " = '" + value + "'"
+			}
+			if _, err := pool.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		_, err := pool.Exec(ctx, "SELECT pg_reload_conf()")
+		return err
+	}
+	if err := apply(ctx, true); err != nil {
+		return nil, errors.Join(err, apply(context.WithoutCancel(ctx), false))
+	}
+	return func() error { return apply(context.WithoutCancel(ctx), false) }, nil
 }
 
 // indexBlocks returns the blocks of the key table's indexes found in
