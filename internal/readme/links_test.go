@@ -113,22 +113,7 @@ func anchors(md string) map[string]bool {
 // many relative links it checked.
 func brokenLinks(t *testing.T, root string) ([]string, int) {
 	t.Helper()
-	var files []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasSuffix(path, ".md") {
-			files = append(files, path)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := markdownFiles(t, root)
 	cache := map[string]map[string]bool{}
 	anchorsOf := func(path string) map[string]bool {
 		if a, ok := cache[path]; ok {
@@ -175,6 +160,29 @@ func brokenLinks(t *testing.T, root string) ([]string, int) {
 		}
 	}
 	return problems, checked
+}
+
+// markdownFiles returns the paths of the Markdown files under root, outside
+// .git and node_modules.
+func markdownFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".md") {
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }
 
 // TestMarkdownLinks checks every relative link of the repository's Markdown
