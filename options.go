@@ -210,8 +210,9 @@ type MethodPolicy struct {
 	// ModeAtomic.
 	Mode Mode
 	// Lease is how long a leased call holds its key before a retry may
-	// take it over (ModeLeased only). Set it well above the method's p99
-	// latency; the engine extends it while the handler runs. Default: 60 s.
+	// take it over (ModeLeased only: [New] refuses it with another mode).
+	// Set it well above the method's p99 latency; the engine extends it
+	// while the handler runs. Default: 60 s.
 	Lease time.Duration
 	// TTL is how long the method's keys are kept. Make it longer than any
 	// client's retry window. Default: the store's (24 h for idem's stores).
@@ -223,9 +224,9 @@ type MethodPolicy struct {
 	// Two methods must never share a scope. Default: the full method name.
 	Scope string
 	// Finish lets a [Finisher] finish the method's leased calls when
-	// their callers are gone (ModeLeased only): the claim also keeps the
-	// request, and the request metadata FinishHeaders names, until the
-	// outcome is recorded. A call that fails transiently then keeps its
+	// their callers are gone (ModeLeased only: [New] refuses it with
+	// another mode): the claim also keeps the request, and the request
+	// metadata FinishHeaders names, until the outcome is recorded. A call that fails transiently then keeps its
 	// claim and request, with its lease ended, rather than releasing the
 	// key: a retry takes it over, or else the finisher does. The request
 	// can hold personal data: it is kept only for these methods, and
@@ -234,7 +235,8 @@ type MethodPolicy struct {
 	// FinishHeaders names the request metadata (such as "x-user-id")
 	// kept with a call a Finisher may finish, for its handler to read when
 	// the finisher runs it: what identifies the caller, say. Names are
-	// matched lower-case. The tenant is always kept. Default: none.
+	// matched lower-case. The tenant is always kept. It needs Finish.
+	// Default: none.
 	FinishHeaders []string
 	// RerunWhenNotCached declares the method safe to run twice: a retry
 	// whose recorded response was too large to keep

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -168,6 +169,18 @@ func (ms *methods) check() error {
 		}
 		if p.TTL < 0 {
 			bad("TTL %v is negative (zero means the store's default)", p.TTL)
+		}
+		if p.Mode != ModeLeased {
+			mode := cmp.Or(p.Mode, defaultMode)
+			if p.Lease != 0 {
+				bad("Lease is set, but Mode is %s: only %s mode holds a key for a lease", mode, ModeLeased)
+			}
+			if p.Finish {
+				bad("Finish is set, but Mode is %s: a Finisher finishes only calls in %s mode", mode, ModeLeased)
+			}
+		}
+		if len(p.FinishHeaders) > 0 && !p.Finish {
+			bad("FinishHeaders is set without Finish: nothing keeps the headers for a Finisher")
 		}
 	}
 	return errors.Join(errs...)

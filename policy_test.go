@@ -32,8 +32,9 @@ func TestMethodPolicyReplacesTheDescriptors(t *testing.T) {
 	ms := newMethods(evaluateOptions([]Option{
 		WithMethodPolicy(testv1.TestService_Renamed_FullMethodName, MethodPolicy{}),
 		WithMethodPolicy(testv1.TestService_Finishable_FullMethodName, MethodPolicy{
-			Mode: ModeOptimistic, FinishHeaders: []string{"X-Trace-Bin"},
+			Mode: ModeLeased, FinishHeaders: []string{"X-Trace-Bin"}, Finish: true, Lease: time.Minute,
 		}),
+		WithMethodPolicy(testv1.TestService_Do_FullMethodName, MethodPolicy{Mode: ModeOptimistic}),
 		WithMethodPolicy(testv1.TestService_Read_FullMethodName, MethodPolicy{KeyRequired: true}),
 	}))
 	if err := ms.check(); err != nil {
@@ -44,8 +45,11 @@ func TestMethodPolicyReplacesTheDescriptors(t *testing.T) {
 		t.Errorf("Renamed's policy: %+v; want every default, none of its .proto file's", r)
 	}
 	f := ms.lookup(testv1.TestService_Finishable_FullMethodName)
-	if f.required || f.mode != ModeOptimistic || f.finish || !slices.Equal(f.finishHeaders, []string{"x-trace-bin"}) {
-		t.Errorf("Finishable's policy: %+v; want optimistic, no key required, not finished, header x-trace-bin", f)
+	if f.required || f.mode != ModeLeased || !f.finish || f.lease != time.Minute || !slices.Equal(f.finishHeaders, []string{"x-trace-bin"}) {
+		t.Errorf("Finishable's policy: %+v; want leased for a minute, finished, no key required, header x-trace-bin only", f)
+	}
+	if d := ms.lookup(testv1.TestService_Do_FullMethodName); d.mode != ModeOptimistic || d.finish || d.finishHeaders != nil {
+		t.Errorf("Do's policy: %+v; want optimistic, not finished", d)
 	}
 	if read := ms.lookup(testv1.TestService_Read_FullMethodName); !read.exempt {
 		t.Errorf("Read's policy: %+v; want it exempt (NO_SIDE_EFFECTS), whatever its policy", read)
