@@ -601,8 +601,19 @@ type keyView struct {
 	Expires     timeView
 	Lease       timeView
 	LeaseLive   bool
+	LastReplay  timeView
 	Steps       []stepView
+	Request     *requestView
 	Outcome     *outcomeView
+}
+
+// requestView is the request a key keeps (adminv1.Request).
+type requestView struct {
+	Type    string
+	JSON    string // decoded, as protobuf's JSON mapping
+	Raw     string // as kept, base64, when it could not be decoded
+	RawSize int
+	Note    string
 }
 
 type stepView struct {
@@ -640,6 +651,16 @@ func viewKey(k *adminv1.Key, now time.Time) keyView {
 		Expires:     viewTime(k.GetExpireTime(), now),
 		Lease:       viewTime(k.GetLeaseExpireTime(), now),
 		LeaseLive:   k.GetLeaseExpireTime() != nil && k.GetLeaseExpireTime().AsTime().After(now),
+		LastReplay:  viewTime(k.GetLastReplayTime(), now),
+	}
+	if r := k.GetRequest(); r != nil {
+		v.Request = &requestView{Type: r.GetRequestType(), Note: r.GetNote()}
+		if d := r.GetDecoded(); d != nil {
+			v.Request.JSON = indentJSON(d)
+		}
+		if raw := r.GetRaw(); raw != nil {
+			v.Request.Raw, v.Request.RawSize = base64.StdEncoding.EncodeToString(raw), len(raw)
+		}
 	}
 	for _, s := range k.GetSteps() {
 		sv := stepView{Name: s.GetName(), Size: len(s.GetResult())}

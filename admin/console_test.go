@@ -214,7 +214,8 @@ func TestConsoleList(t *testing.T) {
 func TestConsoleKeyPage(t *testing.T) {
 	now := time.Now()
 	paid := info("acme", doMethod, "paid", store.Recorded, now.Add(-time.Hour))
-	paid.Outcome = recorded(t, code.Code_OK, &testv1.DoResponse{Value: "paid-42", Execution: 3})
+	paid.Outcome = recordedWithRequest(t, code.Code_OK, &testv1.DoResponse{Value: "paid-42", Execution: 3}, &testv1.DoRequest{Value: "pay-42"})
+	paid.Replays, paid.LastReplay = 7, now.Add(-2*time.Minute)
 	failed := info("acme", doMethod, "failed", store.Recorded, now.Add(-time.Hour))
 	detail, err := anypb.New(&errdetails.ErrorInfo{Reason: "CUSTOMER_UNKNOWN", Domain: "payments.example"})
 	if err != nil {
@@ -229,7 +230,8 @@ func TestConsoleKeyPage(t *testing.T) {
 	u := consoleServer(t, st, allowAll)
 
 	status, body := page(t, u+"key?"+keyQuery(paid.Scope))
-	for _, want := range []string{"recorded", "paid-42", "\n  &#34;execution&#34;: &#34;3&#34;,\n", "idem.test.v1.DoResponse", "feed"} {
+	for _, want := range []string{"recorded", "paid-42", "\n  &#34;execution&#34;: &#34;3&#34;,\n", "idem.test.v1.DoResponse", "feed",
+		"<dt>Replays</dt><dd>7, the last", "(2m ago)", "Request type <code>idem.test.v1.DoRequest</code>", "pay-42"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("recorded key's page lacks %q", want)
 		}
@@ -242,7 +244,8 @@ func TestConsoleKeyPage(t *testing.T) {
 		t.Errorf("failed key's page:\n%s", body)
 	}
 	_, body = page(t, u+"key?"+keyQuery(leased.Scope))
-	for _, want := range []string{"in progress", "live", "charge", "ch_123", "2 bytes, base64:", "/wA=", `href="settle?`, "No outcome recorded: the call has not finished"} {
+	for _, want := range []string{"in progress", "live", "charge", "ch_123", "2 bytes, base64:", "/wA=", `href="settle?`, "No outcome recorded: the call has not finished",
+		"<dt>Replays</dt><dd>0</dd>", "No request kept"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("leased key's page lacks %q\n%s", want, body)
 		}
