@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -171,7 +170,10 @@ func (ms *methods) check() error {
 			bad("TTL %v is negative (zero means the store's default)", p.TTL)
 		}
 		if p.Mode != ModeLeased {
-			mode := cmp.Or(p.Mode, defaultMode)
+			mode := string(p.Mode)
+			if mode == "" {
+				mode = "unset (" + string(defaultMode) + ")"
+			}
 			if p.Lease != 0 {
 				bad("Lease is set, but Mode is %s: only %s mode holds a key for a lease", mode, ModeLeased)
 			}

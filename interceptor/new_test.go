@@ -31,7 +31,7 @@ func TestNewRefusesMethodsItCannotKey(t *testing.T) {
 		{"negative lease", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeLeased, Lease: -time.Second}), []string{doMethod, "Lease -1s is negative"}, true},
 		{"negative TTL", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{TTL: -time.Second}), []string{doMethod, "TTL -1s is negative"}, true},
 		{"lease, not leased", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeAuto, Lease: time.Minute}), []string{doMethod, "Lease is set", "Mode is auto:"}, true},
-		{"lease, default mode", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Lease: time.Minute}), []string{doMethod, "Lease is set", "Mode is atomic:"}, true},
+		{"lease, default mode", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Lease: time.Minute}), []string{doMethod, "Lease is set", "Mode is unset (atomic):"}, true},
 		{"finish, not leased", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeOptimistic, Finish: true}), []string{doMethod, "Finish is set", "Mode is optimistic:"}, true},
 		{"finish headers, no finish", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeLeased, FinishHeaders: []string{"x-user"}}), []string{doMethod, "FinishHeaders is set without Finish"}, true},
 		{"leased, finished", idem.WithMethodPolicy(doMethod, idem.MethodPolicy{Mode: idem.ModeLeased, Lease: time.Minute, Finish: true, FinishHeaders: []string{"x-user"}}), nil, false},

@@ -229,8 +229,8 @@ FROM idempotency_keys`).Scan(&p.Rows, &p.HeapBytes, &p.PKeyBytes, &p.IndexesByte
 			fmt.Fprintf(log, "%.0f req/s\n", g.PerSecond)
 			p.Scenarios[s.name] = g
 		}
-		// The sweeper: expired rows among the live ones, deleted in the
-		// library's batches without a pause between them.
+		// The sweeper: expired rows appended behind the live ones,
+		// deleted in the library's batches without a pause between them.
 		if err := fill(ctx, pool, clone, key, 0, cfg.Growth.SweepRows, true); err != nil {
 			return nil, m, err
 		}

@@ -8,6 +8,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/idemtest"
+	"github.com/idemkit/idem/internal/pgtest"
 )
 
 // TestGrowth fills a key table to two small sizes and checks that each was
@@ -69,5 +74,47 @@ func TestParseSizes(t *testing.T) {
 		if _, err := parseSizes(bad); err == nil {
 			t.Errorf("parseSizes(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestBulkLoadSetsBack: on a throwaway cluster, bulkLoad's settings hold
+// until restore, and the cluster's own hold again after it, before
+// anything is measured.
+func TestBulkLoadSetsBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a throwaway PostgreSQL cluster: runs without -short")
+	}
+	ctx := t.Context()
+	pg, err := pgtest.StartClusterWith(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pg.Close() }()
+	pool, err := pgxpool.New(ctx, pg.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	settings := func() string {
+		var s string
+		err := pool.QueryRow(ctx, "SELECT current_setting('full_page_writes') || ' ' || current_setting('max_wal_size') || ' ' || current_setting('checkpoint_timeout')").Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	own := settings()
+	restore, err := bulkLoad(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A reload reaches each session when it next reads a command.
+	idemtest.WaitFor(t, time.Minute, func() bool { return settings() == "off 32GB 1h" })
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	idemtest.WaitFor(t, time.Minute, func() bool { return settings() == own })
+	if own != "on 1GB 5min" {
+		t.Errorf("the cluster's own settings are %q, want PostgreSQL's defaults", own)
 	}
 }
