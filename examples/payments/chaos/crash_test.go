@@ -29,14 +29,17 @@ import (
 // wire: in the claim, in the handler, around COMMIT, or writing the
 // response.
 func TestCrashAnywhere(t *testing.T) {
-	crashAnywhere(t, pgtest.NewDatabase(t), 240, 12)
+	forEachMode(t, func(t *testing.T, flags []string) {
+		crashAnywhere(t, pgtest.NewDatabase(t), 240, 12, flags...)
+	})
 }
 
-// crashAnywhere kills the server on the database dsn numKills times while
-// 16 clients drive numOps payments, a tenth of which fail validation.
-func crashAnywhere(t *testing.T, dsn string, numOps, numKills int) {
+// crashAnywhere kills the server, started with flags, on the database dsn
+// numKills times while 16 clients drive numOps payments, a tenth of which
+// fail validation.
+func crashAnywhere(t *testing.T, dsn string, numOps, numKills int, flags ...string) {
 	const numClients = 16
-	srv := startServer(t, binary(t, serverPkg), dsn)
+	srv := startServer(t, binary(t, serverPkg), dsn, flags...)
 	pool := newPool(t, dsn)
 	dropBackstop(t, pool)
 
@@ -85,13 +88,16 @@ const crashHeader = "x-crash-after-commit"
 // served by a fresh process of the ordinary payments server, gets the
 // stored response, byte for byte, and no second payment.
 func TestCrashAfterCommit(t *testing.T) {
-	crashAfterCommit(t, pgtest.NewDatabase(t))
+	forEachMode(t, func(t *testing.T, flags []string) {
+		crashAfterCommit(t, pgtest.NewDatabase(t), flags...)
+	})
 }
 
 // crashAfterCommit loses the response of a committed payment on the
-// database dsn.
-func crashAfterCommit(t *testing.T, dsn string) {
-	crash := startServer(t, binary(t, crashServerPkg), dsn)
+// database dsn, with the servers started with flags. The client marks its
+// call as the key's first attempt and its retry as the second.
+func crashAfterCommit(t *testing.T, dsn string, flags ...string) {
+	crash := startServer(t, binary(t, crashServerPkg), dsn, flags...)
 	pool := newPool(t, dsn)
 	dropBackstop(t, pool)
 
@@ -102,7 +108,7 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	conn := dial(t, crash.addr)
 	defer conn.Close()
 	_, err := paymentsv1.NewPaymentServiceClient(conn).CreatePayment(
-		metadata.AppendToOutgoingContext(ctx, crashHeader, "1"), req)
+		metadata.AppendToOutgoingContext(ctx, crashHeader, "1", idem.AttemptHeader, "1"), req)
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("call that crashed the server: %v, want UNAVAILABLE", err)
 	}
@@ -129,13 +135,14 @@ func crashAfterCommit(t *testing.T, dsn string) {
 	}
 
 	// The client retries against a new process, with a new trace id.
-	srv := startServer(t, binary(t, serverPkg), dsn)
+	srv := startServer(t, binary(t, serverPkg), dsn, flags...)
 	codec := &recordingCodec{CodecV2: encoding.GetCodecV2("proto")}
 	conn2 := dial(t, srv.addr, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec)))
 	defer conn2.Close()
 	req.TraceId = "retry"
 	var header metadata.MD
-	resp, err := paymentsv1.NewPaymentServiceClient(conn2).CreatePayment(ctx, req, grpc.Header(&header))
+	resp, err := paymentsv1.NewPaymentServiceClient(conn2).CreatePayment(
+		metadata.AppendToOutgoingContext(ctx, idem.AttemptHeader, "2"), req, grpc.Header(&header))
 	if err != nil {
 		t.Fatalf("retry: %v", err)
 	}

@@ -24,13 +24,19 @@ const observerApp = "idem-chaos-observer"
 // payments. Connections die idle, inside a claim, inside the handler and
 // around COMMIT; the server replaces them without a restart of its own.
 func TestTerminateBackends(t *testing.T) {
+	forEachMode(t, terminateBackends)
+}
+
+// terminateBackends is TestTerminateBackends with the server started with
+// flags.
+func terminateBackends(t *testing.T, flags []string) {
 	const (
 		numOps     = 240
 		numClients = 16
 		numRounds  = 12
 	)
 	dsn := pgtest.NewDatabase(t)
-	srv := startServer(t, binary(t, serverPkg), dsn)
+	srv := startServer(t, binary(t, serverPkg), dsn, flags...)
 	pool := observerPool(t, dsn)
 	dropBackstop(t, pool)
 	pid := srv.pid()
@@ -76,6 +82,12 @@ func TestPostgresRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and takes seconds: runs without -short")
 	}
+	forEachMode(t, postgresRestart)
+}
+
+// postgresRestart is TestPostgresRestart with the server started with
+// flags.
+func postgresRestart(t *testing.T, flags []string) {
 	const (
 		numOps      = 200
 		numClients  = 16
@@ -97,7 +109,7 @@ func TestPostgresRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startServer(t, binary(t, serverPkg), dsn)
+	srv := startServer(t, binary(t, serverPkg), dsn, flags...)
 	pool := observerPool(t, dsn)
 	dropBackstop(t, pool)
 	pid := srv.pid()

@@ -60,6 +60,13 @@
 //     back, and measures the longest time without an answer, the latency
 //     and how long until throughput recovered (docs/ha.md). By default it
 //     runs a smoke subset; IDEM_HA=full runs every event.
+//   - TestCrashAnywhere, TestCrashAfterCommit, their PgBouncer variants,
+//     TestTerminateBackends and TestPostgresRestart run once with the
+//     server in atomic mode, CreatePayment's own, and once in auto mode
+//     (its -mode flag). The clients number their attempts of a key in
+//     idem's attempt header, as idem's client interceptor does, so that in
+//     auto mode a first attempt claims its key without reading it and a
+//     retry reads it first.
 //   - TestBadInput is a table of malformed and misused keys, tenants the
 //     key table cannot hold (too long, not UTF-8, sent over raw HTTP/2
 //     where gRPC clients refuse them), each checked for its answer and for

@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,7 +242,10 @@ func (l *load) do(client paymentsv1.PaymentServiceClient, o *op) {
 func (l *load) call(client paymentsv1.PaymentServiceClient, o *op) (answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, o.key, paymentsvc.TenantHeader, o.tenant)
+	// The attempt's number, as idem's client interceptor sends it: 1 for
+	// the key's first, more for its retries (auto mode reads it).
+	ctx = metadata.AppendToOutgoingContext(ctx, idem.KeyHeader, o.key, paymentsvc.TenantHeader, o.tenant,
+		idem.AttemptHeader, strconv.Itoa(o.attempts))
 	req := proto.Clone(o.req).(*paymentsv1.CreatePaymentRequest)
 	req.TraceId = randomHex(8)
 	var header metadata.MD

@@ -70,16 +70,20 @@ func TestPgBouncerDuplicateStorm(t *testing.T) {
 // PgBouncer a server connection in the middle of it, which must not carry
 // the transaction, or its locks, to the next client.
 func TestPgBouncerCrashAnywhere(t *testing.T) {
-	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
-	through, direct := bouncedDatabase(t, b)
-	crashAnywhere(t, through, 80, 4)
-	checkServerConns(t, direct)
+	forEachMode(t, func(t *testing.T, flags []string) {
+		b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
+		through, direct := bouncedDatabase(t, b)
+		crashAnywhere(t, through, 80, 4, flags...)
+		checkServerConns(t, direct)
+	})
 }
 
 // TestPgBouncerCrashAfterCommit is TestCrashAfterCommit through PgBouncer.
 func TestPgBouncerCrashAfterCommit(t *testing.T) {
-	b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
-	through, direct := bouncedDatabase(t, b)
-	crashAfterCommit(t, through)
-	checkServerConns(t, direct)
+	forEachMode(t, func(t *testing.T, flags []string) {
+		b := pgtest.NewPgBouncer(t, pgtest.PgBouncerOptions{PoolSize: bouncerConns})
+		through, direct := bouncedDatabase(t, b)
+		crashAfterCommit(t, through, flags...)
+		checkServerConns(t, direct)
+	})
 }

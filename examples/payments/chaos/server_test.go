@@ -17,7 +17,22 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idemkit/idem"
 )
+
+// chaosModes are the modes the crash and fault tests run the payments
+// server in: CreatePayment's own (atomic) and auto, whose calls marked as
+// first attempts claim their keys without reading them first.
+var chaosModes = []idem.Mode{idem.ModeAtomic, idem.ModeAuto}
+
+// forEachMode runs f as a subtest for each of chaosModes, with the server
+// flags that select it.
+func forEachMode(t *testing.T, f func(t *testing.T, flags []string)) {
+	for _, m := range chaosModes {
+		t.Run(string(m), func(t *testing.T) { f(t, []string{"-mode", string(m)}) })
+	}
+}
 
 // startTimeout bounds a server start, until it answers health checks. The
 // machine may be busy with other tests.
@@ -30,6 +45,7 @@ type serverProc struct {
 	bin  string
 	addr string
 	dsn  string
+	args []string // more of bin's flags
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -40,8 +56,9 @@ type serverProc struct {
 }
 
 // startServer starts bin on a free loopback port with the database dsn and
-// waits until it is serving. The process is killed when t ends.
-func startServer(t *testing.T, bin, dsn string) *serverProc {
+// args, more of its flags, and waits until it is serving. The process is
+// killed when t ends.
+func startServer(t *testing.T, bin, dsn string, args ...string) *serverProc {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -49,7 +66,7 @@ func startServer(t *testing.T, bin, dsn string) *serverProc {
 	}
 	addr := lis.Addr().String()
 	lis.Close()
-	p := &serverProc{t: t, bin: bin, addr: addr, dsn: dsn}
+	p := &serverProc{t: t, bin: bin, addr: addr, dsn: dsn, args: args}
 	t.Cleanup(func() {
 		p.kill()
 		if t.Failed() {
@@ -63,7 +80,7 @@ func startServer(t *testing.T, bin, dsn string) *serverProc {
 // start starts the process and waits until it answers a health check.
 func (p *serverProc) start() {
 	p.t.Helper()
-	cmd := exec.Command(p.bin, "-listen", p.addr, "-database-url", p.dsn)
+	cmd := exec.Command(p.bin, append([]string{"-listen", p.addr, "-database-url", p.dsn}, p.args...)...)
 	cmd.Stdout = &p.output
 	cmd.Stderr = &p.output
 	cmd.SysProcAttr = childAttr()

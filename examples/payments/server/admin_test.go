@@ -113,7 +113,7 @@ func TestAdminListenerNeedsToken(t *testing.T) {
 		}
 		return l
 	}
-	err := runAdmin(t.Context(), listen(), nil, nil, &adminConfig{lis: listen()}, "postgres://unused.invalid/none")
+	err := run(t.Context(), listen(), nil, nil, &adminConfig{lis: listen()}, "", "postgres://unused.invalid/none")
 	if !errors.Is(err, adminlisten.ErrNoToken) {
 		t.Fatalf("run without a token: %v, want ErrNoToken", err)
 	}

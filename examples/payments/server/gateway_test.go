@@ -313,7 +313,7 @@ func serveAdmin(t *testing.T, lis, httpLis, metricsLis net.Listener, adm *adminC
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runAdmin(ctx, lis, httpLis, metricsLis, adm, dsns...) }()
+	go func() { done <- run(ctx, lis, httpLis, metricsLis, adm, "", dsns...) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -43,7 +43,8 @@
 // -console-listen ADDR it serves the admin service's console
 // (admin.NewConsole) at http://ADDR/console/, behind the same token, which
 // a browser sends as the password of HTTP basic authentication (any user
-// name).
+// name). With -mode atomic, optimistic or auto it claims CreatePayment's
+// keys in that mode instead of its proto option's (docs/modes.md).
 package main
 
 import (
@@ -70,6 +71,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/idemkit/idem"
+	paymentsv1 "github.com/idemkit/idem/examples/gen/payments/v1"
 	"github.com/idemkit/idem/examples/internal/adminlisten"
 	"github.com/idemkit/idem/examples/payments/paymentsvc"
 	"github.com/idemkit/idem/store/postgres"
@@ -82,6 +84,7 @@ func main() {
 	metricsListen := flag.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (default: none)")
 	adminListen := flag.String("admin-listen", "", "address to serve idem's admin service on, for operators (default: none)")
 	consoleListen := flag.String("console-listen", "", "address to serve the admin service's console on, at /console/, for operators' browsers (default: none)")
+	mode := flag.String("mode", "", "the idem mode CreatePayment's keys are claimed in: atomic, optimistic or auto (default: its proto option's, atomic; docs/modes.md)")
 	adminToken := flag.String("admin-token", os.Getenv(adminlisten.TokenEnv), "operator token the admin service requires as \"authorization: Bearer TOKEN\", a demo authorizer (default $"+adminlisten.TokenEnv+"; required with -admin-listen and -console-listen)")
 	var shards []string
 	flag.Func("shard-database-url", "PostgreSQL connection string of a shard; repeat it for each shard, in a fixed order (default: one database, -database-url)", func(url string) error {
@@ -128,18 +131,14 @@ func main() {
 			}
 		}
 	}
-	if err := runAdmin(ctx, lis, httpLis, metricsLis, adm, shards...); err != nil {
+	switch idem.Mode(*mode) {
+	case "", idem.ModeAtomic, idem.ModeOptimistic, idem.ModeAuto:
+	default:
+		log.Fatalf("-mode %q: want atomic, optimistic or auto (CreatePayment writes in the claim's transaction, which leased mode does not hand it)", *mode)
+	}
+	if err := run(ctx, lis, httpLis, metricsLis, adm, idem.Mode(*mode), shards...); err != nil {
 		log.Fatal(err)
 	}
-}
-
-// run serves PaymentService as gRPC on lis and, unless httpLis is nil, as
-// HTTP/JSON on httpLis, and, unless metricsLis is nil, the metrics on
-// metricsLis, until ctx ends; then it stops gracefully. dbURLs are the
-// connection strings of the database, or of each shard when there are
-// several.
-func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, dbURLs ...string) error {
-	return runAdmin(ctx, lis, httpLis, metricsLis, nil, dbURLs...)
 }
 
 // adminConfig is where and behind which operator token the admin service
@@ -150,8 +149,13 @@ type adminConfig struct {
 	token   string
 }
 
-// runAdmin is run, serving the admin service too unless adm is nil.
-func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *adminConfig, dbURLs ...string) error {
+// run serves PaymentService as gRPC on lis and, unless httpLis is nil, as
+// HTTP/JSON on httpLis, the metrics on metricsLis unless it is nil, and the
+// admin service as adm says unless adm is nil, until ctx ends; then it
+// stops gracefully. It claims CreatePayment's keys in mode, or in its proto
+// option's when mode is "". dbURLs are the connection strings of the
+// database, or of each shard when there are several.
+func run(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *adminConfig, mode idem.Mode, dbURLs ...string) error {
 	defer lis.Close()
 	if adm != nil {
 		for _, l := range []net.Listener{adm.lis, adm.console} {
@@ -201,20 +205,24 @@ func runAdmin(ctx context.Context, lis, httpLis, metricsLis net.Listener, adm *a
 		st  *postgres.Store
 		err error
 	)
+	opts := []idem.Option{idem.WithMeterProvider(mp)}
+	if mode != "" {
+		opts = append(opts, idem.WithMethodPolicy(paymentsv1.PaymentService_CreatePayment_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: mode}))
+	}
 	if len(pools) == 1 {
 		// Say now, not on the first call, if idem cannot serve.
 		st = postgres.New(pools[0])
 		if err := st.Check(ctx); err != nil {
 			return err
 		}
-		srv, err = paymentsvc.NewServer(pools[0], idem.WithMeterProvider(mp))
+		srv, err = paymentsvc.NewServer(pools[0], opts...)
 	} else {
 		route := func(tenant string) int { return paymentsvc.ShardOf(tenant, len(pools)) }
 		st = postgres.NewSharded(pools, route)
 		if err := st.Check(ctx); err != nil {
 			return err
 		}
-		srv, err = paymentsvc.NewShardedServer(pools, idem.WithMeterProvider(mp))
+		srv, err = paymentsvc.NewShardedServer(pools, opts...)
 	}
 	if err != nil {
 		return err

@@ -24,8 +24,18 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
 // TestServer starts the server on a loopback port, checks health, makes a
 // keyed call and its retry, reads the metrics that count them, and stops
-// it by ending the context.
+// it by ending the context: in CreatePayment's own mode, and with -mode
+// auto, which the metrics' idem_mode must show.
 func TestServer(t *testing.T) {
+	for _, c := range []struct {
+		mode idem.Mode
+		want string
+	}{{"", "atomic"}, {idem.ModeAuto, "auto"}} {
+		t.Run(c.want, func(t *testing.T) { testServer(t, c.mode, c.want) })
+	}
+}
+
+func testServer(t *testing.T, mode idem.Mode, wantMode string) {
 	dsn := pgtest.NewDatabase(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,7 +47,7 @@ func TestServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, lis, nil, metricsLis, dsn) }()
+	go func() { done <- run(ctx, lis, nil, metricsLis, nil, mode, dsn) }()
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -54,11 +64,11 @@ func TestServer(t *testing.T) {
 	client := paymentsv1.NewPaymentServiceClient(conn)
 	keyed := metadata.AppendToOutgoingContext(callCtx, idem.KeyHeader, "k", "x-tenant-id", "acme")
 	req := &paymentsv1.CreatePaymentRequest{CustomerId: "c", AmountCents: 1, Currency: "EUR"}
-	first, err := client.CreatePayment(keyed, req)
+	first, err := client.CreatePayment(metadata.AppendToOutgoingContext(keyed, idem.AttemptHeader, "1"), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := client.CreatePayment(keyed, req)
+	again, err := client.CreatePayment(metadata.AppendToOutgoingContext(keyed, idem.AttemptHeader, "2"), req)
 	if err != nil || again.GetPayment().GetId() != first.GetPayment().GetId() {
 		t.Fatalf("retry: %v, %v; want payment %s", again, err, first.GetPayment().GetId())
 	}
@@ -66,8 +76,8 @@ func TestServer(t *testing.T) {
 	// The metrics count one execution and one replay.
 	metrics := get(t, "http://"+metricsLis.Addr().String()+"/metrics")
 	for _, result := range []string{"executed", "replayed"} {
-		if v := sample(metrics, "idem_server_requests_total", `idem_result="`+result+`"`, `rpc_method="payments.v1.PaymentService/CreatePayment"`); v != "1" {
-			t.Errorf("idem_server_requests_total{idem_result=%q} = %q, want 1; metrics:\n%s", result, v, metrics)
+		if v := sample(metrics, "idem_server_requests_total", `idem_result="`+result+`"`, `idem_mode="`+wantMode+`"`, `rpc_method="payments.v1.PaymentService/CreatePayment"`); v != "1" {
+			t.Errorf("idem_server_requests_total{idem_result=%q,idem_mode=%q} = %q, want 1; metrics:\n%s", result, wantMode, v, metrics)
 		}
 	}
 	if !strings.Contains(metrics, "idem_claim_duration_seconds_bucket{") {

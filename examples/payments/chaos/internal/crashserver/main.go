@@ -43,6 +43,7 @@ const CrashHeader = "x-crash-after-commit"
 func main() {
 	listen := flag.String("listen", "127.0.0.1:50051", "address to serve gRPC on")
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection string")
+	mode := flag.String("mode", "", "the idem mode CreatePayment's keys are claimed in (default: its proto option's)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -61,7 +62,11 @@ func main() {
 	}
 	// The chain of paymentsvc.NewServer, with the crash outside it: it sees
 	// what idem returned, after idem's COMMIT.
-	engine, err := idem.New(postgres.New(pool), idem.WithTenant(paymentsvc.TenantOf))
+	opts := []idem.Option{idem.WithTenant(paymentsvc.TenantOf)}
+	if *mode != "" {
+		opts = append(opts, idem.WithMethodPolicy(paymentsv1.PaymentService_CreatePayment_FullMethodName, idem.MethodPolicy{KeyRequired: true, Mode: idem.Mode(*mode)}))
+	}
+	engine, err := idem.New(postgres.New(pool), opts...)
 	if err != nil {
 		log.Fatal(err)
 	}
