@@ -191,11 +191,18 @@ func markdownFiles(t *testing.T, root string) []string {
 // the links to it.
 func TestMarkdownLinks(t *testing.T) {
 	problems, checked := brokenLinks(t, filepath.Join("..", ".."))
+	report(t, problems, checked, "relative link")
+}
+
+// report fails t with each of problems, and when checked is 0: a check that
+// found no thing (what) to check proves nothing.
+func report(t *testing.T, problems []string, checked int, what string) {
+	t.Helper()
 	for _, p := range problems {
 		t.Error(p)
 	}
 	if checked == 0 {
-		t.Fatal("found no relative link to check")
+		t.Fatalf("found no %s to check", what)
 	}
 }
 
