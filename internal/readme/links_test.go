@@ -128,16 +128,9 @@ func brokenLinks(t *testing.T, root string) ([]string, int) {
 	}
 	var problems []string
 	checked := 0
-	for _, file := range files {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name, err := filepath.Rel(root, file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, line := range prose(string(b)) {
+	for _, f := range files {
+		file, name := f.path, f.name
+		for i, line := range prose(f.text) {
 			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
 				target := m[1]
 				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
@@ -149,12 +142,12 @@ func brokenLinks(t *testing.T, root string) ([]string, int) {
 				if path != "" {
 					dest = filepath.Join(filepath.Dir(file), filepath.FromSlash(path))
 					if _, err := os.Stat(dest); err != nil {
-						problems = append(problems, fmt.Sprintf("%s:%d: the link %s names no file", filepath.ToSlash(name), i+1, target))
+						problems = append(problems, fmt.Sprintf("%s:%d: the link %s names no file", name, i+1, target))
 						continue
 					}
 				}
 				if frag != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[frag] {
-					problems = append(problems, fmt.Sprintf("%s:%d: the link %s names no heading of %s", filepath.ToSlash(name), i+1, target, filepath.Base(dest)))
+					problems = append(problems, fmt.Sprintf("%s:%d: the link %s names no heading of %s", name, i+1, target, filepath.Base(dest)))
 				}
 			}
 		}
@@ -162,11 +155,18 @@ func brokenLinks(t *testing.T, root string) ([]string, int) {
 	return problems, checked
 }
 
-// markdownFiles returns the paths of the Markdown files under root, outside
-// .git and node_modules.
-func markdownFiles(t *testing.T, root string) []string {
+// mdFile is a Markdown file under a root.
+type mdFile struct {
+	path string // as found under the root
+	name string // relative to the root, with slashes
+	text string
+}
+
+// markdownFiles returns the Markdown files under root, outside .git and
+// node_modules.
+func markdownFiles(t *testing.T, root string) []mdFile {
 	t.Helper()
-	var files []string
+	var files []mdFile
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -174,9 +174,18 @@ func markdownFiles(t *testing.T, root string) []string {
 		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
 			return filepath.SkipDir
 		}
-		if !d.IsDir() && strings.HasSuffix(path, ".md") {
-			files = append(files, path)
+		if d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return nil
 		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		name, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		files = append(files, mdFile{path: path, name: filepath.ToSlash(name), text: string(b)})
 		return nil
 	})
 	if err != nil {

@@ -27,16 +27,8 @@ func brokenTables(t *testing.T, root string) ([]string, int) {
 	t.Helper()
 	var problems []string
 	checked := 0
-	for _, file := range markdownFiles(t, root) {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name, err := filepath.Rel(root, file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines := prose(string(b))
+	for _, f := range markdownFiles(t, root) {
+		lines := prose(f.text)
 		for i := 1; i < len(lines); i++ {
 			head := strings.TrimSpace(lines[i-1])
 			if !strings.HasPrefix(head, "|") || !delimiterRow.MatchString(strings.TrimSpace(lines[i])) {
@@ -46,7 +38,7 @@ func brokenTables(t *testing.T, root string) ([]string, int) {
 			want := cells(head)
 			for j := i; j < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[j]), "|"); j++ {
 				if got := cells(lines[j]); got != want {
-					problems = append(problems, fmt.Sprintf("%s:%d: a row of %d cells in a table of %d", filepath.ToSlash(name), j+1, got, want))
+					problems = append(problems, fmt.Sprintf("%s:%d: a row of %d cells in a table of %d", f.name, j+1, got, want))
 				}
 				i = j
 			}
