@@ -81,6 +81,7 @@ func main() {
 	flag.Float64Var(&cfg.Soak.Replays, "soak-replays", cfg.Soak.Replays, "with -soak: the share of calls that resend the client's last executed key, and are replayed")
 	flag.BoolVar(&cfg.Soak.VacuumTruncate, "vacuum-truncate", cfg.Soak.VacuumTruncate, "with -soak: turn the key table's vacuum_truncate back on (PostgreSQL's default, which migration 0006 turns off), so that vacuum takes an ACCESS EXCLUSIVE lock to truncate the table")
 	flag.BoolVar(&cfg.Soak.Throwaway, "soak-throwaway", false, "with -soak: run on a throwaway cluster of PostgreSQL's default settings (autovacuum on) rather than the server pgtest finds")
+	flag.StringVar(&cfg.Soak.SharedBuffers, "soak-shared-buffers", "", "with -soak-throwaway: the throwaway cluster's shared_buffers, such as 2GB (default: PostgreSQL's, 128MB)")
 	flag.StringVar(&rereport, "replot", "", "write the -json, -markdown and -svg of the scenarios' run in this JSON file again, with this loadgen's targets, without running it")
 	flag.StringVar(&replot, "soak-replot", "", "write the -svg chart and -markdown of the soak in this JSON file again, without running it")
 	flag.BoolVar(&capacity, "capacity", false, "measure instead of the scenarios what a key row takes on disk (from -capacity-rows rows) and how fast the sweeper deletes expired rows")

@@ -42,6 +42,8 @@ type soakConfig struct {
 	// Throwaway starts a cluster of PostgreSQL's default settings for the
 	// run, whatever server pgtest would find.
 	Throwaway bool
+	// SharedBuffers is the throwaway cluster's shared_buffers, when set.
+	SharedBuffers string
 	// VacuumTruncate, when true, resets the key table's vacuum_truncate
 	// storage parameter to PostgreSQL's default (on), which migration
 	// 0006 turns off: (auto)vacuum then takes the ACCESS EXCLUSIVE lock
@@ -83,6 +85,7 @@ type soakReportConfig struct {
 	SweepPause     string  `json:"sweep_pause"`
 	Replays        float64 `json:"replay_share"`
 	Throwaway      bool    `json:"throwaway_cluster"`
+	SharedBuffers  string  `json:"throwaway_shared_buffers,omitempty"`
 	VacuumTruncate bool    `json:"vacuum_truncate"`
 }
 
@@ -270,14 +273,19 @@ func runSoak(ctx context.Context, cfg config, log io.Writer) (*soakReport, error
 		return nil, errors.New("-soak-replays is a share, from 0 up to but excluding 1")
 	case cfg.Target != "":
 		return nil, errors.New("-soak samples the key table, so it runs its own server: it cannot use -target")
+	case sc.SharedBuffers != "" && !sc.Throwaway:
+		return nil, errors.New("-soak-shared-buffers sets the throwaway cluster's shared_buffers: add -soak-throwaway")
 	}
 	var (
 		pg  *pgtest.Server
 		err error
 	)
-	if sc.Throwaway {
+	switch {
+	case sc.SharedBuffers != "":
+		pg, err = pgtest.StartClusterWith(ctx, "shared_buffers = '"+sc.SharedBuffers+"'")
+	case sc.Throwaway:
 		pg, err = pgtest.StartCluster(ctx)
-	} else {
+	default:
 		if cfg.DatabaseURL != "" {
 			if err := os.Setenv("DATABASE_URL", cfg.DatabaseURL); err != nil {
 				return nil, err
@@ -494,6 +502,7 @@ func (c config) soakForReport() soakReportConfig {
 		SweepPause:     c.Soak.SweepPause.String(),
 		Replays:        c.Soak.Replays,
 		Throwaway:      c.Soak.Throwaway,
+		SharedBuffers:  c.Soak.SharedBuffers,
 		VacuumTruncate: c.Soak.VacuumTruncate,
 	}
 }

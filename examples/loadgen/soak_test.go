@@ -200,3 +200,18 @@ func TestSoak(t *testing.T) {
 		t.Errorf("sweeper: %s", s.SweepError)
 	}
 }
+
+// TestSoakSharedBuffersNeedsThrowaway: -soak-shared-buffers sets a
+// throwaway cluster's shared_buffers, and without -soak-throwaway it is
+// refused before any server is used, rather than ignored.
+func TestSoakSharedBuffersNeedsThrowaway(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Clients, cfg.PoolSize = 4, 4
+	cfg.Soak.Duration = 3 * time.Second
+	cfg.Soak.Sample = time.Second
+	cfg.Soak.SharedBuffers = "1GB"
+	_, err := runSoak(t.Context(), cfg, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-soak-throwaway") {
+		t.Fatalf("runSoak = %v, want an error that asks for -soak-throwaway", err)
+	}
+}
