@@ -1,7 +1,10 @@
 // Command buf-plugin-idem is a buf check plugin whose lint rule
 // IDEM_METHOD_POLICY fails on a method that looks mutating and says nothing
 // about idempotency: no (idem.v1.method) option, no idempotency_level of
-// IDEMPOTENT or NO_SIDE_EFFECTS, and no buf comment ignore.
+// IDEMPOTENT or NO_SIDE_EFFECTS, and no buf comment ignore; and on an
+// (idem.v1.method) option that sets a field idem would ignore: lease or
+// finish with a mode other than MODE_LEASED, finish_headers without
+// finish.
 //
 // # Mutating
 //
@@ -96,7 +99,7 @@ var spec = &check.Spec{
 	Rules: []*check.RuleSpec{{
 		ID:      ruleID,
 		Default: true,
-		Purpose: "Checks that every unary method that looks mutating (a POST, PUT, PATCH or DELETE google.api.http rule, or a name such as Create…) has an (idem.v1.method) option or an idempotency_level of IDEMPOTENT or NO_SIDE_EFFECTS.",
+		Purpose: "Checks that every unary method that looks mutating (a POST, PUT, PATCH or DELETE HTTP rule, or a name such as Create…) has an (idem.v1.method) option or is IDEMPOTENT or NO_SIDE_EFFECTS, and that no such option sets a field its mode ignores.",
 		Type:    check.RuleTypeLint,
 		Handler: checkutil.NewFileRuleHandler(checkFile, checkutil.WithoutImports()),
 	}},
@@ -130,6 +133,9 @@ func checkFile(_ context.Context, w check.ResponseWriter, req check.Request, fil
 			if err != nil {
 				return fmt.Errorf("%s: %w", md.FullName(), err)
 			}
+			for _, msg := range ignoredFields(opts, types) {
+				w.AddAnnotation(check.WithDescriptor(md), check.WithMessagef("%s: %s.", md.FullName(), msg))
+			}
 			why := mutating(md, opts, types, prefixes)
 			if why == "" || exempt(md, opts, types) {
 				continue
@@ -142,6 +148,44 @@ func checkFile(_ context.Context, w check.ResponseWriter, req check.Request, fil
 		}
 	}
 	return nil
+}
+
+// ignoredFields returns what the method's (idem.v1.method) option sets
+// that idem ignores, as idem.New refuses it in an idem.MethodPolicy: lease
+// or finish in a mode other than MODE_LEASED, finish_headers without
+// finish.
+func ignoredFields(opts protoreflect.Message, types *protoregistry.Types) []string {
+	xt, err := types.FindExtensionByName(methodOption)
+	if err != nil || !opts.Has(xt.TypeDescriptor()) {
+		return nil
+	}
+	policy := opts.Get(xt.TypeDescriptor()).Message()
+	fields := policy.Descriptor().Fields()
+	has := func(name protoreflect.Name) bool {
+		fd := fields.ByName(name)
+		return fd != nil && policy.Has(fd)
+	}
+	mode := "unset (MODE_ATOMIC)"
+	if fd := fields.ByName("mode"); fd != nil && policy.Has(fd) {
+		ev := fd.Enum().Values().ByNumber(policy.Get(fd).Enum())
+		if ev == nil {
+			mode = fmt.Sprint(policy.Get(fd).Enum())
+		} else {
+			mode = string(ev.Name())
+		}
+	}
+	var out []string
+	if mode != "MODE_LEASED" {
+		for _, f := range []protoreflect.Name{"lease", "finish"} {
+			if has(f) {
+				out = append(out, fmt.Sprintf("(%s).%s is set, but mode is %s: only MODE_LEASED reads it", methodOption, f, mode))
+			}
+		}
+	}
+	if has("finish_headers") && !has("finish") {
+		out = append(out, fmt.Sprintf("(%s).finish_headers is set without finish: nothing keeps the headers for a finisher", methodOption))
+	}
+	return out
 }
 
 // exempt reports whether the method says how it is retried, or streams.

@@ -47,9 +47,19 @@ func reported(method string, line, last, end int, why string) checktest.Expected
 	}
 }
 
+// ignored is the annotation for a field the method's (idem.v1.method)
+// option sets that idem ignores, the method declared as for reported.
+func ignored(method string, line, last, end int, what string) checktest.ExpectedAnnotation {
+	a := reported(method, line, last, end, "")
+	a.Message = fmt.Sprintf("lint.v1.CaseService.%s: (idem.v1.method).%s.", method, what)
+	return a
+}
+
 // TestCheck runs the rule on its own, without buf: CancelOrder's comment
 // ignore is buf's to honor (TestBufLint), so the plugin reports it.
 func TestCheck(t *testing.T) {
+	ignoredLease := ignored("RefundOrder", 75, 77, 3, "lease is set, but mode is unset (MODE_ATOMIC): only MODE_LEASED reads it")
+	ignoredHeaders := ignored("PayOrder", 80, 82, 3, "finish_headers is set without finish: nothing keeps the headers for a finisher")
 	for _, tc := range []struct {
 		name    string
 		options map[string]any
@@ -61,6 +71,7 @@ func TestCheck(t *testing.T) {
 			reported("Checkout", 15, 20, 3, "google.api.http POST"),
 			reported("Archive", 24, 29, 3, "google.api.http DELETE"),
 			reported("CancelOrder", 63, 63, 46, `its name begins with "Cancel"`),
+			ignoredLease, ignoredHeaders,
 		},
 	}, {
 		name:    "prefixes of one's own",
@@ -70,6 +81,7 @@ func TestCheck(t *testing.T) {
 			reported("Archive", 24, 29, 3, "google.api.http DELETE"),
 			reported("Lookup", 32, 34, 3, `its name begins with "Lookup"`),
 			reported("Address", 69, 69, 42, `its name begins with "Address"`),
+			ignoredLease, ignoredHeaders,
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
