@@ -23,8 +23,8 @@
 //
 // # Exempt
 //
-// A method passes when it carries the (idem.v1.method) option, whatever its
-// fields (key_required = false says "keys are welcome, not required"), or
+// A mutating method passes when it carries the (idem.v1.method) option
+// (key_required = false says "keys are welcome, not required"), or
 // when its idempotency_level is IDEMPOTENT or NO_SIDE_EFFECTS: idem never
 // keys those. To keep a mutating method out of idem on purpose, put buf's
 // comment ignore, with the reason, in its leading comment:
