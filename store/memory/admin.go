@@ -18,11 +18,23 @@ import (
 
 var _ store.Admin = (*Store)(nil)
 
-// The bounds of a page of [Store.Keys].
+// The bounds of a page of [Store.Keys] and [Store.AuditLog].
 const (
 	defaultPageSize = 100
 	maxPageSize     = 1000
 )
+
+// pageSize returns the entries a page of a filter's limit holds: the
+// default for none, at most the maximum.
+func pageSize(limit int) int {
+	switch {
+	case limit <= 0:
+		return defaultPageSize
+	case limit > maxPageSize:
+		return maxPageSize
+	}
+	return limit
+}
 
 // state returns the state of e at now, as an operator sees it.
 func (e *entry) state(now time.Time) store.State {
@@ -141,13 +153,7 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, s
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
 	}
-	limit := f.Limit
-	switch {
-	case limit <= 0:
-		limit = defaultPageSize
-	case limit > maxPageSize:
-		limit = maxPageSize
-	}
+	limit := pageSize(f.Limit)
 	var from *cursor
 	if f.After != "" {
 		c, err := decodeCursor(f.After)

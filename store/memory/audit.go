@@ -80,13 +80,7 @@ func (s *Store) AuditLog(ctx context.Context, f store.AuditFilter) ([]store.Audi
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
 	}
-	limit := f.Limit
-	switch {
-	case limit <= 0:
-		limit = defaultPageSize
-	case limit > maxPageSize:
-		limit = maxPageSize
-	}
+	limit := pageSize(f.Limit)
 	var (
 		afterAt  int64
 		afterSeq uint64

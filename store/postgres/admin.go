@@ -98,11 +98,23 @@ WHERE id = $1 AND tenant = $2 AND method = $3 AND key = $4
   AND ($5::boolean OR locked_until IS NULL OR locked_until <= coalesce($6::timestamptz, now()))`
 )
 
-// The bounds of a page of [Store.Keys].
+// The bounds of a page of [Store.Keys] and [Store.AuditLog].
 const (
 	defaultPageSize = 100
 	maxPageSize     = 1000
 )
+
+// pageSize returns the entries a page of a filter's limit holds: the
+// default for none, at most the maximum.
+func pageSize(limit int) int {
+	switch {
+	case limit <= 0:
+		return defaultPageSize
+	case limit > maxPageSize:
+		return maxPageSize
+	}
+	return limit
+}
 
 // Key implements [store.Admin]. It reads the key's row in a transaction
 // of its own under the lock timeout, on the tenant's shard. A row whose
@@ -149,23 +161,10 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, s
 	if f.AllTenants {
 		f.Tenant = "" // ignored, and not checked: it must not reach a query
 	}
-	limit := f.Limit
-	switch {
-	case limit <= 0:
-		limit = defaultPageSize
-	case limit > maxPageSize:
-		limit = maxPageSize
-	}
-	var (
-		afterAt any // nil for the first page
-		afterID pgtype.UUID
-	)
-	if f.After != "" {
-		p, err := decodeCursor(f.After)
-		if err != nil {
-			return nil, "", err
-		}
-		afterAt, afterID = p.at, p.id
+	limit := pageSize(f.Limit)
+	afterAt, afterID, err := after(f.After)
+	if err != nil {
+		return nil, "", err
 	}
 	states := make([]string, len(f.States))
 	for i, st := range f.States {
@@ -184,17 +183,39 @@ func (s *Store) Keys(ctx context.Context, f store.KeyFilter) ([]store.KeyInfo, s
 	if err != nil {
 		return nil, "", err
 	}
-	slices.SortFunc(rows, func(a, b keyRow) int { return a.pos.compare(b.pos) })
+	out, next := page(rows, limit, func(r *keyRow) position { return r.pos }, func(r *keyRow) store.KeyInfo { return r.KeyInfo })
+	return out, next, nil
+}
+
+// after returns the position a page token's cursor names, as a query's
+// parameters: a nil time and a null id for the first page.
+func after(cursor string) (at any, id pgtype.UUID, err error) {
+	if cursor == "" {
+		return nil, id, nil
+	}
+	p, err := decodeCursor(cursor)
+	if err != nil {
+		return nil, id, err
+	}
+	return p.at, p.id, nil
+}
+
+// page merges rows, read from one or more shards with one row more than
+// limit each, into a page: it sorts them by pos and keeps the first limit,
+// and returns their entries (item) and the cursor of the next page, ""
+// when no row is left.
+func page[R, T any](rows []R, limit int, pos func(*R) position, item func(*R) T) ([]T, string) {
+	slices.SortFunc(rows, func(a, b R) int { return pos(&a).compare(pos(&b)) })
 	next := ""
 	if len(rows) > limit {
 		rows = rows[:limit]
-		next = rows[limit-1].pos.encode()
+		next = pos(&rows[limit-1]).encode()
 	}
-	out := make([]store.KeyInfo, len(rows))
-	for i, r := range rows {
-		out[i] = r.KeyInfo
+	out := make([]T, len(rows))
+	for i := range rows {
+		out[i] = item(&rows[i])
 	}
-	return out, next, nil
+	return out, next
 }
 
 // timeOrNull is t as a statement's parameter: NULL for the zero time.

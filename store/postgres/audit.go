@@ -162,23 +162,10 @@ func (s *Store) AuditLog(ctx context.Context, f store.AuditFilter) ([]store.Audi
 	if f.AllTenants {
 		f.Tenant = ""
 	}
-	limit := f.Limit
-	switch {
-	case limit <= 0:
-		limit = defaultPageSize
-	case limit > maxPageSize:
-		limit = maxPageSize
-	}
-	var (
-		afterAt any
-		afterID pgtype.UUID
-	)
-	if f.After != "" {
-		p, err := decodeCursor(f.After)
-		if err != nil {
-			return nil, "", err
-		}
-		afterAt, afterID = p.at, p.id
+	limit := pageSize(f.Limit)
+	afterAt, afterID, err := after(f.After)
+	if err != nil {
+		return nil, "", err
 	}
 	var keyID pgtype.UUID
 	if f.Key != "" {
@@ -195,16 +182,7 @@ func (s *Store) AuditLog(ctx context.Context, f store.AuditFilter) ([]store.Audi
 	if err != nil {
 		return nil, "", err
 	}
-	slices.SortFunc(rows, func(a, b auditRow) int { return a.pos.compare(b.pos) })
-	next := ""
-	if len(rows) > limit {
-		rows = rows[:limit]
-		next = rows[limit-1].pos.encode()
-	}
-	out := make([]store.AuditEntry, len(rows))
-	for i, r := range rows {
-		out[i] = r.AuditEntry
-	}
+	out, next := page(rows, limit, func(r *auditRow) position { return r.pos }, func(r *auditRow) store.AuditEntry { return r.AuditEntry })
 	return out, next, nil
 }
 
