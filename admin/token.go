@@ -41,13 +41,7 @@ type auditListing store.AuditFilter
 
 func (f auditListing) writeTo(h hash.Hash) {
 	h.Write([]byte{2})
-	if f.AllTenants {
-		h.Write([]byte{1})
-		f.Tenant = ""
-	} else {
-		h.Write([]byte{0})
-	}
-	writeString(h, f.Tenant)
+	writeTenant(h, f.AllTenants, f.Tenant)
 	writeString(h, f.Method)
 	writeString(h, f.Key)
 	for _, tm := range [...]int64{f.Since.UnixNano(), f.Until.UnixNano()} {
@@ -90,18 +84,24 @@ func (t tokens) open(f listing, token string) (string, error) {
 	return cursor, nil
 }
 
+// writeTenant writes a filter's tenants: all, or the one named (every
+// tenant's filter ignores its Tenant, so it writes none).
+func writeTenant(h hash.Hash, all bool, tenant string) {
+	if all {
+		h.Write([]byte{1})
+		tenant = ""
+	} else {
+		h.Write([]byte{0})
+	}
+	writeString(h, tenant)
+}
+
 // writeFilter writes what selects f's entries, every field but Limit (a
 // page's size may change from page to page), each length-prefixed so that
 // no two filters write alike; States are sorted, as their order selects
 // nothing.
 func writeFilter(h hash.Hash, f store.KeyFilter) {
-	if f.AllTenants {
-		h.Write([]byte{1})
-		f.Tenant = ""
-	} else {
-		h.Write([]byte{0})
-	}
-	writeString(h, f.Tenant)
+	writeTenant(h, f.AllTenants, f.Tenant)
 	writeString(h, f.Method)
 	states := make([]string, len(f.States))
 	for i, s := range f.States {
