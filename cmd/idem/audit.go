@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"google.golang.org/protobuf/proto"
+
 	adminv1 "github.com/idemkit/idem/gen/idem/admin/v1"
 	"github.com/idemkit/idem/gen/idem/admin/v1/adminv1connect"
 )
@@ -127,32 +129,18 @@ func auditList(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // listAudit lists the entries req selects, one page or, with all, every
 // page, and prints them.
 func listAudit(ctx context.Context, c *connection, req *adminv1.ListAuditRequest, all bool, client adminv1connect.AdminServiceClient, stdout, stderr io.Writer) error {
-	var entries []*adminv1.AuditEntry
-	for {
-		resp, err := call(ctx, c.timeout, req, client.ListAudit)
-		if err != nil {
-			return err
-		}
-		if !all {
-			if c.json() {
-				return printJSON(stdout, resp)
-			}
-			printAudit(stdout, resp.GetEntries())
-			if t := resp.GetNextPageToken(); t != "" {
-				fmt.Fprintf(stderr, "More entries: add -page-token %s (or list with -all)\n", t)
-			}
-			return nil
-		}
-		entries = append(entries, resp.GetEntries()...)
-		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
-			break
-		}
-	}
-	if c.json() {
-		return printJSON(stdout, &adminv1.ListAuditResponse{Entries: entries})
-	}
-	printAudit(stdout, entries)
-	return nil
+	return listing[*adminv1.ListAuditResponse, *adminv1.AuditEntry]{
+		call: func(ctx context.Context, token string) (*adminv1.ListAuditResponse, error) {
+			req.PageToken = token
+			return call(ctx, c.timeout, req, client.ListAudit)
+		},
+		items: (*adminv1.ListAuditResponse).GetEntries,
+		whole: func(entries []*adminv1.AuditEntry) proto.Message {
+			return &adminv1.ListAuditResponse{Entries: entries}
+		},
+		print: printAudit,
+		noun:  "entries",
+	}.run(ctx, c, req.GetPageToken(), all, stdout, stderr)
 }
 
 // printAudit prints entries as a table, one entry a row.

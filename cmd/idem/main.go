@@ -311,9 +311,41 @@ func list(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // listOnce lists the keys req selects, one page or, with all, every page,
 // and prints them.
 func listOnce(ctx context.Context, c *connection, req *adminv1.ListKeysRequest, all bool, client adminv1connect.AdminServiceClient, stdout, stderr io.Writer) error {
-	var keys []*adminv1.Key
+	return listing[*adminv1.ListKeysResponse, *adminv1.Key]{
+		call: func(ctx context.Context, token string) (*adminv1.ListKeysResponse, error) {
+			req.PageToken = token
+			return call(ctx, c.timeout, req, client.ListKeys)
+		},
+		items: (*adminv1.ListKeysResponse).GetKeys,
+		whole: func(keys []*adminv1.Key) proto.Message { return &adminv1.ListKeysResponse{Keys: keys} },
+		print: printKeys,
+		noun:  "keys",
+	}.run(ctx, c, req.GetPageToken(), all, stdout, stderr)
+}
+
+// pageResponse is a List RPC's answer: a page, and the next one's token.
+type pageResponse interface {
+	proto.Message
+	GetNextPageToken() string
+}
+
+// listing is how a List RPC's pages are fetched and printed.
+type listing[Resp pageResponse, T any] struct {
+	call  func(ctx context.Context, token string) (Resp, error) // the page token names
+	items func(Resp) []T                                        // a page's items
+	whole func([]T) proto.Message                               // every page's items, as one answer
+	print func(io.Writer, []T)                                  // items as a table
+	noun  string                                                // what the items are, plural
+}
+
+// run lists from the page token names: that page or, with all, it and
+// every page after it. It prints them as c's output asks: one answer in
+// JSON, or a table and, after a single page with more to come, how to ask
+// for the rest, on stderr.
+func (l listing[Resp, T]) run(ctx context.Context, c *connection, token string, all bool, stdout, stderr io.Writer) error {
+	var items []T
 	for {
-		resp, err := call(ctx, c.timeout, req, client.ListKeys)
+		resp, err := l.call(ctx, token)
 		if err != nil {
 			return err
 		}
@@ -321,21 +353,21 @@ func listOnce(ctx context.Context, c *connection, req *adminv1.ListKeysRequest, 
 			if c.json() {
 				return printJSON(stdout, resp)
 			}
-			printKeys(stdout, resp.GetKeys())
+			l.print(stdout, l.items(resp))
 			if t := resp.GetNextPageToken(); t != "" {
-				fmt.Fprintf(stderr, "More keys: add -page-token %s (or list with -all)\n", t)
+				fmt.Fprintf(stderr, "More %s: add -page-token %s (or list with -all)\n", l.noun, t)
 			}
 			return nil
 		}
-		keys = append(keys, resp.GetKeys()...)
-		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+		items = append(items, l.items(resp)...)
+		if token = resp.GetNextPageToken(); token == "" {
 			break
 		}
 	}
 	if c.json() {
-		return printJSON(stdout, &adminv1.ListKeysResponse{Keys: keys})
+		return printJSON(stdout, l.whole(items))
 	}
-	printKeys(stdout, keys)
+	l.print(stdout, items)
 	return nil
 }
 
