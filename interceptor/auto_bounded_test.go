@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -124,21 +123,7 @@ func TestAutoFirstAttemptWaitsAreBounded(t *testing.T) {
 			t.Fatalf("after the duplicate: %d effects, %d executions; want 1, 2 (the duplicate's, and the first's rolled back)", n, x)
 		}
 
-		// A key row held by a session outside idem.
-		ctx := context.Background()
-		outside, err := pgx.Connect(ctx, *direct)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = outside.Close(ctx) })
-		if _, err := outside.Exec(ctx, `BEGIN`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := outside.Exec(ctx, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
-			VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, '\x00', now() + interval '1 hour')`,
-			doMethod, "held"); err != nil {
-			t.Fatal(err)
-		}
+		rollback := holdKeyRow(t, *direct, doMethod, "held")
 		hctx, hcancel := context.WithTimeout(firstAttempt("held"), 10*time.Second)
 		defer hcancel()
 		start := time.Now()
@@ -147,9 +132,7 @@ func TestAutoFirstAttemptWaitsAreBounded(t *testing.T) {
 		if n := e.countRows(t, `SELECT count(*) FROM effects WHERE key = 'held'`); n != 0 {
 			t.Fatalf("with the other session open: %d effects of the held key, want 0", n)
 		}
-		if _, err := outside.Exec(ctx, `ROLLBACK`); err != nil {
-			t.Fatal(err)
-		}
+		rollback()
 		if _, err := e.client.Do(firstAttempt("held"), &testv1.DoRequest{Value: "v"}); err != nil {
 			t.Fatalf("retry once the other session rolled back: %v", err)
 		}

@@ -297,3 +297,31 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// holdKeyRow inserts the row of key under method, for the empty tenant, in
+// a transaction of a session outside idem on the database dsn, and keeps
+// it open until rollback or the end of t: a claim of that key waits for
+// its lock until then.
+func holdKeyRow(t *testing.T, dsn, method, key string) (rollback func()) {
+	t.Helper()
+	ctx := context.Background()
+	outside, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = outside.Close(ctx) })
+	if _, err := outside.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outside.Exec(ctx, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
+		VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, '\x00', now() + interval '1 hour')`,
+		method, key); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := outside.Exec(ctx, `ROLLBACK`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -48,28 +47,15 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 					return dsn
 				},
 			})
-			ctx := context.Background()
-			outside, err := pgx.Connect(ctx, direct)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = outside.Close(ctx) })
 			// The tenant of the calls below is "" (no x-tenant-id).
-			if _, err := outside.Exec(ctx, `BEGIN`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := outside.Exec(ctx, `INSERT INTO idempotency_keys (id, tenant, method, key, request_hash, expires_at)
-				VALUES (`+pgtest.KeyIDSQL("''", "$1::text", "$2::text")+`, '', $1, $2, '\x00', now() + interval '1 hour')`,
-				doMethod, "k"); err != nil {
-				t.Fatal(err)
-			}
+			rollback := holdKeyRow(t, direct, doMethod, "k")
 
 			// A generous deadline: a record that waits without a bound
 			// ends here, DEADLINE_EXCEEDED.
 			cctx, cancel := context.WithTimeout(withKey("k"), 10*time.Second)
 			defer cancel()
 			start := time.Now()
-			_, err = e.client.Do(cctx, &testv1.DoRequest{Value: "v"})
+			_, err := e.client.Do(cctx, &testv1.DoRequest{Value: "v"})
 			waited := time.Since(start)
 			st := wantCode(t, err, codes.Aborted)
 			if info := errorInfo(st); info.GetReason() != idem.ReasonKeyInUse || info.GetDomain() != idem.Domain {
@@ -85,9 +71,7 @@ func TestRecordBehindUncommittedKeyRowAnswersInUse(t *testing.T) {
 				t.Fatalf("with the other session open: %d effect rows and %d executions, want 0 and 1", n, x)
 			}
 
-			if _, err := outside.Exec(ctx, `ROLLBACK`); err != nil {
-				t.Fatal(err)
-			}
+			rollback()
 			if _, err := e.client.Do(withKey("k"), &testv1.DoRequest{Value: "v"}); err != nil {
 				t.Fatalf("retry once the other session rolled back: %v", err)
 			}
