@@ -43,29 +43,34 @@ func (f *fakeStore) Keys(_ context.Context, flt store.KeyFilter) ([]store.KeyInf
 	if f.err != nil {
 		return nil, "", f.err
 	}
+	return fakePage(f.keys, flt.After, flt.Limit, func(ki store.KeyInfo) bool {
+		return (flt.AllTenants || ki.Scope.Tenant == flt.Tenant) && (flt.Method == "" || ki.Scope.Method == flt.Method) &&
+			(len(flt.States) == 0 || slices.Contains(flt.States, ki.State))
+	})
+}
+
+// fakePage is a page of the items that keep selects, from the one the
+// cursor after names ("after:N", N the index) and up to limit (100 when
+// 0), with the cursor of the next page, "" when none is left.
+func fakePage[T any](items []T, after string, limit int, keep func(T) bool) ([]T, string, error) {
 	start := 0
-	if after := flt.After; after != "" {
+	if after != "" {
 		n, err := strconv.Atoi(strings.TrimPrefix(after, "after:"))
 		if err != nil || !strings.HasPrefix(after, "after:") {
 			return nil, "", store.ErrInvalidCursor
 		}
 		start = n
 	}
-	limit := flt.Limit
-	if limit == 0 {
-		limit = 100
-	}
-	var out []store.KeyInfo
-	for i := start; i < len(f.keys); i++ {
-		ki := f.keys[i]
-		if (!flt.AllTenants && ki.Scope.Tenant != flt.Tenant) || (flt.Method != "" && ki.Scope.Method != flt.Method) ||
-			(len(flt.States) > 0 && !slices.Contains(flt.States, ki.State)) {
+	limit = cmp.Or(limit, 100)
+	var out []T
+	for i := start; i < len(items); i++ {
+		if !keep(items[i]) {
 			continue
 		}
 		if len(out) == limit {
 			return out, "after:" + strconv.Itoa(i), nil
 		}
-		out = append(out, ki)
+		out = append(out, items[i])
 	}
 	return out, "", nil
 }
@@ -174,28 +179,10 @@ func (f *fakeStore) AuditLog(_ context.Context, flt store.AuditFilter) ([]store.
 	if f.err != nil {
 		return nil, "", f.err
 	}
-	start := 0
-	if after := flt.After; after != "" {
-		n, err := strconv.Atoi(strings.TrimPrefix(after, "after:"))
-		if err != nil || !strings.HasPrefix(after, "after:") {
-			return nil, "", store.ErrInvalidCursor
-		}
-		start = n
-	}
-	limit := cmp.Or(flt.Limit, 100)
-	var out []store.AuditEntry
-	for i := start; i < len(f.audit); i++ {
-		e := f.audit[i]
-		if (!flt.AllTenants && e.Scope.Tenant != flt.Tenant) || (flt.Method != "" && e.Scope.Method != flt.Method) ||
-			(flt.Key != "" && e.Scope.Key != flt.Key) {
-			continue
-		}
-		if len(out) == limit {
-			return out, "after:" + strconv.Itoa(i), nil
-		}
-		out = append(out, e)
-	}
-	return out, "", nil
+	return fakePage(f.audit, flt.After, flt.Limit, func(e store.AuditEntry) bool {
+		return (flt.AllTenants || e.Scope.Tenant == flt.Tenant) && (flt.Method == "" || e.Scope.Method == flt.Method) &&
+			(flt.Key == "" || e.Scope.Key == flt.Key)
+	})
 }
 
 func (f *fakeStore) Stats(_ context.Context, flt store.KeyFilter) (store.KeyStats, error) {
